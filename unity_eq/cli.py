@@ -1,0 +1,221 @@
+"""The ``unity-eq`` command line: one verb per job.
+
+Every verb turns a :class:`~unity_eq.errors.UnityEqError` into one line on stderr and a non-zero exit code;
+only a bug in unity-eq itself shows a traceback. Progress goes to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from unity_eq.errors import OptionError, UnityEqError
+
+app = typer.Typer(
+    name="unity-eq",
+    help="Decide how to run an ONNX model across many devices, with e-graphs and rules proven by Z3.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _progress(quiet: bool) -> Any:
+    if quiet:
+        return None
+
+    def say(message: str) -> None:
+        err.print(f"[dim]… {message}[/dim]")
+
+    return say
+
+
+def _input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
+    from unity_eq.frontends.onnx import parse_input_shape
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in values:
+        name, shape = parse_input_shape(text)
+        shapes[name] = shape
+    return shapes
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    if not path.exists():
+        raise OptionError(f"{path}: inputs file not found. Pass an .npz file with one array per model input.")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise OptionError(f"{path}: not a readable .npz file ({exc}). Save inputs with numpy.savez.") from None
+
+
+@app.command()
+def optimize(
+    model: Path = typer.Argument(..., help="The ONNX model to parallelize."),
+    devices: int = typer.Option(None, "--devices", "-n", help="N identical GPUs in one node (a built-in machine)."),
+    machine: str = typer.Option(None, "--machine", "-m", help="A machine TOML file or a preset name."),
+    output: Path = typer.Option(None, "--output", "-o", help="Plan directory to write (default: MODEL.plan/)."),
+    input_shape: list[str] = typer.Option([], "--input-shape", help="Fix a dynamic input: name=2x16 (repeatable)."),
+    objective: str = typer.Option("inference", "--objective", help="inference (forward latency) or training."),
+    mesh: str = typer.Option(None, "--mesh", help="Device mesh, e.g. 2x4 or dp=2,tp=4 (default: one axis)."),
+    rules: list[Path] = typer.Option([], "--rules", help="Extra .egg rule files to load (repeatable)."),
+    max_iterations: int = typer.Option(12, "--max-iterations", help="Parallel rewrite iterations at most."),
+    max_nodes: int = typer.Option(200_000, "--max-nodes", help="Stop saturating past this many e-nodes."),
+    time_limit: float = typer.Option(120.0, "--time-limit", help="Stop saturating after this many seconds."),
+    memory_limit: float = typer.Option(6.0, "--memory-limit", help="Memory limit of the e-graph engine, GiB."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+) -> None:
+    """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
+    from unity_eq.egraph import Limits
+    from unity_eq.pipeline import optimize as run_optimize
+    from unity_eq.rulesets import DEFAULT_RULE_FILES, rules_dir
+
+    if machine is not None:
+        raise OptionError("`--machine` is not available yet in this version; use `--devices N`.")
+    if max_iterations < 1 or max_nodes < 1 or time_limit <= 0:
+        raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
+    target = output or model.with_suffix(".plan")
+    limits = Limits(max_iterations=max_iterations, max_nodes=max_nodes, time_limit_s=time_limit, memory_limit_gib=memory_limit)
+    rule_files = None
+    if rules:
+        rule_files = [rules_dir() / name for name in DEFAULT_RULE_FILES] + list(rules)
+    result = run_optimize(
+        model,
+        devices=devices,
+        output_dir=target,
+        input_shapes=_input_shapes(input_shape),
+        objective=objective,
+        mesh=mesh,
+        limits=limits,
+        rule_files=rule_files,
+        progress=_progress(quiet),
+    )
+    _print_plan_summary(result)
+
+
+def _print_plan_summary(result: Any) -> None:
+    plan = result.plan
+    summary = plan.summary()
+    table = Table(title=f"plan for {plan.model}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("machine", plan.machine.describe())
+    table.add_row("mesh", str(plan.mesh))
+    table.add_row("objective", plan.objective)
+    cost = plan.cost
+    table.add_row(
+        "predicted cost",
+        f"{cost.total * 1e3:.3f} ms (compute {cost.compute * 1e3:.3f} ms, communication {cost.comm * 1e3:.3f} ms)",
+    )
+    collectives: dict[str, int] = {}
+    for step in plan.collectives():
+        key = f"{type(step).__name__}@{step.axis}"
+        collectives[key] = collectives.get(key, 0) + 1
+    table.add_row("collectives", ", ".join(f"{k}×{v}" for k, v in collectives.items()) or "none")
+    table.add_row("sharded tensors", f"{summary['sharded_tensors']} of {summary['tensors']}")
+    sat = plan.stats.get("saturation", {})
+    table.add_row(
+        "search",
+        f"{sat.get('enodes')} e-nodes, {sat.get('iterations')} iterations ({sat.get('stop_reason')}), "
+        f"{sum(result.timings.values()):.2f} s",
+    )
+    if result.plan_dir is not None:
+        table.add_row("written to", str(result.plan_dir))
+    out.print(table)
+
+
+@app.command()
+def run(
+    plan_dir: Path = typer.Argument(..., help="A plan directory written by `unity-eq optimize`."),
+    inputs: Path = typer.Option(None, "--inputs", "-i", help=".npz with one array per model input (default: random)."),
+    outputs: Path = typer.Option(None, "--outputs", help="Write the outputs to this .npz file."),
+    backend: str = typer.Option("local", "--backend", help="local (all ranks in this process) or mpi (under mpiexec)."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda (falls back to the CPU with a message) or auto."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used without --inputs."),
+) -> None:
+    """Run every shard of a plan and write the model's outputs."""
+    from unity_eq.runtime import load_plan_dir, random_inputs, run_plan
+
+    plan = load_plan_dir(plan_dir)
+    if inputs is None:
+        feeds = random_inputs(plan.input_specs, seed)
+        err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
+    else:
+        feeds = _load_npz(inputs)
+    if backend == "mpi":
+        from unity_eq.runtime_mpi import run_plan_mpi
+
+        results = run_plan_mpi(plan, feeds, device=device, on_note=lambda m: err.print(f"[yellow]{m}[/yellow]"))
+        if results is None:
+            return  # ranks other than 0 write nothing
+    elif backend == "local":
+        results = run_plan(plan, feeds, device=device, on_note=lambda m: err.print(f"[yellow]{m}[/yellow]"))
+    else:
+        raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
+    if outputs is not None:
+        np.savez(outputs, **results)
+        out.print(f"wrote {len(results)} output(s) to {outputs}")
+    for name, value in results.items():
+        out.print(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.6g}")
+
+
+@app.command()
+def check(
+    model: Path = typer.Argument(..., help="The original ONNX model."),
+    plan_dir: Path = typer.Argument(..., help="The plan directory made from it."),
+    inputs: Path = typer.Option(None, "--inputs", "-i", help=".npz inputs (default: random, seeded)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    tolerance: float = typer.Option(1e-4, "--tolerance", help="Largest relative error accepted for float32."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto for the plan's ranks."),
+) -> None:
+    """Run the original model and the plan on the same inputs; exit 0 iff every output matches."""
+    from unity_eq.runtime import assert_check
+    from unity_eq.runtime import check as run_check
+
+    feeds = _load_npz(inputs) if inputs is not None else None
+    result = run_check(model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device)
+    for o in result.outputs:
+        mark = "[green]ok[/green]" if o.passed else "[red]MISMATCH[/red]"
+        out.print(f"{mark} {o.name}: relative error {o.relative_error:.2e}, max abs error {o.max_abs_error:.3g}")
+    out.print(result.describe())
+    assert_check(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script: run the app, turn our errors into one line and an exit code."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except UnityEqError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except typer.Abort:
+        err.print("aborted")
+        return 1
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The tensor-graph IR: plain data that every stage reads and no stage mutates.
+
+A :class:`Graph` is what a frontend produces and what the e-graph encoder consumes: a topologically ordered
+list of :class:`Node` (one ONNX operator application each), the :class:`TensorType` of every tensor, the
+model's inputs and outputs, and its initializers (weights and constants) as numpy arrays.
+
+Placements say how one tensor is laid out over one axis of the device mesh (DTensor's vocabulary):
+
+====================  =======  =====================================================================
+type                  short    meaning on one mesh axis of size n
+====================  =======  =====================================================================
+``Replicate()``       ``R``    every device on the axis holds the whole value
+``Shard(dim=d)``      ``S(d)`` device i holds the i-th of n equal contiguous chunks along dimension d
+``Partial()``         ``P``    every device holds a piece; the value is the sum of the n pieces
+====================  =======  =====================================================================
+
+The short form is the one used in ``.egg`` rules, ``plan.json``, logs and error messages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Graph",
+    "Mesh",
+    "Node",
+    "Partial",
+    "Placement",
+    "Replicate",
+    "Shard",
+    "TensorType",
+    "parse_placement",
+]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a tensor is laid out over one mesh axis. Use the subclasses."""
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return False
+
+    def is_replicate(self) -> bool:
+        return False
+
+    def is_partial(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Shard(Placement):
+    """Chunked along ``dim`` over the axis: device i holds chunk i (``S(dim)``)."""
+
+    dim: int
+
+    def is_shard(self, dim: int | None = None) -> bool:
+        return dim is None or dim == self.dim
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate(Placement):
+    """A full copy on every device of the axis (``R``)."""
+
+    def is_replicate(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Partial(Placement):
+    """Pending sum: the value is the sum of the pieces held by the devices of the axis (``P``)."""
+
+    def is_partial(self) -> bool:
+        return True
+
+    def __str__(self) -> str:
+        return "P"
+
+
+def parse_placement(text: str) -> Placement:
+    """Parse the short form (``R``, ``P``, ``S(1)``) back into a placement."""
+    text = text.strip()
+    if text == "R":
+        return Replicate()
+    if text == "P":
+        return Partial()
+    if text.startswith("S(") and text.endswith(")") and text[2:-1].strip().lstrip("-").isdigit():
+        return Shard(int(text[2:-1]))
+    raise ValueError(f"placement: expected R, P or S(<dim>), got {text!r}")
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Static shape and element type of a tensor. ``dtype`` is a numpy dtype name such as ``float32``."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{'x'.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator application. ``inputs`` uses ``""`` for an absent optional input, as ONNX does.
+
+    ``attrs`` holds Python values (int, float, str, lists of those, or ONNX ``TensorProto``/``GraphProto``
+    for the rare attributes that are tensors or subgraphs).
+    """
+
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    domain: str = ""
+
+
+@dataclass
+class Graph:
+    """A whole model with static shapes, ready to be encoded.
+
+    Invariants (the frontend guarantees them): ``nodes`` are in topological order; every tensor name that
+    appears as a node input, a graph input, an output or an initializer has an entry in ``types``; the
+    model inputs (``inputs``) and the initializers are disjoint.
+    """
+
+    name: str
+    inputs: dict[str, TensorType]
+    outputs: list[str]
+    nodes: list[Node]
+    initializers: dict[str, np.ndarray]
+    types: dict[str, TensorType]
+    opset: int
+    extra_opsets: dict[str, int] = field(default_factory=dict)
+    ir_version: int = 8
+    source: str = ""
+
+    def producers(self) -> dict[str, Node]:
+        """Map each tensor name to the node that produces it."""
+        return {out: node for node in self.nodes for out in node.outputs if out}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Map each tensor name to the nodes that read it, in graph order."""
+        found: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                if name:
+                    found.setdefault(name, []).append(node)
+        return found
+
+    def iter_tensors(self) -> Iterator[tuple[str, TensorType]]:
+        yield from self.types.items()
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.initializers.values())
+
+    def summary(self) -> str:
+        ops: dict[str, int] = {}
+        for node in self.nodes:
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+        top = ", ".join(f"{k}×{v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:8])
+        return (
+            f"{self.name}: {len(self.nodes)} nodes ({top}), {len(self.inputs)} inputs, "
+            f"{len(self.initializers)} initializers ({self.weight_bytes / 2**20:.1f} MiB), opset {self.opset}"
+        )
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A logical device mesh: named axes with sizes, laid over machine devices.
+
+    Rank r has mesh coordinates ``coords(r)`` in row-major order (the last axis varies fastest), and runs on
+    machine device ``devices[r]``. Parallel ops name an axis; the devices that communicate for them are the
+    ranks that differ only in that axis's coordinate (``group``).
+    """
+
+    axes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    devices: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.axes) != len(self.sizes):
+            raise ValueError(f"mesh: {len(self.axes)} axis names for {len(self.sizes)} sizes")
+        if len(set(self.axes)) != len(self.axes):
+            raise ValueError(f"mesh: axis names must be distinct, got {self.axes}")
+        if any(n < 1 for n in self.sizes):
+            raise ValueError(f"mesh: axis sizes must be positive, got {self.sizes}")
+        if not self.devices:
+            object.__setattr__(self, "devices", tuple(range(math.prod(self.sizes))))
+        if len(self.devices) != math.prod(self.sizes):
+            raise ValueError(f"mesh: {len(self.devices)} devices for a mesh of {math.prod(self.sizes)} ranks")
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.sizes)
+
+    def axis_size(self, axis: str) -> int:
+        return self.sizes[self.axes.index(axis)]
+
+    def coords(self, rank: int) -> tuple[int, ...]:
+        out = []
+        for n in reversed(self.sizes):
+            out.append(rank % n)
+            rank //= n
+        return tuple(reversed(out))
+
+    def rank_of(self, coords: tuple[int, ...]) -> int:
+        rank = 0
+        for c, n in zip(coords, self.sizes, strict=True):
+            rank = rank * n + c
+        return rank
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        """The ranks that share every coordinate with ``rank`` except along ``axis``, in axis order."""
+        i = self.axes.index(axis)
+        base = list(self.coords(rank))
+        members = []
+        for c in range(self.sizes[i]):
+            base[i] = c
+            members.append(self.rank_of(tuple(base)))
+        return tuple(members)
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """Every communication group along ``axis`` (a partition of all ranks)."""
+        seen: dict[tuple[int, ...], None] = {}
+        for rank in range(self.size):
+            seen.setdefault(self.group(rank, axis), None)
+        return list(seen)
+
+    def __str__(self) -> str:
+        return " × ".join(f"{a}={n}" for a, n in zip(self.axes, self.sizes, strict=True))

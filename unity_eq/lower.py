@@ -1,0 +1,391 @@
+"""Lowering: a Plan becomes one ONNX model per device plus ``plan.json``.
+
+Each ``device_<rank>.onnx`` holds only standard ONNX ops and the rank's slice of every weight. onnxruntime's
+PyPI wheels have no collective ops, so a collective is a cut in the device graph: its source is a graph
+*output* and its result a graph *input*; ``plan.json`` lists the collectives in order, each with the stage
+(how many collectives precede it on any path) that the runtime uses to run the device graph in segments.
+Every tensor of a device graph has its local shape recorded in ``value_info``.
+
+``plan.json`` (format version 1) holds: the model's inputs and outputs, the mesh and the device of each rank,
+the per-tensor sharding (global shape, placement per axis, local shape), the steps, the ordered collectives
+(kind, axis, dim, groups of participating ranks, bytes, stage) and the predicted cost split into compute
+and communication. See docs/plan-format.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import unity_eq
+from unity_eq.errors import PlanError
+from unity_eq.ir import Graph, Shard
+from unity_eq.plan import (
+    PLAN_FORMAT_VERSION,
+    AllGather,
+    AllReduce,
+    Compute,
+    Const,
+    LoadInput,
+    LoadWeight,
+    Plan,
+    Replicated,
+    Slice,
+    Step,
+    step_inputs,
+    step_outputs,
+)
+
+__all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
+
+# Device models whose weights exceed this are saved with external data (protobuf's 2 GiB limit).
+EXTERNAL_DATA_BYTES = 1 << 30
+
+
+@dataclass
+class LoweredPlan:
+    models: list[onnx.ModelProto]
+    metadata: dict[str, Any]
+    weight_bytes: list[int] = field(default_factory=list)
+
+
+def _tensor_type(dtype: str) -> int:
+    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
+
+def _chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
+    size = array.shape[dim] // parts
+    return np.take(array, range(index * size, (index + 1) * size), axis=dim)
+
+
+def collective_stages(plan: Plan) -> dict[str, int]:
+    """Stage of every collective's output tensor: 1 + the stage of the collectives it depends on."""
+    stage: dict[str, int] = {}
+    result: dict[str, int] = {}
+    for step in plan.steps:
+        level = max((stage.get(i, 0) for i in step_inputs(step)), default=0)
+        if isinstance(step, AllGather | AllReduce):
+            result[step.out] = level
+            level += 1
+        for out in step_outputs(step):
+            stage[out] = level
+    return result
+
+
+class _DeviceGraphBuilder:
+    """Builds one rank's ONNX graph, step by step."""
+
+    def __init__(self, plan: Plan, graph: Graph, rank: int) -> None:
+        self.plan = plan
+        self.graph = graph
+        self.rank = rank
+        self.mesh = plan.mesh
+        self.coords = plan.mesh.coords(rank)
+        self.consts: dict[str, np.ndarray] = {}  # tensors known at lowering time (weights and slices)
+        self.alias: dict[str, str] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: dict[str, TensorProto] = {}
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self.value_info: dict[str, onnx.ValueInfoProto] = {}
+        self.const_counter = 0
+
+    # --- names and values ----------------------------------------------------------------------------
+    def local_shape(self, tid: str) -> tuple[int, ...]:
+        return self.plan.tensors[tid].local_shape(self.mesh)
+
+    def info(self, tid: str, name: str | None = None) -> onnx.ValueInfoProto:
+        t = self.plan.tensors[tid]
+        return helper.make_tensor_value_info(name or tid, _tensor_type(t.dtype), list(self.local_shape(tid)))
+
+    def value(self, tid: str) -> str:
+        """The ONNX name holding tensor ``tid`` on this rank; constants become initializers on first use."""
+        tid = self.alias.get(tid, tid)
+        if tid in self.consts and tid not in self.initializers:
+            self.initializers[tid] = numpy_helper.from_array(np.ascontiguousarray(self.consts[tid]), tid)
+        return tid
+
+    def literal(self, values: tuple[int, ...]) -> str:
+        name = f"uq.const.{self.const_counter}"
+        self.const_counter += 1
+        self.initializers[name] = numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+        return name
+
+    # --- steps -------------------------------------------------------------------------------------------
+    def add(self, step: Step, collectives: list[dict[str, Any]]) -> None:
+        match step:
+            case LoadInput(out=out, name=name):
+                self.inputs.append(self.info(out, name))
+                if out != name:
+                    self.alias[out] = name
+            case LoadWeight(out=out, name=name):
+                self.consts[out] = self.graph.initializers[name]
+            case Replicated(out=out, src=src):
+                self.alias[out] = self.alias.get(src, src)
+            case Slice(out=out, src=src, dim=dim, axis=axis):
+                self._slice(out, src, dim, axis)
+            case Compute():
+                self._compute(step)
+            case AllGather(out=out, src=src) | AllReduce(out=out, src=src):
+                self._collective(out, src, collectives)
+            case _:
+                raise AssertionError(f"unhandled step {step!r}")
+
+    def _slice(self, out: str, src: str, dim: int, axis: str) -> None:
+        i = self.mesh.axes.index(axis)
+        n, c = self.mesh.sizes[i], self.coords[i]
+        src = self.alias.get(src, src)
+        if src in self.consts:
+            self.consts[out] = _chunk(self.consts[src], dim, c, n)
+            return
+        size = self.local_shape(out)[dim]
+        starts, ends, axes = self.literal((c * size,)), self.literal(((c + 1) * size,)), self.literal((dim,))
+        self.nodes.append(helper.make_node("Slice", [self.value(src), starts, ends, axes], [out], name=f"slice.{out}"))
+        self.value_info[out] = self.info(out)
+
+    def _compute(self, step: Compute) -> None:
+        inputs: list[str] = []
+        for position, ref in enumerate(step.inputs):
+            if ref is None:
+                inputs.append("")
+            elif isinstance(ref, Const):
+                values = ref.values
+                if step.op_type in ("Reshape", "Expand") and position == 1:
+                    values = self.local_shape(step.outputs[0])  # global target shape -> this rank's piece
+                inputs.append(self.literal(values))
+            else:
+                inputs.append(self.value(ref))
+        attrs = {k: v for k, v in step.attrs.items() if not (isinstance(v, list) and not v)}
+        name = f"{step.op_type}.{len(self.nodes)}"
+        self.nodes.append(helper.make_node(step.op_type, inputs, list(step.outputs), name=name, domain=step.domain or None, **attrs))
+        for out in step.outputs:
+            if out:
+                self.value_info[out] = self.info(out)
+
+    def _materialize(self, tid: str) -> str:
+        """A node-produced name for ``tid`` (graph outputs cannot be initializers in every runtime)."""
+        name = self.value(tid)
+        if name in self.initializers:
+            produced = f"{tid}.out"
+            self.nodes.append(helper.make_node("Identity", [name], [produced], name=f"identity.{tid}"))
+            return produced
+        return name
+
+    def _collective(self, out: str, src: str, collectives: list[dict[str, Any]]) -> None:
+        """Cut the graph: the source leaves as a graph output, the result comes back as a graph input."""
+        src_name = self._materialize(src)
+        if src_name not in {v.name for v in self.outputs}:
+            self.outputs.append(self.info(self.alias.get(src, src), src_name))
+        self.value_info.pop(src_name, None)
+        dst_name = f"cc{len(collectives)}.{out}"
+        self.inputs.append(self.info(out, dst_name))
+        self.alias[out] = dst_name
+        collectives.append({"src": src_name, "dst": dst_name})
+
+    def finish(self, opset_imports: list[onnx.OperatorSetIdProto], ir_version: int) -> onnx.ModelProto:
+        for model_out, tid in self.plan.outputs.items():
+            name = self.value(tid)
+            if name != model_out:
+                self.nodes.append(helper.make_node("Identity", [name], [model_out], name=f"output.{model_out}"))
+            self.outputs.append(self.info(tid, model_out))
+            self.value_info.pop(model_out, None)
+        io = {v.name for v in self.inputs} | {v.name for v in self.outputs}
+        value_info = [v for k, v in self.value_info.items() if k not in io]
+        graph = helper.make_graph(
+            self.nodes,
+            f"{self.plan.model}.rank{self.rank}",
+            self.inputs,
+            self.outputs,
+            initializer=list(self.initializers.values()),
+            value_info=value_info,
+        )
+        return helper.make_model(graph, opset_imports=opset_imports, ir_version=ir_version, producer_name="unity-eq")
+
+
+def lower(plan: Plan, graph: Graph) -> LoweredPlan:
+    """Build every rank's ONNX model and the plan metadata."""
+    problems = plan.validate()
+    if problems:
+        raise PlanError("internal error: the extracted plan is inconsistent: " + "; ".join(problems[:3]))
+    opsets = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
+    ir_version = min(max(graph.ir_version, 8), 10)
+    stages = collective_stages(plan)
+    models, weight_bytes = [], []
+    collectives: list[dict[str, Any]] = []
+    for rank in range(plan.mesh.size):
+        builder = _DeviceGraphBuilder(plan, graph, rank)
+        rank_collectives: list[dict[str, Any]] = []
+        for step in plan.steps:
+            builder.add(step, rank_collectives)
+        models.append(builder.finish(opsets, ir_version))
+        weight_bytes.append(sum(int(np.prod(t.dims)) * _itemsize(t.data_type) for t in builder.initializers.values()))
+        if rank == 0:
+            collectives = rank_collectives
+    metadata = plan_metadata(plan, graph, collectives, stages)
+    metadata["memory"] = {"weight_bytes_per_rank": weight_bytes}
+    return LoweredPlan(models, metadata, weight_bytes)
+
+
+def _itemsize(data_type: int) -> int:
+    return int(np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize)
+
+
+def _step_json(step: Step) -> dict[str, Any]:
+    match step:
+        case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain):
+            refs = [list(i.values) if isinstance(i, Const) else i for i in inputs]
+            plain = {k: v for k, v in attrs.items() if isinstance(v, int | float | str | list)}
+            entry: dict[str, Any] = {"kind": "compute", "op": op, "inputs": refs, "outputs": list(outputs)}
+            if plain:
+                entry["attrs"] = plain
+            if domain:
+                entry["domain"] = domain
+            return entry
+        case LoadInput(out=out, name=name):
+            return {"kind": "input", "out": out, "name": name}
+        case LoadWeight(out=out, name=name):
+            return {"kind": "weight", "out": out, "name": name}
+        case Slice(out=out, src=src, dim=dim, axis=axis):
+            return {"kind": "partition", "out": out, "src": src, "dim": dim, "axis": axis}
+        case AllGather(out=out, src=src, dim=dim, axis=axis):
+            return {"kind": "combine", "out": out, "src": src, "dim": dim, "axis": axis}
+        case AllReduce(out=out, src=src, axis=axis):
+            return {"kind": "reduce", "out": out, "src": src, "axis": axis}
+        case Replicated(out=out, src=src, axis=axis):
+            return {"kind": "replicate", "out": out, "src": src, "axis": axis}
+    raise AssertionError(step)
+
+
+def plan_metadata(
+    plan: Plan, graph: Graph, device_collectives: list[dict[str, Any]], stages: dict[str, int]
+) -> dict[str, Any]:
+    """The content of plan.json (see the module docstring)."""
+    mesh, machine = plan.mesh, plan.machine
+    ranks = []
+    for rank in range(mesh.size):
+        device = mesh.devices[rank]
+        ranks.append(
+            {
+                "rank": rank,
+                "coords": list(mesh.coords(rank)),
+                "device": device,
+                "device_kind": machine.devices[device].name,
+                "node": machine.node_of[device],
+            }
+        )
+    collectives = []
+    plan_collectives = [s for s in plan.steps if isinstance(s, AllGather | AllReduce)]
+    for index, (step, names) in enumerate(zip(plan_collectives, device_collectives, strict=True)):
+        out = plan.tensors[step.out]
+        entry = {
+            "id": index,
+            "kind": "all_gather" if isinstance(step, AllGather) else "all_reduce",
+            "axis": step.axis,
+            "dim": step.dim if isinstance(step, AllGather) else None,
+            "src": names["src"],
+            "dst": names["dst"],
+            "groups": [list(g) for g in mesh.groups(step.axis)],
+            "bytes": out.local_bytes(mesh),
+            "stage": stages[step.out],
+        }
+        collectives.append(entry)
+    tensors = {
+        tid: {
+            "shape": list(t.shape),
+            "dtype": t.dtype,
+            "placement": t.placement_str(),
+            "local_shape": list(t.local_shape(mesh)),
+            **({"source": t.source} if t.source else {}),
+        }
+        for tid, t in plan.tensors.items()
+    }
+    return {
+        "format_version": PLAN_FORMAT_VERSION,
+        "unity_eq_version": unity_eq.__version__,
+        "model": {
+            "name": plan.model,
+            "source": graph.source,
+            "inputs": {n: {"shape": list(t.shape), "dtype": t.dtype} for n, t in graph.inputs.items()},
+            "outputs": {
+                n: {"shape": list(graph.types[n].shape), "dtype": graph.types[n].dtype, "tensor": plan.outputs[n]}
+                for n in graph.outputs
+            },
+        },
+        "objective": plan.objective,
+        "mesh": {"axes": list(mesh.axes), "sizes": list(mesh.sizes), "ranks": ranks},
+        "machine": {"name": machine.name, "devices": machine.device_count, "nodes": machine.node_count},
+        "cost": {
+            "total_s": plan.cost.total,
+            "compute_s": plan.cost.compute,
+            "communication_s": plan.cost.comm,
+        },
+        "files": [f"device_{r}.onnx" for r in range(mesh.size)],
+        "tensors": tensors,
+        "steps": [_step_json(s) for s in plan.steps],
+        "collectives": collectives,
+        "shardings": {
+            tid: t.placement_str() for tid, t in plan.tensors.items() if any(isinstance(p, Shard) for p in t.placement)
+        },
+        "stats": plan.stats,
+    }
+
+
+def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
+    """Write the plan directory atomically: everything goes to a temporary sibling that replaces ``out_dir``
+    only when complete, so a failure never leaves a half-written plan."""
+    target = Path(out_dir)
+    check_output_dir(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        for rank, model in enumerate(lowered.models):
+            path = tmp / f"device_{rank}.onnx"
+            if lowered.weight_bytes and lowered.weight_bytes[rank] > EXTERNAL_DATA_BYTES:
+                onnx.save_model(model, path, save_as_external_data=True, location=f"device_{rank}.onnx.data")
+            else:
+                onnx.save_model(model, path)
+        (tmp / "plan.json").write_text(json.dumps(lowered.metadata, indent=1, default=_json_default))
+        _replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.integer | np.floating):
+        return value.item()
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)
+
+
+def check_output_dir(target: Path) -> None:
+    """Refuse an output path we must not overwrite (a file, or a non-empty directory that is not a plan)."""
+    if target.exists() and not target.is_dir():
+        raise PlanError(f"{target}: output path is a file. Pass a directory to `-o`.")
+    if target.is_dir() and any(target.iterdir()) and not (target / "plan.json").exists():
+        raise PlanError(f"{target}: directory is not empty and holds no plan.json; refusing to overwrite it. Pass another `-o`.")
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    if not target.exists():
+        os.replace(new, target)
+        return
+    backup = target.with_name(f".{target.name}.old-{os.getpid()}")
+    os.replace(target, backup)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.replace(backup, target)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)

@@ -1,0 +1,158 @@
+"""The optimize pipeline: model → Graph → e-graph → saturated e-graph → Plan → plan directory.
+
+Each stage is a function of the stage module it names; this module only strings them together, checks the
+user's options before any work starts, times every stage, and reports progress through a callback.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from unity_eq.cost import CostModel, Machine, default_machine
+from unity_eq.egraph import Limits, SaturationResult, encode, parse_serialized, saturate
+from unity_eq.errors import OptionError
+from unity_eq.extract import extract_greedy
+from unity_eq.ir import Graph, Mesh
+from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
+from unity_eq.plan import Plan
+from unity_eq.rulesets import load_rule_files
+
+__all__ = ["OptimizeResult", "optimize", "parse_mesh"]
+
+AXIS_NAMES = ("x", "y", "z")
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class OptimizeResult:
+    plan: Plan
+    graph: Graph
+    lowered: LoweredPlan | None
+    plan_dir: Path | None
+    saturation: SaturationResult
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def parse_mesh(text: str, devices: int) -> Mesh:
+    """``x=2,y=4`` (or ``2x4``) → a Mesh over the first devices; the sizes must multiply to ``devices``."""
+    text = text.strip()
+    pairs: list[tuple[str, int]] = []
+    try:
+        if "=" in text:
+            for i, part in enumerate(text.split(",")):
+                name, _, size = part.partition("=")
+                pairs.append((name.strip() or AXIS_NAMES[i], int(size)))
+        else:
+            pairs = [(AXIS_NAMES[i], int(n)) for i, n in enumerate(re.split(r"[x×*,]", text))]
+    except (ValueError, IndexError):
+        raise OptionError(f"`--mesh`: expected sizes like `2x4` or `dp=2,tp=4`, got {text!r}") from None
+    sizes = [n for _, n in pairs]
+    if not pairs or len(pairs) > 3 or any(n < 1 for n in sizes):
+        raise OptionError(f"`--mesh`: expected 1 to 3 positive axis sizes, got {text!r}")
+    product = 1
+    for n in sizes:
+        product *= n
+    if product != devices:
+        raise OptionError(f"`--mesh` {text!r} has {product} devices, the machine has {devices}. Make them agree.")
+    try:
+        return Mesh(tuple(n for n, _ in pairs), tuple(sizes))
+    except ValueError as exc:
+        raise OptionError(f"`--mesh`: {exc}") from None
+
+
+def _machine_for(devices: int | None, machine: Machine | None) -> Machine:
+    if machine is not None:
+        if devices is not None and devices != machine.device_count:
+            raise OptionError(
+                f"`--devices` {devices} disagrees with the machine {machine.name!r} ({machine.device_count} devices). "
+                "Pass one of them."
+            )
+        return machine
+    if devices is None:
+        raise OptionError("say how many devices: pass `--devices N` or `--machine FILE|PRESET`.")
+    if devices < 1:
+        raise OptionError(f"`--devices` must be at least 1, got {devices}.")
+    return default_machine(devices)
+
+
+def optimize(
+    model: str | Path | Graph,
+    *,
+    devices: int | None = None,
+    machine: Machine | None = None,
+    output_dir: str | Path | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    objective: str = "inference",
+    mesh: str | Mesh | None = None,
+    limits: Limits | None = None,
+    rule_files: Sequence[Path] | None = None,
+    progress: Progress | None = None,
+) -> OptimizeResult:
+    """Find a parallel plan for ``model`` and, with ``output_dir``, write it as a plan directory."""
+    say = progress or (lambda _msg: None)
+    timings: dict[str, float] = {}
+    chosen_machine = _machine_for(devices, machine)
+    if objective not in ("inference", "training"):
+        raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
+    if output_dir is not None:
+        check_output_dir(Path(output_dir))
+    chosen_mesh = mesh if isinstance(mesh, Mesh) else parse_mesh(mesh or str(chosen_machine.device_count), chosen_machine.device_count)
+    rules = load_rule_files(list(rule_files) if rule_files is not None else None)
+
+    start = time.perf_counter()
+    if isinstance(model, Graph):
+        graph = model
+    else:
+        from unity_eq.frontends.onnx import load_onnx
+
+        say(f"loading {model}")
+        graph = load_onnx(model, input_shapes)
+    timings["load_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    encoding = encode(graph, chosen_mesh)
+    say(f"{graph.summary()}; {encoding.typed_nodes} typed, {encoding.opaque_count} opaque nodes; mesh {chosen_mesh}")
+    saturation = saturate(
+        rules,
+        encoding,
+        limits,
+        progress=lambda phase, it, nodes, secs: say(f"saturating: {phase} iteration {it}, {nodes} e-nodes, {secs:.1f} s"),
+    )
+    timings["saturate_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    say(f"extracting ({saturation.enodes} e-nodes, stopped: {saturation.stop_reason.value})")
+    data = parse_serialized(saturation.serialized)
+    cost_model = CostModel(chosen_machine, chosen_mesh, objective)
+    plan = extract_greedy(data, encoding, graph, cost_model)
+    timings["extract_s"] = time.perf_counter() - start
+    plan.stats.update(_stats(saturation, data.enode_count, timings))
+
+    lowered, plan_dir = None, None
+    if output_dir is not None:
+        start = time.perf_counter()
+        say("lowering to per-device ONNX")
+        lowered = lower(plan, graph)
+        lowered.metadata["stats"] = plan.stats
+        plan_dir = write_plan_dir(lowered, output_dir)
+        timings["lower_s"] = time.perf_counter() - start
+        plan.stats["timings"] = dict(timings)
+    return OptimizeResult(plan, graph, lowered, plan_dir, saturation, timings)
+
+
+def _stats(saturation: SaturationResult, enodes: int, timings: dict[str, float]) -> dict[str, Any]:
+    return {
+        "saturation": {
+            "stop_reason": saturation.stop_reason.value,
+            "iterations": saturation.iterations,
+            "enodes": enodes,
+            "seconds": round(saturation.seconds, 3),
+        },
+        "timings": dict(timings),
+    }

@@ -1,0 +1,228 @@
+"""A parallel plan: the extracted PCG as an ordered list of steps over tensors with placements.
+
+Steps are frozen dataclasses forming one closed union, :data:`Step`; every stage that consumes a plan
+(cost, lower, runtime, explain) handles them with an exhaustive ``match`` so that adding a step kind is a
+type error until each stage handles it.
+
+=================  ===========================  =====================================================
+step               parallel op (DESIGN.md)      what each device does
+=================  ===========================  =====================================================
+``LoadInput``      Input                        reads a model input (whole)
+``LoadWeight``     Weight                       reads an initializer (whole; slices come from ``Slice``)
+``Compute``        any ONNX op                  runs the op on its local pieces
+``Slice``          Partition(x, dim, axis)      keeps its chunk along ``dim`` (free for weights/inputs)
+``AllGather``      Combine(x, dim, axis)        concatenates the chunks of its axis group along ``dim``
+``AllReduce``      Reduce(x, axis)              sums the pieces of its axis group
+``Replicated``     Replicate(x, axis)           nothing in the forward pass (marks a gradient all-reduce)
+=================  ===========================  =====================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from unity_eq.cost import Cost, Machine
+from unity_eq.ir import Mesh, Placement, Replicate, Shard
+
+__all__ = [
+    "AllGather",
+    "AllReduce",
+    "Compute",
+    "Const",
+    "LoadInput",
+    "LoadWeight",
+    "Plan",
+    "PlanTensor",
+    "Replicated",
+    "Slice",
+    "Step",
+    "step_inputs",
+    "step_outputs",
+]
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanTensor:
+    """One tensor of the plan: its global shape and dtype, and its placement on each mesh axis."""
+
+    id: str
+    shape: tuple[int, ...]
+    dtype: str
+    placement: tuple[Placement, ...]
+    source: str | None = None  # the ONNX tensor of the original model it equals, if any
+
+    def local_shape(self, mesh: Mesh) -> tuple[int, ...]:
+        """The shape of each device's piece: sharded dims divided by their axis sizes."""
+        shape = list(self.shape)
+        for placement, size in zip(self.placement, mesh.sizes, strict=True):
+            if isinstance(placement, Shard):
+                shape[placement.dim] //= size
+        return tuple(shape)
+
+    def local_bytes(self, mesh: Mesh) -> int:
+        return math.prod(self.local_shape(mesh)) * np.dtype(self.dtype).itemsize if self.dtype != "none" else 0
+
+    def placement_str(self) -> list[str]:
+        return [str(p) for p in self.placement]
+
+
+@dataclass(frozen=True)
+class Const:
+    """A literal integer-list input of an op (Reshape's shape, Slice's starts…)."""
+
+    values: tuple[int, ...]
+
+
+InputRef = str | Const | None  # a tensor id, a literal, or an absent optional input
+
+
+@dataclass(frozen=True)
+class LoadInput:
+    out: str
+    name: str
+
+
+@dataclass(frozen=True)
+class LoadWeight:
+    out: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Compute:
+    outputs: tuple[str, ...]  # "" for an output nobody reads
+    op_type: str
+    inputs: tuple[InputRef, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    domain: str = ""
+    node: str = ""  # the original node's name, when known
+
+
+@dataclass(frozen=True)
+class Slice:
+    out: str
+    src: str
+    dim: int
+    axis: str
+
+
+@dataclass(frozen=True)
+class AllGather:
+    out: str
+    src: str
+    dim: int
+    axis: str
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    out: str
+    src: str
+    axis: str
+
+
+@dataclass(frozen=True)
+class Replicated:
+    out: str
+    src: str
+    axis: str
+
+
+Step = LoadInput | LoadWeight | Compute | Slice | AllGather | AllReduce | Replicated
+
+
+def step_outputs(step: Step) -> tuple[str, ...]:
+    match step:
+        case Compute(outputs=outputs):
+            return tuple(o for o in outputs if o)
+        case LoadInput(out=out) | LoadWeight(out=out) | Slice(out=out) | AllGather(out=out) | AllReduce(
+            out=out
+        ) | Replicated(out=out):
+            return (out,)
+    raise AssertionError(step)
+
+
+def step_inputs(step: Step) -> tuple[str, ...]:
+    match step:
+        case Compute(inputs=inputs):
+            return tuple(i for i in inputs if isinstance(i, str))
+        case Slice(src=src) | AllGather(src=src) | AllReduce(src=src) | Replicated(src=src):
+            return (src,)
+        case LoadInput() | LoadWeight():
+            return ()
+    raise AssertionError(step)
+
+
+@dataclass
+class Plan:
+    """The chosen parallel computation graph with its predicted cost."""
+
+    model: str
+    mesh: Mesh
+    machine: Machine
+    objective: str
+    tensors: dict[str, PlanTensor]
+    steps: list[Step]
+    inputs: list[str]
+    outputs: dict[str, str]  # model output name -> tensor id
+    cost: Cost
+    step_costs: list[Cost] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------------------------------------
+    def collectives(self) -> list[Step]:
+        return [s for s in self.steps if isinstance(s, AllGather | AllReduce)]
+
+    def is_replicated(self) -> bool:
+        """True when no tensor is sharded or partial: the plan is the original graph on every device."""
+        return all(
+            isinstance(p, Replicate) for t in self.tensors.values() for p in t.placement
+        ) and not self.collectives()
+
+    def validate(self) -> list[str]:
+        """Check the placement transitions of every step; returns problems (empty when valid)."""
+        problems: list[str] = []
+        defined: set[str] = set()
+        for index, step in enumerate(self.steps):
+            for name in step_inputs(step):
+                if name not in defined:
+                    problems.append(f"step {index} ({type(step).__name__}) reads {name} before it is defined")
+            problems.extend(self._check_transition(index, step))
+            defined.update(step_outputs(step))
+        for out, tid in self.outputs.items():
+            if any(not isinstance(p, Replicate) for p in self.tensors[tid].placement):
+                problems.append(f"output {out} is not replicated: {self.tensors[tid].placement_str()}")
+        return problems
+
+    def _check_transition(self, index: int, step: Step) -> list[str]:
+        match step:
+            case Slice(out=out, src=src, dim=dim, axis=axis):
+                want = (src, "R", out, f"S({dim})")
+            case AllGather(out=out, src=src, dim=dim, axis=axis):
+                want = (src, f"S({dim})", out, "R")
+            case AllReduce(out=out, src=src, axis=axis):
+                want = (src, "P", out, "R")
+            case Replicated(out=out, src=src, axis=axis):
+                want = (src, "R", out, "R")
+            case _:
+                return []
+        i = self.mesh.axes.index(axis)
+        src_state = str(self.tensors[want[0]].placement[i])
+        out_state = str(self.tensors[want[2]].placement[i])
+        if (src_state, out_state) != (want[1], want[3]):
+            return [f"step {index} ({type(step).__name__} on {axis}): {src_state} -> {out_state}"]
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for step in self.steps:
+            counts[type(step).__name__] = counts.get(type(step).__name__, 0) + 1
+        sharded = sum(1 for t in self.tensors.values() if any(not isinstance(p, Replicate) for p in t.placement))
+        return {"steps": counts, "tensors": len(self.tensors), "sharded_tensors": sharded}

@@ -1,0 +1,79 @@
+"""Where the rule files are, and which of them `optimize` loads.
+
+The manifest below is the single list of rule files loaded by default, in load order; nothing registers rules
+as a side effect of an import. ``schema.egg`` and ``analysis.egg`` always come first; the other files add
+rewrites to the ``algebra`` and ``parallel`` rulesets declared in ``analysis.egg``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from unity_eq.errors import RuleError
+
+__all__ = ["BASE_FILES", "DEFAULT_RULE_FILES", "RuleFile", "default_rule_files", "load_rule_files", "rules_dir"]
+
+#: Loaded before any rule file: the language and the analyses the guards use.
+BASE_FILES = ("schema.egg", "analysis.egg")
+
+#: The rule files `optimize` loads unless told otherwise (paths relative to rules/).
+DEFAULT_RULE_FILES = (
+    "parallel/redistribute.egg",
+    "parallel/elementwise.egg",
+    "parallel/matmul.egg",
+    "parallel/conv.egg",
+    "parallel/layout.egg",
+)
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    """A rule file's text and where it came from (for error messages)."""
+
+    path: Path
+    text: str
+
+    @property
+    def display(self) -> str:
+        try:
+            return str(self.path.relative_to(rules_dir().parent))
+        except ValueError:
+            return str(self.path)
+
+
+def rules_dir() -> Path:
+    """The shipped rules/ directory (inside the installed package, or the checkout in editable installs)."""
+    return Path(str(resources.files("unity_eq.rules")))
+
+
+def _read(path: Path) -> RuleFile:
+    try:
+        return RuleFile(path, path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RuleError(f"{path}: rule file not found. Check the path.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"{path}: cannot read rule file ({exc}).") from None
+
+
+def base_files() -> list[RuleFile]:
+    return [_read(rules_dir() / name) for name in BASE_FILES]
+
+
+def default_rule_files() -> list[Path]:
+    return [rules_dir() / name for name in DEFAULT_RULE_FILES]
+
+
+def load_rule_files(paths: list[Path] | None = None) -> list[RuleFile]:
+    """Read the base files and the given rule files (default: the manifest), rejecting duplicates."""
+    chosen = default_rule_files() if paths is None else paths
+    seen: set[Path] = set()
+    files = base_files()
+    for path in chosen:
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            continue
+        seen.add(resolved)
+        files.append(_read(Path(path)))
+    return files

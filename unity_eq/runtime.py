@@ -1,0 +1,599 @@
+"""Running a plan directory, and checking it against the original model.
+
+Every rank runs the same program (SPMD): its ``device_<rank>.onnx`` cut into *segments* at the collectives
+(the stage numbers in ``plan.json``), with the collectives done by a :class:`Communicator` between segments.
+Backends differ only in the communicator and in where ranks live:
+
+* ``local`` (default): every rank is a thread of this process; collectives exchange numpy arrays in memory.
+* ``mpi``: one process per rank under ``mpiexec`` (see ``unity_eq.runtime_mpi``).
+
+Reductions sum the pieces in the order of the ranks of the group, in every backend, so results agree
+bit for bit where the reduction order is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from unity_eq.errors import CheckFailed, PlanError, RuntimeBackendError, UnityEqError
+from unity_eq.plan import PLAN_FORMAT_VERSION
+
+__all__ = [
+    "CheckResult",
+    "Communicator",
+    "LocalCommunicator",
+    "PlanDir",
+    "RankProgram",
+    "check",
+    "load_plan_dir",
+    "make_session",
+    "random_inputs",
+    "run_plan",
+]
+
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("UNITY_EQ_COLLECTIVE_TIMEOUT", "300"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plan directories
+
+
+@dataclass
+class PlanDir:
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.meta["mesh"]["ranks"])
+
+    def model_path(self, rank: int) -> Path:
+        return self.path / self.meta["files"][rank]
+
+    @property
+    def input_specs(self) -> dict[str, dict[str, Any]]:
+        return self.meta["model"]["inputs"]
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.meta["model"]["outputs"])
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        for collective in self.meta["collectives"]:
+            if collective["axis"] == axis:
+                for group in collective["groups"]:
+                    if rank in group:
+                        return tuple(group)
+        raise PlanError(f"{self.path}: rank {rank} is in no group of axis {axis}")
+
+
+def load_plan_dir(path: str | Path) -> PlanDir:
+    """Read and sanity-check a plan directory written by ``unity-eq optimize``."""
+    root = Path(path)
+    if not root.exists():
+        raise PlanError(f"{root}: plan directory not found. Create one with `unity-eq optimize MODEL -o {root}`.")
+    if not root.is_dir():
+        raise PlanError(f"{root}: not a directory. Pass the directory written by `unity-eq optimize`.")
+    meta_path = root / "plan.json"
+    if not meta_path.exists():
+        raise PlanError(f"{root}: no plan.json. Pass the directory written by `unity-eq optimize`.")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"{meta_path}: unreadable plan.json ({exc}). Re-run `unity-eq optimize`.") from None
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != PLAN_FORMAT_VERSION:
+        raise PlanError(
+            f"{meta_path}: plan format version {version!r}, this unity-eq reads {PLAN_FORMAT_VERSION}. "
+            "Re-run `unity-eq optimize`."
+        )
+    for key in ("model", "mesh", "files", "collectives"):
+        if key not in meta:
+            raise PlanError(f"{meta_path}: missing field {key!r}. Re-run `unity-eq optimize`.")
+    plan = PlanDir(root, meta)
+    for rank in range(plan.world_size):
+        if not plan.model_path(rank).exists():
+            raise PlanError(f"{root}: {plan.meta['files'][rank]} (rank {rank}) is missing. Re-run `unity-eq optimize`.")
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sessions
+
+
+def _cuda_usable() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+@dataclass
+class DeviceChoice:
+    """Which onnxruntime provider a rank uses; ``note`` says why (shown once to the user)."""
+
+    providers: list[Any]
+    note: str = ""
+
+
+def choose_device(device: str, local_rank: int) -> DeviceChoice:
+    """``cpu``, ``cuda`` or ``auto``: CUDA with device_id = local rank when it is usable, else the CPU."""
+    if device == "cpu":
+        return DeviceChoice(["CPUExecutionProvider"])
+    if device not in ("cuda", "auto"):
+        raise RuntimeBackendError(f"device: expected cpu, cuda or auto, got {device!r}")
+    if _cuda_usable():
+        return DeviceChoice([("CUDAExecutionProvider", {"device_id": local_rank}), "CPUExecutionProvider"])
+    return DeviceChoice(["CPUExecutionProvider"], "CUDA is not available to onnxruntime here; running on the CPU")
+
+
+def make_session(model: onnx.ModelProto | bytes | str, providers: list[Any], threads: int = 0) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    payload = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    return ort.InferenceSession(payload, options, providers=providers)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Segments
+
+
+@dataclass
+class Segment:
+    inputs: list[str]
+    outputs: list[str]
+    session: Any = None
+
+
+@dataclass
+class RankProgram:
+    """One rank's device graph, cut into segments, with the collectives after each segment."""
+
+    rank: int
+    segments: list[Segment]
+    collectives_after: list[list[dict[str, Any]]]
+    outputs: list[str]
+    providers_in_use: list[str] = field(default_factory=list)
+
+
+def _segment_models(model: onnx.ModelProto, collectives: list[dict[str, Any]]) -> list[onnx.ModelProto | None]:
+    """Split a device graph by stage: a node runs in the stage of its latest collective input."""
+    graph = model.graph
+    stage_of: dict[str, int] = {}
+    for c in collectives:
+        stage_of[c["dst"]] = c["stage"] + 1
+    node_stage: list[int] = []
+    for node in graph.node:
+        stage = max((stage_of.get(name, 0) for name in node.input if name), default=0)
+        node_stage.append(stage)
+        for out in node.output:
+            if out:
+                stage_of[out] = stage
+    last = max([*node_stage, *(c["stage"] for c in collectives), 0])
+    needed_later: dict[str, int] = {}  # tensor -> latest stage that reads it
+    for node, stage in zip(graph.node, node_stage, strict=True):
+        for name in node.input:
+            if name:
+                needed_later[name] = max(needed_later.get(name, -1), stage)
+    for c in collectives:  # a collective reads its source right after its stage
+        needed_later[c["src"]] = max(needed_later.get(c["src"], -1), c["stage"] + 1)
+    model_outputs = {o.name for o in graph.output} - {c["src"] for c in collectives}
+    infos = {v.name: v for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
+    initializers = {t.name: t for t in graph.initializer}
+    graph_inputs = {i.name for i in graph.input}
+    segments: list[onnx.ModelProto | None] = []
+    for s in range(last + 1):
+        nodes = [n for n, st in zip(graph.node, node_stage, strict=True) if st == s]
+        produced = {o for n in nodes for o in n.output if o}
+        outputs = [
+            name for name in produced if name in model_outputs or needed_later.get(name, -1) > s
+        ]
+        consumed = {i for n in nodes for i in n.input if i}
+        inputs = sorted(name for name in consumed - produced if name not in initializers)
+        inits = [initializers[name] for name in sorted(consumed & set(initializers))]
+        if not nodes:
+            segments.append(None)
+            continue
+        missing = [name for name in inputs if name not in infos and name not in graph_inputs]
+        if missing:
+            raise PlanError(f"device graph {graph.name}: no type recorded for {missing[0]}; re-run `unity-eq optimize`")
+        seg_graph = helper.make_graph(
+            nodes,
+            f"{graph.name}.stage{s}",
+            [infos[name] for name in inputs],
+            [infos[name] for name in sorted(outputs)],
+            initializer=inits,
+        )
+        segments.append(
+            helper.make_model(seg_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+        )
+    return segments
+
+
+def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: int = 0) -> RankProgram:
+    """Load a rank's device model and open one onnxruntime session per segment."""
+    path = plan.model_path(rank)
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf/IO errors of a damaged plan file
+        raise PlanError(f"{path}: cannot load device model ({exc}). Re-run `unity-eq optimize`.") from None
+    collectives = plan.meta["collectives"]
+    segment_models = _segment_models(model, collectives)
+    segments: list[Segment] = []
+    in_use: list[str] = []
+    for seg_model in segment_models:
+        if seg_model is None:
+            segments.append(Segment([], []))
+            continue
+        try:
+            session = make_session(seg_model, providers, threads)
+        except Exception as exc:  # onnxruntime rejects the segment
+            raise RuntimeBackendError(f"rank {rank}: onnxruntime cannot load {path.name}: {exc}") from None
+        in_use = session.get_providers()
+        segments.append(
+            Segment([i.name for i in seg_model.graph.input], [o.name for o in seg_model.graph.output], session)
+        )
+    after: list[list[dict[str, Any]]] = [[] for _ in segments]
+    for c in collectives:
+        after[c["stage"]].append(c)
+    return RankProgram(rank, segments, after, plan.output_names, in_use)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Communicators
+
+
+class Communicator(Protocol):
+    """The collectives a rank needs. ``group`` lists the participating ranks in axis order."""
+
+    rank: int
+
+    def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
+
+    def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray: ...
+
+
+def gather_pieces(pieces: Sequence[np.ndarray], dim: int) -> np.ndarray:
+    return np.concatenate(pieces, axis=dim)
+
+
+def sum_pieces(pieces: Sequence[np.ndarray]) -> np.ndarray:
+    """Sum in group order, one addition at a time: the reduction order every backend uses."""
+    total = np.array(pieces[0], copy=True)
+    for piece in pieces[1:]:
+        total += piece
+    return total
+
+
+class _Board:
+    """Where rank threads of one process meet for a collective."""
+
+    def __init__(self, world: int, timeout: float) -> None:
+        self.cond = threading.Condition()
+        self.slots: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}
+        self.counters = [0] * world
+        self.failure: str | None = None
+        self.timeout = timeout
+
+    def fail(self, message: str) -> None:
+        with self.cond:
+            if self.failure is None:
+                self.failure = message
+            self.cond.notify_all()
+
+    def exchange(self, rank: int, group: tuple[int, ...], array: np.ndarray) -> list[np.ndarray]:
+        with self.cond:
+            seq = self.counters[rank]
+            self.counters[rank] += 1
+            entry = self.slots.setdefault((seq, group), {"pieces": {}, "readers": 0})
+            entry["pieces"][rank] = array
+            self.cond.notify_all()
+            ready = self.cond.wait_for(lambda: self.failure is not None or len(entry["pieces"]) == len(group), self.timeout)
+            if self.failure is not None:
+                raise RuntimeBackendError(f"rank {rank} stopped because {self.failure}")
+            if not ready:
+                missing = sorted(set(group) - set(entry["pieces"]))
+                raise RuntimeBackendError(f"rank {rank}: collective #{seq} timed out waiting for ranks {missing}")
+            pieces = [entry["pieces"][r] for r in group]
+            entry["readers"] += 1
+            if entry["readers"] == len(group):
+                del self.slots[(seq, group)]
+            return pieces
+
+
+@dataclass
+class LocalCommunicator:
+    """A rank thread's view of the in-process board."""
+
+    rank: int
+    board: _Board
+
+    def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray:
+        return gather_pieces(self.board.exchange(self.rank, tuple(group), array), dim)
+
+    def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray:
+        return sum_pieces(self.board.exchange(self.rank, tuple(group), array))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Execution
+
+
+@dataclass
+class RankTimes:
+    segments_s: list[float] = field(default_factory=list)
+    collectives_s: float = 0.0
+
+
+def execute_rank(
+    program: RankProgram, inputs: Mapping[str, np.ndarray], comm: Communicator, times: RankTimes | None = None
+) -> dict[str, np.ndarray]:
+    """Run one rank's segments and collectives; returns the model outputs as this rank holds them."""
+    env: dict[str, np.ndarray] = dict(inputs)
+    for segment, collectives in zip(program.segments, program.collectives_after, strict=True):
+        if segment.session is not None:
+            start = time.perf_counter()
+            feeds = {name: env[name] for name in segment.inputs}
+            values = segment.session.run(segment.outputs, feeds)
+            env.update(zip(segment.outputs, values, strict=True))
+            if times is not None:
+                times.segments_s.append(time.perf_counter() - start)
+        for c in collectives:
+            start = time.perf_counter()
+            group = _group_of(c, program.rank)
+            if c["kind"] == "all_gather":
+                env[c["dst"]] = comm.all_gather(env[c["src"]], group, c["dim"])
+            elif c["kind"] == "all_reduce":
+                env[c["dst"]] = comm.all_reduce(env[c["src"]], group)
+            else:
+                raise PlanError(f"unknown collective kind {c['kind']!r} in plan.json")
+            if times is not None:
+                times.collectives_s += time.perf_counter() - start
+    return {name: env[name] for name in program.outputs}
+
+
+def _group_of(collective: dict[str, Any], rank: int) -> tuple[int, ...]:
+    for group in collective["groups"]:
+        if rank in group:
+            return tuple(group)
+    raise PlanError(f"rank {rank} is in no group of collective {collective['id']}")
+
+
+def check_inputs(plan: PlanDir, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Match user inputs to the plan's model inputs by name, shape and dtype."""
+    specs = plan.input_specs
+    unknown = sorted(set(inputs) - set(specs))
+    if unknown:
+        raise RuntimeBackendError(f"inputs: unknown input {unknown[0]!r}; the model's inputs are {sorted(specs)}")
+    out = {}
+    for name, spec in specs.items():
+        if name not in inputs:
+            raise RuntimeBackendError(f"inputs: missing input {name!r} {spec['dtype']}{spec['shape']}")
+        array = np.asarray(inputs[name])
+        if list(array.shape) != list(spec["shape"]):
+            raise RuntimeBackendError(
+                f"inputs: {name!r} has shape {list(array.shape)}, the plan was made for {spec['shape']}. "
+                "Re-run `unity-eq optimize` with `--input-shape`."
+            )
+        out[name] = array.astype(spec["dtype"], copy=False)
+    return out
+
+
+def run_plan(
+    plan_dir: str | Path | PlanDir,
+    inputs: Mapping[str, np.ndarray],
+    backend: str = "local",
+    device: str = "cpu",
+    on_note: Callable[[str], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run every rank of a plan in this process (``local`` backend) and return rank 0's outputs.
+
+    All ranks must agree on every (replicated) output; a disagreement is an error, not a silent choice.
+    """
+    plan = plan_dir if isinstance(plan_dir, PlanDir) else load_plan_dir(plan_dir)
+    if backend != "local":
+        raise RuntimeBackendError(f"backend: `run_plan` runs the local backend; got {backend!r}")
+    feeds = check_inputs(plan, inputs)
+    world = plan.world_size
+    threads = max(1, (os.cpu_count() or 1) // world)
+    programs = []
+    for rank in range(world):
+        choice = choose_device(device, rank)
+        if choice.note and on_note and rank == 0:
+            on_note(choice.note)
+        programs.append(build_rank_program(plan, rank, choice.providers, threads))
+    board = _Board(world, COLLECTIVE_TIMEOUT_S)
+    results: list[dict[str, np.ndarray] | None] = [None] * world
+    errors: list[BaseException | None] = [None] * world
+
+    def work(rank: int) -> None:
+        try:
+            results[rank] = execute_rank(programs[rank], feeds, LocalCommunicator(rank, board))
+        except BaseException as exc:  # recorded and re-raised in the caller's thread
+            errors[rank] = exc
+            board.fail(f"rank {rank} failed: {exc}")
+
+    workers = [threading.Thread(target=work, args=(r,), name=f"unity-eq-rank{r}") for r in range(world)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    first = next((e for e in errors if e is not None and not _is_secondary(e)), None) or next(
+        (e for e in errors if e is not None), None
+    )
+    if first is not None:
+        if isinstance(first, UnityEqError):
+            raise first
+        rank = errors.index(first)
+        raise RuntimeBackendError(f"rank {rank} failed: {type(first).__name__}: {first}") from first
+    outputs = results[0]
+    assert outputs is not None
+    for rank in range(1, world):
+        other = results[rank]
+        assert other is not None
+        for name, value in outputs.items():
+            if not np.array_equal(value, other[name], equal_nan=True):
+                raise RuntimeBackendError(f"output {name!r} differs between rank 0 and rank {rank}")
+    return outputs
+
+
+def _is_secondary(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeBackendError) and "stopped because" in str(exc)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checking a plan against the original model
+
+
+def random_inputs(
+    specs: Mapping[str, Mapping[str, Any]], seed: int = 0, int_bounds: Mapping[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """Deterministic random inputs: normal floats, integers in [0, bound), booleans."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, spec in specs.items():
+        shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
+        if dtype.kind == "f":
+            out[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            high = (int_bounds or {}).get(name, 10)
+            out[name] = rng.integers(0, max(high, 1), size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            out[name] = rng.random(shape) < 0.5
+        else:
+            raise RuntimeBackendError(f"inputs: cannot make random values of dtype {dtype} for {name!r}; pass `--inputs`")
+    return out
+
+
+@dataclass
+class OutputComparison:
+    name: str
+    passed: bool
+    max_abs_error: float
+    relative_error: float
+    index: tuple[int, ...]
+    expected: float
+    got: float
+
+
+@dataclass
+class CheckResult:
+    outputs: list[OutputComparison]
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    @property
+    def worst(self) -> OutputComparison:
+        return max(self.outputs, key=lambda o: (not o.passed, o.relative_error))
+
+    def describe(self) -> str:
+        w = self.worst
+        verdict = "match" if self.passed else "MISMATCH"
+        return (
+            f"{verdict}: {len(self.outputs)} output(s); worst {w.name!r} relative error {w.relative_error:.2e} "
+            f"(tolerance {self.tolerance:g}), max abs error {w.max_abs_error:.3g} at {list(w.index)}: "
+            f"expected {w.expected:.6g}, got {w.got:.6g}"
+        )
+
+
+def compare_outputs(
+    expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tolerance: float = 1e-4
+) -> CheckResult:
+    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly."""
+    results = []
+    for name, ref in expected.items():
+        ref = np.asarray(ref)
+        out = np.asarray(got[name])
+        if ref.shape != out.shape:
+            results.append(OutputComparison(name, False, float("inf"), float("inf"), (), float("nan"), float("nan")))
+            continue
+        if ref.size == 0:
+            results.append(OutputComparison(name, True, 0.0, 0.0, (), 0.0, 0.0))
+            continue
+        diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
+        diff = np.where(np.isnan(ref) & np.isnan(out), 0.0, diff)
+        index = np.unravel_index(int(np.nanargmax(np.nan_to_num(diff, nan=np.inf))), ref.shape)
+        max_abs = float(diff[index])
+        scale = float(np.max(np.abs(ref[np.isfinite(ref)]))) if np.isfinite(ref).any() else 1.0
+        relative = max_abs / max(scale, 1e-30)
+        exact = ref.dtype.kind in "iub"
+        passed = max_abs == 0.0 if exact else relative <= _tolerance_for(ref.dtype, tolerance)
+        results.append(
+            OutputComparison(
+                name, passed, max_abs, relative, tuple(int(i) for i in index), float(ref[index]), float(out[index])
+            )
+        )
+    return CheckResult(results, tolerance)
+
+
+def _tolerance_for(dtype: np.dtype, tolerance: float) -> float:
+    return max(tolerance, 1e-2) if dtype.itemsize <= 2 else tolerance
+
+
+def run_original(model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+    """The reference: the original model in onnxruntime on the CPU."""
+    try:
+        session = make_session(str(model_path), ["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime refuses the model
+        raise RuntimeBackendError(f"{model_path}: onnxruntime cannot run the original model: {exc}") from None
+    values = session.run(output_names, dict(inputs))
+    return dict(zip(output_names, values, strict=True))
+
+
+def check(
+    model_path: str | Path,
+    plan_dir: str | Path,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+    tolerance: float = 1e-4,
+    device: str = "cpu",
+) -> CheckResult:
+    """Run the original model and the plan on the same inputs and compare every output."""
+    plan = load_plan_dir(plan_dir)
+    if inputs is None:
+        inputs = random_inputs(plan.input_specs, seed, _index_bounds(model_path, plan))
+    feeds = check_inputs(plan, inputs)
+    expected = run_original(model_path, feeds, plan.output_names)
+    got = run_plan(plan, feeds, device=device)
+    return compare_outputs(expected, got, tolerance)
+
+
+def _index_bounds(model_path: str | Path, plan: PlanDir) -> dict[str, int]:
+    """Integer inputs that index something (Gather, embedding lookups) get values in range."""
+    from unity_eq.frontends.onnx import load_onnx
+
+    shapes = {name: tuple(spec["shape"]) for name, spec in plan.input_specs.items()}
+    graph = load_onnx(model_path, shapes)
+    bounds: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op_type in ("Gather", "GatherElements") and len(node.inputs) > 1 and node.inputs[1] in graph.inputs:
+            data = graph.types[node.inputs[0]]
+            axis = int(node.attrs.get("axis", 0))
+            size = data.shape[axis]
+            bounds[node.inputs[1]] = min(bounds.get(node.inputs[1], size), size)
+    return bounds
+
+
+def assert_check(result: CheckResult) -> None:
+    if not result.passed:
+        raise CheckFailed(result.describe())
