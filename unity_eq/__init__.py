@@ -4,16 +4,19 @@ The public entry points are :func:`optimize` (model → plan directory), :func:`
 outputs) and :func:`check` (original vs plan on the same inputs), and the placement types. Everything else
 is reachable through its stage module (``unity_eq.ir``, ``unity_eq.egraph``, ``unity_eq.cost``,
 ``unity_eq.extract``, ``unity_eq.plan``, ``unity_eq.lower``, ``unity_eq.runtime``) but is not promised stable.
+
+Entry points are imported lazily so that ``import unity_eq`` (and the e-graph worker process) stays cheap.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from unity_eq.errors import UnityEqError
 from unity_eq.ir import Partial, Placement, Replicate, Shard
-from unity_eq.pipeline import OptimizeResult, optimize
-from unity_eq.runtime import CheckResult, check, run_plan
+
+__version__ = "0.1.0"
 
 __all__ = [
     "CheckResult",
@@ -28,3 +31,21 @@ __all__ = [
     "optimize",
     "run_plan",
 ]
+
+_LAZY = {
+    "optimize": "unity_eq.pipeline",
+    "OptimizeResult": "unity_eq.pipeline",
+    "run_plan": "unity_eq.runtime",
+    "check": "unity_eq.runtime",
+    "CheckResult": "unity_eq.runtime",
+}
+
+if TYPE_CHECKING:
+    from unity_eq.pipeline import OptimizeResult, optimize
+    from unity_eq.runtime import CheckResult, check, run_plan
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'unity_eq' has no attribute {name!r}")

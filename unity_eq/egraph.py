@@ -67,7 +67,7 @@ class Encoding:
 
     program: str
     mesh: Mesh
-    tensor_ids: dict[str, int]  # ONNX tensor name -> id used in (tensor-id t id)
+    tensor_ids: dict[str, int]  # ONNX tensor name -> id in (Tensor id)
     opaque_nodes: dict[str, Node]  # Opaque key -> the IR node
     typed_nodes: int
     opaque_count: int
@@ -282,13 +282,16 @@ class _ProgramWriter:
         return self.vars[name]
 
     def define(self, name: str, term: str) -> None:
+        """Name a tensor ``(Tensor id)`` and state its shape, dtype and (replicated) placement.
+
+        Naming by one constructor keeps the DAG shared without egglog globals, which cost a table each.
+        """
         ident = len(self.tensor_ids)
-        var = f"$t.{ident}"
+        var = f"(Tensor {ident})"
         self.tensor_ids[name] = ident
         self.vars[name] = var
         ttype = self.graph.types[name]
-        self.lines.append(f"(let {var} {term})")
-        self.lines.append(f"(tensor-id {var} {ident})")
+        self.lines.append(f"(union {var} {term})")
         self.lines.append(f"(set (shape {var}) {_egg_ivec(ttype.shape)})")
         self.lines.append(f"(set (dtype {var}) {_egg_string(ttype.dtype)})")
         for axis in self.mesh.axes:
@@ -345,7 +348,6 @@ def _guard_facts(w: _ProgramWriter, node: Node, spec: OpSpec, values: dict[str, 
 def encode(graph: Graph, mesh: Mesh) -> Encoding:
     """Write the egglog program for ``graph`` on ``mesh`` (no rules: those come from the rule files)."""
     w = _ProgramWriter(graph, mesh)
-    w.lines.append("(relation tensor-id (T i64))")
     for axis, size in zip(mesh.axes, mesh.sizes, strict=True):
         w.lines.append(f"(mesh-axis {_egg_string(axis)} {size})")
     _axes_facts(w, mesh)
@@ -435,7 +437,7 @@ def _tensor_table_sizes(egraph: Any) -> int:
         sizes = out.sizes
     else:  # pragma: no cover - older bindings print text
         return 0
-    skip = {"shape", "dtype", "placed", "tensor-id"}
+    skip = {"Tensor"}
     return sum(n for name, n in sizes if name[:1].isupper() and name not in skip)
 
 
@@ -469,7 +471,7 @@ def _worker_main(job_path: str) -> int:
             except bindings.EggSmolError as exc:
                 send("rule-error", f"{filename}: {exc}")
                 return 0
-        egraph.run_program(*egraph.parse_program(job["program"], filename="<encoded model>"))
+        _run_chunked(egraph, job["program"])
         egraph.run_program(*egraph.parse_program("(run-schedule (saturate (run analysis) (run expand)))"))
         nodes = _tensor_table_sizes(egraph)
         history = [(0, nodes, time.monotonic() - start)]
@@ -482,6 +484,18 @@ def _worker_main(job_path: str) -> int:
     except Exception as exc:  # reported to the parent, which raises SaturationError with it
         send("error", f"{type(exc).__name__}: {exc}")
     return 0
+
+
+def _run_chunked(egraph: Any, program: str, lines_per_call: int = 200) -> None:
+    """Run a long program a few hundred commands at a time.
+
+    egglog 13.2 keeps a copy of the whole source text in every command's span, so one call with N commands
+    costs O(N × text): 8.7 GB for densenet121's 7,600 lines. In chunks it is linear.
+    """
+    lines = program.splitlines()
+    for start in range(0, len(lines), lines_per_call):
+        chunk = "\n".join(lines[start : start + lines_per_call])
+        egraph.run_program(*egraph.parse_program(chunk, filename=f"<encoded model, line {start + 1}>"))
 
 
 def _run_phases(
@@ -654,7 +668,7 @@ class EGraphData:
     """The saturated e-graph as plain data: what every extractor reads."""
 
     classes: dict[str, EClass]
-    tensor_class: dict[int, str]  # tensor id (Encoding.tensor_ids) -> e-class
+    tensor_class: dict[int, str]  # tensor id (Encoding.tensor_ids, the `Tensor` names) -> e-class
 
     @property
     def enode_count(self) -> int:
@@ -708,9 +722,12 @@ def parse_serialized(serialized: dict[str, Any]) -> EGraphData:
         sort = class_sort.get(node["eclass"], "")
         if sort in ("T", "TList"):
             cls = classes.setdefault(node["eclass"], EClass(node["eclass"], sort))
+            if node["op"] == "Tensor":
+                tensor_class[int(nodes[node["children"][0]]["op"])] = node["eclass"]
+                continue
             args = tuple(arg_of(c) for c in node["children"])
             cls.nodes.append(ENode(node_id, node["op"], node["eclass"], args))
-        elif node["op"] in ("shape", "dtype", "placed", "tensor-id"):
+        elif node["op"] in ("shape", "dtype", "placed"):
             analyses.append(node)
     for node in analyses:
         target = nodes[node["children"][0]]["eclass"]
@@ -727,8 +744,6 @@ def parse_serialized(serialized: dict[str, Any]) -> EGraphData:
             states = cls.placement.setdefault(axis, [])
             if state not in states:
                 states.append(state)
-        else:
-            tensor_class[int(nodes[node["children"][1]]["op"])] = target
     return EGraphData(classes, tensor_class)
 
 

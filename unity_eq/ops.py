@@ -269,6 +269,7 @@ _SCHEMA_HEADER = """\
     (Input String)                       ; a model input, by name
     (Weight String)                      ; an initializer, by name
     (NoneT)                              ; an absent optional input
+    (Tensor i64)                         ; names an original tensor in the encoding; never extracted
     (Opaque String String TList i64)     ; any other op: op type, node key, inputs, output index
     ; Parallel ops (DESIGN.md): each names a mesh axis.
     (Partition T i64 String)             ; Replicate -> Shard(dim): local slice

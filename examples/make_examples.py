@@ -1,0 +1,134 @@
+"""Write the bundled example models, ``examples/mlp.onnx`` and ``examples/transformer.onnx``.
+
+Run ``python examples/make_examples.py``. The output is deterministic (fixed seed), so the checked-in files
+can be regenerated bit for bit. Both models use opset 18 and IR version 8 (onnxruntime refuses the IR version
+that ``onnx.helper.make_model`` writes by default), float32, static shapes and initializers for weights;
+weights are normal samples scaled by 1/sqrt(fan_in), which keeps activations O(1).
+
+- ``mlp``: ``Y = Relu(X @ W1 + b1) @ W2 + b2`` with X [8, 128, 256] and a hidden size of 1024.
+- ``transformer``: one pre-LayerNorm encoder block (8 heads of 32, feed-forward 1024, GELU written with Erf).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+BATCH, SEQ, HIDDEN, FFN, HEADS = 8, 128, 256, 1024, 8
+HEAD_DIM = HIDDEN // HEADS
+OPSET, IR_VERSION, SEED = 18, 8, 0
+HERE = Path(__file__).resolve().parent
+
+
+class _Builder:
+    """Collects nodes and initializers; names every node after its output."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def weight(self, name: str, shape: tuple[int, ...], fan_in: int) -> str:
+        value = self.rng.standard_normal(shape).astype(np.float32) / np.float32(math.sqrt(fan_in))
+        return self.const(name, value)
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(value, name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], output: str, **attrs: Any) -> str:
+        self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attrs))
+        return output
+
+    def linear(self, x: str, prefix: str, fan_in: int, fan_out: int, out: str = "") -> str:
+        """``x @ W + b``: a MatMul and an Add, the form exporters write for ``nn.Linear``."""
+        w = self.weight(f"{prefix}.weight", (fan_in, fan_out), fan_in)
+        b = self.weight(f"{prefix}.bias", (fan_out,), fan_in)
+        return self.op("Add", [self.op("MatMul", [x, w], f"{prefix}.matmul"), b], out or f"{prefix}.out")
+
+    def layer_norm(self, x: str, prefix: str) -> str:
+        """LayerNormalization over the hidden dim; scale and bias are perturbed from 1 and 0 so that a
+        wrongly sliced or dropped scale shows in numerical checks."""
+        noise = self.rng.standard_normal((2, HIDDEN)).astype(np.float32) * np.float32(0.1)
+        scale = self.const(f"{prefix}.scale", 1 + noise[0])
+        bias = self.const(f"{prefix}.bias", noise[1])
+        return self.op("LayerNormalization", [x, scale, bias], f"{prefix}.out", axis=-1, epsilon=1e-5)
+
+    def model(self, name: str, x: str, y: str) -> onnx.ModelProto:
+        shape = [BATCH, SEQ, HIDDEN]
+        graph = helper.make_graph(
+            self.nodes,
+            name,
+            [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info(y, TensorProto.FLOAT, shape)],
+            self.initializers,
+        )
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            ir_version=IR_VERSION,
+            producer_name="unity-eq",
+        )
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+
+def make_mlp(seed: int = SEED) -> onnx.ModelProto:
+    """X [8, 128, 256] → MatMul W1 → Add b1 → Relu → MatMul W2 → Add b2 → Y."""
+    b = _Builder(seed)
+    h = b.op("Relu", [b.linear("X", "fc1", HIDDEN, FFN)], "relu")
+    b.linear(h, "fc2", FFN, HIDDEN, out="Y")
+    return b.model("mlp", "X", "Y")
+
+
+def make_transformer(seed: int = SEED) -> onnx.ModelProto:
+    """One pre-LN encoder block: X + Attn(LN(X)), then that + FFN(LN(that))."""
+    b = _Builder(seed)
+    heads_shape = b.const("heads_shape", np.array([BATCH, SEQ, HEADS, HEAD_DIM], np.int64))
+    hidden_shape = b.const("hidden_shape", np.array([BATCH, SEQ, HIDDEN], np.int64))
+
+    ln1 = b.layer_norm("X", "ln1")
+    q, k, v = (
+        b.op("Reshape", [b.linear(ln1, f"attn.{n}", HIDDEN, HIDDEN), heads_shape], f"attn.{n}.heads")
+        for n in "qkv"
+    )
+    q = b.op("Transpose", [q], "attn.q.t", perm=[0, 2, 1, 3])  # [B, H, S, D]
+    k = b.op("Transpose", [k], "attn.k.t", perm=[0, 2, 3, 1])  # [B, H, D, S]
+    v = b.op("Transpose", [v], "attn.v.t", perm=[0, 2, 1, 3])  # [B, H, S, D]
+    scale = b.const("attn.scale", np.array(1.0 / math.sqrt(HEAD_DIM), np.float32))
+    scores = b.op("Mul", [b.op("MatMul", [q, k], "attn.scores"), scale], "attn.scaled")
+    probs = b.op("Softmax", [scores], "attn.probs", axis=-1)
+    context = b.op(
+        "Transpose", [b.op("MatMul", [probs, v], "attn.context")], "attn.context.t", perm=[0, 2, 1, 3]
+    )
+    merged = b.op("Reshape", [context, hidden_shape], "attn.merged")
+    h = b.op("Add", ["X", b.linear(merged, "attn.o", HIDDEN, HIDDEN)], "residual1")
+
+    ln2 = b.layer_norm(h, "ln2")
+    up = b.linear(ln2, "ffn.up", HIDDEN, FFN)
+    half = b.const("gelu.half", np.array(0.5, np.float32))
+    one = b.const("gelu.one", np.array(1.0, np.float32))
+    sqrt2 = b.const("gelu.sqrt2", np.array(math.sqrt(2.0), np.float32))
+    erf = b.op("Erf", [b.op("Div", [up, sqrt2], "gelu.div")], "gelu.erf")
+    gelu = b.op(
+        "Mul", [b.op("Mul", [up, half], "gelu.half_x"), b.op("Add", [erf, one], "gelu.one_plus")], "gelu"
+    )
+    down = b.linear(gelu, "ffn.down", FFN, HIDDEN)
+    b.op("Add", [h, down], "Y")
+    return b.model("transformer", "X", "Y")
+
+
+def main() -> None:
+    for name, make in (("mlp", make_mlp), ("transformer", make_transformer)):
+        path = HERE / f"{name}.onnx"
+        onnx.save(make(), path)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
