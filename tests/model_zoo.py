@@ -90,8 +90,17 @@ def _constant_of_shape_value(node: onnx.NodeProto) -> np.ndarray:
     return np.zeros(1, np.float32)
 
 
-def export_torch_transformer(path: str | Path, seed: int = 0) -> Path:
-    """Export a small random ``nn.TransformerEncoderLayer`` (input [2, 16, 64]) with torch's dynamo exporter.
+def export_torch_transformer(
+    path: str | Path,
+    seed: int = 0,
+    *,
+    d_model: int = 64,
+    nhead: int = 4,
+    ffn: int = 256,
+    batch: int = 2,
+    seq: int = 16,
+) -> Path:
+    """Export a random ``nn.TransformerEncoderLayer`` (default input [2, 16, 64]) with torch's dynamo exporter.
 
     LayerNorm weights are perturbed away from their ones/zeros defaults so that every parameter matters
     numerically (the exporter would otherwise also merge the two norms' identical weights).
@@ -101,14 +110,14 @@ def export_torch_transformer(path: str | Path, seed: int = 0) -> Path:
     path = Path(path)
     torch.manual_seed(seed)
     model = torch.nn.TransformerEncoderLayer(
-        d_model=64, nhead=4, dim_feedforward=256, batch_first=True, dropout=0.0
+        d_model=d_model, nhead=nhead, dim_feedforward=ffn, batch_first=True, dropout=0.0
     ).eval()
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.LayerNorm):
                 module.weight.add_(0.1 * torch.randn_like(module.weight))
                 module.bias.add_(0.1 * torch.randn_like(module.bias))
-    x = torch.randn(2, 16, 64)
+    x = torch.randn(batch, seq, d_model)
     with _quiet():
         program = torch.onnx.export(model, (x,), dynamo=True, verbose=False)
     assert program is not None

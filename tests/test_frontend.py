@@ -40,13 +40,10 @@ def graph_to_model(graph: Graph) -> onnx.ModelProto:
 
     def value_info(name: str) -> onnx.ValueInfoProto:
         t = graph.types[name]
-        return helper.make_tensor_value_info(
-            name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape
-        )
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape)
 
     nodes = [
-        helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain, **n.attrs)
-        for n in graph.nodes
+        helper.make_node(n.op_type, n.inputs, n.outputs, name=n.name, domain=n.domain, **n.attrs) for n in graph.nodes
     ]
     inits = [numpy_helper.from_array(a, name) for name, a in graph.initializers.items()]
     body = helper.make_graph(
@@ -56,9 +53,7 @@ def graph_to_model(graph: Graph) -> onnx.ModelProto:
         [value_info(n) for n in graph.outputs],
         inits,
     )
-    opsets = [helper.make_opsetid("", graph.opset)] + [
-        helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()
-    ]
+    opsets = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
     model = helper.make_model(body, opset_imports=opsets, ir_version=graph.ir_version)
     onnx.checker.check_model(model)
     return model
@@ -70,9 +65,7 @@ def assert_same_outputs(original: Path, graph: Graph) -> None:
     feeds = {name: rng.standard_normal(t.shape).astype(t.dtype) for name, t in graph.inputs.items()}
     providers = ["CPUExecutionProvider"]
     expected = ort.InferenceSession(str(original), providers=providers).run(None, feeds)
-    got = ort.InferenceSession(graph_to_model(graph).SerializeToString(), providers=providers).run(
-        None, feeds
-    )
+    got = ort.InferenceSession(graph_to_model(graph).SerializeToString(), providers=providers).run(None, feeds)
     for e, g in zip(expected, got, strict=True):
         assert np.isfinite(e).all()
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)

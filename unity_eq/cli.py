@@ -86,7 +86,12 @@ def optimize(
     if max_iterations < 1 or max_nodes < 1 or time_limit <= 0:
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
     target = output or model.with_suffix(".plan")
-    limits = Limits(max_iterations=max_iterations, max_nodes=max_nodes, time_limit_s=time_limit, memory_limit_gib=memory_limit)
+    limits = Limits(
+        max_iterations=max_iterations,
+        max_nodes=max_nodes,
+        time_limit_s=time_limit,
+        memory_limit_gib=memory_limit,
+    )
     rule_files = None
     if rules:
         rule_files = [rules_dir() / name for name in DEFAULT_RULE_FILES] + list(rules)

@@ -183,7 +183,9 @@ class CostModel:
 
     def local_copy(self, nbytes: float) -> Cost:
         device = self._device()
-        return Cost(compute=2 * nbytes / (device.memory_bandwidth * self.machine.efficiency) + self.machine.launch_overhead)
+        return Cost(
+            compute=2 * nbytes / (device.memory_bandwidth * self.machine.efficiency) + self.machine.launch_overhead
+        )
 
     # --- links -------------------------------------------------------------------------------------------
     def axis_link(self, axis: str) -> LinkSpec:

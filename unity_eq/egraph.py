@@ -19,10 +19,9 @@ Saturation reports why it stopped (:class:`StopReason`), as egg's runner does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import dataclasses
-import os
 import selectors
 import subprocess
 import sys
@@ -233,7 +232,12 @@ def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any
         begin, stop, _ = slice(start, end, step).indices(shape[axis])
         norm_starts.append(begin)
         norm_ends.append(max(stop, begin))
-    return {"starts": tuple(norm_starts), "ends": tuple(norm_ends), "axes": tuple(axes), "steps": tuple(steps)}
+    return {
+        "starts": tuple(norm_starts),
+        "ends": tuple(norm_ends),
+        "axes": tuple(axes),
+        "steps": tuple(steps),
+    }
 
 
 def _reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple[int, int]]:
@@ -499,7 +503,11 @@ def _run_chunked(egraph: Any, program: str, lines_per_call: int = 200) -> None:
 
 
 def _run_phases(
-    egraph: Any, limits: Limits, start: float, history: list[tuple[int, int, float]], send: Callable[..., None]
+    egraph: Any,
+    limits: Limits,
+    start: float,
+    history: list[tuple[int, int, float]],
+    send: Callable[..., None],
 ) -> tuple[StopReason, int]:
     """Bounded algebra iterations, then parallel iterations, re-saturating the analyses after each."""
     iteration = 0
@@ -544,13 +552,14 @@ def saturate(
     """Run equality saturation for ``encoding`` in a worker process and return the serialized e-graph."""
     limits = limits or Limits()
     with tempfile.TemporaryDirectory(prefix="unity-eq-") as tmp:
+        out_path = Path(tmp) / "egraph.json"
         job = {
             "files": [(f.text, f.display) for f in rule_files],
             "program": encoding.program,
             "limits": dataclasses.asdict(limits),
-            "out": os.path.join(tmp, "egraph.json"),
+            "out": str(out_path),
         }
-        job_path = os.path.join(tmp, "job.json")
+        job_path = str(Path(tmp) / "job.json")
         Path(job_path).write_text(json.dumps(job))
         message, last, exitcode = _supervise(job_path, limits, progress)
         if message is None:
@@ -559,11 +568,11 @@ def saturate(
         if kind == "rule-error":
             raise RuleError(f"rule file failed to load: {message[1]}")
         if kind == "error":
-            if "memory" in message[1].lower():
+            if any(word in message[1].lower() for word in _MEMORY_WORDS):
                 raise SaturationError(_killed_message("ran out of memory", limits, last))
             raise SaturationError(f"e-graph engine failed: {message[1]}")
         _, reason, iterations, nodes, seconds, history = message
-        serialized = json.loads(Path(job["out"]).read_text())
+        serialized = json.loads(out_path.read_text())
     return SaturationResult(serialized, StopReason(reason), iterations, nodes, seconds, [tuple(h) for h in history])
 
 
@@ -593,7 +602,7 @@ def _supervise(
                     break  # the worker exited
                 item = json.loads(line)
                 if item[0] == "progress":
-                    last = tuple(item[1:])  # type: ignore[assignment]
+                    last = (item[1], item[2], item[3], item[4])
                     if progress:
                         progress(*item[1:])
                 else:
@@ -606,6 +615,9 @@ def _supervise(
             proc.stderr.close()
         proc.stdout.close()
     return message, last, proc.returncode
+
+
+_MEMORY_WORDS = ("memory", "failed to map segment", "cannot allocate")
 
 
 def _where(last: tuple[str, int, int, float] | None) -> str:
@@ -730,18 +742,17 @@ def parse_serialized(serialized: dict[str, Any]) -> EGraphData:
         elif node["op"] in ("shape", "dtype", "placed"):
             analyses.append(node)
     for node in analyses:
-        target = nodes[node["children"][0]]["eclass"]
-        cls = classes.get(target)
-        if cls is None:
+        owner = classes.get(nodes[node["children"][0]]["eclass"])
+        if owner is None:
             continue
         if node["op"] == "shape":
-            cls.shape = tuple(int(nodes[c]["op"]) for c in primitive[node["eclass"]]["children"])
+            owner.shape = tuple(int(nodes[c]["op"]) for c in primitive[node["eclass"]]["children"])
         elif node["op"] == "dtype":
-            cls.dtype = json.loads(primitive[node["eclass"]]["op"])
+            owner.dtype = json.loads(primitive[node["eclass"]]["op"])
         elif node["op"] == "placed":
             axis = json.loads(nodes[node["children"][1]]["op"])
             state = state_of(node["children"][2])
-            states = cls.placement.setdefault(axis, [])
+            states = owner.placement.setdefault(axis, [])
             if state not in states:
                 states.append(state)
     return EGraphData(classes, tensor_class)

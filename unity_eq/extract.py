@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from unity_eq.cost import ZERO, Cost, CostModel
@@ -236,6 +236,88 @@ def greedy_dag(data: EGraphData, costs: dict[str, Cost]) -> dict[str, ENode]:
     return {cid: b.node for cid, b in best.items()}
 
 
+def _tensor_children(node: ENode) -> set[str]:
+    return set(node.children)
+
+
+def _find_cycle(choice: dict[str, ENode], roots: Iterable[str]) -> list[str] | None:
+    """A cycle of e-classes in the chosen graph reachable from ``roots``, or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
+    for root in roots:
+        if state.get(root):
+            continue
+        path: list[str] = []
+        stack: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(_tensor_children(choice[root]))))]
+        state[root] = 1
+        path.append(root)
+        while stack:
+            cid, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                state[cid] = 2
+                continue
+            if child not in choice:
+                continue
+            if state.get(child) == 1:
+                return path[path.index(child) :]
+            if not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(_tensor_children(choice[child])))))
+    return None
+
+
+def _reaches(choice: dict[str, ENode], starts: Iterable[str], target: str) -> tuple[bool, set[str]]:
+    seen: set[str] = set()
+    stack = list(starts)
+    while stack:
+        cid = stack.pop()
+        if cid == target:
+            return True, seen
+        if cid in seen or cid not in choice:
+            continue
+        seen.add(cid)
+        stack.extend(_tensor_children(choice[cid]))
+    return False, seen
+
+
+def break_cycles(
+    data: EGraphData, choice: dict[str, ENode], costs: dict[str, Cost], roots: list[str]
+) -> dict[str, ENode]:
+    """Make the chosen graph acyclic.
+
+    Greedy DAG extraction keeps a class's choice when a child later improves, so the final choices can form
+    a cycle (x = Partition(Combine(x))). Re-choose one class of each cycle among the nodes whose children,
+    under the current choices, never reach that class again; the re-choice cannot create a new cycle.
+    """
+    choice = dict(choice)
+    for _ in range(len(data.classes) + 1):
+        cycle = _find_cycle(choice, roots)
+        if cycle is None:
+            return choice
+        best: tuple[float, str, ENode] | None = None
+        for cid in cycle:
+            for node in data.classes[cid].nodes:
+                if node is choice[cid] or costs[node.id].total == INF:
+                    continue
+                children = _tensor_children(node)
+                if any(c not in choice for c in children):
+                    continue
+                loops, closure = _reaches(choice, children, cid)
+                if loops:
+                    continue
+                total = costs[node.id].total + math.fsum(costs[choice[c].id].total for c in closure)
+                if best is None or total < best[0]:
+                    best = (total, cid, node)
+        if best is None:
+            names = ", ".join(sorted({n.op for c in cycle for n in data.classes[c].nodes}))
+            raise ExtractionError(f"no acyclic plan: e-classes {cycle} ({names}) only depend on each other")
+        choice[best[1]] = best[2]
+    raise ExtractionError("internal error: could not remove cycles from the extracted plan")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Building the plan
 
@@ -261,7 +343,12 @@ def _typed_attrs(spec: OpSpec, values: list[object]) -> dict[str, object]:
 
 class _PlanBuilder:
     def __init__(
-        self, data: EGraphData, choice: dict[str, ENode], encoding: Encoding, graph: Graph, costs: dict[str, Cost]
+        self,
+        data: EGraphData,
+        choice: dict[str, ENode],
+        encoding: Encoding,
+        graph: Graph,
+        costs: dict[str, Cost],
     ) -> None:
         self.data = data
         self.choice = choice
@@ -346,9 +433,16 @@ class _PlanBuilder:
         self.step_costs.append(self.costs[node.id])
         return len(self.steps) - 1
 
+    def _is_absent(self, cid: str) -> bool:
+        """An absent optional input, possibly under parallel ops (Replicate(NoneT) is still absent)."""
+        node = self.choice[cid]
+        while node.op in PARALLEL_OPS:
+            node = self.choice[node.args[0].id]
+        return node.op == "NoneT"
+
     def _emit(self, cid: str, node: ENode) -> None:
         op = node.op
-        if op == "NoneT":
+        if self._is_absent(cid):
             return
         out = self.tensor(cid)
         args = node.args
@@ -370,17 +464,21 @@ class _PlanBuilder:
             self._emit_typed(out, node)
 
     def _ref(self, arg: ClassRef) -> InputRef:
-        chosen = self.choice[arg.id]
-        return None if chosen.op == "NoneT" else self.tensor(arg.id)
+        return None if self._is_absent(arg.id) else self.tensor(arg.id)
 
     def _emit_opaque(self, out: str, node: ENode) -> None:
         op_type, key, args, index = node.args
         ir_node = self.encoding.opaque_nodes[key]
         inputs = tuple(self._ref(ClassRef(m)) for m in self._list(args.id))
         group = ("Opaque", key, tuple(inputs))
-        self._set_output(group, node, out, int(index), len(ir_node.outputs), lambda outs: Compute(
-            outs, op_type, inputs, dict(ir_node.attrs), ir_node.domain, ir_node.name
-        ))
+        self._set_output(
+            group,
+            node,
+            out,
+            int(index),
+            len(ir_node.outputs),
+            lambda outs: Compute(outs, op_type, inputs, dict(ir_node.attrs), ir_node.domain, ir_node.name),
+        )
 
     def _emit_typed(self, out: str, node: ENode) -> None:
         spec = OPS[node.op]
@@ -405,7 +503,16 @@ class _PlanBuilder:
         count = len(node.args[1]) if node.op == "Split" else index + 1
         self._set_output(group, node, out, index, count, lambda outs: Compute(outs, node.op, tuple(inputs), attrs))
 
-    def _set_output(self, group, node, out, index, count, make) -> None:  # type: ignore[no-untyped-def]
+    def _set_output(
+        self,
+        group: tuple[object, ...],
+        node: ENode,
+        out: str,
+        index: int,
+        count: int,
+        make: Callable[[tuple[str, ...]], Compute],
+    ) -> None:
+        """Record output ``index`` of a multi-output node; every output of one node shares one step."""
         position = self.groups.get(group)
         if position is None:
             outputs = [""] * max(count, index + 1)
@@ -430,9 +537,12 @@ def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: Co
             + ". Run `unity-eq verify` on your rule files."
         )
     costs = node_costs(data, model)
-    choice = greedy_dag(data, costs)
-    builder = _PlanBuilder(data, choice, encoding, graph, costs)
     roots = [data.tensor_class[encoding.tensor_ids[name]] for name in graph.outputs]
+    missing = [name for name, root in zip(graph.outputs, roots, strict=True) if root not in data.classes]
+    if missing:
+        raise ExtractionError(f"output {missing[0]!r} has no e-class: the encoding lost it")
+    choice = break_cycles(data, greedy_dag(data, costs), costs, roots)
+    builder = _PlanBuilder(data, choice, encoding, graph, costs)
     builder.build(roots)
     outputs = {name: builder.names[data.tensor_class[encoding.tensor_ids[name]]] for name in graph.outputs}
     total = ZERO

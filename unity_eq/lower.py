@@ -91,6 +91,8 @@ class _DeviceGraphBuilder:
         self.mesh = plan.mesh
         self.coords = plan.mesh.coords(rank)
         self.consts: dict[str, np.ndarray] = {}  # tensors known at lowering time (weights and slices)
+        self.weight_of: dict[str, str] = {}  # constant tensor -> the weight it is a piece of
+        self.const_names: dict[str, str] = {}  # constant tensor -> its initializer's name
         self.alias: dict[str, str] = {}
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, TensorProto] = {}
@@ -108,11 +110,18 @@ class _DeviceGraphBuilder:
         return helper.make_tensor_value_info(name or tid, _tensor_type(t.dtype), list(self.local_shape(tid)))
 
     def value(self, tid: str) -> str:
-        """The ONNX name holding tensor ``tid`` on this rank; constants become initializers on first use."""
+        """The ONNX name holding tensor ``tid`` on this rank; constants become initializers on first use,
+        named after the weight they are (a piece of) so that device models read like the original."""
         tid = self.alias.get(tid, tid)
-        if tid in self.consts and tid not in self.initializers:
-            self.initializers[tid] = numpy_helper.from_array(np.ascontiguousarray(self.consts[tid]), tid)
-        return tid
+        if tid not in self.consts:
+            return tid
+        if tid not in self.const_names:
+            name = self.weight_of.get(tid, tid)
+            if name in self.initializers:
+                name = tid
+            self.const_names[tid] = name
+            self.initializers[name] = numpy_helper.from_array(np.ascontiguousarray(self.consts[tid]), name)
+        return self.const_names[tid]
 
     def literal(self, values: tuple[int, ...]) -> str:
         name = f"uq.const.{self.const_counter}"
@@ -129,6 +138,7 @@ class _DeviceGraphBuilder:
                     self.alias[out] = name
             case LoadWeight(out=out, name=name):
                 self.consts[out] = self.graph.initializers[name]
+                self.weight_of[out] = name
             case Replicated(out=out, src=src):
                 self.alias[out] = self.alias.get(src, src)
             case Slice(out=out, src=src, dim=dim, axis=axis):
@@ -146,6 +156,8 @@ class _DeviceGraphBuilder:
         src = self.alias.get(src, src)
         if src in self.consts:
             self.consts[out] = _chunk(self.consts[src], dim, c, n)
+            if src in self.weight_of:
+                self.weight_of[out] = self.weight_of[src]
             return
         size = self.local_shape(out)[dim]
         starts, ends, axes = self.literal((c * size,)), self.literal(((c + 1) * size,)), self.literal((dim,))
@@ -166,7 +178,9 @@ class _DeviceGraphBuilder:
                 inputs.append(self.value(ref))
         attrs = {k: v for k, v in step.attrs.items() if not (isinstance(v, list) and not v)}
         name = f"{step.op_type}.{len(self.nodes)}"
-        self.nodes.append(helper.make_node(step.op_type, inputs, list(step.outputs), name=name, domain=step.domain or None, **attrs))
+        self.nodes.append(
+            helper.make_node(step.op_type, inputs, list(step.outputs), name=name, domain=step.domain or None, **attrs)
+        )
         for out in step.outputs:
             if out:
                 self.value_info[out] = self.info(out)
@@ -175,7 +189,7 @@ class _DeviceGraphBuilder:
         """A node-produced name for ``tid`` (graph outputs cannot be initializers in every runtime)."""
         name = self.value(tid)
         if name in self.initializers:
-            produced = f"{tid}.out"
+            produced = f"{name}.out"
             self.nodes.append(helper.make_node("Identity", [name], [produced], name=f"identity.{tid}"))
             return produced
         return name
@@ -316,7 +330,11 @@ def plan_metadata(
             "source": graph.source,
             "inputs": {n: {"shape": list(t.shape), "dtype": t.dtype} for n, t in graph.inputs.items()},
             "outputs": {
-                n: {"shape": list(graph.types[n].shape), "dtype": graph.types[n].dtype, "tensor": plan.outputs[n]}
+                n: {
+                    "shape": list(graph.types[n].shape),
+                    "dtype": graph.types[n].dtype,
+                    "tensor": plan.outputs[n],
+                }
                 for n in graph.outputs
             },
         },
@@ -374,18 +392,20 @@ def check_output_dir(target: Path) -> None:
     if target.exists() and not target.is_dir():
         raise PlanError(f"{target}: output path is a file. Pass a directory to `-o`.")
     if target.is_dir() and any(target.iterdir()) and not (target / "plan.json").exists():
-        raise PlanError(f"{target}: directory is not empty and holds no plan.json; refusing to overwrite it. Pass another `-o`.")
+        raise PlanError(
+            f"{target}: directory is not empty and holds no plan.json; refusing to overwrite it. Pass another `-o`."
+        )
 
 
 def _replace_dir(new: Path, target: Path) -> None:
     if not target.exists():
-        os.replace(new, target)
+        new.replace(target)
         return
     backup = target.with_name(f".{target.name}.old-{os.getpid()}")
-    os.replace(target, backup)
+    target.replace(backup)
     try:
-        os.replace(new, target)
+        new.replace(target)
     except BaseException:
-        os.replace(backup, target)
+        backup.replace(target)
         raise
     shutil.rmtree(backup, ignore_errors=True)

@@ -118,10 +118,31 @@ def _specs() -> list[OpSpec]:
     x = _t("X")
     specs: list[OpSpec] = []
     linear_unary = {"Neg", "Identity"}
-    for name in (
-        "Relu Sigmoid Tanh Exp Log Neg Sqrt Reciprocal Erf Abs Identity Softplus Softsign Floor Ceil "
-        "Sin Cos Not Sign Round IsNaN HardSwish Mish"
-    ).split():
+    for name in [
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Exp",
+        "Log",
+        "Neg",
+        "Sqrt",
+        "Reciprocal",
+        "Erf",
+        "Abs",
+        "Identity",
+        "Softplus",
+        "Softsign",
+        "Floor",
+        "Ceil",
+        "Sin",
+        "Cos",
+        "Not",
+        "Sign",
+        "Round",
+        "IsNaN",
+        "HardSwish",
+        "Mish",
+    ]:
         specs.append(OpSpec(name, U, (x,), linear=name in linear_unary))
     specs += [
         OpSpec("LeakyRelu", U, (x, _f("alpha", 0.01))),
@@ -134,9 +155,24 @@ def _specs() -> list[OpSpec]:
         OpSpec("Cast", U, (x, _i("saturate", 1), _i("to"))),
     ]
     a, b = _t("A"), _t("B")
-    for name in (
-        "Add Sub Mul Div Pow Max Min Equal Less Greater LessOrEqual GreaterOrEqual And Or Xor PRelu"
-    ).split():
+    for name in [
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Max",
+        "Min",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+        "PRelu",
+    ]:
         specs.append(OpSpec(name, B, (a, b), linear=name in ("Add", "Sub")))
     specs += [
         OpSpec("Where", B, (_t("condition"), _t("X"), _t("Y"))),
@@ -340,7 +376,7 @@ def render_elementwise_rules(ops: Iterable[OpSpec] | None = None) -> str:
             core = _term(spec, ["(Partition a d ax)", *names[1:]])
             out.append(
                 f"(rewrite {lhs}\n         (Combine {core} d ax)\n"
-                f"         :when ((can-split a d ax)) :ruleset parallel :name \"{_rule_name(spec, 'split')}\")\n"
+                f'         :when ((can-split a d ax)) :ruleset parallel :name "{_rule_name(spec, "split")}")\n'
             )
         elif spec.family is Family.BROADCAST:
             names = _arg_vars(spec)
@@ -364,9 +400,10 @@ def render_elementwise_rules(ops: Iterable[OpSpec] | None = None) -> str:
                 out.append(
                     f"(rewrite {lhs}\n         (Combine {_term(spec, args)} d ax)\n"
                     f"         :when ({' '.join(guards)})\n"
-                    f"         :ruleset parallel :name \"{_rule_name(spec, suffix)}\")\n"
+                    f'         :ruleset parallel :name "{_rule_name(spec, suffix)}")\n'
                 )
-        out.append("\n") if spec.family in (Family.UNARY, Family.BROADCAST) else None
+        if spec.family in (Family.UNARY, Family.BROADCAST):
+            out.append("\n")
     return "".join(out).rstrip("\n") + "\n"
 
 

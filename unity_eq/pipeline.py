@@ -102,7 +102,11 @@ def optimize(
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
     if output_dir is not None:
         check_output_dir(Path(output_dir))
-    chosen_mesh = mesh if isinstance(mesh, Mesh) else parse_mesh(mesh or str(chosen_machine.device_count), chosen_machine.device_count)
+    chosen_mesh = (
+        mesh
+        if isinstance(mesh, Mesh)
+        else parse_mesh(mesh or str(chosen_machine.device_count), chosen_machine.device_count)
+    )
     rules = load_rule_files(list(rule_files) if rule_files is not None else None)
 
     start = time.perf_counter()
@@ -122,7 +126,9 @@ def optimize(
         rules,
         encoding,
         limits,
-        progress=lambda phase, it, nodes, secs: say(f"saturating: {phase} iteration {it}, {nodes} e-nodes, {secs:.1f} s"),
+        progress=lambda phase, it, nodes, secs: say(
+            f"saturating: {phase} iteration {it}, {nodes} e-nodes, {secs:.1f} s"
+        ),
     )
     timings["saturate_s"] = time.perf_counter() - start
 

@@ -142,9 +142,14 @@ def step_outputs(step: Step) -> tuple[str, ...]:
     match step:
         case Compute(outputs=outputs):
             return tuple(o for o in outputs if o)
-        case LoadInput(out=out) | LoadWeight(out=out) | Slice(out=out) | AllGather(out=out) | AllReduce(
-            out=out
-        ) | Replicated(out=out):
+        case (
+            LoadInput(out=out)
+            | LoadWeight(out=out)
+            | Slice(out=out)
+            | AllGather(out=out)
+            | AllReduce(out=out)
+            | Replicated(out=out)
+        ):
             return (out,)
     raise AssertionError(step)
 
@@ -182,9 +187,9 @@ class Plan:
 
     def is_replicated(self) -> bool:
         """True when no tensor is sharded or partial: the plan is the original graph on every device."""
-        return all(
-            isinstance(p, Replicate) for t in self.tensors.values() for p in t.placement
-        ) and not self.collectives()
+        return (
+            all(isinstance(p, Replicate) for t in self.tensors.values() for p in t.placement) and not self.collectives()
+        )
 
     def validate(self) -> list[str]:
         """Check the placement transitions of every step; returns problems (empty when valid)."""

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from unity_eq.errors import RuleError
 
-__all__ = ["BASE_FILES", "DEFAULT_RULE_FILES", "RuleFile", "default_rule_files", "load_rule_files", "rules_dir"]
+__all__ = [
+    "BASE_FILES",
+    "DEFAULT_RULE_FILES",
+    "RuleFile",
+    "default_rule_files",
+    "load_rule_files",
+    "rules_dir",
+]
 
 #: Loaded before any rule file: the language and the analyses the guards use.
 BASE_FILES = ("schema.egg", "analysis.egg")

@@ -202,9 +202,7 @@ def _segment_models(model: onnx.ModelProto, collectives: list[dict[str, Any]]) -
     for s in range(last + 1):
         nodes = [n for n, st in zip(graph.node, node_stage, strict=True) if st == s]
         produced = {o for n in nodes for o in n.output if o}
-        outputs = [
-            name for name in produced if name in model_outputs or needed_later.get(name, -1) > s
-        ]
+        outputs = [name for name in produced if name in model_outputs or needed_later.get(name, -1) > s]
         consumed = {i for n in nodes for i in n.input if i}
         inputs = sorted(name for name in consumed - produced if name not in initializers)
         inits = [initializers[name] for name in sorted(consumed & set(initializers))]
@@ -305,7 +303,9 @@ class _Board:
             entry = self.slots.setdefault((seq, group), {"pieces": {}, "readers": 0})
             entry["pieces"][rank] = array
             self.cond.notify_all()
-            ready = self.cond.wait_for(lambda: self.failure is not None or len(entry["pieces"]) == len(group), self.timeout)
+            ready = self.cond.wait_for(
+                lambda: self.failure is not None or len(entry["pieces"]) == len(group), self.timeout
+            )
             if self.failure is not None:
                 raise RuntimeBackendError(f"rank {rank} stopped because {self.failure}")
             if not ready:
@@ -478,7 +478,9 @@ def random_inputs(
         elif dtype.kind == "b":
             out[name] = rng.random(shape) < 0.5
         else:
-            raise RuntimeBackendError(f"inputs: cannot make random values of dtype {dtype} for {name!r}; pass `--inputs`")
+            raise RuntimeBackendError(
+                f"inputs: cannot make random values of dtype {dtype} for {name!r}; pass `--inputs`"
+            )
     return out
 
 
@@ -540,7 +542,13 @@ def compare_outputs(
         passed = max_abs == 0.0 if exact else relative <= _tolerance_for(ref.dtype, tolerance)
         results.append(
             OutputComparison(
-                name, passed, max_abs, relative, tuple(int(i) for i in index), float(ref[index]), float(out[index])
+                name,
+                passed,
+                max_abs,
+                relative,
+                tuple(int(i) for i in index),
+                float(ref[index]),
+                float(out[index]),
             )
         )
     return CheckResult(results, tolerance)
@@ -550,7 +558,9 @@ def _tolerance_for(dtype: np.dtype, tolerance: float) -> float:
     return max(tolerance, 1e-2) if dtype.itemsize <= 2 else tolerance
 
 
-def run_original(model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+def run_original(
+    model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str]
+) -> dict[str, np.ndarray]:
     """The reference: the original model in onnxruntime on the CPU."""
     try:
         session = make_session(str(model_path), ["CPUExecutionProvider"])

@@ -1,0 +1,165 @@
+"""The encoder, the rule files, the saturation engine and its limits, on real egglog runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from unity_eq.frontends.onnx import load_onnx
+
+from unity_eq import ops
+from unity_eq.egraph import (
+    Limits,
+    StopReason,
+    _reduce_pairs,
+    _reshape_pairs,
+    encode,
+    parse_serialized,
+    saturate,
+)
+from unity_eq.errors import RuleError, SaturationError
+from unity_eq.ir import Graph, Mesh, Node, TensorType
+from unity_eq.rulesets import DEFAULT_RULE_FILES, load_rule_files, rules_dir
+
+
+def _mlp_graph(batch: int = 8, hidden: int = 64, ffn: int = 256) -> Graph:
+    t = lambda *s: TensorType(tuple(s), "float32")  # noqa: E731
+    return Graph(
+        "mlp",
+        {"X": t(batch, hidden)},
+        ["Y"],
+        [
+            Node("mm1", "MatMul", ("X", "W1"), ("h",)),
+            Node("relu", "Relu", ("h",), ("r",)),
+            Node("mm2", "MatMul", ("r", "W2"), ("Y",)),
+        ],
+        {"W1": np.zeros((hidden, ffn), np.float32), "W2": np.zeros((ffn, hidden), np.float32)},
+        {
+            "X": t(batch, hidden),
+            "W1": t(hidden, ffn),
+            "W2": t(ffn, hidden),
+            "h": t(batch, ffn),
+            "r": t(batch, ffn),
+            "Y": t(batch, hidden),
+        },
+        18,
+    )
+
+
+def test_generated_rule_files_are_current() -> None:
+    assert ops.main(["--check"]) == 0, "run `python -m unity_eq.ops`"
+
+
+def test_manifest_files_exist() -> None:
+    for name in DEFAULT_RULE_FILES:
+        assert (rules_dir() / name).is_file(), name
+
+
+def test_every_op_spec_is_in_the_schema() -> None:
+    schema = (rules_dir() / "schema.egg").read_text()
+    for name in ops.OPS:
+        assert f"({name} " in schema
+
+
+def test_encoding_names_every_tensor_once() -> None:
+    graph = _mlp_graph()
+    enc = encode(graph, Mesh(("x",), (4,)))
+    assert enc.tensor_ids.keys() == {"X", "W1", "W2", "h", "r", "Y"}
+    assert "(union (Tensor 2) (MatMul (Tensor 0) (Tensor 1)))" in enc.program
+    assert '(mesh-axis "x" 4)' in enc.program and enc.opaque_count == 0
+
+
+def test_unknown_op_is_carried_opaquely(examples: Path) -> None:
+    graph = _mlp_graph()
+    graph.nodes[1] = Node("relu", "Celu2", ("h",), ("r",), {"alpha": 1.0}, domain="com.example")
+    enc = encode(graph, Mesh(("x",), (2,)))
+    assert enc.opaque_count == 1 and '(Opaque "Celu2" "relu"' in enc.program
+
+
+def test_saturation_finds_megatron_and_keeps_one_placement_per_class() -> None:
+    graph = _mlp_graph()
+    mesh = Mesh(("x", "y"), (2, 2))
+    result = saturate(load_rule_files(), encode(graph, mesh), Limits())
+    assert result.stop_reason is StopReason.SATURATED
+    data = parse_serialized(result.serialized)
+    assert data.conflicts() == []
+    ops_found = {n.op for c in data.classes.values() for n in c.nodes}
+    assert {"Partition", "Combine", "Replicate", "Reduce"} <= ops_found
+    for cls in data.classes.values():
+        if cls.sort == "T" and cls.shape is not None:
+            assert set(cls.placement) == {"x", "y"}, cls
+
+
+def test_limits_stop_saturation_with_a_reason() -> None:
+    enc = encode(_mlp_graph(), Mesh(("x",), (4,)))
+    assert saturate(load_rule_files(), enc, Limits(max_iterations=1)).stop_reason is StopReason.ITERATION_LIMIT
+    assert saturate(load_rule_files(), enc, Limits(max_nodes=5)).stop_reason is StopReason.NODE_LIMIT
+
+
+def test_progress_is_reported() -> None:
+    seen = []
+    saturate(load_rule_files(), encode(_mlp_graph(), Mesh(("x",), (2,))), progress=lambda *a: seen.append(a))
+    assert seen[0][0] == "analysis" and any(phase == "parallel" for phase, *_ in seen)
+
+
+def test_engine_crash_is_a_clean_error() -> None:
+    enc = encode(_mlp_graph(), Mesh(("x",), (2,)))
+    with pytest.raises(SaturationError, match="memory limit"):
+        saturate(load_rule_files(), enc, Limits(memory_limit_gib=0.05))
+
+
+def test_broken_rule_file_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.egg"
+    bad.write_text("(rewrite (MatMul a b) (NoSuchOp a b) :ruleset parallel)\n")
+    enc = encode(_mlp_graph(), Mesh(("x",), (2,)))
+    with pytest.raises(RuleError, match=r"bad\.egg"):
+        saturate(load_rule_files([bad]), enc)
+
+
+def test_missing_rule_file(tmp_path: Path) -> None:
+    with pytest.raises(RuleError, match="not found"):
+        load_rule_files([tmp_path / "nope.egg"])
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "pairs"),
+    [
+        ((8, 128, 256), (8, 128, 8, 32), [(0, 0), (1, 1), (2, 2)]),
+        ((8, 128, 8, 32), (8, 128, 256), [(0, 0), (1, 1), (2, 2)]),
+        ((4, 6), (2, 12), [(0, 0)]),
+        ((1, 4, 8), (4, 1, 8), [(1, 0), (2, 2)]),
+    ],
+)
+def test_reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...], pairs: list[tuple[int, int]]) -> None:
+    assert list(_reshape_pairs(src, dst)) == pairs
+
+
+def test_reduce_pairs() -> None:
+    assert list(_reduce_pairs((1,), 0, 3)) == [(0, 0), (2, 1)]
+    assert list(_reduce_pairs((1,), 1, 3)) == [(0, 0), (2, 2)]
+
+
+def test_transformer_encodes_every_node_typed(examples: Path) -> None:
+    graph = load_onnx(examples / "transformer.onnx")
+    enc = encode(graph, Mesh(("x",), (4,)))
+    assert enc.opaque_count == 0 and enc.typed_nodes == len(graph.nodes)
+
+
+def test_break_cycles_rechooses_a_class_on_a_cycle() -> None:
+    """A cyclic choice (x = Partition(Combine(x))-style) is repaired with the cheapest acyclic alternative."""
+    from unity_eq.cost import Cost
+    from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
+    from unity_eq.extract import break_cycles
+
+    a_leaf = ENode("a1", "Input", "A", ("x",))
+    a_loop = ENode("a2", "Relu", "A", (ClassRef("B"),))
+    b_loop = ENode("b1", "Relu", "B", (ClassRef("A"),))
+    classes = {
+        "A": EClass("A", "T", [a_leaf, a_loop], (2,), "float32", {"x": ["R"]}),
+        "B": EClass("B", "T", [b_loop], (2,), "float32", {"x": ["R"]}),
+    }
+    data = EGraphData(classes, {0: "A"})
+    costs = {"a1": Cost(5.0), "a2": Cost(1.0), "b1": Cost(1.0)}
+    fixed = break_cycles(data, {"A": a_loop, "B": b_loop}, costs, ["B"])
+    assert fixed["A"] is a_leaf and fixed["B"] is b_loop
