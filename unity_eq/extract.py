@@ -35,7 +35,7 @@ from unity_eq.plan import (
     Step,
 )
 
-__all__ = ["extract_greedy", "node_costs"]
+__all__ = ["build_plan", "extract_greedy", "greedy_dag", "node_costs", "output_classes"]
 
 INF = math.inf
 PARALLEL_OPS = {"Partition", "Combine", "Replicate", "Reduce"}
@@ -529,6 +529,14 @@ class _PlanBuilder:
 
 def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> Plan:
     """Extract the cheapest plan (greedy, DAG-aware) whose outputs are the model's outputs, replicated."""
+    check_invariants(data)
+    costs = node_costs(data, model)
+    roots = output_classes(data, encoding, graph)
+    choice = break_cycles(data, greedy_dag(data, costs), costs, roots)
+    return build_plan(data, choice, costs, encoding, graph, model)
+
+
+def check_invariants(data: EGraphData) -> None:
     conflicts = data.conflicts()
     if conflicts:
         raise ExtractionError(
@@ -536,15 +544,30 @@ def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: Co
             + "; ".join(conflicts[:3])
             + ". Run `unity-eq verify` on your rule files."
         )
-    costs = node_costs(data, model)
-    roots = [data.tensor_class[encoding.tensor_ids[name]] for name in graph.outputs]
+
+
+def output_classes(data: EGraphData, encoding: Encoding, graph: Graph) -> list[str]:
+    """The e-classes of the model's outputs: the roots every extraction starts from."""
+    roots = [data.tensor_class.get(encoding.tensor_ids[name], "") for name in graph.outputs]
     missing = [name for name, root in zip(graph.outputs, roots, strict=True) if root not in data.classes]
     if missing:
         raise ExtractionError(f"output {missing[0]!r} has no e-class: the encoding lost it")
-    choice = break_cycles(data, greedy_dag(data, costs), costs, roots)
+    return roots
+
+
+def build_plan(
+    data: EGraphData,
+    choice: dict[str, ENode],
+    costs: dict[str, Cost],
+    encoding: Encoding,
+    graph: Graph,
+    model: CostModel,
+) -> Plan:
+    """Turn one chosen node per e-class into a Plan (steps in topological order, costs summed once each)."""
     builder = _PlanBuilder(data, choice, encoding, graph, costs)
+    roots = output_classes(data, encoding, graph)
     builder.build(roots)
-    outputs = {name: builder.names[data.tensor_class[encoding.tensor_ids[name]]] for name in graph.outputs}
+    outputs = {name: builder.names[root] for name, root in zip(graph.outputs, roots, strict=True)}
     total = ZERO
     for cost in builder.step_costs:
         total = total + cost
