@@ -100,7 +100,10 @@ def load_onnx(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None
         OptionError: ``input_shapes`` names an unknown input or gives a wrong rank or a non-positive dim.
     """
     where = str(path)
-    work = _Work.from_model(_read_model(Path(path), where), where)  # the proto's weights are freed here
+    model, external = _read_model(Path(path), where)
+    work = _Work.from_model(model, where, external)  # the proto's weights are freed here
+    del model
+    _check(work, where)
     _upgrade(work)
     work.inputs = _fix_input_shapes(work.inputs, input_shapes or {}, where)
     if input_shapes:
@@ -112,8 +115,8 @@ def load_onnx(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None
 # ------------------------------------------------------------------------------------------ reading
 
 
-def _read_model(path: Path, where: str) -> onnx.ModelProto:
-    """Parse the file, load its external data and run the checker, turning each failure into a ModelError."""
+def _read_model(path: Path, where: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Parse the file and map its external data, turning each failure into a ModelError."""
     if not path.exists():
         raise ModelError(f"{where}: no such file. Check the path.")
     if path.is_dir():
@@ -137,35 +140,83 @@ def _read_model(path: Path, where: str) -> onnx.ModelProto:
             f"{where}: not an ONNX model (no graph or opset found). Pass a model saved with `onnx.save`."
         )
     uses_external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
-    if uses_external:
-        _load_external_data(model, path, where)
+    external = _map_external_data(model, path, where) if uses_external else {}
+    return model, external
+
+
+def _check(work: _Work, where: str) -> None:
+    """Run onnx.checker on the model with its large weights as typed inputs.
+
+    The checker serializes the whole model (5 s and another copy of the weights for BERT-Large); the graph's
+    validity does not depend on the weights' values, whose sizes were checked when they were converted.
+    """
     try:
-        onnx.checker.check_model(str(path) if uses_external else model)
+        onnx.checker.check_model(work.as_model(declared_outputs=True))
     except onnx.checker.ValidationError as e:
         raise ModelError(
             f"{where}: fails the ONNX checker: {_one_line(e)}. Fix the model or re-export it."
         ) from e
-    return model
 
 
-def _load_external_data(model: onnx.ModelProto, path: Path, where: str) -> None:
-    """Load tensors stored in separate files (relative to the model's directory) into ``model``."""
+_MAPPABLE_TYPES = frozenset(
+    {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.BOOL,
+    }
+)
+"""Element types stored exactly as numpy lays them out, so external data can be memory-mapped."""
+
+
+def _map_external_data(model: onnx.ModelProto, path: Path, where: str) -> dict[str, np.ndarray]:
+    """Memory-map tensors stored in separate files (relative to the model's directory), read-only.
+
+    Optimizing only reads shapes, and lowering reads each rank's slice, so weights are never loaded whole.
+    Types numpy cannot view directly (bfloat16, float8, 4-bit) are loaded through onnx instead.
+    """
     base = path.parent
-    missing = sorted(
-        {
-            external_data_helper.ExternalDataInfo(t).location
-            for t in model.graph.initializer
-            if external_data_helper.uses_external_data(t)
-            and not (base / external_data_helper.ExternalDataInfo(t).location).is_file()
-        }
-    )
-    if missing:
-        raise ModelError(
-            f"{where}: external data file {', '.join(repr(m) for m in missing)} not found in '{base}'. "
-            "Keep the weight files next to the model."
-        )
+    mapped: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        if not external_data_helper.uses_external_data(t):
+            continue
+        info = external_data_helper.ExternalDataInfo(t)
+        file = base / info.location
+        if not file.is_file():
+            raise ModelError(
+                f"{where}: external data file {info.location!r} not found in '{base}'. "
+                "Keep the weight files next to the model."
+            )
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        shape = tuple(int(d) for d in t.dims)
+        count = int(np.prod(shape, dtype=np.int64))
+        offset = int(info.offset or 0)
+        if t.data_type not in _MAPPABLE_TYPES:
+            mapped[t.name] = _load_one_external(t, base, where)
+            continue
+        if info.length is not None and int(info.length) != count * dtype.itemsize:
+            raise ModelError(
+                f"{where}: external tensor {t.name!r} has {info.length} bytes, expected "
+                f"{count * dtype.itemsize} for {dtype}{list(shape)}. Re-save the model."
+            )
+        if offset + count * dtype.itemsize > file.stat().st_size:
+            raise ModelError(f"{where}: external tensor {t.name!r} runs past the end of {info.location!r}.")
+        mapped[t.name] = np.memmap(file, dtype=dtype.newbyteorder("<"), mode="r", offset=offset, shape=shape)
+    return mapped
+
+
+def _load_one_external(t: onnx.TensorProto, base: Path, where: str) -> np.ndarray:
     try:
-        external_data_helper.load_external_data_for_model(model, str(base))
+        external_data_helper.load_external_data_for_tensor(t, str(base))
+        return numpy_helper.to_array(t)
     except Exception as e:  # onnx raises ValidationError, OSError or ValueError for bad locations/offsets
         raise ModelError(f"{where}: cannot load external data ({_one_line(e)}). Re-save the model.") from e
 
@@ -195,10 +246,23 @@ class _Work:
     functions: list[onnx.FunctionProto] = field(default_factory=list)
 
     @classmethod
-    def from_model(cls, model: onnx.ModelProto, where: str) -> _Work:
-        """Split weights from model inputs: a graph input that has an initializer (IR 3 style) is a weight."""
+    def from_model(cls, model: onnx.ModelProto, where: str, external: Mapping[str, np.ndarray]) -> _Work:
+        """Split weights from model inputs: a graph input that has an initializer (IR 3 style) is a weight.
+
+        Each embedded weight is converted to numpy and then cleared from the proto at once, so a large model
+        is never held twice.
+        """
         g = model.graph
-        consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        consts: dict[str, np.ndarray] = {}
+        for t in g.initializer:
+            if t.name in external:
+                consts[t.name] = external[t.name]
+                continue
+            try:
+                consts[t.name] = numpy_helper.to_array(t)
+            except Exception as e:  # a tensor whose data does not match its dims or type
+                raise ModelError(f"{where}: initializer {t.name!r} is malformed ({_one_line(e)}). Re-export.") from e
+            t.Clear()
         return cls(
             where=where,
             name=g.name,
@@ -212,18 +276,21 @@ class _Work:
             functions=list(model.functions),
         )
 
-    def as_model(self) -> onnx.ModelProto:
-        """A model for onnx's tools; constants over ``_INLINE_LIMIT`` elements are typed inputs, not data."""
+    def as_model(self, declared_outputs: bool = False) -> onnx.ModelProto:
+        """A model for onnx's tools; constants over ``_INLINE_LIMIT`` elements are typed inputs, not data.
+
+        ``declared_outputs`` keeps the outputs as the file declares them (for the checker); otherwise they keep
+        only their element type, since declared shapes may predate new input shapes.
+        """
         small = [numpy_helper.from_array(a, n) for n, a in self.consts.items() if a.size <= _INLINE_LIMIT]
         large = [
             helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
             for n, a in self.consts.items()
             if a.size > _INLINE_LIMIT
         ]
-        # Outputs keep only their element type: their declared shapes may predate new input shapes.
-        outputs = [
-            helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None) for o in self.outputs
-        ]
+        outputs = list(self.outputs)
+        if not declared_outputs:
+            outputs = [helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None) for o in outputs]
         graph = helper.make_graph(
             self.nodes, self.name, [*self.inputs, *large], outputs, small, value_info=self.value_info
         )

@@ -428,6 +428,7 @@ class SaturationResult:
     enodes: int
     seconds: float
     history: list[tuple[int, int, float]] = field(default_factory=list)  # (iteration, e-nodes, seconds)
+    worker_peak_mib: float = 0.0
 
 
 ProgressFn = Callable[[str, int, int, float], None]
@@ -482,12 +483,23 @@ def _worker_main(job_path: str) -> int:
         send("progress", "analysis", 0, nodes, history[-1][2])
         reason, iteration = _run_phases(egraph, limits, start, history, send)
         Path(job["out"]).write_text(egraph.serialize([]).to_json())
-        send("done", reason.value, iteration, history[-1][1], time.monotonic() - start, history)
+        send("done", reason.value, iteration, history[-1][1], time.monotonic() - start, history, _peak_rss_mib())
     except MemoryError:
         send("error", "out of memory")
     except Exception as exc:  # reported to the parent, which raises SaturationError with it
         send("error", f"{type(exc).__name__}: {exc}")
     return 0
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory, in MiB (Linux reports KiB, macOS bytes)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    except ImportError:  # pragma: no cover - Windows
+        return 0.0
 
 
 def _run_chunked(egraph: Any, program: str, lines_per_call: int = 200) -> None:
@@ -571,9 +583,10 @@ def saturate(
             if any(word in message[1].lower() for word in _MEMORY_WORDS):
                 raise SaturationError(_killed_message("ran out of memory", limits, last))
             raise SaturationError(f"e-graph engine failed: {message[1]}")
-        _, reason, iterations, nodes, seconds, history = message
+        _, reason, iterations, nodes, seconds, history, peak_mib = message
         serialized = json.loads(out_path.read_text())
-    return SaturationResult(serialized, StopReason(reason), iterations, nodes, seconds, [tuple(h) for h in history])
+    history_rows = [(int(i), int(n), float(t)) for i, n, t in history]
+    return SaturationResult(serialized, StopReason(reason), iterations, nodes, seconds, history_rows, peak_mib)
 
 
 def _supervise(

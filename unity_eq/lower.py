@@ -18,7 +18,8 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,32 @@ EXTERNAL_DATA_BYTES = 1 << 30
 
 @dataclass
 class LoweredPlan:
-    models: list[onnx.ModelProto]
-    metadata: dict[str, Any]
-    weight_bytes: list[int] = field(default_factory=list)
+    """A plan ready to be written: device models are built one rank at a time, so a large replicated
+    model is never held once per rank."""
+
+    plan: Plan
+    graph: Graph
+    stages: dict[str, int]
+    opsets: list[onnx.OperatorSetIdProto]
+    ir_version: int
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.mesh.size
+
+    def build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], int]:
+        """Rank ``rank``'s model, its collectives' tensor names, and its weight bytes."""
+        builder = _DeviceGraphBuilder(self.plan, self.graph, rank)
+        collectives: list[dict[str, Any]] = []
+        for step in self.plan.steps:
+            builder.add(step, collectives)
+        model = builder.finish(self.opsets, self.ir_version)
+        weight_bytes = sum(int(np.prod(t.dims)) * _itemsize(t.data_type) for t in builder.initializers.values())
+        return model, collectives, weight_bytes
+
+    def models(self) -> Iterator[onnx.ModelProto]:
+        for rank in range(self.world_size):
+            yield self.build_rank(rank)[0]
 
 
 def _tensor_type(dtype: str) -> int:
@@ -226,27 +250,14 @@ class _DeviceGraphBuilder:
 
 
 def lower(plan: Plan, graph: Graph) -> LoweredPlan:
-    """Build every rank's ONNX model and the plan metadata."""
+    """Check the plan and prepare it for writing (device models are built when written)."""
     problems = plan.validate()
     if problems:
         raise PlanError("internal error: the extracted plan is inconsistent: " + "; ".join(problems[:3]))
-    opsets = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
-    ir_version = min(max(graph.ir_version, 8), 10)
-    stages = collective_stages(plan)
-    models, weight_bytes = [], []
-    collectives: list[dict[str, Any]] = []
-    for rank in range(plan.mesh.size):
-        builder = _DeviceGraphBuilder(plan, graph, rank)
-        rank_collectives: list[dict[str, Any]] = []
-        for step in plan.steps:
-            builder.add(step, rank_collectives)
-        models.append(builder.finish(opsets, ir_version))
-        weight_bytes.append(sum(int(np.prod(t.dims)) * _itemsize(t.data_type) for t in builder.initializers.values()))
-        if rank == 0:
-            collectives = rank_collectives
-    metadata = plan_metadata(plan, graph, collectives, stages)
-    metadata["memory"] = {"weight_bytes_per_rank": weight_bytes}
-    return LoweredPlan(models, metadata, weight_bytes)
+    opsets = [helper.make_opsetid("", graph.opset)] + [
+        helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()
+    ]
+    return LoweredPlan(plan, graph, collective_stages(plan), opsets, min(max(graph.ir_version, 8), 10))
 
 
 def _itemsize(data_type: int) -> int:
@@ -359,19 +370,29 @@ def plan_metadata(
 
 def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
     """Write the plan directory atomically: everything goes to a temporary sibling that replaces ``out_dir``
-    only when complete, so a failure never leaves a half-written plan."""
+    only when complete, so a failure never leaves a half-written plan. Ranks are built, saved and dropped
+    one at a time."""
     target = Path(out_dir)
     check_output_dir(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        for rank, model in enumerate(lowered.models):
+        weight_bytes: list[int] = []
+        collectives: list[dict[str, Any]] = []
+        for rank in range(lowered.world_size):
+            model, names, nbytes = lowered.build_rank(rank)
             path = tmp / f"device_{rank}.onnx"
-            if lowered.weight_bytes and lowered.weight_bytes[rank] > EXTERNAL_DATA_BYTES:
+            if nbytes > EXTERNAL_DATA_BYTES:
                 onnx.save_model(model, path, save_as_external_data=True, location=f"device_{rank}.onnx.data")
             else:
                 onnx.save_model(model, path)
-        (tmp / "plan.json").write_text(json.dumps(lowered.metadata, indent=1, default=_json_default))
+            del model
+            weight_bytes.append(nbytes)
+            if rank == 0:
+                collectives = names
+        metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)
+        metadata["memory"] = {"weight_bytes_per_rank": weight_bytes}
+        (tmp / "plan.json").write_text(json.dumps(metadata, indent=1, default=_json_default))
         _replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -145,7 +145,6 @@ def optimize(
         start = time.perf_counter()
         say("lowering to per-device ONNX")
         lowered = lower(plan, graph)
-        lowered.metadata["stats"] = plan.stats
         plan_dir = write_plan_dir(lowered, output_dir)
         timings["lower_s"] = time.perf_counter() - start
         plan.stats["timings"] = dict(timings)
@@ -159,6 +158,7 @@ def _stats(saturation: SaturationResult, enodes: int, timings: dict[str, float])
             "iterations": saturation.iterations,
             "enodes": enodes,
             "seconds": round(saturation.seconds, 3),
+            "worker_peak_mib": round(saturation.worker_peak_mib, 1),
         },
         "timings": dict(timings),
     }
