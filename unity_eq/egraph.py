@@ -483,7 +483,7 @@ def _worker_main(job_path: str) -> int:
         send("progress", "analysis", 0, nodes, history[-1][2])
         reason, iteration = _run_phases(egraph, limits, start, history, send)
         Path(job["out"]).write_text(egraph.serialize([]).to_json())
-        send("done", reason.value, iteration, history[-1][1], time.monotonic() - start, history, _peak_rss_mib())
+        send("done", reason.value, iteration, history[-1][1], time.monotonic() - start, history, peak_rss_mib())
     except MemoryError:
         send("error", "out of memory")
     except Exception as exc:  # reported to the parent, which raises SaturationError with it
@@ -491,8 +491,18 @@ def _worker_main(job_path: str) -> int:
     return 0
 
 
-def _peak_rss_mib() -> float:
-    """This process's peak resident memory, in MiB (Linux reports KiB, macOS bytes)."""
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB.
+
+    Linux's VmHWM belongs to the address space and starts afresh at exec; ``ru_maxrss`` survives
+    fork + exec, so a subprocess would report its parent's peak.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     try:
         import resource
 

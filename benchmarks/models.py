@@ -1,0 +1,133 @@
+"""The benchmark models, made on demand into a cache directory (never committed).
+
+* the bundled examples (examples/mlp.onnx, examples/transformer.onnx);
+* onnx's light CNNs with random weights (tests/model_zoo.py);
+* transformers exported from PyTorch with the dynamo exporter and random weights (transformers builds them
+  from a config; nothing is downloaded): BERT-Base (12 × 768), BERT-Large (24 × 1024) and GPT-2-XL depth
+  (48 × 1600), batch 8 × sequence 128, weights as external data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("UNITY_EQ_BENCH_CACHE", ROOT / "benchmarks" / ".cache"))
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    name: str
+    family: str  # example | cnn | transformer
+    make: Callable[[Path], Path]
+    layers: int = 0
+
+    def path(self) -> Path:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        return self.make(CACHE)
+
+
+def _example(name: str) -> Callable[[Path], Path]:
+    return lambda _cache: ROOT / "examples" / f"{name}.onnx"
+
+
+def _light(stem: str) -> Callable[[Path], Path]:
+    def make(cache: Path) -> Path:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from model_zoo import light_model_paths, randomized_light_model
+
+        out = cache / f"{stem}.onnx"
+        if not out.exists():
+            source = next(p for p in light_model_paths() if p.stem == stem)
+            made = randomized_light_model(source, cache)
+            if made != out:
+                made.rename(out)
+        return out
+
+    return make
+
+
+@contextlib.contextmanager
+def _quiet():  # type: ignore[no-untyped-def]
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _hf(kind: str, layers: int, hidden: int, heads: int, batch: int = 8, seq: int = 128) -> Callable[[Path], Path]:
+    def make(cache: Path) -> Path:
+        out = cache / f"{kind}_{layers}x{hidden}.onnx"
+        if out.exists():
+            return out
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        import transformers
+
+        torch.manual_seed(0)
+        if kind == "bert":
+            config = transformers.BertConfig(
+                num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden
+            )
+            model = transformers.BertModel(config).eval()
+            kwargs = {}
+        else:
+            config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq)
+            model = transformers.GPT2Model(config).eval()
+            kwargs = {"use_cache": False}
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+        with _quiet(), torch.no_grad():
+            program = torch.onnx.export(model, (ids,), kwargs=kwargs, dynamo=True, external_data=True)
+            program.save(str(out), external_data=True)
+        return out
+
+    return make
+
+
+MODELS: dict[str, BenchModel] = {
+    "mlp": BenchModel("mlp", "example", _example("mlp")),
+    "transformer": BenchModel("transformer", "example", _example("transformer"), 1),
+    **{
+        stem.removeprefix("light_"): BenchModel(stem.removeprefix("light_"), "cnn", _light(stem))
+        for stem in [
+            "light_bvlc_alexnet",
+            "light_densenet121",
+            "light_inception_v1",
+            "light_inception_v2",
+            "light_resnet50",
+            "light_shufflenet",
+            "light_squeezenet",
+            "light_vgg19",
+            "light_zfnet512",
+        ]
+    },
+    "bert-base": BenchModel("bert-base", "transformer", _hf("bert", 12, 768, 12), 12),
+    "bert-large": BenchModel("bert-large", "transformer", _hf("bert", 24, 1024, 16), 24),
+    "gpt2-xl-depth": BenchModel("gpt2-xl-depth", "transformer", _hf("gpt2", 48, 1600, 25), 48),
+}
+
+SUITES = {
+    "core": [
+        "mlp",
+        "transformer",
+        "bvlc_alexnet",
+        "densenet121",
+        "inception_v1",
+        "inception_v2",
+        "resnet50",
+        "shufflenet",
+        "squeezenet",
+        "vgg19",
+        "zfnet512",
+    ],
+    "scale": ["bert-base", "bert-large", "gpt2-xl-depth"],
+}
+SUITES["all"] = SUITES["core"] + SUITES["scale"]
