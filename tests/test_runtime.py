@@ -9,14 +9,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from unity_eq import runtime
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.ir import Mesh
 from unity_eq.runtime import (
+    DeviceChoice,
     LocalCommunicator,
     _Board,
+    all_to_all_pieces,
+    choose_device,
     compare_outputs,
+    describe_devices,
+    device_notes,
     load_plan_dir,
     random_inputs,
+    reduce_scatter_pieces,
+    run_collective,
     sum_pieces,
 )
 
@@ -106,3 +114,131 @@ def test_mesh_groups() -> None:
     assert mesh.coords(6) == (1, 2) and mesh.rank_of((1, 2)) == 6
     assert mesh.group(6, "tp") == (4, 5, 6, 7) and mesh.group(6, "dp") == (2, 6)
     assert sorted(r for g in mesh.groups("dp") for r in g) == list(range(8))
+
+
+def _pieces(world: int, shape: tuple[int, ...]) -> list[np.ndarray]:
+    rngs = [np.random.default_rng(r) for r in range(world)]
+    return [(g.standard_normal(shape) * 10.0 ** g.integers(-3, 8, size=shape)).astype(np.float32) for g in rngs]
+
+
+def test_reduce_scatter_is_a_chunk_of_the_group_order_sum() -> None:
+    pieces = _pieces(4, (8, 3))
+    results = _run_ranks(4, lambda c: c.reduce_scatter(pieces[c.rank], (0, 1, 2, 3), 0))
+    total = sum_pieces(pieces)
+    for rank, got in enumerate(results):
+        assert got.tobytes() == total[2 * rank : 2 * rank + 2].tobytes()
+        assert got.tobytes() == reduce_scatter_pieces(pieces, rank, 0).tobytes()
+
+
+def test_all_to_all_moves_the_shard_dimension() -> None:
+    """Shard(0) -> Shard(1): every rank sends its i-th chunk along dim 1 to rank i, which stacks them on dim 0."""
+    full = np.arange(4 * 8, dtype=np.float32).reshape(4, 8)
+    rows = np.split(full, 2, axis=0)  # rank r holds rows of S(0)
+    results = _run_ranks(2, lambda c: c.all_to_all(rows[c.rank], (0, 1), 1, 0))
+    cols = np.split(full, 2, axis=1)
+    assert [r.tolist() for r in results] == [c.tolist() for c in cols]
+    assert results[1].tobytes() == all_to_all_pieces(rows, 1, 1, 0).tobytes()
+
+
+def test_send_and_recv() -> None:
+    def body(c: LocalCommunicator) -> np.ndarray:
+        if c.rank == 0:
+            c.send(np.arange(3), 1, tag=5)
+            return c.recv(1, tag=6)
+        got = c.recv(0, tag=5)
+        c.send(got * 2, 0, tag=6)
+        return got
+
+    results = _run_ranks(2, body)
+    assert results[0].tolist() == [0, 2, 4] and results[1].tolist() == [0, 1, 2]
+
+
+def test_recv_timeout_names_the_sender() -> None:
+    board = _Board(2, timeout=0.2)
+    with pytest.raises(RuntimeBackendError, match="waiting for rank 1"):
+        LocalCommunicator(0, board).recv(1)
+
+
+def test_plan_collective_kinds() -> None:
+    pieces = _pieces(2, (4, 2))
+    gather = _run_ranks(2, lambda c: run_collective(c, {"kind": "all_gather", "dim": 1}, pieces[c.rank], (0, 1)))
+    assert gather[0].shape == (4, 4)
+    scatter = _run_ranks(2, lambda c: run_collective(c, {"kind": "reduce_scatter", "dim": 0}, pieces[c.rank], (0, 1)))
+    assert scatter[1].tobytes() == sum_pieces(pieces)[2:].tobytes()
+    with pytest.raises(PlanError, match="unknown collective kind 'broadcast'"):
+        run_collective(LocalCommunicator(0, _Board(1, 1)), {"kind": "broadcast", "id": 3}, pieces[0], (0,))
+
+
+def test_uneven_split_is_an_error() -> None:
+    with pytest.raises(RuntimeBackendError, match="equal chunks"):
+        runtime.split_chunks(np.ones((3, 2)), 2, 0)
+
+
+# --- devices ------------------------------------------------------------------------------------------------
+
+
+class _FakeSession:
+    def __init__(self, providers: list[str]) -> None:
+        self._providers = providers
+
+    def get_providers(self) -> list[str]:
+        return self._providers
+
+
+def test_cuda_is_judged_by_the_providers_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime-gpu lists CUDA as available where it cannot load it: only the session tells."""
+    import onnxruntime as ort
+
+    monkeypatch.setattr(runtime, "_CUDA_PROBES", {})
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(runtime, "make_session", lambda *a, **k: _FakeSession(["CPUExecutionProvider"]))
+    choice = choose_device("cuda", 0)
+    assert choice.providers == ["CPUExecutionProvider"] and not choice.cuda
+    assert "running on the CPU" in choice.note and "CPUExecutionProvider" in choice.note
+
+    monkeypatch.setattr(runtime, "_CUDA_PROBES", {})
+    monkeypatch.setattr(
+        runtime, "make_session", lambda *a, **k: _FakeSession(["CUDAExecutionProvider", "CPUExecutionProvider"])
+    )
+    choice = choose_device("auto", 1)
+    assert choice.cuda and choice.description == "CUDA:1" and not choice.note
+    assert choice.providers[0] == ("CUDAExecutionProvider", {"device_id": 1})
+
+
+def test_cuda_probe_here_names_the_reason_without_onnxruntime_noise(capfd: pytest.CaptureFixture[str]) -> None:
+    problem = runtime.cuda_problem(0)
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == ""
+    if problem is None:
+        pytest.skip("this machine has a usable CUDA device")
+    assert "\n" not in problem and problem
+
+
+def test_device_messages() -> None:
+    cpu = DeviceChoice(["CPUExecutionProvider"], "CPU", "CUDA is not usable (x); running on the CPU")
+    assert device_notes([cpu, cpu]) == ["CUDA is not usable (x); running on the CPU"]
+    gpu = DeviceChoice([], "CUDA:0")
+    assert device_notes([gpu, cpu]) == ["ranks [1]: CUDA is not usable (x); running on the CPU"]
+    assert describe_devices([gpu, cpu], ["a", "b"]) == "ranks run on 0→CUDA:0@a, 1→CPU@b"
+    with pytest.raises(RuntimeBackendError, match="cpu, cuda or auto"):
+        choose_device("tpu", 0)
+
+
+def test_run_device_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, tmp_path: Path) -> None:
+    """`--device cuda` where onnxruntime cannot use CUDA: one clear line, a CPU run, exit 0."""
+    import subprocess
+    import sys
+
+    from unity_eq import optimize
+
+    if runtime.cuda_problem(0) is None:
+        pytest.skip("this machine has a usable CUDA device")
+    optimize(examples / "mlp.onnx", devices=2, output_dir=tmp_path / "plan")
+    command = [sys.executable, "-m", "unity_eq.cli", "run", str(tmp_path / "plan"), "--device", "cuda"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "Y: float32[8, 128, 256]" in proc.stdout
+    cuda_lines = [line for line in proc.stderr.splitlines() if "CUDA" in line]
+    assert len(cuda_lines) == 1 and cuda_lines[0].endswith("running on the CPU"), proc.stderr
+    assert "[E:" not in proc.stderr and "[W:" not in proc.stderr and "Traceback" not in proc.stderr
+
