@@ -25,6 +25,7 @@ from unity_eq.runtime import (
     random_inputs,
     reduce_scatter_pieces,
     run_collective,
+    run_plan,
     sum_pieces,
 )
 
@@ -242,3 +243,34 @@ def test_run_device_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, 
     assert len(cuda_lines) == 1 and cuda_lines[0].endswith("running on the CPU"), proc.stderr
     assert "[E:" not in proc.stderr and "[W:" not in proc.stderr and "Traceback" not in proc.stderr
 
+
+def test_chained_collectives_lower_and_run(tmp_path: Path) -> None:
+    """An all-gather of an all-gather's result (as plans priced by measured times contain): the second
+    collective's source is the first one's result, a graph input of the device model."""
+    from unity_eq.cost import ZERO, default_machine
+    from unity_eq.ir import Graph, Shard, TensorType
+    from unity_eq.ir import Replicate as R
+    from unity_eq.lower import lower, write_plan_dir
+    from unity_eq.plan import AllGather, LoadInput, Plan, PlanTensor, Slice
+
+    mesh = Mesh(("x", "y"), (2, 2))
+    tensors = {
+        "X": PlanTensor("X", (4, 4), "float32", (R(), R()), "X"),
+        "a": PlanTensor("a", (4, 4), "float32", (Shard(0), R())),
+        "b": PlanTensor("b", (4, 4), "float32", (Shard(0), Shard(1))),
+        "c": PlanTensor("c", (4, 4), "float32", (Shard(0), R())),
+        "d": PlanTensor("d", (4, 4), "float32", (R(), R())),
+    }
+    steps = [
+        LoadInput("X", "X"),
+        Slice("a", "X", 0, "x"),
+        Slice("b", "a", 1, "y"),
+        AllGather("c", "b", 1, "y"),
+        AllGather("d", "c", 0, "x"),
+    ]
+    plan = Plan("chain", mesh, default_machine(4), "inference", tensors, steps, ["X"], {"Y": "d"}, ZERO)
+    types = {"X": TensorType((4, 4), "float32"), "Y": TensorType((4, 4), "float32")}
+    graph = Graph("chain", {"X": types["X"]}, ["Y"], [], {}, types, 18)
+    write_plan_dir(lower(plan, graph), tmp_path / "plan")
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    assert run_plan(tmp_path / "plan", {"X": x})["Y"].tolist() == x.tolist()
