@@ -148,28 +148,38 @@ def run(
     backend: str = typer.Option("local", "--backend", help="local (all ranks in this process) or mpi (under mpiexec)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda (falls back to the CPU with a message) or auto."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used without --inputs."),
+    timeout: float = typer.Option(
+        None, "--timeout", help="Seconds a rank waits for the others in one collective before failing (default 300)."
+    ),
 ) -> None:
     """Run every shard of a plan and write the model's outputs."""
     from unity_eq.runtime import load_plan_dir, random_inputs, run_plan
 
-    plan = load_plan_dir(plan_dir)
-    if inputs is None:
-        feeds = random_inputs(plan.input_specs, seed)
-        err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
-    else:
-        feeds = _load_npz(inputs)
+    def note(message: str) -> None:
+        err.print(f"[yellow]{escape(message)}[/yellow]")
+
+    if timeout is not None and timeout <= 0:
+        raise OptionError(f"`--timeout` must be positive, got {timeout:g}.")
+    results: dict[str, np.ndarray] | None
     if backend == "mpi":
         from unity_eq.runtime_mpi import run_plan_mpi
 
-        results = run_plan_mpi(plan, feeds, device=device, on_note=lambda m: err.print(f"[yellow]{m}[/yellow]"))
+        # Every rank reads the plan and inputs itself, so that a failure on one rank reaches all of them.
+        results = run_plan_mpi(plan_dir, inputs, seed=seed, device=device, timeout=timeout, on_note=note)
         if results is None:
             return  # ranks other than 0 write nothing
     elif backend == "local":
-        results = run_plan(plan, feeds, device=device, on_note=lambda m: err.print(f"[yellow]{m}[/yellow]"))
+        plan = load_plan_dir(plan_dir)
+        if inputs is None:
+            feeds = random_inputs(plan.input_specs, seed)
+            err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
+        else:
+            feeds = _load_npz(inputs)
+        results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout)
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:
-        np.savez(outputs, **results)
+        np.savez(outputs, **results)  # type: ignore[arg-type]
         out.print(f"wrote {len(results)} output(s) to {outputs}")
     for name, value in results.items():
         out.print(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.6g}")
