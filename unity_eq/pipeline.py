@@ -113,6 +113,9 @@ def optimize(
         else parse_mesh(mesh or str(chosen_machine.device_count), chosen_machine.device_count)
     )
     rules = load_rule_files(list(rule_files) if rule_files is not None else None)
+    table = load_profile(profile) if isinstance(profile, str | Path) else profile
+    if table is not None:
+        table.hits = table.misses = 0
 
     start = time.perf_counter()
     if isinstance(model, Graph):
@@ -140,7 +143,6 @@ def optimize(
     start = time.perf_counter()
     say(f"extracting ({saturation.enodes} e-nodes, stopped: {saturation.stop_reason.value})")
     data = parse_serialized(saturation.serialized)
-    table = load_profile(profile) if isinstance(profile, str | Path) else profile
     cost_model = CostModel(chosen_machine, chosen_mesh, objective, profile=table)
     plan = extract_greedy(data, encoding, graph, cost_model)
     timings["extract_s"] = time.perf_counter() - start
