@@ -201,9 +201,12 @@ def test_cuda_is_judged_by_the_providers_in_use(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(
         runtime, "make_session", lambda *a, **k: _FakeSession(["CUDAExecutionProvider", "CPUExecutionProvider"])
     )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     choice = choose_device("auto", 1)
     assert choice.cuda and choice.description == "CUDA:1" and not choice.note
     assert choice.providers[0] == ("CUDAExecutionProvider", {"device_id": 1})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # the launcher gave this rank one GPU
+    assert choose_device("cuda", 1).description == "CUDA:0"
 
 
 def test_cuda_probe_here_names_the_reason_without_onnxruntime_noise(capfd: pytest.CaptureFixture[str]) -> None:

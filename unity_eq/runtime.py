@@ -256,20 +256,28 @@ def cuda_problem(device_id: int = 0) -> str | None:
     return problem
 
 
+def cuda_device_for(local_rank: int) -> int:
+    """The CUDA ``device_id`` of a rank: its local rank, or 0 when the launcher gave each rank one GPU
+    (``CUDA_VISIBLE_DEVICES`` naming a single device, as Slurm's ``--gpus-per-task=1`` does)."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return 0 if len(visible) == 1 else local_rank
+
+
 def choose_device(device: str, local_rank: int) -> DeviceChoice:
-    """``cpu``, ``cuda`` or ``auto``: CUDA with ``device_id`` = local rank when onnxruntime can use it, else the
-    CPU with a note saying why."""
+    """``cpu``, ``cuda`` or ``auto``: CUDA with ``device_id`` = local rank (:func:`cuda_device_for`) when
+    onnxruntime can use it, else the CPU with a note saying why."""
     if device == "cpu":
         return DeviceChoice(["CPUExecutionProvider"])
     if device not in ("cuda", "auto"):
         raise RuntimeBackendError(f"`--device`: expected cpu, cuda or auto, got {device!r}.")
-    problem = cuda_problem(local_rank)
+    device_id = cuda_device_for(local_rank)
+    problem = cuda_problem(device_id)
     if problem is None:
         return DeviceChoice(
-            [("CUDAExecutionProvider", {"device_id": local_rank}), "CPUExecutionProvider"], f"CUDA:{local_rank}"
+            [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"], f"CUDA:{device_id}"
         )
-    if local_rank > 0 and cuda_problem(0) is None:
-        problem = f"no CUDA device {local_rank} for local rank {local_rank}; start one rank per GPU on each node"
+    if device_id > 0 and cuda_problem(0) is None:
+        problem = f"no CUDA device {device_id} for local rank {local_rank}; start one rank per GPU on each node"
     return DeviceChoice(
         ["CPUExecutionProvider"], "CPU", f"CUDA is not usable by onnxruntime ({problem}); running on the CPU"
     )

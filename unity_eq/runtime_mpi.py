@@ -63,6 +63,7 @@ from unity_eq.runtime import (
     DeviceChoice,
     PlanDir,
     RankTimes,
+    available_cores,
     check_inputs,
     check_rank_file,
     choose_device,
@@ -271,9 +272,10 @@ class _Control:
 class _Poller:
     """Waits on non-blocking MPI operations against a deadline, watching for other ranks' failures."""
 
-    def __init__(self, control: _Control, timeout: float) -> None:
+    def __init__(self, control: _Control, timeout: float, spins: int = 50) -> None:
         self.control = control
         self.timeout = timeout
+        self.spins = spins  # polls before sleeping; 0 when ranks outnumber cores (a spinning rank steals them)
 
     def wait(self, done: Callable[[], bool], what: str) -> None:
         if done():
@@ -290,8 +292,8 @@ class _Poller:
             if _orphaned():
                 os._exit(1)
             spins += 1
-            if spins > 50:
-                time.sleep(min(1e-3, 1e-5 * (spins - 50)))
+            if spins > self.spins:
+                time.sleep(min(1e-3, 1e-5 * (spins - self.spins)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -633,7 +635,8 @@ def run_plan_mpi(
         if any(c.cuda for c in choices):
             on_note(describe_devices(choices, [statuses[r].info["host"] for r in range(world.size)]))
 
-    comm = MPICommunicator(mpi, world, _Poller(control, timeout))
+    spins = 0 if local.size > available_cores() else 50
+    comm = MPICommunicator(mpi, world, _Poller(control, timeout, spins))
     comm.prepare(c["groups"] for c in setup.plan.meta["collectives"])
     outputs: dict[str, np.ndarray] | None = None
     runs: list[dict[str, float]] = []
