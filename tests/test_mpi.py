@@ -150,7 +150,7 @@ def test_corrupt_shard(plans: dict[str, Path], tmp_path: Path) -> None:
 
 def test_world_size_must_match_the_plan(plans: dict[str, Path]) -> None:
     proc, _ = unity_eq(2, "run", str(plans["mlp-4"]), "--backend", "mpi", "--timeout", "20")
-    _assert_one_error(proc, "4 ranks", "mpiexec started 2", "mpiexec -n 4")
+    _assert_one_error(proc, "has 4 ranks", "mpiexec started 2 processes", "mpiexec -n 4")
 
 
 def test_bad_inputs_are_one_error(plans: dict[str, Path], tmp_path: Path) -> None:

@@ -568,8 +568,8 @@ def _setup(
     plan = plan_dir if isinstance(plan_dir, PlanDir) else load_plan_dir(plan_dir, check_files=False)
     if world.size != plan.world_size:
         raise RuntimeBackendError(
-            f"world size: the plan {plan.path} has {plan.world_size} ranks, mpiexec started {world.size}. "
-            f"Run `mpiexec -n {plan.world_size} unity-eq run {plan.path} --backend mpi`."
+            f"world size: mpiexec started {world.size} processes, the plan in {plan.path} has {plan.world_size} "
+            f"ranks. Run `mpiexec -n {plan.world_size} unity-eq run {plan.path} --backend mpi`."
         )
     check_rank_file(plan, world.rank)
     choice = choose_device(device, local.rank)
