@@ -205,3 +205,41 @@ def test_rank_hanging_is_named_after_the_timeout(plans: dict[str, Path]) -> None
     proc, seconds = mpirun(2, str(DRIVER), "hang", str(plans["mlp-2"]), "2")
     _assert_one_error(proc, "rank 1 did not answer within 2 s", "hung")
     assert seconds < 25
+
+
+def test_bad_outputs_path_is_one_error(plans: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "missing-dir" / "out.npz"
+    proc, _ = unity_eq(2, "run", str(plans["mlp-2"]), "--backend", "mpi", "--outputs", str(target))
+    _assert_one_error(proc, "`--outputs`", "existing directory")
+
+
+def test_without_mpiexec(examples: Path, plans: dict[str, Path], tmp_path: Path) -> None:
+    """Started without mpiexec, MPI is one process: fine for a one-rank plan, a clear error otherwise."""
+    command = [sys.executable, "-m", "unity_eq.cli", "run", "--backend", "mpi", "--seed", "2"]
+    proc = subprocess.run([*command, str(plans["mlp-2"])], capture_output=True, text=True, timeout=120, check=False)
+    _assert_one_error(proc, "one process", "mpiexec -n 2")
+    optimize(examples / "mlp.onnx", devices=1, output_dir=tmp_path / "one")
+    proc = subprocess.run([*command, str(tmp_path / "one")], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "Y: float32[8, 128, 256]" in proc.stdout
+
+
+def test_ctrl_c_stops_every_rank(plans: dict[str, Path]) -> None:
+    """Ctrl-C to mpiexec (it forwards SIGINT to every rank) while a rank hangs: all stop at once."""
+    import signal
+
+    command = [_mpiexec(), "-n", "2", sys.executable, str(DRIVER), "hang", str(plans["mlp-2"]), "60"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "random inputs" in proc.stderr.readline()  # setup is done: rank 1 is hanging
+        time.sleep(1.0)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+        assert time.monotonic() - start < 15
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -277,3 +277,19 @@ def test_chained_collectives_lower_and_run(tmp_path: Path) -> None:
     write_plan_dir(lower(plan, graph), tmp_path / "plan")
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
     assert run_plan(tmp_path / "plan", {"X": x})["Y"].tolist() == x.tolist()
+
+
+def test_run_outputs_path_errors_are_one_line(examples: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from unity_eq import optimize
+
+    optimize(examples / "mlp.onnx", devices=2, output_dir=tmp_path / "plan")
+    target = tmp_path / "missing" / "out.npz"
+    command = [sys.executable, "-m", "unity_eq.cli", "run", str(tmp_path / "plan"), "--outputs", str(target)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: `--outputs` {target}: expected a file in an existing directory."
+    ]

@@ -162,17 +162,25 @@ def run(
     def note(message: str) -> None:
         err.print(f"[yellow]{escape(message)}[/yellow]")
 
-    if timeout is not None and timeout <= 0:
-        raise OptionError(f"`--timeout` must be positive, got {timeout:g}.")
+    def check_outputs() -> None:
+        if outputs is not None and (outputs.is_dir() or not outputs.parent.is_dir()):
+            raise OptionError(f"`--outputs` {outputs}: expected a file in an existing directory.")
+
     results: dict[str, np.ndarray] | None
     if backend == "mpi":
         from unity_eq.runtime_mpi import run_plan_mpi
 
-        # Every rank reads the plan and inputs itself, so that a failure on one rank reaches all of them.
-        results = run_plan_mpi(plan_dir, inputs, seed=seed, device=device, timeout=timeout, on_note=note)
+        # Every rank checks its options, plan and inputs inside run_plan_mpi, so that a failure on any rank
+        # reaches all of them and is printed once.
+        results = run_plan_mpi(
+            plan_dir, inputs, seed=seed, device=device, timeout=timeout, on_note=note, check_outputs=check_outputs
+        )
         if results is None:
             return  # ranks other than 0 write nothing
     elif backend == "local":
+        if timeout is not None and timeout <= 0:
+            raise OptionError(f"`--timeout` must be positive, got {timeout:g}.")
+        check_outputs()
         plan = load_plan_dir(plan_dir)
         if inputs is None:
             feeds = random_inputs(plan.input_specs, seed)
@@ -183,7 +191,10 @@ def run(
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:
-        np.savez(outputs, **results)  # type: ignore[arg-type]
+        try:
+            np.savez(outputs, **results)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise OptionError(f"`--outputs` {outputs}: cannot write ({exc.strerror or exc}).") from None
         out.print(f"wrote {len(results)} output(s) to {outputs}")
     for name, value in results.items():
         out.print(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.6g}")

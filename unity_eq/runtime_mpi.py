@@ -57,7 +57,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from unity_eq.errors import RuntimeBackendError, UnityEqError
+from unity_eq.errors import OptionError, RuntimeBackendError, UnityEqError
 from unity_eq.runtime import (
     COLLECTIVE_TIMEOUT_S,
     DeviceChoice,
@@ -197,6 +197,8 @@ def _supervise() -> None:
         _set_parent_death_signal()
         if os.getppid() != parent:  # the parent died before the death signal was set
             os._exit(1)
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # signals reach the rank once, through the parent, even when sent to a group
         _SUPERVISED.update(parent=parent, fd=write_fd)
         atexit.register(_tell_supervisor, "X")
         return
@@ -469,7 +471,7 @@ def _outcome(statuses: Mapping[int, RankStatus], missing: Sequence[int], timeout
     primaries = [s for s in failed if s.primary]
     if primaries:
         first = primaries[0]
-        same = not missing and len(statuses) > 1 and all(s.message == first.message for s in statuses.values())
+        same = not missing and all(s.message == first.message for s in statuses.values())
         parts.append(first.message if same else f"rank {first.rank}: {first.message}")
         others = [s.rank for s in primaries[1:] if s.message != first.message]
         if others:
@@ -530,6 +532,17 @@ def _fail_together(control: _Control, error: MPIRunError, reporter: int, everyon
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _interrupted(rank: int) -> None:
+    """Ctrl-C (mpiexec forwards it to every rank): no status round, every rank stops now; rank 0 re-raises
+    (the CLI prints ``interrupted``), the others leave quietly."""
+    if rank == 0:
+        raise KeyboardInterrupt
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _tell_supervisor("X")
+    os._exit(130)
+
+
 def _conclude(control: _Control, statuses: Mapping[int, RankStatus], missing: Sequence[int], timeout: float) -> None:
     error = _outcome(statuses, missing, timeout)
     if error is not None:
@@ -566,6 +579,11 @@ def _setup(
     local: Any,
 ) -> _Setup:
     plan = plan_dir if isinstance(plan_dir, PlanDir) else load_plan_dir(plan_dir, check_files=False)
+    if world.size != plan.world_size and world.size == 1:
+        raise RuntimeBackendError(
+            f"world size: one process, the plan in {plan.path} has {plan.world_size} ranks. Launch it with "
+            f"`mpiexec -n {plan.world_size} unity-eq run {plan.path} --backend mpi`."
+        )
     if world.size != plan.world_size:
         raise RuntimeBackendError(
             f"world size: mpiexec started {world.size} processes, the plan in {plan.path} has {plan.world_size} "
@@ -591,19 +609,21 @@ def run_plan_mpi(
     on_note: Note | None = None,
     repeat: int = 1,
     stats: dict[str, Any] | None = None,
+    check_outputs: Callable[[], None] | None = None,
 ) -> dict[str, np.ndarray] | None:
     """Run this process's rank of a plan under ``mpiexec``; rank 0 gets the outputs, other ranks None.
 
     ``inputs`` is a mapping, an ``.npz`` path or None (random, from ``seed``); every rank reads them.
     ``timeout`` bounds every wait (default ``UNITY_EQ_COLLECTIVE_TIMEOUT``, 300 s). ``repeat`` runs the plan
     that many times (timing); ``stats``, on rank 0, receives each rank's host, device and times.
+    ``check_outputs`` runs on rank 0 during setup (e.g. that the outputs file can be written), so that its
+    error, like every other, is reported once.
 
     A failure raises :class:`MPIRunError` on the lowest rank that knows it, naming the failing rank; the
-    other ranks end their process quietly (exit code of the failure) once ``mpiexec`` stops the job.
+    other ranks end their process quietly once it has been printed (:func:`_await_release`).
     """
-    timeout = COLLECTIVE_TIMEOUT_S if timeout is None else float(timeout)
-    if timeout <= 0 or repeat < 1:
-        raise RuntimeBackendError("`--timeout` must be positive and `repeat` at least 1.")
+    requested = timeout
+    timeout = COLLECTIVE_TIMEOUT_S if timeout is None or timeout <= 0 else float(timeout)
     _supervise()
     mpi, ours = _import_mpi()
     world = mpi.COMM_WORLD
@@ -616,10 +636,18 @@ def run_plan_mpi(
     setup: _Setup | None = None
     start = time.perf_counter()
     try:
+        if requested is not None and requested <= 0:
+            raise OptionError(f"`--timeout` must be positive, got {requested:g}.")
+        if repeat < 1:
+            raise OptionError(f"`repeat` must be at least 1, got {repeat}.")
+        if rank == 0 and check_outputs is not None:
+            check_outputs()
         setup = _setup(plan_dir, inputs, seed, device, world, local)
         choice = setup.choice
         info = {"host": host, "device": choice.description, "note": choice.note, "local_rank": local.rank}
         status = RankStatus(rank, SETUP, True, info=info)
+    except KeyboardInterrupt:
+        _interrupted(rank)
     except BaseException as exc:  # reported to every rank, raised on one
         status = _failure(rank, SETUP, exc)
     statuses, missing = _agree(control, status, timeout)
@@ -655,6 +683,8 @@ def run_plan_mpi(
         assert outputs is not None
         info = {"digests": _digest(outputs), "runs": runs, "host": host, "device": setup.choice.description}
         status = RankStatus(rank, FINAL, True, info=info)
+    except KeyboardInterrupt:
+        _interrupted(rank)
     except BaseException as exc:  # reported to every rank, raised on one
         status = _failure(rank, FINAL, exc)
     statuses, missing = _agree(control, status, timeout)
