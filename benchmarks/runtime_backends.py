@@ -1,6 +1,7 @@
 """Step time of the bundled examples' plans on the local and the mpi backend, and the CLI's wall time.
 
     python benchmarks/runtime_backends.py [--repeat 20] [--out results.json]
+    python benchmarks/runtime_backends.py --collectives     # all-gather / all-reduce alone, 1 KiB to 8 MiB
 
 For each plan (the MLP and the transformer block, 2 and 4 ranks, inference and training), it makes the plan,
 then measures one forward step after a warm-up: ``local`` runs every rank as a thread of this process,
@@ -126,11 +127,92 @@ def cli_wall(plan_dir: Path, inputs: Path, ranks: int, backend: str) -> float:
     return time.perf_counter() - begin
 
 
+SIZES = (1 << 10, 1 << 20, 1 << 23)  # bytes per rank: 1 KiB, 1 MiB (the MLP's gathered piece at 4 ranks), 8 MiB
+
+
+def _timed(call: Any, repeat: int) -> float:
+    samples = []
+    for _ in range(repeat + 2):
+        begin = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - begin)
+    return statistics.median(samples[2:])
+
+
+def mpi_collectives_worker(repeat: int) -> None:
+    from unity_eq.runtime_mpi import open_communicator
+
+    comm = open_communicator(timeout=60)
+    group = list(range(comm.world.size))
+    comm.prepare([[group]])
+    rows = []
+    for size in SIZES:
+        piece = np.ones(size // 4, np.float32)
+        comm.world.Barrier()
+        gather = _timed(lambda piece=piece: comm.all_gather(piece, group, 0), repeat)
+        reduce = _timed(lambda piece=piece: comm.all_reduce(piece, group), repeat)
+        rows.append({"bytes": size, "all_gather_s": gather, "all_reduce_s": reduce})
+    if comm.rank == 0:
+        print(json.dumps(rows))
+
+
+def local_collectives(ranks: int, repeat: int) -> list[dict[str, float]]:
+    from unity_eq.runtime import LocalCommunicator, _Board
+
+    rows = []
+    for size in SIZES:
+        out: dict[str, float] = {"bytes": size}
+        for kind in ("all_gather", "all_reduce"):
+            board = _Board(ranks, 60)
+            times: list[float] = [0.0] * ranks
+
+            def work(
+                rank: int, board: _Board = board, kind: str = kind, times: list[float] = times, size: int = size
+            ) -> None:
+                comm = LocalCommunicator(rank, board)
+                piece = np.ones(size // 4, np.float32)
+                group = list(range(ranks))
+                if kind == "all_gather":
+                    times[rank] = _timed(lambda: comm.all_gather(piece, group, 0), repeat)
+                else:
+                    times[rank] = _timed(lambda: comm.all_reduce(piece, group), repeat)
+
+            threads = [threading.Thread(target=work, args=(r,)) for r in range(ranks)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            out[f"{kind}_s"] = statistics.median(times)
+        rows.append(out)
+    return rows
+
+
+def collectives(repeat: int) -> None:
+    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    for ranks in (2, 4):
+        command = [mpiexec, "-n", str(ranks), sys.executable, __file__, "--mpi-collectives", str(repeat)]
+        proc = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+        mpi = json.loads(proc.stdout.strip().splitlines()[-1])
+        local = local_collectives(ranks, repeat)
+        for m, loc in zip(mpi, local, strict=True):
+            print(
+                f"{ranks} ranks, {m['bytes'] >> 10:5d} KiB per rank: all_gather local "
+                f"{loc['all_gather_s'] * 1e3:7.3f} ms mpi {m['all_gather_s'] * 1e3:7.3f} ms; all_reduce local "
+                f"{loc['all_reduce_s'] * 1e3:7.3f} ms"
+                f" mpi {m['all_reduce_s'] * 1e3:7.3f} ms",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--collectives", action="store_true", help="time all-gather and all-reduce alone")
     args = parser.parse_args()
+    if args.collectives:
+        collectives(args.repeat)
+        return
     from unity_eq import optimize
     from unity_eq.runtime import random_inputs
 
@@ -177,5 +259,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--mpi-worker":
         mpi_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--mpi-collectives":
+        mpi_collectives_worker(int(sys.argv[2]))
     else:
         main()

@@ -369,6 +369,8 @@ class MPICommunicator:
 
     def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray:
         pieces = self._gather(array, group, self._what("all_gather", group))
+        if dim == 0 and array.ndim > 0:  # the pieces already lie in order: the receive buffer is the result
+            return pieces.reshape((-1, *array.shape[1:]))
         return np.concatenate(list(pieces), axis=dim)
 
     def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray:
