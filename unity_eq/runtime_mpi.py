@@ -211,7 +211,8 @@ def _supervise() -> None:
             os.kill(pid, signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, forward)
+        with contextlib.suppress(ValueError):  # not the main thread: signals stay with the default handlers
+            signal.signal(signum, forward)
     _, status = os.waitpid(pid, 0)
     said = b""
     while chunk := os.read(read_fd, 4096):
