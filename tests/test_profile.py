@@ -163,3 +163,20 @@ def test_profile_cli_errors(examples: Path, tmp_path: Path) -> None:
     assert next(line for line in proc.stderr.splitlines() if line.startswith("error:")).count("not found") == 1
     proc = run_cli("profile", str(examples / "mlp.onnx"), "-o", str(tmp_path / "t.json"))
     assert proc.returncode == 2 and "--devices N" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_profile_on_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, tmp_path: Path) -> None:
+    from unity_eq.runtime import cuda_problem
+
+    if cuda_problem(0) is None:
+        pytest.skip("this machine has a usable CUDA device")
+    table = tmp_path / "t.json"
+    proc = run_cli(
+        "profile", str(examples / "mlp.onnx"), "--devices", "2", "--device", "cuda", "-o", str(table),
+        "--warmup", "0", "--repeats", "1", "--min-time", "0", "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        next(line for line in proc.stderr.splitlines() if "running on the CPU" in line)
+    ]
+    assert json.loads(table.read_text())["device"]["provider"] == "CPUExecutionProvider"

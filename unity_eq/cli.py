@@ -256,6 +256,8 @@ def profile_cmd(
     )
     table.save(target)
     meta, summary = table.meta, table.meta["summary"]
+    if meta["device"].get("note") and quiet:  # without -q it was said as progress
+        err.print(f"[yellow]{escape(meta['device']['note'])}[/yellow]")
     cal = meta["calibration"]
     grid = Table(title=f"profile of {meta['model']['name']}", show_header=False, title_justify="left")
     grid.add_column(style="bold")
