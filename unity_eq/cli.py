@@ -75,6 +75,9 @@ def optimize(
     time_limit: float = typer.Option(120.0, "--time-limit", help="Stop saturating after this many seconds."),
     memory_limit: float = typer.Option(6.0, "--memory-limit", help="Memory limit of the e-graph engine, GiB."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+    profile: Path = typer.Option(
+        None, "--profile", help="Measured op times from `unity-eq profile` (the roofline prices the rest)."
+    ),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
@@ -105,6 +108,7 @@ def optimize(
         limits=limits,
         rule_files=rule_files,
         progress=_progress(quiet),
+        profile=profile,
     )
     _print_plan_summary(result)
 
@@ -148,28 +152,49 @@ def run(
     backend: str = typer.Option("local", "--backend", help="local (all ranks in this process) or mpi (under mpiexec)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda (falls back to the CPU with a message) or auto."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs used without --inputs."),
+    timeout: float = typer.Option(
+        None, "--timeout", help="Seconds a rank waits for the others in one collective before failing (default 300)."
+    ),
 ) -> None:
     """Run every shard of a plan and write the model's outputs."""
     from unity_eq.runtime import load_plan_dir, random_inputs, run_plan
 
-    plan = load_plan_dir(plan_dir)
-    if inputs is None:
-        feeds = random_inputs(plan.input_specs, seed)
-        err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
-    else:
-        feeds = _load_npz(inputs)
+    def note(message: str) -> None:
+        err.print(f"[yellow]{escape(message)}[/yellow]")
+
+    def check_outputs() -> None:
+        if outputs is not None and (outputs.is_dir() or not outputs.parent.is_dir()):
+            raise OptionError(f"`--outputs` {outputs}: expected a file in an existing directory.")
+
+    results: dict[str, np.ndarray] | None
     if backend == "mpi":
         from unity_eq.runtime_mpi import run_plan_mpi
 
-        results = run_plan_mpi(plan, feeds, device=device, on_note=lambda m: err.print(f"[yellow]{m}[/yellow]"))
+        # Every rank checks its options, plan and inputs inside run_plan_mpi, so that a failure on any rank
+        # reaches all of them and is printed once.
+        results = run_plan_mpi(
+            plan_dir, inputs, seed=seed, device=device, timeout=timeout, on_note=note, check_outputs=check_outputs
+        )
         if results is None:
             return  # ranks other than 0 write nothing
     elif backend == "local":
-        results = run_plan(plan, feeds, device=device, on_note=lambda m: err.print(f"[yellow]{m}[/yellow]"))
+        if timeout is not None and timeout <= 0:
+            raise OptionError(f"`--timeout` must be positive, got {timeout:g}.")
+        check_outputs()
+        plan = load_plan_dir(plan_dir)
+        if inputs is None:
+            feeds = random_inputs(plan.input_specs, seed)
+            err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
+        else:
+            feeds = _load_npz(inputs)
+        results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout)
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:
-        np.savez(outputs, **results)
+        try:
+            np.savez(outputs, **results)  # type: ignore[arg-type]
+        except OSError as exc:
+            raise OptionError(f"`--outputs` {outputs}: cannot write ({exc.strerror or exc}).") from None
         out.print(f"wrote {len(results)} output(s) to {outputs}")
     for name, value in results.items():
         out.print(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.6g}")
@@ -195,6 +220,68 @@ def check(
         out.print(f"{mark} {o.name}: relative error {o.relative_error:.2e}, max abs error {o.max_abs_error:.3g}")
     out.print(result.describe())
     assert_check(result)
+
+
+@app.command("profile")
+def profile_cmd(
+    model: Path = typer.Argument(..., help="The ONNX model whose ops to measure."),
+    devices: int = typer.Option(None, "--devices", "-n", help="Devices of the mesh to profile for."),
+    mesh: str = typer.Option(None, "--mesh", help="Device mesh, e.g. 2x4 or dp=2,tp=4 (default: one axis)."),
+    output: Path = typer.Option(None, "--output", "-o", help="Table to write (default: MODEL.profile.json)."),
+    input_shape: list[str] = typer.Option([], "--input-shape", help="Fix a dynamic input: name=2x16 (repeatable)."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda (falls back to the CPU with a message) or auto."),
+    threads: int = typer.Option(None, "--threads", help="onnxruntime threads on the CPU (default: all cores)."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed runs of each op first."),
+    repeats: int = typer.Option(10, "--repeats", help="Timed runs of each op at least (the median is kept)."),
+    min_time: float = typer.Option(0.05, "--min-time", help="Keep repeating (up to 20× --repeats) for this long, s."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+) -> None:
+    """Measure every distinct op (on its shard shapes) of MODEL's e-graph on this machine's device."""
+    from unity_eq.profile import profile_model
+
+    target = output or model.with_suffix(".profile.json")
+    if target.is_dir():
+        raise OptionError(f"`-o` {target}: is a directory; pass a file name such as {target / 'profile.json'}.")
+    table = profile_model(
+        model,
+        devices=devices,
+        mesh=mesh,
+        input_shapes=_input_shapes(input_shape),
+        device=device,
+        threads=threads,
+        warmup=warmup,
+        repeats=repeats,
+        min_time=min_time,
+        progress=_progress(quiet),
+    )
+    table.save(target)
+    meta, summary = table.meta, table.meta["summary"]
+    if meta["device"].get("note") and quiet:  # without -q it was said as progress
+        err.print(f"[yellow]{escape(meta['device']['note'])}[/yellow]")
+    cal = meta["calibration"]
+    grid = Table(title=f"profile of {meta['model']['name']}", show_header=False, title_justify="left")
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("device", f"{meta['device']['description']} ({meta['device']['provider']})")
+    grid.add_row(
+        "mesh", " × ".join(f"{a}={n}" for a, n in zip(meta["mesh"]["axes"], meta["mesh"]["sizes"], strict=True))
+    )
+    grid.add_row(
+        "calibration",
+        f"{cal['peak_flops']['float32'] / 1e9:.1f} GFLOP/s, {cal['memory_bandwidth'] / 1e9:.1f} GB/s, "
+        f"{cal['launch_overhead_s'] * 1e6:.1f} µs per op",
+    )
+    grid.add_row("ops", f"{len(table.entries)} measured, {len(table.skipped)} skipped (priced by the roofline)")
+    if "median_relative_error" in summary:
+        by_op = ", ".join(f"{op} {err:.2f}" for op, err in summary["median_relative_error_by_op"].items())
+        grid.add_row(
+            "roofline vs measured",
+            f"median relative error {summary['median_relative_error']:.2f}, "
+            f"{summary['within_2x'] * 100:.0f}% within 2× ({by_op})",
+        )
+    grid.add_row("time", f"{meta['seconds']:.1f} s")
+    grid.add_row("written to", str(target))
+    out.print(grid)
 
 
 def main(argv: list[str] | None = None) -> int:

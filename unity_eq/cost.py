@@ -23,9 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from unity_eq.ir import Mesh
 from unity_eq.ops import Family, spec_for
+
+if TYPE_CHECKING:
+    from unity_eq.profile import ProfileTable
 
 __all__ = [
     "Cost",
@@ -150,6 +154,7 @@ class CostModel:
     machine: Machine
     mesh: Mesh
     objective: str = "inference"
+    profile: ProfileTable | None = None  # measured op times (`unity-eq profile`); the roofline prices the rest
     _axis_links: dict[str, tuple[LinkSpec, ...]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -171,7 +176,11 @@ class CostModel:
         out_bytes: float,
         dtype: str,
     ) -> Cost:
-        """Roofline time of one op on its local shapes, plus the launch floor."""
+        """Roofline time of one op on its local shapes, plus the launch floor (or its measured time)."""
+        if self.profile is not None:
+            measured = self.profile.lookup(op_type, in_shapes, out_shape, dtype)
+            if measured is not None:
+                return Cost(compute=measured * (3.0 if self.objective == "training" else 1.0))
         device = self._device()
         eff = self.machine.efficiency
         flops = op_flops(op_type, in_shapes, out_shape)

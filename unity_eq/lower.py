@@ -222,7 +222,7 @@ class _DeviceGraphBuilder:
         """Cut the graph: the source leaves as a graph output, the result comes back as a graph input."""
         src_name = self._materialize(src)
         if src_name not in {v.name for v in self.outputs}:
-            self.outputs.append(self.info(self.alias.get(src, src), src_name))
+            self.outputs.append(self.info(src, src_name))  # src may alias another name; its shape is its own
         self.value_info.pop(src_name, None)
         dst_name = f"cc{len(collectives)}.{out}"
         self.inputs.append(self.info(out, dst_name))

@@ -20,6 +20,7 @@ from unity_eq.extract import extract_greedy
 from unity_eq.ir import Graph, Mesh
 from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
 from unity_eq.plan import Plan
+from unity_eq.profile import ProfileTable, load_profile
 from unity_eq.rulesets import load_rule_files
 
 __all__ = ["OptimizeResult", "optimize", "parse_mesh"]
@@ -93,8 +94,12 @@ def optimize(
     limits: Limits | None = None,
     rule_files: Sequence[Path] | None = None,
     progress: Progress | None = None,
+    profile: str | Path | ProfileTable | None = None,
 ) -> OptimizeResult:
-    """Find a parallel plan for ``model`` and, with ``output_dir``, write it as a plan directory."""
+    """Find a parallel plan for ``model`` and, with ``output_dir``, write it as a plan directory.
+
+    ``profile`` (a table from ``unity-eq profile``) prices the ops it measured with their measured times.
+    """
     say = progress or (lambda _msg: None)
     timings: dict[str, float] = {}
     chosen_machine = _machine_for(devices, machine)
@@ -108,6 +113,9 @@ def optimize(
         else parse_mesh(mesh or str(chosen_machine.device_count), chosen_machine.device_count)
     )
     rules = load_rule_files(list(rule_files) if rule_files is not None else None)
+    table = load_profile(profile) if isinstance(profile, str | Path) else profile
+    if table is not None:
+        table.hits = table.misses = 0
 
     start = time.perf_counter()
     if isinstance(model, Graph):
@@ -135,10 +143,14 @@ def optimize(
     start = time.perf_counter()
     say(f"extracting ({saturation.enodes} e-nodes, stopped: {saturation.stop_reason.value})")
     data = parse_serialized(saturation.serialized)
-    cost_model = CostModel(chosen_machine, chosen_mesh, objective)
+    cost_model = CostModel(chosen_machine, chosen_mesh, objective, profile=table)
     plan = extract_greedy(data, encoding, graph, cost_model)
     timings["extract_s"] = time.perf_counter() - start
     plan.stats.update(_stats(saturation, data.enode_count, timings))
+    if table is not None:
+        plan.stats["profile"] = {"device": table.meta.get("device", {}).get("description"), "measured": table.hits}
+        plan.stats["profile"]["roofline"] = table.misses
+        say(f"profile: {table.hits} of {table.hits + table.misses} op prices measured, the rest from the roofline")
 
     lowered, plan_dir = None, None
     if output_dir is not None:

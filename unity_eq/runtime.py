@@ -9,15 +9,35 @@ Backends differ only in the communicator and in where ranks live:
 
 Reductions sum the pieces in the order of the ranks of the group, in every backend, so results agree
 bit for bit where the reduction order is the same.
+
+Collectives and their reference semantics (``pieces`` are the ranks' arrays in group order, ``i`` is this
+rank's index in the group, ``chunk(x, d, k)`` the k-th of n equal contiguous chunks of x along d):
+
+==================  ==========================================  =============================================
+collective          result on rank i                            plan.json ``kind`` (fields)
+==================  ==========================================  =============================================
+all_gather          concat(pieces, dim)                         ``all_gather`` (dim)
+all_reduce          pieces[0] + pieces[1] + … (in group order)  ``all_reduce``
+reduce_scatter      chunk(all_reduce, dim, i)                   ``reduce_scatter`` (dim)
+all_to_all          concat([chunk(p, split_dim, i) for p], cd)  ``all_to_all`` (split_dim, concat_dim)
+send / recv         point to point, by tag                      not in plans
+==================  ==========================================  =============================================
+
+Plans written today use only ``all_gather`` and ``all_reduce``; the runtime accepts the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,16 +46,19 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from unity_eq.errors import CheckFailed, PlanError, RuntimeBackendError, UnityEqError
+from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError, UnityEqError
 from unity_eq.plan import PLAN_FORMAT_VERSION
 
 __all__ = [
     "CheckResult",
     "Communicator",
+    "DeviceChoice",
     "LocalCommunicator",
     "PlanDir",
     "RankProgram",
     "check",
+    "choose_device",
+    "cuda_problem",
     "load_plan_dir",
     "make_session",
     "random_inputs",
@@ -78,8 +101,12 @@ class PlanDir:
         raise PlanError(f"{self.path}: rank {rank} is in no group of axis {axis}")
 
 
-def load_plan_dir(path: str | Path) -> PlanDir:
-    """Read and sanity-check a plan directory written by ``unity-eq optimize``."""
+def load_plan_dir(path: str | Path, check_files: bool = True) -> PlanDir:
+    """Read and sanity-check a plan directory written by ``unity-eq optimize``.
+
+    ``check_files=False`` skips checking that every rank's ``device_<rank>.onnx`` exists: an MPI rank loads
+    (and checks) only its own.
+    """
     root = Path(path)
     if not root.exists():
         raise PlanError(f"{root}: plan directory not found. Create one with `unity-eq optimize MODEL -o {root}`.")
@@ -102,48 +129,188 @@ def load_plan_dir(path: str | Path) -> PlanDir:
         if key not in meta:
             raise PlanError(f"{meta_path}: missing field {key!r}. Re-run `unity-eq optimize`.")
     plan = PlanDir(root, meta)
-    for rank in range(plan.world_size):
-        if not plan.model_path(rank).exists():
-            raise PlanError(f"{root}: {plan.meta['files'][rank]} (rank {rank}) is missing. Re-run `unity-eq optimize`.")
+    for rank in range(plan.world_size if check_files else 0):
+        check_rank_file(plan, rank)
     return plan
+
+
+def check_rank_file(plan: PlanDir, rank: int) -> None:
+    if not plan.model_path(rank).exists():
+        raise PlanError(
+            f"{plan.path}: {plan.meta['files'][rank]} (rank {rank}) is missing. Re-run `unity-eq optimize`."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Sessions
 
 
-def _cuda_usable() -> bool:
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
     try:
-        import onnxruntime as ort
-    except ImportError:  # pragma: no cover
-        return False
-    return "CUDAExecutionProvider" in ort.get_available_providers()
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(ranks_here: int) -> int:
+    """onnxruntime intra-op threads for each of ``ranks_here`` ranks sharing this machine's cores.
+
+    Every backend uses this, so the same plan runs with the same thread count (and the same float results)
+    in the local and the MPI backend on one node.
+    """
+    return max(1, available_cores() // max(ranks_here, 1))
 
 
 @dataclass
 class DeviceChoice:
-    """Which onnxruntime provider a rank uses; ``note`` says why (shown once to the user)."""
+    """Which onnxruntime providers a rank uses.
+
+    ``description`` says what the rank runs on (``CPU`` or ``CUDA:<id>``); ``note`` explains a fallback to the
+    CPU (shown once to the user); it is empty when the device asked for is the one in use.
+    """
 
     providers: list[Any]
+    description: str = "CPU"
     note: str = ""
+
+    @property
+    def cuda(self) -> bool:
+        return self.description.startswith("CUDA")
+
+
+_CUDA_PROBES: dict[int, str | None] = {}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _tiny_model() -> onnx.ModelProto:
+    info = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "probe",
+        [info("x", onnx.TensorProto.FLOAT, [1])],
+        [info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """Capture what native code writes to file descriptor 2 (onnxruntime's logger) into a list of lines."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(_ANSI.sub("", tmp.read().decode(errors="replace")).splitlines())
+
+
+def _cuda_failure_reason(log: list[str], providers: list[str] | None, error: str | None) -> str:
+    text = "\n".join(log)
+    found = re.search(r"Failed to load library \S+ with error: ([^\n]+)", text)
+    if found:
+        return found.group(1).strip()
+    if error:
+        return error.strip().splitlines()[-1][:300]
+    errors = [line.split("] ", 1)[-1].strip() for line in log if "[E:onnxruntime" in line]
+    if errors:
+        return errors[-1][:300]
+    return f"onnxruntime created the session with providers {providers}, not CUDAExecutionProvider"
+
+
+def cuda_problem(device_id: int = 0) -> str | None:
+    """None when onnxruntime really runs a session on CUDA device ``device_id``; otherwise why not, in one line.
+
+    onnxruntime-gpu lists ``CUDAExecutionProvider`` in ``get_available_providers()`` even where it cannot load
+    CUDA, so this opens a one-node session and reads the providers it actually uses
+    (``session.get_providers()``). onnxruntime's own log lines are captured, not shown. Cached per device.
+    """
+    if device_id in _CUDA_PROBES:
+        return _CUDA_PROBES[device_id]
+    import onnxruntime as ort
+
+    problem: str | None
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        problem = f"this onnxruntime {ort.__version__} has no CUDA provider (install onnxruntime-gpu)"
+    else:
+        in_use: list[str] | None = None
+        error: str | None = None
+        with _captured_stderr() as log:
+            try:
+                session = make_session(
+                    _tiny_model(), [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+                )
+                in_use = list(session.get_providers())
+            except Exception as exc:  # onnxruntime refuses the provider options (e.g. no such device)
+                error = str(exc)
+        used_cuda = in_use is not None and in_use[:1] == ["CUDAExecutionProvider"]
+        problem = None if used_cuda else _cuda_failure_reason(log, in_use, error)
+    _CUDA_PROBES[device_id] = problem
+    return problem
+
+
+def cuda_device_for(local_rank: int) -> int:
+    """The CUDA ``device_id`` of a rank: its local rank, or 0 when the launcher gave each rank one GPU
+    (``CUDA_VISIBLE_DEVICES`` naming a single device, as Slurm's ``--gpus-per-task=1`` does)."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return 0 if len(visible) == 1 else local_rank
 
 
 def choose_device(device: str, local_rank: int) -> DeviceChoice:
-    """``cpu``, ``cuda`` or ``auto``: CUDA with device_id = local rank when it is usable, else the CPU."""
+    """``cpu``, ``cuda`` or ``auto``: CUDA with ``device_id`` = local rank (:func:`cuda_device_for`) when
+    onnxruntime can use it, else the CPU with a note saying why."""
     if device == "cpu":
         return DeviceChoice(["CPUExecutionProvider"])
     if device not in ("cuda", "auto"):
-        raise RuntimeBackendError(f"device: expected cpu, cuda or auto, got {device!r}")
-    if _cuda_usable():
-        return DeviceChoice([("CUDAExecutionProvider", {"device_id": local_rank}), "CPUExecutionProvider"])
-    return DeviceChoice(["CPUExecutionProvider"], "CUDA is not available to onnxruntime here; running on the CPU")
+        raise RuntimeBackendError(f"`--device`: expected cpu, cuda or auto, got {device!r}.")
+    device_id = cuda_device_for(local_rank)
+    problem = cuda_problem(device_id)
+    if problem is None:
+        return DeviceChoice(
+            [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"], f"CUDA:{device_id}"
+        )
+    if device_id > 0 and cuda_problem(0) is None:
+        problem = f"no CUDA device {device_id} for local rank {local_rank}; start one rank per GPU on each node"
+    return DeviceChoice(
+        ["CPUExecutionProvider"], "CPU", f"CUDA is not usable by onnxruntime ({problem}); running on the CPU"
+    )
+
+
+def describe_devices(choices: Sequence[DeviceChoice], hosts: Sequence[str] | None = None) -> str:
+    """One line saying where every rank runs, e.g. ``ranks run on CUDA:0, CUDA:1 (host a)``."""
+    where = []
+    for rank, choice in enumerate(choices):
+        host = f"@{hosts[rank]}" if hosts and len(set(hosts)) > 1 else ""
+        where.append(f"{rank}→{choice.description}{host}")
+    if all(not c.cuda for c in choices):
+        return f"all {len(choices)} ranks run on the CPU"
+    return "ranks run on " + ", ".join(where)
+
+
+def device_notes(choices: Sequence[DeviceChoice]) -> list[str]:
+    """The distinct fallback notes, each once, naming the ranks when not all of them fell back."""
+    by_note: dict[str, list[int]] = {}
+    for rank, choice in enumerate(choices):
+        if choice.note:
+            by_note.setdefault(choice.note, []).append(rank)
+    out = []
+    for note, ranks in by_note.items():
+        out.append(note if len(ranks) == len(choices) else f"ranks {ranks}: {note}")
+    return out
 
 
 def make_session(model: onnx.ModelProto | bytes | str, providers: list[Any], threads: int = 0) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # errors come back as exceptions; onnxruntime's own log lines are noise
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -259,13 +426,26 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
 
 
 class Communicator(Protocol):
-    """The collectives a rank needs. ``group`` lists the participating ranks in axis order."""
+    """The collectives a rank needs. ``group`` lists the participating ranks (world ranks) in axis order.
+
+    Every backend must return, bit for bit, what the reference functions below compute from the pieces of the
+    group in group order (:func:`gather_pieces`, :func:`sum_pieces`, :func:`reduce_scatter_pieces`,
+    :func:`all_to_all_pieces`); pieces of one collective have equal shapes and dtypes.
+    """
 
     rank: int
 
     def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
 
     def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray: ...
+
+    def reduce_scatter(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
+
+    def all_to_all(self, array: np.ndarray, group: Sequence[int], split_dim: int, concat_dim: int) -> np.ndarray: ...
+
+    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None: ...
+
+    def recv(self, source: int, tag: int = 0) -> np.ndarray: ...
 
 
 def gather_pieces(pieces: Sequence[np.ndarray], dim: int) -> np.ndarray:
@@ -280,13 +460,33 @@ def sum_pieces(pieces: Sequence[np.ndarray]) -> np.ndarray:
     return total
 
 
+def split_chunks(array: np.ndarray, parts: int, dim: int) -> list[np.ndarray]:
+    """``parts`` equal contiguous chunks along ``dim`` (each a contiguous copy, ready to send)."""
+    if array.ndim == 0 or array.shape[dim] % parts:
+        raise RuntimeBackendError(
+            f"collective: cannot split shape {list(array.shape)} into {parts} equal chunks along dim {dim}"
+        )
+    return [np.ascontiguousarray(c) for c in np.split(array, parts, axis=dim)]
+
+
+def reduce_scatter_pieces(pieces: Sequence[np.ndarray], index: int, dim: int) -> np.ndarray:
+    """Chunk ``index`` (along ``dim``) of the group-order sum of ``pieces``."""
+    return sum_pieces([split_chunks(p, len(pieces), dim)[index] for p in pieces])
+
+
+def all_to_all_pieces(pieces: Sequence[np.ndarray], index: int, split_dim: int, concat_dim: int) -> np.ndarray:
+    """Chunk ``index`` along ``split_dim`` of every piece, concatenated along ``concat_dim`` in group order."""
+    return np.concatenate([split_chunks(p, len(pieces), split_dim)[index] for p in pieces], axis=concat_dim)
+
+
 class _Board:
-    """Where rank threads of one process meet for a collective."""
+    """Where rank threads of one process meet for a collective or a message."""
 
     def __init__(self, world: int, timeout: float) -> None:
         self.cond = threading.Condition()
         self.slots: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}
         self.counters = [0] * world
+        self.mail: dict[tuple[int, int, int], deque[np.ndarray]] = {}
         self.failure: str | None = None
         self.timeout = timeout
 
@@ -295,6 +495,9 @@ class _Board:
             if self.failure is None:
                 self.failure = message
             self.cond.notify_all()
+
+    def _stopped(self, rank: int) -> RuntimeBackendError:
+        return RuntimeBackendError(f"rank {rank} stopped because {self.failure}")
 
     def exchange(self, rank: int, group: tuple[int, ...], array: np.ndarray) -> list[np.ndarray]:
         with self.cond:
@@ -307,7 +510,7 @@ class _Board:
                 lambda: self.failure is not None or len(entry["pieces"]) == len(group), self.timeout
             )
             if self.failure is not None:
-                raise RuntimeBackendError(f"rank {rank} stopped because {self.failure}")
+                raise self._stopped(rank)
             if not ready:
                 missing = sorted(set(group) - set(entry["pieces"]))
                 raise RuntimeBackendError(f"rank {rank}: collective #{seq} timed out waiting for ranks {missing}")
@@ -317,6 +520,21 @@ class _Board:
                 del self.slots[(seq, group)]
             return pieces
 
+    def post(self, source: int, dest: int, tag: int, array: np.ndarray) -> None:
+        with self.cond:
+            self.mail.setdefault((source, dest, tag), deque()).append(np.array(array, copy=True))
+            self.cond.notify_all()
+
+    def take(self, source: int, dest: int, tag: int) -> np.ndarray:
+        with self.cond:
+            box = self.mail.setdefault((source, dest, tag), deque())
+            ready = self.cond.wait_for(lambda: self.failure is not None or bool(box), self.timeout)
+            if self.failure is not None:
+                raise self._stopped(dest)
+            if not ready:
+                raise RuntimeBackendError(f"rank {dest}: recv (tag {tag}) timed out waiting for rank {source}")
+            return box.popleft()
+
 
 @dataclass
 class LocalCommunicator:
@@ -325,11 +543,27 @@ class LocalCommunicator:
     rank: int
     board: _Board
 
+    def _pieces(self, array: np.ndarray, group: Sequence[int]) -> list[np.ndarray]:
+        return self.board.exchange(self.rank, tuple(group), array)
+
     def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray:
-        return gather_pieces(self.board.exchange(self.rank, tuple(group), array), dim)
+        return gather_pieces(self._pieces(array, group), dim)
 
     def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray:
-        return sum_pieces(self.board.exchange(self.rank, tuple(group), array))
+        return sum_pieces(self._pieces(array, group))
+
+    def reduce_scatter(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray:
+        return reduce_scatter_pieces(self._pieces(array, group), list(group).index(self.rank), dim)
+
+    def all_to_all(self, array: np.ndarray, group: Sequence[int], split_dim: int, concat_dim: int) -> np.ndarray:
+        pieces = self._pieces(array, group)
+        return all_to_all_pieces(pieces, list(group).index(self.rank), split_dim, concat_dim)
+
+    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None:
+        self.board.post(self.rank, dest, tag, array)
+
+    def recv(self, source: int, tag: int = 0) -> np.ndarray:
+        return self.board.take(source, self.rank, tag)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -357,23 +591,45 @@ def execute_rank(
                 times.segments_s.append(time.perf_counter() - start)
         for c in collectives:
             start = time.perf_counter()
-            group = _group_of(c, program.rank)
-            if c["kind"] == "all_gather":
-                env[c["dst"]] = comm.all_gather(env[c["src"]], group, c["dim"])
-            elif c["kind"] == "all_reduce":
-                env[c["dst"]] = comm.all_reduce(env[c["src"]], group)
-            else:
-                raise PlanError(f"unknown collective kind {c['kind']!r} in plan.json")
+            env[c["dst"]] = run_collective(comm, c, env[c["src"]], _group_of(c, program.rank))
             if times is not None:
                 times.collectives_s += time.perf_counter() - start
     return {name: env[name] for name in program.outputs}
 
 
-def _group_of(collective: dict[str, Any], rank: int) -> tuple[int, ...]:
+def run_collective(comm: Communicator, c: Mapping[str, Any], array: np.ndarray, group: Sequence[int]) -> np.ndarray:
+    """Run one collective of plan.json (``kind`` and its fields) through ``comm``."""
+    kind = c["kind"]
+    if kind == "all_gather":
+        return comm.all_gather(array, group, c["dim"])
+    if kind == "all_reduce":
+        return comm.all_reduce(array, group)
+    if kind == "reduce_scatter":
+        return comm.reduce_scatter(array, group, c["dim"])
+    if kind == "all_to_all":
+        return comm.all_to_all(array, group, c["split_dim"], c["concat_dim"])
+    raise PlanError(
+        f"plan.json: unknown collective kind {kind!r} (collective {c.get('id')}); expected all_gather, all_reduce, "
+        "reduce_scatter or all_to_all. Re-run `unity-eq optimize` with this version."
+    )
+
+
+def _group_of(collective: Mapping[str, Any], rank: int) -> tuple[int, ...]:
     for group in collective["groups"]:
         if rank in group:
             return tuple(group)
     raise PlanError(f"rank {rank} is in no group of collective {collective['id']}")
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (model inputs), or an :class:`OptionError` saying what is wrong."""
+    if not path.exists():
+        raise OptionError(f"{path}: inputs file not found. Pass an .npz file with one array per model input.")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as exc:
+        raise OptionError(f"{path}: not a readable .npz file ({exc}). Save inputs with numpy.savez.") from None
 
 
 def check_inputs(plan: PlanDir, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -402,24 +658,27 @@ def run_plan(
     backend: str = "local",
     device: str = "cpu",
     on_note: Callable[[str], None] | None = None,
+    timeout: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Run every rank of a plan in this process (``local`` backend) and return rank 0's outputs.
 
     All ranks must agree on every (replicated) output; a disagreement is an error, not a silent choice.
+    ``timeout`` bounds the wait of one collective (default ``UNITY_EQ_COLLECTIVE_TIMEOUT``, 300 s).
     """
     plan = plan_dir if isinstance(plan_dir, PlanDir) else load_plan_dir(plan_dir)
     if backend != "local":
         raise RuntimeBackendError(f"backend: `run_plan` runs the local backend; got {backend!r}")
     feeds = check_inputs(plan, inputs)
     world = plan.world_size
-    threads = max(1, (os.cpu_count() or 1) // world)
-    programs = []
-    for rank in range(world):
-        choice = choose_device(device, rank)
-        if choice.note and on_note and rank == 0:
-            on_note(choice.note)
-        programs.append(build_rank_program(plan, rank, choice.providers, threads))
-    board = _Board(world, COLLECTIVE_TIMEOUT_S)
+    threads = threads_per_rank(world)
+    choices = [choose_device(device, rank) for rank in range(world)]
+    if on_note:
+        for note in device_notes(choices):
+            on_note(note)
+        if any(c.cuda for c in choices):
+            on_note(describe_devices(choices))
+    programs = [build_rank_program(plan, rank, choices[rank].providers, threads) for rank in range(world)]
+    board = _Board(world, COLLECTIVE_TIMEOUT_S if timeout is None else timeout)
     results: list[dict[str, np.ndarray] | None] = [None] * world
     errors: list[BaseException | None] = [None] * world
 
