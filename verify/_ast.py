@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Union
 
 __all__ = ["AnalysisDecl", "App", "Lit", "Pos", "Rule", "Term", "Var", "term_vars", "walk"]
 
@@ -59,7 +58,7 @@ class App:
         return f"({' '.join([self.head, *map(str, self.args)])})"
 
 
-Term = Union[Var, Lit, App]
+Term = Var | Lit | App
 
 
 def walk(term: Term) -> Iterator[Term]:
@@ -117,8 +116,16 @@ class Rule:
     def reversed(self) -> Rule:
         """The right-to-left direction of a ``birewrite``."""
         return Rule(
-            self.name + " (reverse)", self.pos, self.rhs, self.lhs, self.guards, self.ruleset, False,
-            self.sorts, self.annotation, self.text,
+            self.name + " (reverse)",
+            self.pos,
+            self.rhs,
+            self.lhs,
+            self.guards,
+            self.ruleset,
+            False,
+            self.sorts,
+            self.annotation,
+            self.text,
         )
 
 

@@ -29,12 +29,15 @@ from typing import Any
 
 import numpy as np
 import z3
-
-from unity_eq.ir import Mesh
-from unity_eq.ops import OPS
-from unity_eq.verify._ast import AnalysisDecl, App, Lit, Rule, Term, Var, walk
+from unity_eq.verify._ast import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._gen import GenConfig, generate_lhs
-from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, solve_guards, unsupported_relations
+from unity_eq.verify._guards import (
+    DerivedFacts,
+    GuardContext,
+    GuardError,
+    solve_guards,
+    unsupported_relations,
+)
 from unity_eq.verify._semantics import (
     PARALLEL,
     SYMBOLIC,
@@ -51,6 +54,9 @@ from unity_eq.verify._semantics import (
     state_str,
 )
 from unity_eq.verify._tensor import Z3Backend
+
+from unity_eq.ir import Mesh
+from unity_eq.ops import OPS
 
 __all__ = ["BoundedResult", "Case", "Counterexample", "enumerate_cases", "prove_bounded", "rule_axes"]
 
@@ -181,6 +187,20 @@ def _signature(case: Case, sorts: dict[str, str], guard_vars: set[str]) -> tuple
     return tuple(primary), (tuple(primary), tuple(secondary))
 
 
+def _feasible(pl: Placements, specs: dict[str, Any], lists: dict[str, Any], mesh: Mesh) -> bool:
+    """False when the left-hand side cannot exist: a variable it shards does not split evenly."""
+    sizes = dict(zip(mesh.axes, mesh.sizes, strict=True))
+    named = {**specs, **{f"{v}#{i}": s for v, items in lists.items() for i, s in enumerate(items)}}
+    for name, spec in named.items():
+        if spec is None:
+            continue
+        for axis in mesh.axes:
+            for kind, dim in pl.get(Var(name), axis):
+                if kind == "S" and (dim >= len(spec.shape) or spec.shape[dim] % sizes[axis]):
+                    return False
+    return True
+
+
 @dataclass
 class Enumeration:
     cases: list[Case]
@@ -207,7 +227,12 @@ def _canonical(term: Term) -> Term:
 
 def enumeration_key(rule: Rule, facts: DerivedFacts, *extra: Any) -> Any:
     """Rules with equal keys have the same cases (e.g. add-split-a and mul-split-a)."""
-    heads = {t.head for term in (rule.lhs, *rule.guards) for t in walk(term) if isinstance(t, App) and t.head in OPS}
+    heads = {
+        t.head
+        for term in (rule.lhs, *rule.guards)
+        for t in walk(term)
+        if isinstance(t, App) and t.head in OPS
+    }
     decls = tuple(sorted((_token(h), facts.signature(h, _token(h))) for h in heads))
     return (_canonical(rule.lhs), tuple(_canonical(g) for g in rule.guards), rule.sorts, decls, extra)
 
@@ -235,7 +260,7 @@ def enumerate_cases(
     try:
         for mesh in _meshes(rule, sizes):
             if mesh.axes not in prepared:
-                items = []
+                items: list[tuple[Any, ...]] = []
                 for inst in generate_lhs(rule.lhs, sorts, mesh.axes, cfg):
                     specs = {v: inst[v] for v in tensor_vars if v in inst}
                     lists = {v: inst[v] for v in list_vars if v in inst}
@@ -246,8 +271,17 @@ def enumerate_cases(
                 prepared[mesh.axes] = items
             for specs, lists, pl, attrs, memo in prepared[mesh.axes]:
                 ctx = GuardContext(
-                    mesh.axes, dict(zip(mesh.axes, mesh.sizes, strict=True)), sorts, specs, lists, pl, facts, memo=memo
+                    mesh.axes,
+                    dict(zip(mesh.axes, mesh.sizes, strict=True)),
+                    sorts,
+                    specs,
+                    lists,
+                    pl,
+                    facts,
+                    memo=memo,
                 )
+                if not _feasible(pl, specs, lists, mesh):
+                    continue
                 for solution in solve_guards(rule.guards, attrs, ctx):
                     enumerated += 1
                     binding = {**solution, **specs, **lists}
@@ -299,7 +333,9 @@ def concrete_rule(rule: Rule, case: Case) -> tuple[Term, Term, list[str], dict[s
     return lhs, rhs, list(specs), specs
 
 
-def placement_problem(lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, tensor_vars: list[str]) -> str | None:
+def placement_problem(
+    lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, tensor_vars: list[str]
+) -> str | None:
     """A reason the rule breaks "one placement per e-class", or None."""
     rhs_nodes = _tensor_nodes(rhs)
     items = _list_items(lhs)
@@ -357,12 +393,9 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
             a, b = left[i], right[i]
             if a is b:
                 continue
-            if _is_expr(a) and _is_expr(b):
-                if a.eq(b):
-                    continue
-            elif not _is_expr(a) and not _is_expr(b):
-                if a == b:
-                    continue
+            both = _is_expr(a) and _is_expr(b)
+            if (both and a.eq(b)) or (not both and not _is_expr(a) and not _is_expr(b) and a == b):
+                continue
             hard.append((eq, i, a, b))
     remaining = []
     for eq, i, a, b in hard:
@@ -430,7 +463,9 @@ def _counterexample(model: z3.ModelRef, eq: Any, values: Any, describe: str) -> 
     for name, value in values.inputs.items():
         inputs[name] = _array(model, value)
         pieces = values.pieces_of_inputs.get(name)
-        if pieces is not None and any(".part" in str(x) for x in np.asarray(pieces[0], dtype=object).reshape(-1)[:1]):
+        if pieces is not None and any(
+            ".part" in str(x) for x in np.asarray(pieces[0], dtype=object).reshape(-1)[:1]
+        ):
             inputs[f"{name} (pieces)"] = [_array(model, p) for p in pieces]
     functions = {}
     for decl in model.decls():
@@ -487,14 +522,28 @@ def prove_bounded(
         result.seconds = time.perf_counter() - start
         return result
     unknown = ""
+    search = 0  # after a shape refutation, look a little further for input values that show it too
     for case in enum.cases:
+        if result.status == "refuted":
+            search -= 1
+            if search < 0:
+                break
         outcome = check_case(rule, case, timeout_ms)
         if outcome.status == "skipped":
             continue
         result.checked += 1
-        if outcome.status == "refuted":
-            result.status, result.counterexample = "refuted", outcome.counterexample
-            break
+        if outcome.status == "refuted" and outcome.counterexample is not None:
+            if result.status != "refuted":
+                result.status, result.counterexample = "refuted", outcome.counterexample
+                if outcome.counterexample.kind != "shape":
+                    break
+                search = 24
+            elif outcome.counterexample.kind == "value":
+                first = result.counterexample
+                assert first is not None
+                outcome.counterexample.message += f" (it also fails at {first.case}: {first.message})"
+                result.counterexample = outcome.counterexample
+                break
         if outcome.status == "unknown" and not unknown:
             unknown = outcome.reason
     if result.status == "proven":
@@ -504,7 +553,8 @@ def prove_bounded(
             result.status = "unknown"
             result.reason = (
                 "no case satisfies the guards at dims 1-4 and axis sizes 1-4"
-                if enum.enumerated == 0 else "every case was skipped (the left-hand side never fits)"
+                if enum.enumerated == 0
+                else "every case was skipped (the left-hand side never fits)"
             )
     result.seconds = time.perf_counter() - start
     return result

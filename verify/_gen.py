@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from unity_eq.ops import OPS, Family, OpSpec
 from unity_eq.verify._ast import App, Lit, Term, Var
 from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
+
+from unity_eq.ops import OPS, Family, OpSpec
 
 __all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]
 
@@ -95,18 +96,21 @@ def _attrs(spec: OpSpec, **given: Any) -> dict[str, Any]:
         elif arg.sort == "String":
             out[arg.name] = arg.default if arg.default is not None else ""
         else:
-            out[arg.name] = tuple(arg.default or ())
+            out[arg.name] = tuple(arg.default) if isinstance(arg.default, tuple | list) else ()
     return out
 
 
-def _make(spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: int | None = None) -> Instance | None:
+def _make(
+    spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: int | None = None
+) -> Instance | None:
     args = []
     for arg in spec.args:
         args.append(tensors[arg.name] if arg.sort in ("T", "TList") else attrs[arg.name])
     if spec.multi_output:
         args.append(index)
     shape_args = [
-        (a.shape if isinstance(a, VarSpec) else [x.shape for x in a] if isinstance(a, list) else a) for a in args
+        (a.shape if isinstance(a, VarSpec) else [x.shape for x in a] if isinstance(a, list) else a)
+        for a in args
     ]
     try:
         out = infer_shape(spec.name, shape_args)
@@ -142,10 +146,10 @@ def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
             patterns.append(tuple(None if t.optional else r for t in tensors))
         runs = levels if r else 1
         for pattern in patterns:
-            for t in range(runs):
+            for run in range(runs):
                 dims, states = [], []
                 for p in range(r):
-                    lvl = (t + p * 5) % levels
+                    lvl = (run + p * 5) % levels
                     dims.append(cfg.dims[lvl % len(cfg.dims)])
                     states.append(lvl // len(cfg.dims))
                 specs: dict[str, Any] = {}
@@ -154,9 +158,7 @@ def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
                     if rank is None:
                         specs[arg.name] = None
                         continue
-                    shape = tuple(
-                        dims[p] if not (states[p] >> i) & 1 else 1 for p in range(r - rank, r)
-                    )
+                    shape = tuple(dims[p] if not (states[p] >> i) & 1 else 1 for p in range(r - rank, r))
                     specs[arg.name] = VarSpec(shape)
                 inst = _make(spec, specs, _attrs(spec))
                 if inst:
@@ -218,18 +220,25 @@ def _layernorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
         for axis in range(len(shape)):
             norm = shape[axis:]
             bias = VarSpec(norm) if (i + axis) % 2 == 0 else None
-            inst = _make(spec, {"X": VarSpec(shape), "Scale": VarSpec(norm), "B": bias}, _attrs(spec, axis=axis))
+            inst = _make(
+                spec, {"X": VarSpec(shape), "Scale": VarSpec(norm), "B": bias}, _attrs(spec, axis=axis)
+            )
             if inst:
                 out.append(inst)
     return out
 
 
 _CONV_1D = [  # (H, kernel, pads, stride, dilation)
-    (3, 2, (0, 0), 1, 1), (4, 3, (1, 1), 2, 1), (2, 1, (0, 0), 1, 1), (4, 2, (1, 0), 1, 2),
-    (1, 1, (0, 0), 2, 1), (3, 3, (1, 1), 1, 1),
+    (3, 2, (0, 0), 1, 1),
+    (4, 3, (1, 1), 2, 1),
+    (2, 1, (0, 0), 1, 1),
+    (4, 2, (1, 0), 1, 2),
+    (1, 1, (0, 0), 2, 1),
+    (3, 3, (1, 1), 1, 1),
 ]
 _CONV_2D = [  # (H, W, kernel, pads, strides, dilations)
-    ((3, 2), (2, 2), (0, 0, 0, 0), (1, 1), (1, 1)), ((2, 3), (1, 2), (0, 1, 0, 0), (1, 2), (1, 1)),
+    ((3, 2), (2, 2), (0, 0, 0, 0), (1, 1), (1, 1)),
+    ((2, 3), (1, 2), (0, 1, 0, 0), (1, 2), (1, 1)),
     ((3, 3), (3, 1), (1, 0, 1, 0), (2, 1), (1, 1)),
 ]
 
@@ -239,7 +248,9 @@ def _conv(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     d = cfg.dims
     for i, row in enumerate(_oa16()):
         n, c, m = d[row[0]], d[row[1]], d[row[2]]
-        configs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
+        configs: list[
+            tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+        ] = []
         h, k, pads, s, dil = _CONV_1D[i % len(_CONV_1D)]
         configs.append(((h,), (k,), pads, (s,), (dil,)))
         if i % 2 == 0:
@@ -252,17 +263,29 @@ def _conv(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
                     continue
                 x, w = VarSpec((n, c, *spatial)), VarSpec((m, c // g, *kern))
                 auto = "VALID" if i % 7 == 3 else "NOTSET"
-                attrs = _attrs(spec, auto_pad=auto, dilations=dils, group=g, kernel_shape=kern,
-                               pads=pads_ if auto == "NOTSET" else (), strides=strides)
+                attrs = _attrs(
+                    spec,
+                    auto_pad=auto,
+                    dilations=dils,
+                    group=g,
+                    kernel_shape=kern,
+                    pads=pads_ if auto == "NOTSET" else (),
+                    strides=strides,
+                )
                 inst = _make(spec, {"X": x, "W": w, "B": VarSpec((m,)) if with_bias else None}, attrs)
                 if inst:
                     out.append(inst)
     return out
 
 
-_POOL_WINDOWS = [  # (spatial, kernel, pads, strides, dilations, ceil_mode, count_include_pad)
-    ((3,), (2,), (0, 0), (1,), (1,), 0, 0), ((4,), (3,), (1, 1), (2,), (1,), 1, 1), ((2,), (1,), (0, 0), (2,), (1,), 0, 0),
-    ((3, 2), (2, 2), (1, 0, 0, 1), (2, 1), (1, 1), 1, 0), ((4,), (2,), (0, 0), (1,), (2,), 0, 1),
+Shape = tuple[int, ...]
+_POOL_WINDOWS: list[tuple[Shape, Shape, Shape, Shape, Shape, int, int]] = [
+    # (spatial, kernel, pads, strides, dilations, ceil_mode, count_include_pad)
+    ((3,), (2,), (0, 0), (1,), (1,), 0, 0),
+    ((4,), (3,), (1, 1), (2,), (1,), 1, 1),
+    ((2,), (1,), (0, 0), (2,), (1,), 0, 0),
+    ((3, 2), (2, 2), (1, 0, 0, 1), (2, 1), (1, 1), 1, 0),
+    ((4,), (2,), (0, 0), (1,), (2,), 0, 1),
     ((3, 3), (2, 1), (0, 0, 0, 0), (1, 1), (1, 1), 0, 1),
 ]
 
@@ -271,12 +294,15 @@ def _pooling(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
     for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
         if spec.name in ("GlobalAveragePool", "GlobalMaxPool"):
-            for spatial in ((3,), (2, 2), (1,))[: 1 + i % 3]:
-                inst = _make(spec, {"X": VarSpec((n, c, *spatial))}, {})
+            for plane in ((3,), (2, 2), (1,))[: 1 + i % 3]:
+                inst = _make(spec, {"X": VarSpec((n, c, *plane))}, {})
                 if inst:
                     out.append(inst)
             continue
-        for spatial, kern, pads, strides, dils, ceil, cip in (_POOL_WINDOWS[i % 6], _POOL_WINDOWS[(i + 3) % 6]):
+        for spatial, kern, pads, strides, dils, ceil, cip in (
+            _POOL_WINDOWS[i % 6],
+            _POOL_WINDOWS[(i + 3) % 6],
+        ):
             given = dict(kernel_shape=kern, pads=pads, strides=strides, dilations=dils, ceil_mode=ceil)
             if spec.name == "AveragePool":
                 given["count_include_pad"] = cip
@@ -287,7 +313,7 @@ def _pooling(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 
 def _lrn(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out = []
+    out: list[Instance] = []
     for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
         spatial = ((2,), (1, 2), (3,))[i % 3]
         inst = _make(spec, {"X": VarSpec((n, c, *spatial))}, _attrs(spec, size=1 + i % 3))
@@ -311,7 +337,7 @@ def _batchnorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ...]]:
     if rank == 0:
         return [()] if total == 1 else []
-    out = []
+    out: list[tuple[int, ...]] = []
     for first in range(1, min(total, limit) + 1):
         if total % first == 0:
             out.extend((first, *rest) for rest in _factorizations(total // first, rank - 1, limit))
@@ -432,7 +458,10 @@ def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
             target = [cfg.dims[(i + j) % len(cfg.dims)] for j in range(extra)]
             for j, n in enumerate(shape):
                 target.append(cfg.dims[(i + j) % len(cfg.dims)] if n == 1 else n)
-            for tgt in {tuple(target), tuple(1 if (n > 1 and (i + j) % 3 == 0) else n for j, n in enumerate(target))}:
+            for tgt in {
+                tuple(target),
+                tuple(1 if (n > 1 and (i + j) % 3 == 0) else n for j, n in enumerate(target)),
+            }:
                 inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, shape=tgt))
                 if inst:
                     out.append(inst)
@@ -444,7 +473,10 @@ def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
     for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
         for axis in range(len(shape)):
-            for idx in (idx_shapes[(i + axis) % len(idx_shapes)], idx_shapes[(i + axis + 3) % len(idx_shapes)]):
+            for idx in (
+                idx_shapes[(i + axis) % len(idx_shapes)],
+                idx_shapes[(i + axis + 3) % len(idx_shapes)],
+            ):
                 tensors = {"data": VarSpec(shape), "indices": VarSpec(idx, integer=True, high=shape[axis])}
                 inst = _make(spec, tensors, _attrs(spec, axis=axis))
                 if inst:
@@ -461,7 +493,11 @@ def _reduce(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
                 for keep in (0, 1):
                     if size == rank and size > 1 and keep != i % 2:
                         continue
-                    inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, axes=axes, keepdims=keep, noop_with_empty_axes=0))
+                    inst = _make(
+                        spec,
+                        {"data": VarSpec(shape)},
+                        _attrs(spec, axes=axes, keepdims=keep, noop_with_empty_axes=0),
+                    )
                     if inst:
                         out.append(inst)
     return out
@@ -574,9 +610,11 @@ class _Gen:
                 continue
             yield from self._unify(spec, term.args, args, binding, out)
 
-    def _parallel(self, term: App, want: Any, binding: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Any]]:
+    def _parallel(
+        self, term: App, want: Any, binding: dict[str, Any]
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
         x, axis_arg = term.args[0], term.args[-1]
-        for b1, axis in self._value(axis_arg, list(self.axes), binding):
+        for b1, _axis in self._value(axis_arg, list(self.axes), binding):
             for b2, shape in self.tensor(x, want, b1, False):
                 if shape == NONE:
                     continue
@@ -586,7 +624,9 @@ class _Gen:
                 else:
                     yield b2, shape
 
-    def _value(self, term: Term, candidates: list[Any], binding: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Any]]:
+    def _value(
+        self, term: Term, candidates: list[Any], binding: dict[str, Any]
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
         if isinstance(term, Var):
             if term.name in binding:
                 yield binding, binding[term.name]
@@ -622,16 +662,21 @@ class _Gen:
                 else:
                     yield from go(i + 1, {**b, p.name: value})
             elif isinstance(p, Lit):
-                if sort == "f64" or p.value == value or (sort == "IVec" and tuple(p.value) == tuple(value)):  # type: ignore[arg-type]
+                if sort == "f64" or p.value == value or (sort == "IVec" and tuple(p.value) == tuple(value)):
                     yield from go(i + 1, b)
-            elif isinstance(p, App) and p.head in ("vec-of", "vec-empty"):
-                if tuple(int(a.value) for a in p.args if isinstance(a, Lit)) == tuple(value):
-                    yield from go(i + 1, b)
+            elif (
+                isinstance(p, App)
+                and p.head in ("vec-of", "vec-empty")
+                and tuple(int(a.value) for a in p.args if isinstance(a, Lit)) == tuple(value)
+            ):
+                yield from go(i + 1, b)
 
         for b in go(0, binding):
             yield b, out
 
-    def list_(self, term: Term, want: list[VarSpec] | None, binding: dict[str, Any]) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+    def list_(
+        self, term: Term, want: list[VarSpec] | None, binding: dict[str, Any]
+    ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
         if isinstance(term, Var):
             if term.name in binding:
                 got = binding[term.name]
@@ -664,7 +709,7 @@ class _Gen:
                     yield b2, [VarSpec(shape), *rest]
             return
         if term.head == "PList":
-            for b1, axis in self._value(term.args[2], list(self.axes), binding):
+            for b1, _axis in self._value(term.args[2], list(self.axes), binding):
                 for b2, items in self.list_(term.args[0], want, b1):
                     for b3, _d in self._value(term.args[1], list(range(4)), b2):
                         yield b3, items

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import z3
-
-from unity_eq.ops import OPS, Family
 from unity_eq.verify._ast import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._guards import DerivedFacts, unsupported_relations
 from unity_eq.verify._semantics import LISTS, PARALLEL, Placements, _propagate, _tensor_nodes, state_str
+
+from unity_eq.ops import OPS, Family
 
 __all__ = ["GenericResult", "prove_generic"]
 
@@ -68,7 +68,7 @@ class _Vocab:
         self.Fn = z3.DeclareSort("Fn")
         self.L = z3.DeclareSort("TList")
         self.Str = z3.DeclareSort("Str")
-        T, V, L, Int, Real, B = self.T, self.V, self.L, z3.IntSort(), z3.RealSort(), z3.BoolSort()
+        T, V, L, Int, B = self.T, self.V, self.L, z3.IntSort(), z3.BoolSort()
         F = z3.Function
         self.chunk = F("chunk", T, Int, Int, Int, T)
         self.part = F("part", T, Int, Int, T)
@@ -105,7 +105,11 @@ class _Vocab:
     # --- operator symbols
     def sort_of(self, sort: str) -> Any:
         return {
-            "T": self.T, "TList": self.L, "IVec": self.V, "i64": z3.IntSort(), "f64": z3.RealSort(),
+            "T": self.T,
+            "TList": self.L,
+            "IVec": self.V,
+            "i64": z3.IntSort(),
+            "f64": z3.RealSort(),
             "String": self.Str,
         }[sort]
 
@@ -148,29 +152,42 @@ class _Vocab:
     def _add(self, group: str, axiom: Any) -> None:
         self.axioms.setdefault(group, []).append(axiom)
 
-    def _build_axioms(self) -> None:  # noqa: PLR0915 - one statement per axiom reads best
+    def _build_axioms(self) -> None:
         T, Int, Real = self.T, z3.IntSort(), z3.RealSort()
         x, y, a, b, c, w, p, q, e = (z3.Const(n, T) for n in "xyabcwpqe")
         idx = z3.Const("idx", T)
         d, d2, da, db, dc, i, n, k, axis, ta, tb, g, so, kd = (
-            z3.Int(s) for s in ("d", "d2", "da", "db", "dc", "i", "n", "k", "axis", "ta", "tb", "g", "so", "kd")
+            z3.Int(s)
+            for s in ("d", "d2", "da", "db", "dc", "i", "n", "k", "axis", "ta", "tb", "g", "so", "kd")
         )
         al, be, eps, mom = (z3.Real(s) for s in ("al", "be", "eps", "mom"))
         f = z3.Const("f", self.Fn)
-        s, s2, axes, dil, ks, pads, st = (z3.Const(v, self.V) for v in ("s", "s2", "axes", "dil", "ks", "pads", "st"))
+        s, s2, axes, dil, ks, pads, st = (
+            z3.Const(v, self.V) for v in ("s", "s2", "axes", "dil", "ks", "pads", "st")
+        )
         ap = z3.Const("ap", self.Str)
-        l = z3.Const("l", self.L)
+        lst = z3.Const("l", self.L)
         ch, ew, rel, FA = self.chunk, self.ew, self.rel, z3.ForAll
 
         def P(*terms: Any) -> Any:
             return z3.MultiPattern(*terms) if len(terms) > 1 else terms[0]
 
         # chunks of absent inputs, pieces of pending sums
-        self._add("core", FA([d, i, n], ch(self.none, d, i, n) == self.none, patterns=[ch(self.none, d, i, n)]))
-        self._add("core", FA([x, i, n], self.is_partial(self.part(x, i, n), x, i, n), patterns=[self.part(x, i, n)]))
+        self._add(
+            "core", FA([d, i, n], ch(self.none, d, i, n) == self.none, patterns=[ch(self.none, d, i, n)])
+        )
+        self._add(
+            "core", FA([x, i, n], self.is_partial(self.part(x, i, n), x, i, n), patterns=[self.part(x, i, n)])
+        )
         # elementwise ops commute with slicing: every split mask, operands broadcast or full
-        self._add("ew", FA([f, x, d, i, n], ew[1](f, ch(x, d, i, n)) == ch(ew[1](f, x), d, i, n),
-                           patterns=[ew[1](f, ch(x, d, i, n))]))
+        self._add(
+            "ew",
+            FA(
+                [f, x, d, i, n],
+                ew[1](f, ch(x, d, i, n)) == ch(ew[1](f, x), d, i, n),
+                patterns=[ew[1](f, ch(x, d, i, n))],
+            ),
+        )
         ops3 = (a, b, c)
         dims3 = (da, db, dc)
         for arity in (2, 3):
@@ -179,33 +196,75 @@ class _Vocab:
                 e_ = ew[arity](f, *args)
                 sliced = [ch(args[j], dims3[j], i, n) if mask >> j & 1 else args[j] for j in range(arity)]
                 premises = [
-                    rel["bc-dim"](args[j], e_, d, dims3[j]) if mask >> j & 1 else rel["bc-bcast"](args[j], e_, d)
+                    rel["bc-dim"](args[j], e_, d, dims3[j])
+                    if mask >> j & 1
+                    else rel["bc-bcast"](args[j], e_, d)
                     for j in range(arity)
                 ]
                 bound = [f, *args, d, i, n, *[dims3[j] for j in range(arity) if mask >> j & 1]]
                 first = next(j for j in range(arity) if mask >> j & 1)
-                self._add("ew", FA(bound, z3.Implies(z3.And(premises), ew[arity](f, *sliced) == ch(e_, d, i, n)),
-                                   patterns=[P(ew[arity](f, *sliced), rel["bc-dim"](args[first], e_, d, dims3[first]))]))
+                self._add(
+                    "ew",
+                    FA(
+                        bound,
+                        z3.Implies(z3.And(premises), ew[arity](f, *sliced) == ch(e_, d, i, n)),
+                        patterns=[P(ew[arity](f, *sliced), rel["bc-dim"](args[first], e_, d, dims3[first]))],
+                    ),
+                )
         # pending sums are linear: Add and Sub of partial pieces
         for op in ("Add", "Sub"):
             fo = self.fn(op, ())
-            self._add("linear", FA([p, q, x, y, i, n], z3.Implies(
-                z3.And(self.is_partial(p, x, i, n), self.is_partial(q, y, i, n)),
-                self.is_partial(ew[2](fo, p, q), ew[2](fo, x, y), i, n)),
-                patterns=[P(ew[2](fo, p, q), self.is_partial(p, x, i, n), self.is_partial(q, y, i, n))]))
+            self._add(
+                "linear",
+                FA(
+                    [p, q, x, y, i, n],
+                    z3.Implies(
+                        z3.And(self.is_partial(p, x, i, n), self.is_partial(q, y, i, n)),
+                        self.is_partial(ew[2](fo, p, q), ew[2](fo, x, y), i, n),
+                    ),
+                    patterns=[P(ew[2](fo, p, q), self.is_partial(p, x, i, n), self.is_partial(q, y, i, n))],
+                ),
+            )
         # MatMul: rows, batch, columns, contraction (a pending sum)
         mm = self.op("MatMul")
-        self._add("MatMul", FA([a, b, d, da, i, n], z3.Implies(rel["mm-row"](mm(a, b), d, da),
-                  mm(ch(a, da, i, n), b) == ch(mm(a, b), d, i, n)), patterns=[P(mm(ch(a, da, i, n), b), rel["mm-row"](mm(a, b), d, da))]))
-        self._add("MatMul", FA([a, b, d, da, db, i, n], z3.Implies(rel["mm-batch"](mm(a, b), d, da, db),
-                  mm(ch(a, da, i, n), ch(b, db, i, n)) == ch(mm(a, b), d, i, n)),
-                  patterns=[P(mm(ch(a, da, i, n), ch(b, db, i, n)), rel["mm-batch"](mm(a, b), d, da, db))]))
-        self._add("MatMul", FA([a, b, d, db, i, n], z3.Implies(rel["mm-col"](mm(a, b), d, db),
-                  mm(a, ch(b, db, i, n)) == ch(mm(a, b), d, i, n)), patterns=[P(mm(a, ch(b, db, i, n)), rel["mm-col"](mm(a, b), d, db))]))
-        self._add("MatMul", FA([a, b, da, db, i, n], z3.Implies(
-                  z3.And(rel["mm-k"](mm(a, b), da, db), self.div(a, da, n), self.div(b, db, n)),
-                  self.is_partial(mm(ch(a, da, i, n), ch(b, db, i, n)), mm(a, b), i, n)),
-                  patterns=[mm(ch(a, da, i, n), ch(b, db, i, n))]))
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, d, da, i, n],
+                z3.Implies(rel["mm-row"](mm(a, b), d, da), mm(ch(a, da, i, n), b) == ch(mm(a, b), d, i, n)),
+                patterns=[P(mm(ch(a, da, i, n), b), rel["mm-row"](mm(a, b), d, da))],
+            ),
+        )
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, d, da, db, i, n],
+                z3.Implies(
+                    rel["mm-batch"](mm(a, b), d, da, db),
+                    mm(ch(a, da, i, n), ch(b, db, i, n)) == ch(mm(a, b), d, i, n),
+                ),
+                patterns=[P(mm(ch(a, da, i, n), ch(b, db, i, n)), rel["mm-batch"](mm(a, b), d, da, db))],
+            ),
+        )
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, d, db, i, n],
+                z3.Implies(rel["mm-col"](mm(a, b), d, db), mm(a, ch(b, db, i, n)) == ch(mm(a, b), d, i, n)),
+                patterns=[P(mm(a, ch(b, db, i, n)), rel["mm-col"](mm(a, b), d, db))],
+            ),
+        )
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, da, db, i, n],
+                z3.Implies(
+                    z3.And(rel["mm-k"](mm(a, b), da, db), self.div(a, da, n), self.div(b, db, n)),
+                    self.is_partial(mm(ch(a, da, i, n), ch(b, db, i, n)), mm(a, b), i, n),
+                ),
+                patterns=[mm(ch(a, da, i, n), ch(b, db, i, n))],
+            ),
+        )
         # Gemm = alpha * op(A) @ op(B) + beta * C
         gm = self.op("Gemm")
 
@@ -214,20 +273,65 @@ class _Vocab:
 
         full = gemm(a, b, c)
         gb = [a, b, c, al, be, ta, tb, i, n]
-        self._add("Gemm", FA([*gb, k], z3.Implies(z3.And(k == ta, rel["bc-bcast"](c, full, 0)),
-                  gemm(ch(a, k, i, n), b, c) == ch(full, 0, i, n)), patterns=[gemm(ch(a, k, i, n), b, c)]))
-        self._add("Gemm", FA([*gb, k, dc], z3.Implies(z3.And(k == ta, rel["bc-dim"](c, full, 0, dc)),
-                  gemm(ch(a, k, i, n), b, ch(c, dc, i, n)) == ch(full, 0, i, n)), patterns=[gemm(ch(a, k, i, n), b, ch(c, dc, i, n))]))
-        self._add("Gemm", FA([*gb, k], z3.Implies(z3.And(k == 1 - tb, rel["bc-bcast"](c, full, 1)),
-                  gemm(a, ch(b, k, i, n), c) == ch(full, 1, i, n)), patterns=[gemm(a, ch(b, k, i, n), c)]))
-        self._add("Gemm", FA([*gb, k, dc], z3.Implies(z3.And(k == 1 - tb, rel["bc-dim"](c, full, 1, dc)),
-                  gemm(a, ch(b, k, i, n), ch(c, dc, i, n)) == ch(full, 1, i, n)), patterns=[gemm(a, ch(b, k, i, n), ch(c, dc, i, n))]))
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k],
+                z3.Implies(
+                    z3.And(k == ta, rel["bc-bcast"](c, full, 0)),
+                    gemm(ch(a, k, i, n), b, c) == ch(full, 0, i, n),
+                ),
+                patterns=[gemm(ch(a, k, i, n), b, c)],
+            ),
+        )
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k, dc],
+                z3.Implies(
+                    z3.And(k == ta, rel["bc-dim"](c, full, 0, dc)),
+                    gemm(ch(a, k, i, n), b, ch(c, dc, i, n)) == ch(full, 0, i, n),
+                ),
+                patterns=[gemm(ch(a, k, i, n), b, ch(c, dc, i, n))],
+            ),
+        )
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k],
+                z3.Implies(
+                    z3.And(k == 1 - tb, rel["bc-bcast"](c, full, 1)),
+                    gemm(a, ch(b, k, i, n), c) == ch(full, 1, i, n),
+                ),
+                patterns=[gemm(a, ch(b, k, i, n), c)],
+            ),
+        )
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k, dc],
+                z3.Implies(
+                    z3.And(k == 1 - tb, rel["bc-dim"](c, full, 1, dc)),
+                    gemm(a, ch(b, k, i, n), ch(c, dc, i, n)) == ch(full, 1, i, n),
+                ),
+                patterns=[gemm(a, ch(b, k, i, n), ch(c, dc, i, n))],
+            ),
+        )
         kb = z3.Int("kb")
         nogemm = gm(a, b, self.none, al, be, ta, tb)
-        self._add("Gemm", FA([a, b, al, be, ta, tb, i, n, k, kb], z3.Implies(
-                  z3.And(k == 1 - ta, kb == tb, self.div(a, k, n), self.div(b, kb, n)),
-                  self.is_partial(gm(ch(a, k, i, n), ch(b, kb, i, n), self.none, al, be, ta, tb), nogemm, i, n)),
-                  patterns=[gm(ch(a, k, i, n), ch(b, kb, i, n), self.none, al, be, ta, tb)]))
+        self._add(
+            "Gemm",
+            FA(
+                [a, b, al, be, ta, tb, i, n, k, kb],
+                z3.Implies(
+                    z3.And(k == 1 - ta, kb == tb, self.div(a, k, n), self.div(b, kb, n)),
+                    self.is_partial(
+                        gm(ch(a, k, i, n), ch(b, kb, i, n), self.none, al, be, ta, tb), nogemm, i, n
+                    ),
+                ),
+                patterns=[gm(ch(a, k, i, n), ch(b, kb, i, n), self.none, al, be, ta, tb)],
+            ),
+        )
         # Conv: batch, output channels (group 1), input channels (group 1, no bias: a pending sum)
         cv = self.op("Conv")
 
@@ -235,56 +339,151 @@ class _Vocab:
             return cv(x_, w_, b_, ap, dil, g_, ks, pads, st)
 
         cb = [x, w, b, ap, dil, ks, pads, st, i, n]
-        self._add("Conv", FA([*cb, g], conv(ch(x, 0, i, n), w, b, g) == ch(conv(x, w, b, g), 0, i, n),
-                             patterns=[conv(ch(x, 0, i, n), w, b, g)]))
-        self._add("Conv", FA(cb, conv(x, ch(w, 0, i, n), ch(b, 0, i, n), 1) == ch(conv(x, w, b, 1), 1, i, n),
-                             patterns=[conv(x, ch(w, 0, i, n), ch(b, 0, i, n), 1)]))
-        self._add("Conv", FA([x, w, ap, dil, ks, pads, st, i, n], z3.Implies(
-                  z3.And(self.div(x, 1, n), self.div(w, 1, n)),
-                  self.is_partial(conv(ch(x, 1, i, n), ch(w, 1, i, n), self.none, 1), conv(x, w, self.none, 1), i, n)),
-                  patterns=[conv(ch(x, 1, i, n), ch(w, 1, i, n), self.none, 1)]))
-        # pooling works per (batch, channel) plane; LRN per batch item; inference BatchNormalization per channel
+        self._add(
+            "Conv",
+            FA(
+                [*cb, g],
+                conv(ch(x, 0, i, n), w, b, g) == ch(conv(x, w, b, g), 0, i, n),
+                patterns=[conv(ch(x, 0, i, n), w, b, g)],
+            ),
+        )
+        self._add(
+            "Conv",
+            FA(
+                cb,
+                conv(x, ch(w, 0, i, n), ch(b, 0, i, n), 1) == ch(conv(x, w, b, 1), 1, i, n),
+                patterns=[conv(x, ch(w, 0, i, n), ch(b, 0, i, n), 1)],
+            ),
+        )
+        self._add(
+            "Conv",
+            FA(
+                [x, w, ap, dil, ks, pads, st, i, n],
+                z3.Implies(
+                    z3.And(self.div(x, 1, n), self.div(w, 1, n)),
+                    self.is_partial(
+                        conv(ch(x, 1, i, n), ch(w, 1, i, n), self.none, 1), conv(x, w, self.none, 1), i, n
+                    ),
+                ),
+                patterns=[conv(ch(x, 1, i, n), ch(w, 1, i, n), self.none, 1)],
+            ),
+        )
+        # pooling works per (batch, channel) plane; LRN per batch item; BatchNormalization per channel
         cm, so_, cip = z3.Int("cm"), z3.Int("so_"), z3.Int("cip")
         mp, avp = self.op("MaxPool"), self.op("AveragePool")
         for name, fn_, extra in (
             ("MaxPool", lambda t: mp(t, ap, cm, dil, ks, pads, so_, st), [ap, cm, dil, ks, pads, so_, st]),
-            ("AveragePool", lambda t: avp(t, ap, cm, cip, dil, ks, pads, st), [ap, cm, cip, dil, ks, pads, st]),
+            (
+                "AveragePool",
+                lambda t: avp(t, ap, cm, cip, dil, ks, pads, st),
+                [ap, cm, cip, dil, ks, pads, st],
+            ),
             ("GlobalAveragePool", lambda t: self.op("GlobalAveragePool")(t), []),
             ("GlobalMaxPool", lambda t: self.op("GlobalMaxPool")(t), []),
         ):
-            self._add(name, FA([x, d, i, n, *extra], z3.Implies(z3.And(d >= 0, d < 2),
-                      fn_(ch(x, d, i, n)) == ch(fn_(x), d, i, n)), patterns=[fn_(ch(x, d, i, n))]))
+            self._add(
+                name,
+                FA(
+                    [x, d, i, n, *extra],
+                    z3.Implies(z3.And(d >= 0, d < 2), fn_(ch(x, d, i, n)) == ch(fn_(x), d, i, n)),
+                    patterns=[fn_(ch(x, d, i, n))],
+                ),
+            )
         lrn = self.op("LRN")
         bi = z3.Real("bi")
-        self._add("LRN", FA([x, al, be, bi, k, i, n], lrn(ch(x, 0, i, n), al, be, bi, k) == ch(lrn(x, al, be, bi, k), 0, i, n),
-                            patterns=[lrn(ch(x, 0, i, n), al, be, bi, k)]))
+        self._add(
+            "LRN",
+            FA(
+                [x, al, be, bi, k, i, n],
+                lrn(ch(x, 0, i, n), al, be, bi, k) == ch(lrn(x, al, be, bi, k), 0, i, n),
+                patterns=[lrn(ch(x, 0, i, n), al, be, bi, k)],
+            ),
+        )
         bn = self.op("BatchNormalization")
         m_, v_ = z3.Const("m", T), z3.Const("v", T)
-        self._add("BatchNormalization", FA([x, w, b, m_, v_, eps, mom, i, n],
-                  bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0) == ch(bn(x, w, b, m_, v_, eps, mom, 0), 0, i, n),
-                  patterns=[bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0)]))
-        self._add("BatchNormalization", FA([x, w, b, m_, v_, eps, mom, i, n],
-                  bn(ch(x, 1, i, n), ch(w, 0, i, n), ch(b, 0, i, n), ch(m_, 0, i, n), ch(v_, 0, i, n), eps, mom, 0)
-                  == ch(bn(x, w, b, m_, v_, eps, mom, 0), 1, i, n),
-                  patterns=[bn(ch(x, 1, i, n), ch(w, 0, i, n), ch(b, 0, i, n), ch(m_, 0, i, n), ch(v_, 0, i, n), eps, mom, 0)]))
+        self._add(
+            "BatchNormalization",
+            FA(
+                [x, w, b, m_, v_, eps, mom, i, n],
+                bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0)
+                == ch(bn(x, w, b, m_, v_, eps, mom, 0), 0, i, n),
+                patterns=[bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0)],
+            ),
+        )
+        self._add(
+            "BatchNormalization",
+            FA(
+                [x, w, b, m_, v_, eps, mom, i, n],
+                bn(
+                    ch(x, 1, i, n),
+                    ch(w, 0, i, n),
+                    ch(b, 0, i, n),
+                    ch(m_, 0, i, n),
+                    ch(v_, 0, i, n),
+                    eps,
+                    mom,
+                    0,
+                )
+                == ch(bn(x, w, b, m_, v_, eps, mom, 0), 1, i, n),
+                patterns=[
+                    bn(
+                        ch(x, 1, i, n),
+                        ch(w, 0, i, n),
+                        ch(b, 0, i, n),
+                        ch(m_, 0, i, n),
+                        ch(v_, 0, i, n),
+                        eps,
+                        mom,
+                        0,
+                    )
+                ],
+            ),
+        )
         # normalizations along an axis commute with slicing another (LayerNorm: an outer dim)
         for name in ("Softmax", "LogSoftmax"):
             sm = self.op(name)
-            self._add(name, FA([x, d, axis, i, n], z3.Implies(d != axis, sm(ch(x, d, i, n), axis) == ch(sm(x, axis), d, i, n)),
-                               patterns=[sm(ch(x, d, i, n), axis)]))
+            self._add(
+                name,
+                FA(
+                    [x, d, axis, i, n],
+                    z3.Implies(d != axis, sm(ch(x, d, i, n), axis) == ch(sm(x, axis), d, i, n)),
+                    patterns=[sm(ch(x, d, i, n), axis)],
+                ),
+            )
         ln = self.op("LayerNormalization")
-        self._add("LayerNormalization", FA([x, w, b, axis, eps, k, d, i, n], z3.Implies(z3.And(d >= 0, d < axis),
-                  ln(ch(x, d, i, n), w, b, axis, eps, k) == ch(ln(x, w, b, axis, eps, k), d, i, n)),
-                  patterns=[ln(ch(x, d, i, n), w, b, axis, eps, k)]))
+        self._add(
+            "LayerNormalization",
+            FA(
+                [x, w, b, axis, eps, k, d, i, n],
+                z3.Implies(
+                    z3.And(d >= 0, d < axis),
+                    ln(ch(x, d, i, n), w, b, axis, eps, k) == ch(ln(x, w, b, axis, eps, k), d, i, n),
+                ),
+                patterns=[ln(ch(x, d, i, n), w, b, axis, eps, k)],
+            ),
+        )
         # data movement: a split of d before is a split of d2 after (reshape-map, perm-map, reduce-map)
         rs, zz = self.op("Reshape"), z3.Int("zz")
         out = rs(x, s, zz)
-        self._add("Reshape", FA([x, s, zz, d, d2, i, n], z3.Implies(
-                  z3.And(rel["reshape-map"](self.shape(x), self.shape(out), d, d2), self.div(x, d, n),
-                         self.vget(self.shape(out), d2) % n == 0),
-                  rs(ch(x, d, i, n), self.lshape(out, d2, n), zz) == ch(out, d2, i, n)),
-                  patterns=[rs(ch(x, d, i, n), self.lshape(out, d2, n), zz)]))
-        self._add("Reshape", FA([x, s, zz], rs(x, self.shape(out), zz) == out, patterns=[rs(x, self.shape(out), zz)]))
+        self._add(
+            "Reshape",
+            FA(
+                [x, s, zz, d, d2, i, n],
+                z3.Implies(
+                    z3.And(
+                        rel["reshape-map"](self.shape(x), self.shape(out), d, d2),
+                        self.div(x, d, n),
+                        self.vget(self.shape(out), d2) % n == 0,
+                    ),
+                    rs(ch(x, d, i, n), self.lshape(out, d2, n), zz) == ch(out, d2, i, n),
+                ),
+                patterns=[rs(ch(x, d, i, n), self.lshape(out, d2, n), zz)],
+            ),
+        )
+        self._add(
+            "Reshape",
+            FA([x, s, zz], rs(x, self.shape(out), zz) == out, patterns=[rs(x, self.shape(out), zz)]),
+        )
         for name, build in (
             ("Flatten", lambda t: self.op("Flatten")(t, axis)),
             ("Squeeze", lambda t: self.op("Squeeze")(t, axes)),
@@ -292,77 +491,234 @@ class _Vocab:
         ):
             o = build(x)
             bound = [x, d, d2, i, n, axis if name == "Flatten" else axes]
-            self._add(name, FA(bound, z3.Implies(
-                      z3.And(rel["reshape-map"](self.shape(x), self.shape(o), d, d2), self.div(x, d, n),
-                             self.vget(self.shape(o), d2) % n == 0),
-                      build(ch(x, d, i, n)) == ch(o, d2, i, n)),
-                      patterns=[P(build(ch(x, d, i, n)), rel["reshape-map"](self.shape(x), self.shape(o), d, d2))]))
+            self._add(
+                name,
+                FA(
+                    bound,
+                    z3.Implies(
+                        z3.And(
+                            rel["reshape-map"](self.shape(x), self.shape(o), d, d2),
+                            self.div(x, d, n),
+                            self.vget(self.shape(o), d2) % n == 0,
+                        ),
+                        build(ch(x, d, i, n)) == ch(o, d2, i, n),
+                    ),
+                    patterns=[
+                        P(build(ch(x, d, i, n)), rel["reshape-map"](self.shape(x), self.shape(o), d, d2))
+                    ],
+                ),
+            )
         tr = self.op("Transpose")
-        self._add("Transpose", FA([x, s, d, d2, i, n], z3.Implies(rel["perm-map"](s, d, d2),
-                  tr(ch(x, d, i, n), s) == ch(tr(x, s), d2, i, n)), patterns=[P(tr(ch(x, d, i, n), s), rel["perm-map"](s, d, d2))]))
+        self._add(
+            "Transpose",
+            FA(
+                [x, s, d, d2, i, n],
+                z3.Implies(rel["perm-map"](s, d, d2), tr(ch(x, d, i, n), s) == ch(tr(x, s), d2, i, n)),
+                patterns=[P(tr(ch(x, d, i, n), s), rel["perm-map"](s, d, d2))],
+            ),
+        )
         cc = self.op("Concat")
-        self._add("Concat", FA([l, d, axis, i, n], z3.Implies(z3.And(d != axis, self.list_div(l, d, n)),
-                  cc(self.chunkl(l, d, i, n), axis) == ch(cc(l, axis), d, i, n)), patterns=[cc(self.chunkl(l, d, i, n), axis)]))
-        self._add("lists", FA([x, l, d, i, n], self.chunkl(self.cons(x, l), d, i, n) == self.cons(ch(x, d, i, n), self.chunkl(l, d, i, n)),
-                              patterns=[self.chunkl(self.cons(x, l), d, i, n)]))
-        self._add("lists", FA([d, i, n], self.chunkl(self.nil, d, i, n) == self.nil, patterns=[self.chunkl(self.nil, d, i, n)]))
-        self._add("lists", FA([x, l, d, n], self.list_div(self.cons(x, l), d, n) == z3.And(self.div(x, d, n), self.list_div(l, d, n)),
-                              patterns=[self.list_div(self.cons(x, l), d, n)]))
+        self._add(
+            "Concat",
+            FA(
+                [lst, d, axis, i, n],
+                z3.Implies(
+                    z3.And(d != axis, self.list_div(lst, d, n)),
+                    cc(self.chunkl(lst, d, i, n), axis) == ch(cc(lst, axis), d, i, n),
+                ),
+                patterns=[cc(self.chunkl(lst, d, i, n), axis)],
+            ),
+        )
+        self._add(
+            "lists",
+            FA(
+                [x, lst, d, i, n],
+                self.chunkl(self.cons(x, lst), d, i, n)
+                == self.cons(ch(x, d, i, n), self.chunkl(lst, d, i, n)),
+                patterns=[self.chunkl(self.cons(x, lst), d, i, n)],
+            ),
+        )
+        self._add(
+            "lists",
+            FA(
+                [d, i, n],
+                self.chunkl(self.nil, d, i, n) == self.nil,
+                patterns=[self.chunkl(self.nil, d, i, n)],
+            ),
+        )
+        self._add(
+            "lists",
+            FA(
+                [x, lst, d, n],
+                self.list_div(self.cons(x, lst), d, n) == z3.And(self.div(x, d, n), self.list_div(lst, d, n)),
+                patterns=[self.list_div(self.cons(x, lst), d, n)],
+            ),
+        )
         sp = self.op("Split")
-        self._add("Split", FA([x, s, axis, k, d, i, n], z3.Implies(d != axis, sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n)),
-                              patterns=[sp(ch(x, d, i, n), s, axis, k)]))
+        self._add(
+            "Split",
+            FA(
+                [x, s, axis, k, d, i, n],
+                z3.Implies(d != axis, sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n)),
+                patterns=[sp(ch(x, d, i, n), s, axis, k)],
+            ),
+        )
         sl = self.op("Slice")
         s3, s4 = z3.Const("s3", self.V), z3.Const("s4", self.V)
-        self._add("Slice", FA([x, s, s2, axes, s3, d, i, n], z3.Implies(z3.Not(rel["vec-contains"](axes, d)),
-                  sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n)), patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)]))
+        self._add(
+            "Slice",
+            FA(
+                [x, s, s2, axes, s3, d, i, n],
+                z3.Implies(
+                    z3.Not(rel["vec-contains"](axes, d)),
+                    sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
+                ),
+                patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
+            ),
+        )
         del s4
         ex = self.op("Expand")
         eo = ex(x, s)
-        self._add("Expand", FA([x, s, d, da, i, n], z3.Implies(z3.And(rel["bc-dim"](x, eo, d, da), self.div(x, da, n)),
-                  ex(ch(x, da, i, n), self.lshape(eo, d, n)) == ch(eo, d, i, n)),
-                  patterns=[P(ex(ch(x, da, i, n), self.lshape(eo, d, n)), rel["bc-dim"](x, eo, d, da))]))
+        self._add(
+            "Expand",
+            FA(
+                [x, s, d, da, i, n],
+                z3.Implies(
+                    z3.And(rel["bc-dim"](x, eo, d, da), self.div(x, da, n)),
+                    ex(ch(x, da, i, n), self.lshape(eo, d, n)) == ch(eo, d, i, n),
+                ),
+                patterns=[P(ex(ch(x, da, i, n), self.lshape(eo, d, n)), rel["bc-dim"](x, eo, d, da))],
+            ),
+        )
         self._add("Expand", FA([x, s], ex(x, self.shape(eo)) == eo, patterns=[ex(x, self.shape(eo))]))
         ga = self.op("Gather")
-        self._add("Gather", FA([x, idx, axis, d, i, n], ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n),
-                               patterns=[ga(x, ch(idx, d, i, n), axis)]))
-        self._add("Gather", FA([x, idx, axis, d, i, n], z3.Implies(z3.And(d >= 0, d < axis),
-                  ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n)), patterns=[ga(ch(x, d, i, n), idx, axis)]))
-        self._add("Gather", FA([x, idx, axis, d, i, n], z3.Implies(d > axis,
-                  ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d + self.vlen(self.shape(idx)) - 1, i, n)),
-                  patterns=[ga(ch(x, d, i, n), idx, axis)]))
+        self._add(
+            "Gather",
+            FA(
+                [x, idx, axis, d, i, n],
+                ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n),
+                patterns=[ga(x, ch(idx, d, i, n), axis)],
+            ),
+        )
+        self._add(
+            "Gather",
+            FA(
+                [x, idx, axis, d, i, n],
+                z3.Implies(
+                    z3.And(d >= 0, d < axis), ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n)
+                ),
+                patterns=[ga(ch(x, d, i, n), idx, axis)],
+            ),
+        )
+        self._add(
+            "Gather",
+            FA(
+                [x, idx, axis, d, i, n],
+                z3.Implies(
+                    d > axis,
+                    ga(ch(x, d, i, n), idx, axis)
+                    == ch(ga(x, idx, axis), d + self.vlen(self.shape(idx)) - 1, i, n),
+                ),
+                patterns=[ga(ch(x, d, i, n), idx, axis)],
+            ),
+        )
         for name in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
             rd = self.op(name)
-            self._add(name, FA([x, axes, k, kd, d, d2, i, n], z3.Implies(
-                      rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2),
-                      rd(ch(x, d, i, n), axes, k, kd) == ch(rd(x, axes, k, kd), d2, i, n)),
-                      patterns=[P(rd(ch(x, d, i, n), axes, k, kd), rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2))]))
+            self._add(
+                name,
+                FA(
+                    [x, axes, k, kd, d, d2, i, n],
+                    z3.Implies(
+                        rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2),
+                        rd(ch(x, d, i, n), axes, k, kd) == ch(rd(x, axes, k, kd), d2, i, n),
+                    ),
+                    patterns=[
+                        P(
+                            rd(ch(x, d, i, n), axes, k, kd),
+                            rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2),
+                        )
+                    ],
+                ),
+            )
         rsum = self.op("ReduceSum")
-        self._add("ReduceSum", FA([x, axes, k, kd, d, i, n], z3.Implies(
-                  z3.And(rel["vec-contains"](axes, d), self.div(x, d, n)),
-                  self.is_partial(rsum(ch(x, d, i, n), axes, k, kd), rsum(x, axes, k, kd), i, n)),
-                  patterns=[rsum(ch(x, d, i, n), axes, k, kd)]))
+        self._add(
+            "ReduceSum",
+            FA(
+                [x, axes, k, kd, d, i, n],
+                z3.Implies(
+                    z3.And(rel["vec-contains"](axes, d), self.div(x, d, n)),
+                    self.is_partial(rsum(ch(x, d, i, n), axes, k, kd), rsum(x, axes, k, kd), i, n),
+                ),
+                patterns=[rsum(ch(x, d, i, n), axes, k, kd)],
+            ),
+        )
+
         # algebra on global values (TASO's kind of axioms)
         def rank2(t: Any) -> Any:
             return self.vlen(self.shape(t)) >= 2
 
-        self._add("algebra", FA([a, b, c], z3.Implies(z3.And(rank2(a), rank2(b), rank2(c)),
-                  mm(mm(a, b), c) == mm(a, mm(b, c))), patterns=[mm(mm(a, b), c), mm(a, mm(b, c))]))
+        self._add(
+            "algebra",
+            FA(
+                [a, b, c],
+                z3.Implies(z3.And(rank2(a), rank2(b), rank2(c)), mm(mm(a, b), c) == mm(a, mm(b, c))),
+                patterns=[mm(mm(a, b), c), mm(a, mm(b, c))],
+            ),
+        )
         add, mul = self.fn("Add", ()), self.fn("Mul", ())
-        self._add("algebra", FA([a, b, c], z3.Implies(self.shape(b) == self.shape(c),
-                  mm(a, ew[2](add, b, c)) == ew[2](add, mm(a, b), mm(a, c))), patterns=[mm(a, ew[2](add, b, c))]))
-        self._add("algebra", FA([a, b, c], z3.Implies(self.shape(a) == self.shape(b),
-                  mm(ew[2](add, a, b), c) == ew[2](add, mm(a, c), mm(b, c))), patterns=[mm(ew[2](add, a, b), c)]))
+        self._add(
+            "algebra",
+            FA(
+                [a, b, c],
+                z3.Implies(
+                    self.shape(b) == self.shape(c), mm(a, ew[2](add, b, c)) == ew[2](add, mm(a, b), mm(a, c))
+                ),
+                patterns=[mm(a, ew[2](add, b, c))],
+            ),
+        )
+        self._add(
+            "algebra",
+            FA(
+                [a, b, c],
+                z3.Implies(
+                    self.shape(a) == self.shape(b), mm(ew[2](add, a, b), c) == ew[2](add, mm(a, c), mm(b, c))
+                ),
+                patterns=[mm(ew[2](add, a, b), c)],
+            ),
+        )
         for fo in (add, mul):
             self._add("algebra", FA([a, b], ew[2](fo, a, b) == ew[2](fo, b, a), patterns=[ew[2](fo, a, b)]))
         two = self.cons(a, self.cons(b, self.nil))
-        self._add("algebra", FA([a, b, axis, s], z3.Implies(
-                  z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
-                  sp(cc(two, axis), s, axis, 0) == a), patterns=[sp(cc(two, axis), s, axis, 0)]))
-        self._add("algebra", FA([a, b, axis, s], z3.Implies(
-                  z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
-                  sp(cc(two, axis), s, axis, 1) == b), patterns=[sp(cc(two, axis), s, axis, 1)]))
-        self._add("algebra", FA([f, a, b, axis], ew[1](f, cc(two, axis)) == cc(self.cons(ew[1](f, a), self.cons(ew[1](f, b), self.nil)), axis),
-                                patterns=[ew[1](f, cc(two, axis))]))
+        self._add(
+            "algebra",
+            FA(
+                [a, b, axis, s],
+                z3.Implies(
+                    z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
+                    sp(cc(two, axis), s, axis, 0) == a,
+                ),
+                patterns=[sp(cc(two, axis), s, axis, 0)],
+            ),
+        )
+        self._add(
+            "algebra",
+            FA(
+                [a, b, axis, s],
+                z3.Implies(
+                    z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
+                    sp(cc(two, axis), s, axis, 1) == b,
+                ),
+                patterns=[sp(cc(two, axis), s, axis, 1)],
+            ),
+        )
+        self._add(
+            "algebra",
+            FA(
+                [f, a, b, axis],
+                ew[1](f, cc(two, axis)) == cc(self.cons(ew[1](f, a), self.cons(ew[1](f, b), self.nil)), axis),
+                patterns=[ew[1](f, cc(two, axis))],
+            ),
+        )
         del Int, Real, y, e, so
 
 
@@ -408,8 +764,11 @@ class _Rule:
         if name in self.bound:
             return self.bound[name]
         sort = self.sorts.get(name)
-        value = z3.Const(name, self.z.sort_of(sort)) if sort in ("T", "TList", "IVec", "String") else (
-            z3.Real(name) if sort == "f64" else z3.Int(name))
+        value = (
+            z3.Const(name, self.z.sort_of(sort))
+            if sort in ("T", "TList", "IVec", "String")
+            else (z3.Real(name) if sort == "f64" else z3.Int(name))
+        )
         self.bound[name] = value
         return value
 
@@ -441,7 +800,7 @@ class _Rule:
             left, right = self.value(args[0]), self.value(args[1])
             return left + right if head == "+" else left - right if head == "-" else left * right
         if head == "vec-of" and all(isinstance(a, Lit) for a in args):
-            vec = tuple(int(a.value) for a in args)  # type: ignore[union-attr]
+            vec = tuple(int(a.value) for a in args)
             self.facts += z.vec_facts(vec)
             return z.const("IVec", vec)
         if head == "vec-empty":
@@ -485,7 +844,11 @@ class _Rule:
         if head == "=":
             left, right = args
             for target, other in ((left, right), (right, left)):
-                if isinstance(target, Var) and target.name not in self.bound and self.sorts.get(target.name) != "String":
+                if (
+                    isinstance(target, Var)
+                    and target.name not in self.bound
+                    and self.sorts.get(target.name) != "String"
+                ):
                     self.bound[target.name] = self.value(other)
                     return
             self.facts.append(self.value(left) == self.value(right))
@@ -494,7 +857,9 @@ class _Rule:
             if any(isinstance(a, Var) and self.sorts.get(a.name) == "String" for a in args):
                 return  # axis (in)equalities decide the axis classes
             lv, rv = self.value(args[0]), self.value(args[1])
-            self.facts.append({"<": lv < rv, ">": lv > rv, "<=": lv <= rv, ">=": lv >= rv, "!=": lv != rv}[head])
+            self.facts.append(
+                {"<": lv < rv, ">": lv > rv, "<=": lv <= rv, ">=": lv >= rv, "!=": lv != rv}[head]
+            )
             return
         if head == "vec-contains":
             self.facts.append(z.rel["vec-contains"](self.value(args[0]), self.value(args[1])))
@@ -555,8 +920,12 @@ def _axis_classes(rule: Rule, axis_vars: list[str], literals: list[str]) -> list
     """Every way the axis variables can name axes (equal or distinct) that the guards allow."""
     distinct = set()
     for g in rule.guards:
-        if isinstance(g, App) and g.head == "!=" and all(isinstance(a, Var) and a.name in axis_vars for a in g.args):
-            distinct.add(frozenset(a.name for a in g.args))  # type: ignore[union-attr]
+        if (
+            isinstance(g, App)
+            and g.head == "!="
+            and all(isinstance(a, Var) and a.name in axis_vars for a in g.args)
+        ):
+            distinct.add(frozenset(a.name for a in g.args))
     names = [*axis_vars, *(f"lit:{v}" for v in literals)]
     out = []
     for labels in itertools.product(range(len(names)), repeat=len(names)):
@@ -593,7 +962,9 @@ def prove_generic(rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000) -> Ge
     return result
 
 
-def _prove_one(rule: Rule, assignment: dict[str, str], facts_db: DerivedFacts, timeout_ms: int, result: GenericResult) -> None:
+def _prove_one(
+    rule: Rule, assignment: dict[str, str], facts_db: DerivedFacts, timeout_ms: int, result: GenericResult
+) -> None:
     r = _Rule(rule, assignment, facts_db)
     z = r.z
     for g in rule.guards:

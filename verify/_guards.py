@@ -17,15 +17,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from unity_eq.egraph import MAX_RANK, _reduce_pairs, _reshape_pairs
-from unity_eq.ops import OPS
 from unity_eq.verify._ast import AnalysisDecl, App, Lit, Term, Var
 from unity_eq.verify._semantics import (
     LISTS,
     PARALLEL,
+    Placements,
     R,
     S,
-    Placements,
     State,
     VarSpec,
     _list_items,
@@ -34,7 +32,17 @@ from unity_eq.verify._semantics import (
 )
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
-__all__ = ["BUILTIN_RELATIONS", "DerivedFacts", "GuardContext", "GuardError", "solve_guards", "unsupported_relations"]
+from unity_eq.egraph import MAX_RANK, _reduce_pairs, _reshape_pairs
+from unity_eq.ops import OPS
+
+__all__ = [
+    "BUILTIN_RELATIONS",
+    "DerivedFacts",
+    "GuardContext",
+    "GuardError",
+    "solve_guards",
+    "unsupported_relations",
+]
 
 DIMS = range(MAX_RANK)  # dim-range: the encoder states 0 .. (max rank - 1); MAX_RANK bounds it
 
@@ -61,8 +69,15 @@ class DerivedFacts:
             if len(decl.query) != 1:
                 continue
             fact = decl.query[0]
-            if isinstance(fact, App) and fact.head == "=" and isinstance(fact.args[0], Var) and isinstance(fact.args[1], App):
-                self.by_head.setdefault(fact.args[1].head, []).append((fact.args[0].name, fact.args[1], decl.actions))
+            if (
+                isinstance(fact, App)
+                and fact.head == "="
+                and isinstance(fact.args[0], Var)
+                and isinstance(fact.args[1], App)
+            ):
+                self.by_head.setdefault(fact.args[1].head, []).append(
+                    (fact.args[0].name, fact.args[1], decl.actions)
+                )
 
     def derived(self, relation: str, e: Term) -> list[tuple[Term, ...]]:
         key = (relation, e)
@@ -77,7 +92,12 @@ class DerivedFacts:
                     continue
                 subst[var] = e
                 for action in actions:
-                    if isinstance(action, App) and action.head == relation and action.args and action.args[0] == Var(var):
+                    if (
+                        isinstance(action, App)
+                        and action.head == relation
+                        and action.args
+                        and action.args[0] == Var(var)
+                    ):
                         try:
                             out.append(tuple(_subst(arg, subst) for arg in action.args))
                         except KeyError:
@@ -118,7 +138,11 @@ class GuardContext:
         attr_vars = self.memo.get(("vars", term))
         if attr_vars is None:
             attr_vars = tuple(
-                dict.fromkeys(t.name for t in _walk(term) if isinstance(t, Var) and sorts.get(t.name) not in ("T", "TList"))
+                dict.fromkeys(
+                    t.name
+                    for t in _walk(term)
+                    if isinstance(t, Var) and sorts.get(t.name) not in ("T", "TList")
+                )
             )
             self.memo[("vars", term)] = attr_vars
         if any(v not in binding for v in attr_vars):
@@ -154,7 +178,7 @@ class GuardContext:
             if term.head in PARALLEL:
                 return self.shape(term.args[0])
             if term.head in OPS:
-                args = []
+                args: list[Any] = []
                 spec = OPS[term.head]
                 for i, arg in enumerate(term.args):
                     sort = spec.args[i].sort if i < len(spec.args) else "i64"
@@ -210,7 +234,11 @@ def _value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
     if head == "dtype":
         t = ctx.tensor(term.args[0], binding)
         spec = ctx.specs.get(t.name) if isinstance(t, Var) else None
-        return "none" if isinstance(t, App) and t.head == "NoneT" else ("int64" if spec and spec.integer else "float32")
+        return (
+            "none"
+            if isinstance(t, App) and t.head == "NoneT"
+            else ("int64" if spec and spec.integer else "float32")
+        )
     if head == "vec-get":
         vec, i = _value(term.args[0], binding, ctx), _value(term.args[1], binding, ctx)
         if not 0 <= i < len(vec):
@@ -235,8 +263,7 @@ def _value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
             "min": lambda: min(x, y),
             "max": lambda: max(x, y),
         }[head]()
-    sort = OPS.get(head)
-    if sort is not None or head in PARALLEL or head in LISTS or head == "NoneT":
+    if head in OPS or head in PARALLEL or head in LISTS or head == "NoneT":
         return ctx.tensor(term, binding)
     raise GuardError(f"'{head}' has no value in a guard")
 
@@ -552,12 +579,16 @@ def unsupported_relations(guards: Sequence[Term], facts: DerivedFacts) -> list[s
     return out
 
 
-def solve_guards(guards: Sequence[Term], binding: dict[str, Any], ctx: GuardContext) -> Iterator[dict[str, Any]]:
+def solve_guards(
+    guards: Sequence[Term], binding: dict[str, Any], ctx: GuardContext
+) -> Iterator[dict[str, Any]]:
     """Every extension of ``binding`` under which all guards hold."""
     yield from _solve(list(guards), dict(binding), ctx, 0)
 
 
-def _solve(pending: list[Term], binding: dict[str, Any], ctx: GuardContext, stalled: int) -> Iterator[dict[str, Any]]:
+def _solve(
+    pending: list[Term], binding: dict[str, Any], ctx: GuardContext, stalled: int
+) -> Iterator[dict[str, Any]]:
     if not pending:
         yield binding
         return
@@ -582,7 +613,11 @@ def _fact(fact: Term, binding: dict[str, Any], ctx: GuardContext) -> Iterator[di
     if head == "=":
         left, right = fact.args
         for target, other in ((left, right), (right, left)):
-            if isinstance(target, Var) and target.name not in binding and ctx.sorts.get(target.name) not in ("T", "TList"):
+            if (
+                isinstance(target, Var)
+                and target.name not in binding
+                and ctx.sorts.get(target.name) not in ("T", "TList")
+            ):
                 value = _value(other, binding, ctx)
                 yield {**binding, target.name: value}
                 return
@@ -611,7 +646,12 @@ def _fact(fact: Term, binding: dict[str, Any], ctx: GuardContext) -> Iterator[di
                 raise _NoValue(arg.name)
             unbound[i] = arg.name
             args.append(UNBOUND)
-        elif isinstance(arg, App) and arg.head == "S" and isinstance(arg.args[0], Var) and arg.args[0].name not in binding:
+        elif (
+            isinstance(arg, App)
+            and arg.head == "S"
+            and isinstance(arg.args[0], Var)
+            and arg.args[0].name not in binding
+        ):
             raise _NoValue(arg.args[0].name)
         else:
             value = _value(arg, binding, ctx)

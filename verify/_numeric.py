@@ -1,6 +1,6 @@
 """Numeric back-up: both sides of a rule on random inputs at larger shapes, with numpy.
 
-The cases come from the same enumeration as the bounded proof, with dims 2, 3, 6 and 8 and axis sizes 2-4,
+The cases come from the same enumeration as the bounded proof, with dims 1, 3, 6 and 8 and axis sizes 2-4,
 and the same evaluator (:func:`unity_eq.verify._semantics.evaluate_case`) on float64 arrays; uninterpreted
 functions are fixed smooth functions. A mismatch beyond ``1e-9`` relative error is a refutation.
 """
@@ -10,11 +10,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-
 from unity_eq.verify._ast import Rule
-from unity_eq.verify._bounded import Counterexample, concrete_rule, enumerate_cases, placement_problem
+from unity_eq.verify._bounded import (
+    Counterexample,
+    Enumeration,
+    concrete_rule,
+    enumerate_cases,
+    enumeration_key,
+    placement_problem,
+)
 from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._semantics import EvalFailure, evaluate_case, infer_placements, lhs_placements
@@ -22,7 +29,7 @@ from unity_eq.verify._tensor import NumpyBackend
 
 __all__ = ["NUMERIC_CONFIG", "NumericResult", "check_numeric"]
 
-NUMERIC_CONFIG = GenConfig(dims=(2, 3, 6, 8), max_rank=3)
+NUMERIC_CONFIG = GenConfig(dims=(1, 3, 6, 8), max_rank=3)
 
 
 @dataclass
@@ -41,13 +48,21 @@ def check_numeric(
     sizes: Sequence[int] = (2, 3, 4),
     seed: int = 0,
     tolerance: float = 1e-9,
+    cache: dict[Any, Enumeration] | None = None,
 ) -> NumericResult:
     """Evaluate ``cases`` larger cases with random inputs; compare both sides and every piece."""
     start = time.perf_counter()
-    enum = enumerate_cases(rule, facts, NUMERIC_CONFIG, sizes, budget=cases)
+    key = enumeration_key(rule, facts, NUMERIC_CONFIG, tuple(sizes), 4 * cases) if cache is not None else None
+    enum = cache.get(key) if cache is not None else None
+    if enum is None:
+        enum = enumerate_cases(rule, facts, NUMERIC_CONFIG, sizes, budget=4 * cases)
+        if cache is not None:
+            cache[key] = enum
     result = NumericResult("skipped")
     rng = np.random.default_rng(seed)
-    for case in sorted(enum.cases, key=lambda c: -c.elements())[:cases]:
+    for case in sorted(enum.cases, key=lambda c: -c.elements()):
+        if result.cases >= cases:
+            break
         describe = case.describe(rule.var_sorts)
         lhs, rhs, tensor_vars, specs = concrete_rule(rule, case)
         pl_lhs = lhs_placements(lhs, case.mesh.axes, case.placed, tensor_vars)
@@ -76,8 +91,12 @@ def check_numeric(
             if not err <= tolerance:
                 result.status = "failed"
                 result.counterexample = Counterexample(
-                    describe, "value", f"{eq.what} differs by {err:.3g} (relative) on random inputs",
-                    check=f"{eq.what}: {eq.term}", got=got.tolist(), want=want.tolist(),
+                    describe,
+                    "value",
+                    f"{eq.what} differs by {err:.3g} (relative) on random inputs",
+                    check=f"{eq.what}: {eq.term}",
+                    got=got.tolist(),
+                    want=want.tolist(),
                 )
                 break
         if result.status == "failed":

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
-
-from unity_eq.errors import RuleError
 from unity_eq.verify._ast import AnalysisDecl, App, Lit, Pos, Rule, Term, Var, term_vars, walk
 from unity_eq.verify._env import Env, Signature
+
+from unity_eq.errors import RuleError
 
 __all__ = ["ANNOTATION", "Program", "RuleSource", "parse_program", "parse_sexps"]
 
@@ -49,9 +49,30 @@ _FLOAT = re.compile(r"[-+]?(\d+\.\d*([eE][-+]?\d+)?|\d+[eE][-+]?\d+|\.\d+([eE][-
 ANNOTATION = re.compile(r";+\s*verify:\s*unknown-ok\b(.*)$")
 
 _IGNORED = {
-    "let", "union", "set", "delete", "subsume", "run", "run-schedule", "check", "fail", "push", "pop",
-    "print-function", "print-size", "print-stats", "extract", "simplify", "include", "input", "output",
-    "query-extract", "unstable-combined-ruleset", "sort", "with-dynamic-cost", "cost",
+    "let",
+    "union",
+    "set",
+    "delete",
+    "subsume",
+    "run",
+    "run-schedule",
+    "check",
+    "fail",
+    "push",
+    "pop",
+    "print-function",
+    "print-size",
+    "print-stats",
+    "extract",
+    "simplify",
+    "include",
+    "input",
+    "output",
+    "query-extract",
+    "unstable-combined-ruleset",
+    "sort",
+    "with-dynamic-cost",
+    "cost",
 }
 
 
@@ -65,7 +86,7 @@ class RuleSource:
 
 @dataclass
 class SExp:
-    """A parsed s-expression: ``items`` for a list, ``atom`` for a token (``is_string`` for string literals)."""
+    """A parsed s-expression: ``items`` for a list, ``atom`` for a token (``is_string``: a string literal)."""
 
     pos: Pos
     items: list[SExp] | None = None
@@ -144,7 +165,8 @@ def _syntax_message(source: RuleSource, exc: UnexpectedInput) -> str:
     if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
         opened = _unclosed(source.text)
         if opened:
-            return f"{source.display}:{opened[0]}:{opened[1]}: syntax error: this '(' is never closed. Add the missing ')'."
+            line, col = opened
+            return f"{source.display}:{line}:{col}: syntax error: this '(' is never closed. Add the ')'."
         return f"{where}: syntax error: unexpected end of file."
     if isinstance(exc, UnexpectedToken):
         return f"{where}: syntax error: unexpected {exc.token.value!r}. Check the parentheses before it."
@@ -315,11 +337,11 @@ def _rule_from_command(cmd: SExp, lines: list[str], counter: list[int]) -> Rule 
         if len(union.args) != 2:
             raise _Bad(union.pos or cmd.pos, "union takes two terms")
         target, rhs = union.args
-        lhs: Term | None = None
+        pattern: Term | None = None
         rest: list[Term] = []
         for fact in query:
             if (
-                lhs is None
+                pattern is None
                 and isinstance(target, Var)
                 and isinstance(fact, App)
                 and fact.head == "="
@@ -327,15 +349,17 @@ def _rule_from_command(cmd: SExp, lines: list[str], counter: list[int]) -> Rule 
                 and fact.args[0] == target
                 and isinstance(fact.args[1], App)
             ):
-                lhs = fact.args[1]
+                pattern = fact.args[1]
             else:
                 rest.append(fact)
-        if lhs is None:
+        if pattern is None:
             if isinstance(target, App):
-                lhs = target
+                pattern = target
             else:
-                raise _Bad(cmd.pos, f"cannot tell which pattern {target} names: bind it with (= {target} (...))")
-        return _make_rule(cmd, lhs, rhs, tuple(rest), opts, False, lines, text, counter)
+                raise _Bad(
+                    cmd.pos, f"cannot tell which pattern {target} names: bind it with (= {target} (...))"
+                )
+        return _make_rule(cmd, pattern, rhs, tuple(rest), opts, False, lines, text, counter)
     return None
 
 
@@ -425,8 +449,10 @@ class _Checker:
         sig = self.env.get(term.head)
         if sig is None:
             hint = _suggest(term.head, self.env.signatures)
-            self.fail(f"uses unknown {'relation or function' if context == 'guard' else 'constructor'} "
-                      f"'{term.head}'{hint}")
+            self.fail(
+                f"uses unknown {'relation or function' if context == 'guard' else 'constructor'} "
+                f"'{term.head}'{hint}"
+            )
             for arg in term.args:
                 self.infer(arg, None, context)
             return None
@@ -470,7 +496,9 @@ class _Checker:
         for guard in rule.guards:
             for var in term_vars(guard):
                 if var not in bound:
-                    self.fail(f"refers to unbound var {var} in :when; bind it in a relation or with (= {var} ...)")
+                    self.fail(
+                        f"refers to unbound var {var} in :when; bind it in a relation or with (= {var} ...)"
+                    )
         for var in term_vars(rule.rhs):
             if var not in bound:
                 self.fail(f"refers to unbound var {var}")
@@ -485,8 +513,16 @@ class _Checker:
             if var not in self.sorts:
                 self.fail(f"cannot tell the sort of var {var}")
         return Rule(
-            rule.name, rule.pos, rule.lhs, rule.rhs, rule.guards, rule.ruleset, rule.bidirectional,
-            tuple(sorted(self.sorts.items())), rule.annotation, rule.text,
+            rule.name,
+            rule.pos,
+            rule.lhs,
+            rule.rhs,
+            rule.guards,
+            rule.ruleset,
+            rule.bidirectional,
+            tuple(sorted(self.sorts.items())),
+            rule.annotation,
+            rule.text,
         )
 
 
@@ -529,7 +565,9 @@ def _check_analysis(env: Env, decl: AnalysisDecl) -> list[str]:
             if isinstance(t, App) and t.head not in ("union", "set", "delete", "subsume", "let", "panic"):
                 sig = env.get(t.head)
                 if sig is None:
-                    errors.append(f"analysis rule ({decl.pos}) uses unknown relation or constructor '{t.head}'")
+                    errors.append(
+                        f"analysis rule ({decl.pos}) uses unknown relation or constructor '{t.head}'"
+                    )
                 elif not sig.variadic and len(t.args) != len(sig.args):
                     errors.append(
                         f"analysis rule ({decl.pos}) calls '{t.head}' with {len(t.args)} arguments, "
@@ -540,7 +578,9 @@ def _check_analysis(env: Env, decl: AnalysisDecl) -> list[str]:
     return errors
 
 
-def parse_program(sources: Sequence[RuleSource], base: Sequence[RuleSource] = (), env: Env | None = None) -> Program:
+def parse_program(
+    sources: Sequence[RuleSource], base: Sequence[RuleSource] = (), env: Env | None = None
+) -> Program:
     """Parse ``base`` (schema, analyses) and then ``sources``; rules of both are collected and checked.
 
     Errors are collected in ``Program.errors`` (one line each) rather than raised: the caller decides.
@@ -560,13 +600,17 @@ def parse_program(sources: Sequence[RuleSource], base: Sequence[RuleSource] = ()
         pending: list[Rule] = []
         for cmd in commands:
             if cmd.items is None:
-                program.errors.append(f"{cmd.pos.file}:{cmd.pos.line}:{cmd.pos.column}: expected a command, got {cmd.text()}")
+                program.errors.append(
+                    f"{cmd.pos.file}:{cmd.pos.line}:{cmd.pos.column}: expected a command, got {cmd.text()}"
+                )
                 continue
             try:
                 _declare(program.env, cmd)
                 item = _rule_from_command(cmd, lines, counter)
             except _Bad as exc:
-                program.errors.append(f"{exc.pos.file or cmd.pos.file}:{exc.pos.line}:{exc.pos.column}: {exc.message}")
+                program.errors.append(
+                    f"{exc.pos.file or cmd.pos.file}:{exc.pos.line}:{exc.pos.column}: {exc.message}"
+                )
                 continue
             if isinstance(item, Rule):
                 pending.append(item)

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from unity_eq.verify._ast import App, Lit, Term, Var, walk
+from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
 
 from unity_eq.ir import Mesh
 from unity_eq.ops import OPS
-from unity_eq.verify._ast import App, Lit, Term, Var, walk
-from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate, infer_shape
 
 __all__ = [
     "PARALLEL",
@@ -111,7 +111,7 @@ def instantiate(term: Term, binding: dict[str, Any], sorts: dict[str, str]) -> T
             return App("NoneT") if value is None else Var(term.name)
         if sort == "TList":
             out: Term = App("TNil")
-            for i in reversed(range(len(value))):
+            for i in reversed(range(len(value or ()))):
                 out = App("TCons", (Var(f"{term.name}#{i}"), out))
             return out
         if sort == "f64" and value == SYMBOLIC:
@@ -119,10 +119,10 @@ def instantiate(term: Term, binding: dict[str, Any], sorts: dict[str, str]) -> T
         return Lit(value, sort or "i64")
     args = tuple(instantiate(a, binding, sorts) for a in term.args)
     if term.head in ("+", "-", "*", "/", "%", "min", "max") and all(isinstance(a, Lit) for a in args):
-        x, y = (int(a.value) for a in args)  # type: ignore[union-attr]
+        x, y = (int(a.value) for a in args)
         return Lit(_arith(term.head, x, y), "i64")
     if term.head == "vec-of" and all(isinstance(a, Lit) for a in args):
-        return Lit(tuple(int(a.value) for a in args), "IVec")  # type: ignore[union-attr, arg-type]
+        return Lit(tuple(int(a.value) for a in args), "IVec")
     if term.head == "vec-empty":
         return Lit((), "IVec")
     if term.head == "PList":
@@ -223,14 +223,16 @@ def _tensor_nodes(term: Term, is_tensor_var: Any = _is_tensor_var) -> list[Term]
     out = []
     for t in walk(term):
         if (isinstance(t, Var) and is_tensor_var(t)) or (
-            isinstance(t, App) and t.head not in LISTS and (t.head in OPS or t.head in PARALLEL or t.head in LEAVES)
+            isinstance(t, App)
+            and t.head not in LISTS
+            and (t.head in OPS or t.head in PARALLEL or t.head in LEAVES)
         ):
             out.append(t)
     return out
 
 
 def _lit_dim(term: Term) -> Any:
-    return int(term.value)  # type: ignore[union-attr]
+    return int(term.value)
 
 
 def _lit_axis(term: Term) -> str:
@@ -305,13 +307,21 @@ def lhs_placements(
 
 
 def infer_placements(
-    lhs: Term, rhs: Term, axes: tuple[str, ...], placed: dict[tuple[str, str], State], tensor_vars: Sequence[str]
+    lhs: Term,
+    rhs: Term,
+    axes: tuple[str, ...],
+    placed: dict[tuple[str, str], State],
+    tensor_vars: Sequence[str],
 ) -> Placements:
     """Infer placements of a concrete rule. ``placed`` holds the states that ``placed`` guards give
     variables; other variables default to R after the left-hand side's structure has spoken."""
     pl = lhs_placements(lhs, axes, placed, tensor_vars)
     lhs_items, rhs_items = _list_items(lhs), _list_items(rhs)
-    pairs = list(zip(lhs_items, rhs_items, strict=False)) if lhs_items is not None and rhs_items is not None else [(lhs, rhs)]
+    pairs = (
+        list(zip(lhs_items, rhs_items, strict=False))
+        if lhs_items is not None and rhs_items is not None
+        else [(lhs, rhs)]
+    )
     changed = True
     while changed:
         before = sum(len(s) for s in pl.states.values())
@@ -468,7 +478,7 @@ class _Case:
             for arg in term.args:
                 out |= set(self.varying(arg))
             if term.head in PARALLEL:
-                i = self.mesh.axes.index(str(term.args[-1].value))  # type: ignore[union-attr]
+                i = self.mesh.axes.index(str(term.args[-1].value))
                 if term.head == "Partition":
                     out.add(i)
                 elif term.head in ("Combine", "Reduce"):
@@ -533,7 +543,7 @@ class _Case:
             return [self.piece(term.args[0], rank), *self.piece(term.args[1], rank)]
         if head in PARALLEL:
             x = term.args[0]
-            axis = str(term.args[-1].value)  # type: ignore[union-attr]
+            axis = str(term.args[-1].value)
             i = self.mesh.axes.index(axis)
             if head == "Replicate":
                 return self.piece(x, rank)
@@ -541,12 +551,12 @@ class _Case:
             if value is None:
                 return None
             if head == "Partition":
-                dim = int(term.args[1].value)  # type: ignore[union-attr]
+                dim = int(term.args[1].value)
                 return _chunk(value, dim, self.coords[rank][i], self.mesh.sizes[i])
             group = self.mesh.group(rank, axis)
             pieces = [self.piece(x, r) for r in group]
             if head == "Combine":
-                dim = int(term.args[1].value)  # type: ignore[union-attr]
+                dim = int(term.args[1].value)
                 if any(dim >= p.ndim for p in pieces):
                     raise ShapeError(f"Combine along dim {dim} of a rank-{pieces[0].ndim} piece")
                 return np.concatenate(pieces, axis=dim)
@@ -614,10 +624,14 @@ def _consistency(case: _Case, term: Term, label: str, equations: list[Equation])
         if key in seen:
             continue
         seen.add(key)
-        equations.append(Equation(f"{label} on device {rank} ({_coord_str(case.mesh, rank)})", got, want, str(term)))
+        equations.append(
+            Equation(f"{label} on device {rank} ({_coord_str(case.mesh, rank)})", got, want, str(term))
+        )
 
 
-def _check_shape(got: Any, want: np.ndarray, label: str, term: Term, placement: dict[str, State], rank: int) -> None:
+def _check_shape(
+    got: Any, want: np.ndarray, label: str, term: Term, placement: dict[str, State], rank: int
+) -> None:
     shape = _shape_of(got)
     if shape != want.shape:
         raise EvalFailure(
@@ -673,7 +687,9 @@ def evaluate_case(
         raise EvalFailure("shape", f"the right-hand side cannot be evaluated: {exc}") from None
     if lhs_items is not None and rhs_items is not None:
         if len(lhs_items) != len(rhs_items):
-            raise EvalFailure("shape", f"the two sides are lists of {len(lhs_items)} and {len(rhs_items)} tensors")
+            raise EvalFailure(
+                "shape", f"the two sides are lists of {len(lhs_items)} and {len(rhs_items)} tensors"
+            )
         roots = list(zip(lhs_items, rhs_items, strict=True))
     else:
         roots = [(lhs, rhs)]
@@ -681,10 +697,11 @@ def evaluate_case(
         gl, gr = case.glob(left), case.glob(right)
         if (gl is None) != (gr is None) or (gl is not None and gl.shape != gr.shape):
             raise EvalFailure(
-                "shape", f"the sides have global shapes {_shape_of(gl)} and {_shape_of(gr)} ({left} vs {right})"
+                "shape",
+                f"the sides have global shapes {_shape_of(gl)} and {_shape_of(gr)} ({left} vs {right})",
             )
         if gl is not None:
-            equations.append(Equation("global value", gl, gr, str(right)))
+            equations.append(Equation("global value", gr, gl, str(right)))  # got: right side, want: left
     try:
         for left, _right in roots:
             if isinstance(left, App) and left.head not in LEAVES:

@@ -36,8 +36,20 @@ __all__ = ["NumpyBackend", "ShapeError", "Z3Backend", "evaluate", "infer_shape"]
 Shape = tuple[int, ...]
 
 EXACT_UNARY = {"Neg", "Identity"}
-EXACT_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual",
-                "GreaterOrEqual", "PRelu"}
+EXACT_BINARY = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Max",
+    "Min",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "PRelu",
+}
 
 
 class ShapeError(Exception):
@@ -83,7 +95,7 @@ def _is_add(ast: Any) -> bool:
 
 def z3_sum(items: Sequence[Any]) -> Any:
     """An n-ary sum with nested sums spliced in, so equal sums built in different groupings are one term."""
-    asts = []
+    asts: list[Any] = []
     for x in items:
         a = _ast(x)
         if _is_add(a):
@@ -236,7 +248,9 @@ class NumpyBackend:
 
     def symbols(self, prefix: str, shape: Shape, integer: bool = False, high: int = 0) -> np.ndarray:
         if integer:
-            return np.asarray(self.rng.integers(-high, high, size=shape) if high else np.zeros(shape, dtype=np.int64))
+            return np.asarray(
+                self.rng.integers(-high, high, size=shape) if high else np.zeros(shape, dtype=np.int64)
+            )
         return np.asarray(self.rng.standard_normal(shape))
 
     def scalar(self, name: str) -> float:
@@ -315,7 +329,9 @@ def _obj(x: Any) -> Any:
     return x if isinstance(x, np.ndarray) else np.array(x, dtype=object)
 
 
-def _reduce(bk: Backend, x: np.ndarray, axes: Sequence[int], keepdims: bool, how: Callable[[list[Any]], Any]) -> np.ndarray:
+def _reduce(
+    bk: Backend, x: np.ndarray, axes: Sequence[int], keepdims: bool, how: Callable[[list[Any]], Any]
+) -> np.ndarray:
     """Reduce ``x`` over ``axes`` with ``how`` (a function of the list of elements, in row-major order)."""
     axes = sorted(set(axes))
     rank = x.ndim
@@ -378,7 +394,11 @@ def _window_out(size: int, k: int, pad: int, stride: int, dil: int, ceil: bool) 
 
 
 def _window_attrs(
-    spatial: Shape, kernel: Sequence[int], pads: Sequence[int], strides: Sequence[int], dils: Sequence[int],
+    spatial: Shape,
+    kernel: Sequence[int],
+    pads: Sequence[int],
+    strides: Sequence[int],
+    dils: Sequence[int],
     auto_pad: str,
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     k = len(spatial)
@@ -399,14 +419,21 @@ def _window_attrs(
         pads = [0] * (2 * k)
     else:
         pads = list(pads) or [0] * (2 * k)
-    if len(pads) != 2 * k or any(p < 0 for p in pads) or any(s < 1 for s in strides) or any(d < 1 for d in dils):
+    if (
+        len(pads) != 2 * k
+        or any(p < 0 for p in pads)
+        or any(s < 1 for s in strides)
+        or any(d < 1 for d in dils)
+    ):
         raise ShapeError("invalid pads, strides or dilations")
     if any(kk < 1 for kk in kernel):
         raise ShapeError("invalid kernel shape")
     return kernel, pads, strides, dils
 
 
-def _pool_out(spatial: Shape, kernel: list[int], pads: list[int], strides: list[int], dils: list[int], ceil: bool) -> Shape:
+def _pool_out(
+    spatial: Shape, kernel: list[int], pads: list[int], strides: list[int], dils: list[int], ceil: bool
+) -> Shape:
     k = len(spatial)
     return tuple(
         _window_out(spatial[i], kernel[i], pads[i] + pads[i + k], strides[i], dils[i], ceil) for i in range(k)
@@ -420,7 +447,9 @@ def _reshape_target(src: Shape, target: Sequence[int]) -> Shape:
     return target
 
 
-def _slice_params(shape: Shape, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], steps: Sequence[int]) -> list[slice]:
+def _slice_params(
+    shape: Shape, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], steps: Sequence[int]
+) -> list[slice]:
     axes = list(axes) if axes else list(range(len(starts)))
     steps = list(steps) if steps else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
@@ -444,7 +473,9 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     if fam is Family.UNARY:
         return _need(args[0])
     if fam is Family.BROADCAST:
-        return _bcast(*[_need(a) if i == 0 else a for i, a in enumerate(args[: len(spec.tensor_args)]) if a is not None])
+        return _bcast(
+            *[_need(a) if i == 0 else a for i, a in enumerate(args[: len(spec.tensor_args)]) if a is not None]
+        )
     if fam is Family.MATMUL:
         return _matmul_shape(_need(args[0]), _need(args[1]))
     if fam is Family.GEMM:
@@ -576,7 +607,9 @@ def _need(shape: Any) -> Shape:
     return tuple(shape)
 
 
-def _pool_shape(x: Shape, auto_pad: str, ceil_mode: int, dils: Any, kernel: Any, pads: Any, strides: Any) -> Shape:
+def _pool_shape(
+    x: Shape, auto_pad: str, ceil_mode: int, dils: Any, kernel: Any, pads: Any, strides: Any
+) -> Shape:
     if len(x) < 3 or not kernel:
         raise ShapeError("pooling needs rank >= 3 and a kernel shape")
     kern, pads_, strides_, dils_ = _window_attrs(x[2:], kernel, pads, strides, dils, auto_pad)
@@ -680,7 +713,7 @@ def _z3_matmul(bk: Z3Backend, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     ab = np.broadcast_to(a2, (*batch, *a2.shape[-2:]))
     bb = np.broadcast_to(b2, (*batch, *b2.shape[-2:]))
-    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    m, n = a2.shape[-2], b2.shape[-1]
     out = np.empty((*batch, m, n), dtype=object)
     for idx in np.ndindex(*batch) if batch else [()]:
         for i in range(m):
@@ -753,7 +786,9 @@ def _conv(op: str, args: list[Any], bk: Backend) -> Any:
             g = mi // mg
             for o, taps in positions:
                 terms = [
-                    bk.mul(x[(bi, g * cg + ci, *pos)], w[(mi, ci, *off)]) for ci in range(cg) for pos, off in taps
+                    bk.mul(x[(bi, g * cg + ci, *pos)], w[(mi, ci, *off)])
+                    for ci in range(cg)
+                    for pos, off in taps
                 ]
                 if b is not None:
                     terms.append(b[mi])

@@ -26,16 +26,31 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from unity_eq.errors import RuleError
-from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, rules_dir
 from unity_eq.verify._ast import Rule
-from unity_eq.verify._bounded import BoundedResult, Counterexample, Enumeration, enumeration_key, prove_bounded
+from unity_eq.verify._bounded import (
+    BoundedResult,
+    Counterexample,
+    Enumeration,
+    enumeration_key,
+    prove_bounded,
+)
 from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._parse import Program, RuleSource, parse_program
 
-__all__ = ["Options", "Report", "RuleReport", "load_program", "shipped_rule_files", "verify_program", "verify_rules"]
+from unity_eq.errors import RuleError
+from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, rules_dir
+
+__all__ = [
+    "Options",
+    "Report",
+    "RuleReport",
+    "load_program",
+    "shipped_rule_files",
+    "verify_program",
+    "verify_rules",
+]
 
 
 @dataclass(frozen=True)
@@ -98,15 +113,29 @@ class RuleReport:
         if self.annotation:
             out["annotation"] = self.annotation
         if self.generic is not None:
-            out["generic"] = {"proven": self.generic.proven, "goals": self.generic.goals, "reason": self.generic.reason,
-                              "seconds": round(self.generic.seconds, 4)}
+            out["generic"] = {
+                "proven": self.generic.proven,
+                "goals": self.generic.goals,
+                "reason": self.generic.reason,
+                "seconds": round(self.generic.seconds, 4),
+            }
         if self.bounded is not None:
             b = self.bounded
-            out["bounded"] = {"status": b.status, "cases_enumerated": b.enumerated, "classes": b.classes,
-                              "cases_checked": b.checked, "reason": b.reason, "seconds": round(b.seconds, 4)}
+            out["bounded"] = {
+                "status": b.status,
+                "cases_enumerated": b.enumerated,
+                "classes": b.classes,
+                "cases_checked": b.checked,
+                "reason": b.reason,
+                "seconds": round(b.seconds, 4),
+            }
         if self.numeric is not None:
-            out["numeric"] = {"status": self.numeric.status, "cases": self.numeric.cases,
-                              "max_relative_error": self.numeric.max_error, "seconds": round(self.numeric.seconds, 4)}
+            out["numeric"] = {
+                "status": self.numeric.status,
+                "cases": self.numeric.cases,
+                "max_relative_error": self.numeric.max_error,
+                "seconds": round(self.numeric.seconds, 4),
+            }
         cex = self.counterexample
         if cex is not None:
             out["counterexample"] = cex.to_json()
@@ -185,17 +214,21 @@ def _source(path: Path) -> RuleSource:
 
 
 def load_program(paths: Sequence[Path] | None = None) -> tuple[Program, set[str]]:
-    """Parse the shipped schema and analyses, then ``paths`` (default: every shipped rule file).
+    """Parse the shipped files (schema, analyses and the manifest, as ``optimize`` loads them), then
+    ``paths``; the rules to verify are those of ``paths`` (default: every shipped rule file).
 
+    A new rule file therefore sees everything the shipped files declare (constructors, relations, the
+    ``bcast-operand`` facts of elementwise.egg), and its rule names must not clash with shipped ones.
     Returns the program and the display names of the files whose rules are to be verified.
     """
     root = rules_dir()
-    base = [_source(root / name) for name in BASE_FILES]
+    names = [*BASE_FILES, *DEFAULT_RULE_FILES]
+    base = [_source(root / name) for name in names]
     chosen = shipped_rule_files() if paths is None else [Path(p) for p in paths]
     sources: list[RuleSource] = []
     targets: set[str] = set()
     seen: set[Path] = set()
-    base_paths = {(root / name).resolve(): src for name, src in zip(BASE_FILES, base, strict=True)}
+    base_paths = {(root / name).resolve(): src for name, src in zip(names, base, strict=True)}
     for path in chosen:
         resolved = path.resolve()
         if resolved in seen:
@@ -218,12 +251,23 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
     start = time.perf_counter()
     generic = prove_generic(rule, facts, options.generic_timeout_ms) if options.generic else None
     bounded = (
-        prove_bounded(rule, facts, budget=options.budget, sizes=options.sizes, timeout_ms=options.timeout_ms, cache=cache)
-        if options.bounded else None
+        prove_bounded(
+            rule,
+            facts,
+            budget=options.budget,
+            sizes=options.sizes,
+            timeout_ms=options.timeout_ms,
+            cache=cache,
+        )
+        if options.bounded
+        else None
     )
-    numeric = check_numeric(rule, facts, cases=options.numeric_cases) if options.numeric else None
-    report = RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, generic, bounded, numeric,
-                        rule.annotation)
+    numeric = (
+        check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None
+    )
+    report = RuleReport(
+        rule.name, rule.file, rule.line, "unknown", "none", 0.0, generic, bounded, numeric, rule.annotation
+    )
     generic_ok = bool(generic and generic.proven)
     if bounded and bounded.status == "refuted":
         report.status = "refuted"
@@ -254,7 +298,9 @@ def _worker(args: tuple[list[Rule], Program, Options]) -> list[RuleReport]:
     return [_decide_rule(rule, facts, options, cache) for rule in rules]
 
 
-def _decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Enumeration]) -> RuleReport:
+def _decide_rule(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Enumeration]
+) -> RuleReport:
     report = _decide(rule, facts, options, cache)
     if rule.bidirectional:
         back = _decide(rule.reversed(), facts, options, cache)
@@ -296,7 +342,9 @@ def verify_program(
     results: dict[int, RuleReport] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
         futures = [
-            (bucket, pool.submit(_worker, ([rules[i] for i in bucket], program, options))) for bucket in buckets if bucket
+            (bucket, pool.submit(_worker, ([rules[i] for i in bucket], program, options)))
+            for bucket in buckets
+            if bucket
         ]
         for bucket, future in futures:
             for i, report in zip(bucket, future.result(), strict=True):
