@@ -213,6 +213,38 @@ def test_a_new_file_of_sound_rules_is_proven(tmp_path: Path) -> None:
     assert kinds == {"matmul-assoc": "generic", "mul-commute": "generic", "relu-push-combine": "generic"}
 
 
+def test_left_hand_side_placements_come_from_guards(tmp_path: Path) -> None:
+    """Variables are R unless a guard says otherwise: without `(placed x ax (S d))` the left-hand side below
+    never fits (Relu of a replicated x cannot be a shard), so no case exists and the rule is unknown."""
+    text = """
+(rewrite (Combine (Relu x) d ax) (Relu (Combine x d ax)) :when ((placed x ax (S d)))
+         :ruleset parallel :name "relu-pull-combine")
+(rewrite (Combine (Relu x) d ax) (Relu (Combine x d ax))
+         :ruleset parallel :name "relu-pull-combine-unguarded")
+"""
+    report = verify_text(tmp_path, text)
+    status = {r.name: (r.status, r.kind) for r in report.rules}
+    assert status["relu-pull-combine"] == ("proven", "generic")
+    assert status["relu-pull-combine-unguarded"][0] == "unknown"
+    (unguarded,) = [r for r in report.rules if r.name == "relu-pull-combine-unguarded"]
+    assert "`placed` guard" in unguarded.message
+
+
+def test_json_report_on_stdout(tmp_path: Path) -> None:
+    path = write(tmp_path, '(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "matmul-commute")\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "unity_eq.verify", str(path), "--json", "-", "--jobs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    data = json.loads(done.stdout)  # the human report went to stderr
+    (rule,) = data["rules"]
+    assert rule["status"] == "refuted" and rule["counterexample"]["kind"] == "value"
+    assert data["summary"]["refuted"] == 1 and "REFUTED matmul-commute" in done.stderr
+
+
 def test_vector_matmul_associativity_is_refuted(tmp_path: Path) -> None:
     report = verify_text(
         tmp_path, '(rewrite (MatMul (MatMul a b) c) (MatMul a (MatMul b c)) :name "assoc")\n'

@@ -30,6 +30,9 @@ class Var:
     name: str
     pos: Pos | None = field(default=None, compare=False, hash=False, repr=False)
 
+    def __hash__(self) -> int:
+        return hash(("Var", self.name))
+
     def __str__(self) -> str:
         return self.name
 
@@ -42,6 +45,9 @@ class Lit:
     sort: str
     pos: Pos | None = field(default=None, compare=False, hash=False, repr=False)
 
+    def __hash__(self) -> int:
+        return hash(("Lit", self.value, self.sort))
+
     def __str__(self) -> str:
         if self.sort == "String":
             return '"' + str(self.value).replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -53,6 +59,14 @@ class App:
     head: str
     args: tuple[Term, ...] = ()
     pos: Pos | None = field(default=None, compare=False, hash=False, repr=False)
+    _hash: int = field(default=0, init=False, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # terms are hashed constantly (placements, caches): hash once, not once per lookup per level
+        object.__setattr__(self, "_hash", hash((self.head, self.args)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __str__(self) -> str:
         return f"({' '.join([self.head, *map(str, self.args)])})"

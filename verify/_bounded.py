@@ -257,6 +257,7 @@ def enumerate_cases(
     primaries: dict[Any, list[Any]] = {}
     enumerated = 0
     prepared: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+    structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
     try:
         for mesh in _meshes(rule, sizes):
             if mesh.axes not in prepared:
@@ -265,7 +266,14 @@ def enumerate_cases(
                     specs = {v: inst[v] for v in tensor_vars if v in inst}
                     lists = {v: inst[v] for v in list_vars if v in inst}
                     elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
-                    pl = lhs_placements(instantiate(rule.lhs, inst, sorts), mesh.axes, {}, elem_vars)
+                    # without parallel ops in the left-hand side every variable is R: nothing to infer
+                    pl = (
+                        lhs_placements(
+                            instantiate(rule.lhs, inst, sorts), mesh.axes, {}, elem_vars, defaults=False
+                        )
+                        if structural
+                        else Placements(mesh.axes)
+                    )
                     attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}
                     items.append((specs, lists, pl, attrs, {}))
                 prepared[mesh.axes] = items
@@ -280,7 +288,7 @@ def enumerate_cases(
                     facts,
                     memo=memo,
                 )
-                if not _feasible(pl, specs, lists, mesh):
+                if structural and not _feasible(pl, specs, lists, mesh):
                     continue
                 for solution in solve_guards(rule.guards, attrs, ctx):
                     enumerated += 1
@@ -387,14 +395,23 @@ def _is_expr(x: Any) -> bool:
 
 def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) -> CaseOutcome:
     hard: list[tuple[Any, int, Any, Any]] = []
+    premises: list[Any] = []
     for eq in equations:
+        if eq.assume:
+            for a, b in zip(eq.left.reshape(-1), eq.right.reshape(-1), strict=True):
+                if not (_is_expr(a) and _is_expr(b) and a.ast.value == b.ast.value):
+                    premises.append(_to_z3(a) == _to_z3(b))
+            continue
         left, right = eq.left.reshape(-1), eq.right.reshape(-1)
         for i in range(left.size):
             a, b = left[i], right[i]
             if a is b:
                 continue
             both = _is_expr(a) and _is_expr(b)
-            if (both and a.eq(b)) or (not both and not _is_expr(a) and not _is_expr(b) and a == b):
+            # z3 hash-conses terms: equal terms are one AST, so comparing pointers is exact
+            if (both and a.ast.value == b.ast.value) or (
+                not both and not _is_expr(a) and not _is_expr(b) and a == b
+            ):
                 continue
             hard.append((eq, i, a, b))
     remaining = []
@@ -407,7 +424,7 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
         return CaseOutcome("proven")
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
-    solver.add(*values.assumptions)
+    solver.add(*values.assumptions, *premises)
     solver.add(z3.Or([z3.Not(c) for *_rest, c in remaining]))
     result = solver.check()
     if result == z3.unsat:
@@ -554,7 +571,8 @@ def prove_bounded(
             result.reason = (
                 "no case satisfies the guards at dims 1-4 and axis sizes 1-4"
                 if enum.enumerated == 0
-                else "every case was skipped (the left-hand side never fits)"
+                else "every case was skipped: the left-hand side never has pieces that fit its placement "
+                "(variables are R unless the left-hand side or a `placed` guard says otherwise)"
             )
     result.seconds = time.perf_counter() - start
     return result

@@ -24,6 +24,10 @@ __all__ = ["main", "render", "run"]
 _STYLE = {"proven": "green", "refuted": "bold red", "unknown": "yellow"}
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _value(x: Any, limit: int = 300) -> str:
     text = json.dumps(x) if not isinstance(x, str) else x
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -86,7 +90,7 @@ def render(report: Report, out: Console, quiet: bool = False) -> None:
     verdict = "[green]ok[/green]" if report.ok else "[bold red]FAILED[/bold red]"
     proven = f"{report.count('proven')} proven" + (f" ({by_kind})" if by_kind else "")
     out.print(
-        f"{verdict}: {len(report.rules)} rules in {len(report.files)} files: {proven}, "
+        f"{verdict}: {_n(len(report.rules), 'rule')} in {_n(len(report.files), 'file')}: {proven}, "
         f"{report.count('refuted')} refuted, {report.count('unknown')} unknown; "
         f"{report.analyses} analysis declarations (facts only, nothing to prove); "
         f"{report.seconds:.1f} s, median {report.median_seconds():.3f} s per rule"
@@ -102,6 +106,8 @@ def run(
     out: Console | None = None,
 ) -> int:
     """Verify, print, write the JSON report; return the exit status."""
+    if json_path == "-":
+        out = Console(stderr=True, highlight=False, soft_wrap=True)  # stdout carries the JSON
     out = out or Console(highlight=False, soft_wrap=True)
     report = verify_rules(paths or None, names, options)
     render(report, out, quiet)

@@ -893,6 +893,9 @@ class _Rule:
             if isinstance(st, App) and st.head in ("R", "D", "P") and not st.args:
                 self.placed[(args[0].name, self.axis(args[1]))] = (st.head, None)
                 return
+            if isinstance(st, App) and st.head == "S" and len(st.args) == 1:
+                self.placed[(args[0].name, self.axis(args[1]))] = ("S", self.dim_key(st.args[0]))
+                return
             raise _Unsupported(f"guard {fact}")
         if head in z.rel and head not in ("vec-contains",):
             self.facts.append(z.rel[head](*[self.value(a) for a in args]))
@@ -986,8 +989,8 @@ def _prove_one(
 
     lhs, rhs = rule.lhs, rule.rhs
     pl = Placements(axes)
-    for (var, ax), (kind, _d) in r.placed.items():
-        pl.add(Var(var), ax, (kind, -1))
+    for (var, ax), (kind, key) in r.placed.items():
+        pl.add(Var(var), ax, (kind, key if kind == "S" else -1))
     _propagate(pl, [lhs], dim_of, axis_of, is_tensor)
     tensor_vars = [v for v, s in sorts.items() if s == "T"]
     for v in tensor_vars:

@@ -15,8 +15,9 @@ This module implements the contract every rule must keep (see docs/verify.md):
   the group's pieces in axis order, Reduce sums them in group order, Replicate is the identity, a regular op
   applies to the pieces (Reshape and Expand targets made local from the op's own placement).
 
-A rewrite is sound iff the two sides have the same global value and placement, and every term of the
-right-hand side (and the left-hand side's root) has pieces consistent with its placement.
+A rewrite is sound iff, for all inputs on which the left-hand side's root has pieces consistent with its
+placement (a term of a sound e-graph does), the two sides have the same global value and placement and every
+term of the right-hand side has pieces consistent with its placement.
 """
 
 from __future__ import annotations
@@ -159,13 +160,16 @@ def _list_items(term: Term) -> list[Term] | None:
     return None
 
 
+_TENSOR_ARGS = {name: spec.tensor_args for name, spec in OPS.items()}
+
+
 def _tensor_args(term: App) -> list[Term]:
     """The T-sorted children of a regular op (list elements flattened)."""
     spec = OPS.get(term.head)
     if spec is None:
         return []
     out: list[Term] = []
-    for i in spec.tensor_args:
+    for i in _TENSOR_ARGS[term.head]:
         if i >= len(term.args):
             continue
         arg = term.args[i]
@@ -291,13 +295,20 @@ def _propagate(
 
 
 def lhs_placements(
-    lhs: Term, axes: tuple[str, ...], placed: dict[tuple[str, str], State], tensor_vars: Sequence[str]
+    lhs: Term,
+    axes: tuple[str, ...],
+    placed: dict[tuple[str, str], State],
+    tensor_vars: Sequence[str],
+    defaults: bool = True,
 ) -> Placements:
-    """Placements the left-hand side alone implies: its structure, the ``placed`` guards, then R."""
+    """Placements the left-hand side alone implies: its structure, the ``placed`` guards, then (with
+    ``defaults``) R for every variable still without a state."""
     pl = Placements(axes)
     for (var, axis), st in placed.items():
         pl.add(Var(var), axis, st)
     _propagate(pl, [lhs])
+    if not defaults:
+        return pl
     for var in tensor_vars:
         for axis in axes:
             if not pl.get(Var(var), axis):
@@ -348,6 +359,7 @@ class Equation:
     left: np.ndarray
     right: np.ndarray
     term: str = ""
+    assume: bool = False  # the left-hand side's own consistency: a premise, not a claim of the rule
 
 
 @dataclass
@@ -671,6 +683,7 @@ def evaluate_case(
     split). Raises EvalFailure when the right-hand side is ill formed (a refutation)."""
     case = _Case(mesh, pl, specs, attrs, bk)
     lhs_items, rhs_items = _list_items(lhs), _list_items(rhs)
+    equations: list[Equation] = []
     try:
         for name, _spec in specs.items():
             case.glob(Var(name))
@@ -678,9 +691,15 @@ def evaluate_case(
         for t in _subterms(lhs):
             for rank in range(mesh.size):
                 case.piece(t, rank)
+        # a left-hand side whose pieces do not fit its placement is not a term of a sound e-graph: the
+        # case is skipped when the shapes do not fit, and the values' fit is a premise of the z3 query
+        for left in lhs_items if lhs_items is not None else [lhs]:
+            if isinstance(left, App) and left.head not in LEAVES:
+                _consistency(case, left, "left-hand side", equations)
     except (ShapeError, EvalFailure) as exc:
         return None, None, str(exc)
-    equations: list[Equation] = []
+    for eq in equations:
+        eq.assume = True
     try:
         g_rhs = case.glob(rhs)
     except ShapeError as exc:
@@ -702,12 +721,6 @@ def evaluate_case(
             )
         if gl is not None:
             equations.append(Equation("global value", gr, gl, str(right)))  # got: right side, want: left
-    try:
-        for left, _right in roots:
-            if isinstance(left, App) and left.head not in LEAVES:
-                _consistency(case, left, "left-hand side", equations)
-    except ShapeError as exc:
-        raise EvalFailure("shape", f"left-hand side: {exc}") from None
     try:
         for t in _subterms(rhs):
             _consistency(case, t, "right-hand side term", equations)
