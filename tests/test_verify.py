@@ -182,6 +182,19 @@ def test_missing_divisibility_guard_is_refuted(tmp_path: Path) -> None:
         assert cex.kind == "shape" and "does not split into" in cex.message
 
 
+def test_broken_variants_of_shipped_rules_are_refuted() -> None:
+    """Mutation test of the verifier: plausible mistakes in shipped rules (a wrong dim, a dropped guard, a
+    Reduce for a Combine…) are all refuted; the ok-* look-alikes are sound and proven."""
+    path = Path(__file__).parent / "data" / "mutants.egg"
+    report = verify_rules([path], options=Options(numeric=False))
+    assert report.errors == [] and len(report.rules) >= 30
+    for rule in report.rules:
+        expected = "proven" if rule.name.startswith("ok-") else "refuted"
+        assert rule.status == expected, f"{rule.name} ({rule.file}:{rule.line}): {rule.status} {rule.message}"
+        if expected == "refuted":
+            assert rule.counterexample is not None and rule.counterexample.case
+
+
 def test_cli_prints_the_counterexample_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, '\n(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "matmul-commute")\n')
     assert cli_main(["verify", str(path)]) == 1

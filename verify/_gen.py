@@ -393,13 +393,20 @@ def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 
 def _concat(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    """Lists of 1-3 tensors equal outside ``axis``; along it, the sizes are the shape's own (so every
+    element splits wherever the shape does) or a mix."""
     out: list[Instance] = []
     for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
         for axis in range(len(shape)):
-            for length in (1, 2, 3):
-                if length == 3 and (i + axis) % 3:
+            other = cfg.dims[(i + axis) % len(cfg.dims)]
+            for sizes in (
+                (shape[axis],),
+                (shape[axis], shape[axis]),
+                (shape[axis], other),
+                (other, shape[axis], other),
+            ):
+                if len(sizes) == 3 and (i + axis) % 3:
                     continue
-                sizes = [cfg.dims[(i + axis + j) % len(cfg.dims)] for j in range(length)]
                 items = [VarSpec((*shape[:axis], s, *shape[axis + 1 :])) for s in sizes]
                 inst = _make(spec, {"inputs": items}, _attrs(spec, axis=axis))
                 if inst:
