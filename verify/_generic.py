@@ -153,12 +153,11 @@ class _Vocab:
         self.axioms.setdefault(group, []).append(axiom)
 
     def _build_axioms(self) -> None:
-        T, Int, Real = self.T, z3.IntSort(), z3.RealSort()
-        x, y, a, b, c, w, p, q, e = (z3.Const(n, T) for n in "xyabcwpqe")
+        T = self.T
+        x, y, a, b, c, w, p, q = (z3.Const(n, T) for n in "xyabcwpq")
         idx = z3.Const("idx", T)
-        d, d2, da, db, dc, i, n, k, axis, ta, tb, g, so, kd = (
-            z3.Int(s)
-            for s in ("d", "d2", "da", "db", "dc", "i", "n", "k", "axis", "ta", "tb", "g", "so", "kd")
+        d, d2, da, db, dc, i, n, k, axis, ta, tb, g, kd = (
+            z3.Int(s) for s in ("d", "d2", "da", "db", "dc", "i", "n", "k", "axis", "ta", "tb", "g", "kd")
         )
         al, be, eps, mom = (z3.Real(s) for s in ("al", "be", "eps", "mom"))
         f = z3.Const("f", self.Fn)
@@ -564,7 +563,7 @@ class _Vocab:
             ),
         )
         sl = self.op("Slice")
-        s3, s4 = z3.Const("s3", self.V), z3.Const("s4", self.V)
+        s3 = z3.Const("s3", self.V)
         self._add(
             "Slice",
             FA(
@@ -576,7 +575,6 @@ class _Vocab:
                 patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
             ),
         )
-        del s4
         ex = self.op("Expand")
         eo = ex(x, s)
         self._add(
@@ -719,7 +717,6 @@ class _Vocab:
                 patterns=[ew[1](f, cc(two, axis))],
             ),
         )
-        del Int, Real, y, e, so
 
 
 _VOCAB: _Vocab | None = None

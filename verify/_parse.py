@@ -48,33 +48,6 @@ _FLOAT = re.compile(r"[-+]?(\d+\.\d*([eE][-+]?\d+)?|\d+[eE][-+]?\d+|\.\d+([eE][-
 #: ``; verify: unknown-ok <reason>`` in the comment block right above a rule: a reviewed "unknown is fine".
 ANNOTATION = re.compile(r";+\s*verify:\s*unknown-ok\b(.*)$")
 
-_IGNORED = {
-    "let",
-    "union",
-    "set",
-    "delete",
-    "subsume",
-    "run",
-    "run-schedule",
-    "check",
-    "fail",
-    "push",
-    "pop",
-    "print-function",
-    "print-size",
-    "print-stats",
-    "extract",
-    "simplify",
-    "include",
-    "input",
-    "output",
-    "query-extract",
-    "unstable-combined-ruleset",
-    "sort",
-    "with-dynamic-cost",
-    "cost",
-}
-
 
 @dataclass(frozen=True)
 class RuleSource:
@@ -311,7 +284,7 @@ def _annotation(lines: list[str], line: int) -> tuple[str | None, Pos | None]:
     return None, None
 
 
-def _rule_from_command(cmd: SExp, lines: list[str], counter: list[int]) -> Rule | AnalysisDecl | None:
+def _rule_from_command(cmd: SExp, lines: list[str]) -> Rule | AnalysisDecl | None:
     head, items = cmd.head, cmd.items or []
     text = "\n".join(lines[cmd.pos.line - 1 : _end_line(cmd)])
     if head in ("rewrite", "birewrite"):
@@ -320,7 +293,7 @@ def _rule_from_command(cmd: SExp, lines: list[str], counter: list[int]) -> Rule 
         opts = _options(items, 3, cmd.pos)
         lhs, rhs = _term(items[1]), _term(items[2])
         guards = _facts(opts.get(":when"))
-        return _make_rule(cmd, lhs, rhs, guards, opts, head == "birewrite", lines, text, counter)
+        return _make_rule(cmd, lhs, rhs, guards, opts, head == "birewrite", lines, text)
     if head == "rule":
         if len(items) < 3 or items[1].items is None or items[2].items is None:
             raise _Bad(cmd.pos, "rule needs a query list and an action list")
@@ -359,7 +332,7 @@ def _rule_from_command(cmd: SExp, lines: list[str], counter: list[int]) -> Rule 
                 raise _Bad(
                     cmd.pos, f"cannot tell which pattern {target} names: bind it with (= {target} (...))"
                 )
-        return _make_rule(cmd, pattern, rhs, tuple(rest), opts, False, lines, text, counter)
+        return _make_rule(cmd, pattern, rhs, tuple(rest), opts, False, lines, text)
     return None
 
 
@@ -396,7 +369,6 @@ def _make_rule(
     bidirectional: bool,
     lines: list[str],
     text: str,
-    counter: list[int],
 ) -> Rule:
     name_opt = opts.get(":name")
     if name_opt is not None:
@@ -404,7 +376,6 @@ def _make_rule(
             raise _Bad(name_opt.pos, f":name expects a string, got {name_opt.text()}")
         name = name_opt.atom
     else:
-        counter[0] += 1
         name = f"{Path(cmd.pos.file).stem}-{cmd.head}-{cmd.pos.line}"
     reason, where = _annotation(lines, cmd.pos.line)
     if where is not None and not reason:
@@ -588,7 +559,6 @@ def parse_program(
     """
     program = Program(env.copy() if env is not None else Env())
     names: dict[str, Rule] = {}
-    counter = [0]
     for source in (*base, *sources):
         program.files.append(source.display)
         try:
@@ -606,7 +576,7 @@ def parse_program(
                 continue
             try:
                 _declare(program.env, cmd)
-                item = _rule_from_command(cmd, lines, counter)
+                item = _rule_from_command(cmd, lines)
             except _Bad as exc:
                 program.errors.append(
                     f"{exc.pos.file or cmd.pos.file}:{exc.pos.line}:{exc.pos.column}: {exc.message}"

@@ -442,6 +442,8 @@ class _Case:
                 parts[combo] = self.bk.symbols(tag, spec.shape, spec.integer)
             else:
                 parts[combo] = self.bk.symbols(tag, spec.shape, spec.integer, spec.high)
+                if spec.integer and combo != combos[0]:
+                    parts[combo] = np.zeros_like(parts[combo])  # random indices in range: their sum is too
         total = parts[()] if not partial else self.bk.sum_pieces([parts[c] for c in combos])
         self.global_cache[Var(name)] = total
         self.inputs[name] = total

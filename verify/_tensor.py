@@ -897,7 +897,10 @@ def _expand(op: str, args: list[Any], bk: Backend) -> Any:
 def _gather(op: str, args: list[Any], bk: Backend) -> Any:
     data, idx, axis = args
     if isinstance(bk, NumpyBackend):
-        return np.take(data, np.asarray(idx, dtype=np.int64), axis=axis)
+        ints = np.asarray(idx, dtype=np.int64)
+        if ints.size and (ints.min() < -data.shape[axis] or ints.max() >= data.shape[axis]):
+            raise ShapeError(f"Gather index out of range for a dim of size {data.shape[axis]}")
+        return np.take(data, ints, axis=axis)
     size = data.shape[axis]
     moved = np.moveaxis(data, axis, 0)
     rest = moved.shape[1:]

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
@@ -340,7 +341,9 @@ def verify_program(
     for members in sorted(groups.values(), key=len, reverse=True):
         min(buckets, key=len).extend(members)
     results: dict[int, RuleReport] = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+    # fork is cheap (no re-import) and safe while this process runs no other thread; spawn otherwise
+    method = "fork" if "fork" in get_all_start_methods() and threading.active_count() == 1 else "spawn"
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context(method)) as pool:
         futures = [
             (bucket, pool.submit(_worker, ([rules[i] for i in bucket], program, options)))
             for bucket in buckets
