@@ -291,6 +291,45 @@ def test_reviewed_annotation_accepts_unknown(tmp_path: Path, capsys: pytest.Capt
     assert "UNKNOWN (accepted) relu-split-custom" in out and "reviewed by A." in out
 
 
+def test_a_constructor_without_semantics_is_unknown_not_refuted(tmp_path: Path) -> None:
+    text = """
+(constructor MyOp (T) T)
+(rewrite (MyOp a) (Combine (MyOp (Partition a d ax)) d ax) :when ((can-split a d ax)) :name "myop-split")
+"""
+    (rule,) = verify_text(tmp_path, text).rules
+    assert rule.status == "unknown" and "constructor 'MyOp' has no semantics" in rule.message
+
+
+def test_public_api_is_pinned() -> None:
+    import unity_eq.verify as verify
+
+    assert set(verify.__all__) == {
+        "AnalysisDecl",
+        "App",
+        "BoundedResult",
+        "Counterexample",
+        "GenericResult",
+        "Lit",
+        "NumericResult",
+        "Options",
+        "Program",
+        "Report",
+        "Rule",
+        "RuleReport",
+        "RuleSource",
+        "Term",
+        "Var",
+        "load_program",
+        "main",
+        "parse_program",
+        "render",
+        "shipped_rule_files",
+        "verify_program",
+        "verify_rules",
+    }
+    assert all(hasattr(verify, name) for name in verify.__all__)
+
+
 def test_annotation_needs_a_reason(tmp_path: Path) -> None:
     report = verify_text(tmp_path, UNMIRRORED.format(annotation="; verify: unknown-ok"))
     assert any("needs a reason" in e and "my_rules.egg:3" in e for e in report.errors)

@@ -58,7 +58,15 @@ from unity_eq.verify._tensor import Z3Backend
 from unity_eq.ir import Mesh
 from unity_eq.ops import OPS
 
-__all__ = ["BoundedResult", "Case", "Counterexample", "enumerate_cases", "prove_bounded", "rule_axes"]
+__all__ = [
+    "BoundedResult",
+    "Case",
+    "Counterexample",
+    "enumerate_cases",
+    "prove_bounded",
+    "rule_axes",
+    "unsupported_constructors",
+]
 
 GENERIC_AXES = ("x", "y", "z", "w")
 
@@ -209,6 +217,20 @@ class Enumeration:
     error: str = ""
 
 
+_KNOWN = {*OPS, *PARALLEL, "NoneT", "TNil", "TCons", "PList"}
+_PRIMITIVE_TERMS = {"+", "-", "*", "/", "%", "min", "max", "vec-of", "vec-empty"}
+
+
+def unsupported_constructors(rule: Rule) -> list[str]:
+    """Constructors of the rule's terms that the verifier has no semantics for (declared by a rule file)."""
+    out: dict[str, None] = {}
+    for term in (rule.lhs, rule.rhs):
+        for t in walk(term):
+            if isinstance(t, App) and t.head not in _KNOWN and t.head not in _PRIMITIVE_TERMS:
+                out.setdefault(t.head, None)
+    return list(out)
+
+
 def _token(head: str) -> str:
     """Ops with the same argument layout and family share generators, shapes and guard behaviour."""
     spec = OPS.get(head)
@@ -246,6 +268,14 @@ def enumerate_cases(
 ) -> Enumeration:
     """The cases to check: one per signature, smallest first, at most ``budget`` (see module docstring)."""
     sorts = rule.var_sorts
+    unknown = unsupported_constructors(rule)
+    if unknown:
+        return Enumeration(
+            [],
+            0,
+            0,
+            f"constructor '{unknown[0]}' has no semantics in unity_eq.verify (only the shipped schema's do)",
+        )
     missing = unsupported_relations(rule.guards, facts)
     if missing:
         return Enumeration([], 0, 0, f"guard relation '{missing[0]}' has no Python mirror in unity_eq.verify")

@@ -35,6 +35,7 @@ from typing import Any
 
 import z3
 from unity_eq.verify._ast import App, Lit, Rule, Term, Var, walk
+from unity_eq.verify._bounded import rule_axes, unsupported_constructors
 from unity_eq.verify._guards import DerivedFacts, unsupported_relations
 from unity_eq.verify._semantics import LISTS, PARALLEL, Placements, _propagate, _tensor_nodes, state_str
 
@@ -943,12 +944,10 @@ def _axis_classes(rule: Rule, axis_vars: list[str], literals: list[str]) -> list
 
 def prove_generic(rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000) -> GenericResult:
     """Try a shape-generic proof (see the module docstring). Never raises for unsupported rules."""
-    from unity_eq.verify._bounded import rule_axes
-
     start = time.perf_counter()
     result = GenericResult(False)
-    if unsupported_relations(rule.guards, facts):
-        result.reason = "a guard relation has no axiom"
+    if unsupported_relations(rule.guards, facts) or unsupported_constructors(rule):
+        result.reason = "a guard relation or constructor has no axiom"
         result.seconds = time.perf_counter() - start
         return result
     axis_vars, literals = rule_axes(rule)
