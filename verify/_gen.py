@@ -31,10 +31,12 @@ NONE = "<none>"  # a wanted NoneT
 
 @dataclass(frozen=True)
 class GenConfig:
-    """``dims``: the sizes every dimension takes (4 values: OA levels); ``max_rank`` of free tensors."""
+    """``dims``: the sizes every dimension takes (4 values: OA levels); ``max_rank`` of free tensors;
+    ``stride``: keep every stride-th instance of each operator (the numeric back-up samples)."""
 
     dims: tuple[int, ...] = (1, 2, 3, 4)
     max_rank: int = 3
+    stride: int = 1
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -539,7 +541,7 @@ def op_instances(op: str, cfg: GenConfig = GenConfig()) -> tuple[Instance, ...]:
     seen: dict[Any, Instance] = {}
     for inst in _GENERATORS[spec.family](spec, cfg):
         seen.setdefault(_key(inst[0]), inst)
-    return tuple(seen.values())
+    return tuple(seen.values())[:: cfg.stride]
 
 
 def _key(args: Sequence[Any]) -> Any:
