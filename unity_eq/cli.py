@@ -198,7 +198,7 @@ def verify(
     rule: list[str] = typer.Option([], "--rule", "-r", help="Verify only this rule (repeatable)."),
     json_path: str = typer.Option(None, "--json", help="Write a JSON report to this file (`-` for stdout)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (default: one per CPU)."),
-    budget: int = typer.Option(64, "--budget", help="Cases checked per rule beyond one per guard binding."),
+    budget: int = typer.Option(64, "--budget", help="Cases z3 checks per rule (each guard binding at least once)."),
     timeout: int = typer.Option(2000, "--timeout", help="z3 timeout per case, in milliseconds."),
     no_generic: bool = typer.Option(False, "--no-generic", help="Skip the shape-generic proofs."),
     no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up."),

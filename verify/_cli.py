@@ -134,7 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", dest="json_path", help="write a JSON report to this file (- for stdout)")
     parser.add_argument("--jobs", "-j", type=int, default=0, help="worker processes (default: one per CPU)")
-    parser.add_argument("--budget", type=int, default=Options.budget, help="cases checked per rule")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=Options.budget,
+        help="cases z3 checks per rule (each guard binding at least once)",
+    )
     parser.add_argument("--timeout", type=int, default=Options.timeout_ms, help="z3 timeout per case, ms")
     parser.add_argument("--no-generic", action="store_true", help="skip shape-generic proofs")
     parser.add_argument("--no-numeric", action="store_true", help="skip the numeric back-up")
