@@ -284,10 +284,34 @@ def profile_cmd(
     out.print(grid)
 
 
+@app.command()
+def verify(
+    paths: list[Path] = typer.Argument(None, help=".egg files to verify (default: every shipped rule)."),
+    rule: list[str] = typer.Option([], "--rule", "-r", help="Verify only this rule (repeatable)."),
+    json_path: str = typer.Option(None, "--json", help="Write a JSON report to this file (`-` for stdout)."),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (default: one per CPU)."),
+    budget: int = typer.Option(64, "--budget", help="Cases z3 checks per rule (every guard binding once)."),
+    timeout: int = typer.Option(2000, "--timeout", help="z3 timeout per case, in milliseconds."),
+    no_generic: bool = typer.Option(False, "--no-generic", help="Skip the shape-generic proofs."),
+    no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures and the summary."),
+) -> None:
+    """Prove every rewrite rule sound with z3; exit 0 iff every rule is proven."""
+    from unity_eq.verify import Options
+    from unity_eq.verify._cli import run as run_verify
+
+    options = Options(generic=not no_generic, numeric=not no_numeric, budget=budget, timeout_ms=timeout, jobs=jobs)
+    code = run_verify(paths or None, rule, options, json_path, quiet, out)
+    if code:
+        raise typer.Exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script: run the app, turn our errors into one line and an exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int) and rv:
+            return rv  # a command's typer.Exit(code)
     except UnityEqError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         return exc.exit_code

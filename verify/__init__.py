@@ -1,0 +1,54 @@
+"""Prove rewrite rules sound with z3: ``unity-eq verify`` and ``python -m unity_eq.verify``.
+
+A rule is parsed from its ``.egg`` file (lark; :func:`load_program`), then proven three ways:
+
+* **generic**: for all shapes, from operator axioms over uninterpreted tensors (TASO's method);
+* **bounded**: exactly, with z3, on every small case (dims 1-4, axis sizes 1-4) its guards allow;
+* **numeric**: on random inputs at larger shapes, with numpy.
+
+The contract a rule must keep (global value, placement per mesh axis, pieces per device) is in
+:mod:`unity_eq.verify._semantics` and docs/verify.md.
+"""
+
+from __future__ import annotations
+
+from unity_eq.verify._ast import AnalysisDecl, App, Lit, Rule, Term, Var
+from unity_eq.verify._bounded import BoundedResult, Counterexample
+from unity_eq.verify._cli import main, render
+from unity_eq.verify._generic import GenericResult
+from unity_eq.verify._numeric import NumericResult
+from unity_eq.verify._parse import Program, RuleSource, parse_program
+from unity_eq.verify._verify import (
+    Options,
+    Report,
+    RuleReport,
+    load_program,
+    shipped_rule_files,
+    verify_program,
+    verify_rules,
+)
+
+__all__ = [
+    "AnalysisDecl",
+    "App",
+    "BoundedResult",
+    "Counterexample",
+    "GenericResult",
+    "Lit",
+    "NumericResult",
+    "Options",
+    "Program",
+    "Report",
+    "Rule",
+    "RuleReport",
+    "RuleSource",
+    "Term",
+    "Var",
+    "load_program",
+    "main",
+    "parse_program",
+    "render",
+    "shipped_rule_files",
+    "verify_program",
+    "verify_rules",
+]

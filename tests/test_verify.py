@@ -1,0 +1,489 @@
+"""`unity-eq verify`: every shipped rule proven; unsound rules refuted with counterexamples; load errors.
+
+Real z3 throughout (no mocks). One test per shipped rule (ids are rule names), so a failure names the rule.
+The guard mirrors are checked against analysis.egg itself: the same relations derived by egglog and by the
+Python predicates on the same shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import egglog.bindings as bindings
+import pytest
+from unity_eq.verify import Options, load_program, verify_rules
+from unity_eq.verify._bounded import Enumeration
+from unity_eq.verify._gen import op_instances
+from unity_eq.verify._guards import DerivedFacts, GuardContext, solve_guards
+from unity_eq.verify._parse import RuleSource, parse_program
+from unity_eq.verify._semantics import Placements, VarSpec
+from unity_eq.verify._verify import _decide_rule, shipped_rule_files
+
+from unity_eq.cli import main as cli_main
+from unity_eq.rulesets import rules_dir
+
+SHIPPED, _TARGETS = load_program()
+SHIPPED_RULES = [r for r in SHIPPED.rules if r.file in _TARGETS]
+FACTS = DerivedFacts(SHIPPED.analyses)
+CACHE: dict[Any, Enumeration] = {}
+
+
+def write(tmp_path: Path, text: str, name: str = "my_rules.egg") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def verify_text(tmp_path: Path, text: str, **options: Any) -> Any:
+    return verify_rules([write(tmp_path, text)], options=Options(jobs=1, **options))
+
+
+# ------------------------------------------------------------------------------------------ shipped rules
+
+
+def test_shipped_files_load_cleanly() -> None:
+    assert SHIPPED.errors == []
+    assert {Path(p).name for p in _TARGETS} == {p.name for p in shipped_rule_files()}
+    # every rewrite of the manifest and analysis.egg's two PList rewrites
+    assert len(SHIPPED_RULES) >= 130
+    assert {"plist-cons", "plist-nil", "matmul-split-k", "reduce-add-fuse"} <= {r.name for r in SHIPPED_RULES}
+
+
+@pytest.mark.parametrize("rule", SHIPPED_RULES, ids=[r.name for r in SHIPPED_RULES])
+def test_shipped_rule_is_proven(rule: Any) -> None:
+    report = _decide_rule(rule, FACTS, Options(jobs=1), CACHE)
+    assert report.status == "proven", f"{rule.name} ({rule.pos}): {report.message}"
+    assert report.kind == "generic", f"{rule.name}: generic proof failed: {report.generic.reason}"
+    assert report.bounded is not None and report.bounded.status == "proven" and report.bounded.checked > 0
+    assert report.numeric is not None and report.numeric.status == "passed"
+
+
+@pytest.mark.slow
+def test_cli_verifies_everything_shipped(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["verify", "--quiet"]) == 0
+    assert re.search(r"ok: \d+ rules in 6 files: \d+ proven", capsys.readouterr().out)
+
+
+def test_cli_on_one_shipped_file(capsys: pytest.CaptureFixture[str]) -> None:
+    path = rules_dir() / "parallel" / "redistribute.egg"
+    assert cli_main(["verify", str(path), "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in (
+        "partition-combine-cancel",
+        "partition-replicate-commute",
+        "partition-combine-commute",
+        "reduce-add-fuse",
+    ):
+        assert name in out
+    assert "4 proven (4 generic), 0 refuted, 0 unknown" in out
+
+
+def test_python_module_with_one_rule(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "unity_eq.verify", "--rule", "matmul-split-k", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "matmul-split-k" in done.stdout and "proven" in done.stdout
+    data = json.loads(report.read_text())
+    (rule,) = data["rules"]
+    assert (
+        rule["status"] == "proven"
+        and rule["kind"] == "generic"
+        and rule["file"] == "rules/parallel/matmul.egg"
+    )
+    assert rule["bounded"]["cases_checked"] > 0 and data["summary"]["proven"] == 1
+
+
+def test_unknown_rule_name_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["verify", "--rule", "no-such-rule"]) == 2
+    assert "no rule named no-such-rule" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ unsound rules
+
+
+def refuted(report: Any, name: str) -> Any:
+    (rule,) = [r for r in report.rules if r.name == name]
+    assert rule.status == "refuted", f"{name}: {rule.status} {rule.message}"
+    assert not rule.ok and not report.ok
+    assert rule.generic is not None and not rule.generic.proven  # never "proven for all shapes"
+    cex = rule.counterexample
+    assert cex is not None and cex.case
+    return cex
+
+
+def test_matmul_commutativity_is_refuted_with_values(tmp_path: Path) -> None:
+    report = verify_text(
+        tmp_path, '(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "matmul-commute")\n'
+    )
+    cex = refuted(report, "matmul-commute")
+    assert cex.kind == "value"
+    assert set(cex.inputs) >= {"a", "b"}
+    assert cex.lhs != cex.rhs  # both sides' outputs differ on these inputs
+
+
+def test_partition_combine_on_different_dims_is_refuted(tmp_path: Path) -> None:
+    text = """
+(rewrite (Partition (Combine x d1 ax) d2 ax) x :when ((!= d1 d2))
+         :ruleset parallel :name "cancel-other-dim")
+(rewrite (Relu a) (Combine (Relu (Partition a d ax)) d2 ax)
+         :when ((can-split a d ax) (can-split a d2 ax) (!= d d2))
+         :ruleset parallel :name "relu-gather-other-dim")
+"""
+    report = verify_text(tmp_path, text)
+    cex = refuted(report, "cancel-other-dim")
+    assert cex.kind == "placement" and "S(0) and S(1)" in cex.message
+    cex = refuted(report, "relu-gather-other-dim")
+    assert cex.kind == "shape" and "mesh x=2" in cex.case
+
+
+def test_reduce_of_values_that_are_not_partial_sums_is_refuted(tmp_path: Path) -> None:
+    text = """
+(rewrite (MatMul a b) (Reduce (MatMul (Replicate a ax) (Replicate b ax)) ax)
+         :when ((mesh-axis ax n) (> n 1)) :ruleset parallel :name "reduce-replicated")
+; the contraction split with a bias: every device adds C, so the sum counts it n times
+(rewrite (Gemm a b c al be ta tb)
+         (Reduce (Gemm (Partition a (- 1 ta) ax) (Partition b tb ax) c al be ta tb) ax)
+         :when ((can-split a (- 1 ta) ax) (can-split b tb ax))
+         :ruleset parallel :name "gemm-split-k-with-bias")
+"""
+    report = verify_text(tmp_path, text)
+    cex = refuted(report, "reduce-replicated")
+    assert cex.kind == "value" and "Reduce" in cex.check
+    assert cex.got != cex.want
+    cex = refuted(report, "gemm-split-k-with-bias")
+    assert cex.kind == "value" and "c" in cex.inputs
+    assert cex.got != cex.want
+
+
+def test_missing_divisibility_guard_is_refuted(tmp_path: Path) -> None:
+    # relu-split and matmul-split-rows with `can-split` replaced by everything but its divisibility test
+    text = """
+(rewrite (Relu a) (Combine (Relu (Partition a d ax)) d ax)
+         :when ((placed a ax (R)) (mesh-axis ax n) (> n 1) (dim-range d) (< d (vec-length (shape a))))
+         :ruleset parallel :name "relu-split-no-divisibility")
+(rewrite (MatMul a b) (Combine (MatMul (Partition a da ax) (Replicate b ax)) d ax)
+         :when ((mm-row (MatMul a b) d da) (placed a ax (R)) (mesh-axis ax n) (> n 1) (placed b ax (R)))
+         :ruleset parallel :name "matmul-split-rows-no-divisibility")
+"""
+    report = verify_text(tmp_path, text)
+    for name in ("relu-split-no-divisibility", "matmul-split-rows-no-divisibility"):
+        cex = refuted(report, name)
+        assert cex.kind == "shape" and "does not split into" in cex.message
+
+
+def test_broken_variants_of_shipped_rules_are_refuted() -> None:
+    """Mutation test of the verifier: plausible mistakes in shipped rules (a wrong dim, a dropped guard, a
+    Reduce for a Combine…) are all refuted; the ok-* look-alikes are sound and proven."""
+    path = Path(__file__).parent / "data" / "mutants.egg"
+    report = verify_rules([path], options=Options(numeric=False))
+    assert report.errors == [] and len(report.rules) >= 30
+    for rule in report.rules:
+        expected = "proven" if rule.name.startswith("ok-") else "refuted"
+        assert rule.status == expected, f"{rule.name} ({rule.file}:{rule.line}): {rule.status} {rule.message}"
+        if expected == "refuted":
+            assert rule.counterexample is not None and rule.counterexample.case
+
+
+def test_cli_prints_the_counterexample_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, '\n(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "matmul-commute")\n')
+    assert cli_main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "REFUTED matmul-commute" in out and "my_rules.egg:2" in out
+    assert (
+        "inputs:" in out
+        and "left-hand side" in out
+        and "right-hand side" in out
+        and "case: one device" in out
+    )
+
+
+# ------------------------------------------------------------------------------------------ sound user rules
+
+
+def test_a_new_file_of_sound_rules_is_proven(tmp_path: Path) -> None:
+    text = """
+; MatMul is associative when no operand is a vector (a 1-D middle operand is a real counterexample)
+(rewrite (MatMul (MatMul a b) c) (MatMul a (MatMul b c))
+         :when ((>= (vec-length (shape a)) 2) (>= (vec-length (shape b)) 2) (>= (vec-length (shape c)) 2))
+         :ruleset algebra :name "matmul-assoc")
+(birewrite (Mul a b) (Mul b a) :ruleset algebra :name "mul-commute")
+(rewrite (Relu (Combine x d ax)) (Combine (Relu x) d ax) :ruleset parallel :name "relu-push-combine")
+"""
+    report = verify_text(tmp_path, text)
+    assert report.ok, [(r.name, r.status, r.message) for r in report.rules]
+    kinds = {r.name: r.kind for r in report.rules}
+    assert kinds == {"matmul-assoc": "generic", "mul-commute": "generic", "relu-push-combine": "generic"}
+
+
+def test_left_hand_side_placements_come_from_guards(tmp_path: Path) -> None:
+    """Variables are R unless a guard says otherwise: without `(placed x ax (S d))` the left-hand side below
+    never fits (Relu of a replicated x cannot be a shard), so no case exists and the rule is unknown."""
+    text = """
+(rewrite (Combine (Relu x) d ax) (Relu (Combine x d ax)) :when ((placed x ax (S d)))
+         :ruleset parallel :name "relu-pull-combine")
+(rewrite (Combine (Relu x) d ax) (Relu (Combine x d ax))
+         :ruleset parallel :name "relu-pull-combine-unguarded")
+"""
+    report = verify_text(tmp_path, text)
+    status = {r.name: (r.status, r.kind) for r in report.rules}
+    assert status["relu-pull-combine"] == ("proven", "generic")
+    assert status["relu-pull-combine-unguarded"][0] == "unknown"
+    (unguarded,) = [r for r in report.rules if r.name == "relu-pull-combine-unguarded"]
+    assert "`placed` guard" in unguarded.message
+
+
+def test_json_report_on_stdout(tmp_path: Path) -> None:
+    path = write(tmp_path, '(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "matmul-commute")\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "unity_eq.verify", str(path), "--json", "-", "--jobs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    data = json.loads(done.stdout)  # the human report went to stderr
+    (rule,) = data["rules"]
+    assert rule["status"] == "refuted" and rule["counterexample"]["kind"] == "value"
+    assert data["summary"]["refuted"] == 1 and "REFUTED matmul-commute" in done.stderr
+
+
+def test_vector_matmul_associativity_is_refuted(tmp_path: Path) -> None:
+    report = verify_text(
+        tmp_path, '(rewrite (MatMul (MatMul a b) c) (MatMul a (MatMul b c)) :name "assoc")\n'
+    )
+    refuted(report, "assoc")
+
+
+# ---------------------------------------------------------------------------------- unknown and annotations
+
+
+UNMIRRORED = """
+(relation my-guard (T))
+{annotation}
+(rewrite (Relu a) (Combine (Relu (Partition a d ax)) d ax)
+         :when ((my-guard a) (can-split a d ax)) :ruleset parallel :name "relu-split-custom")
+"""
+
+
+def test_unknown_fails_without_annotation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, UNMIRRORED.format(annotation=""))
+    assert cli_main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "UNKNOWN relu-split-custom" in out and "my-guard" in out
+
+
+def test_reviewed_annotation_accepts_unknown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    note = "; verify: unknown-ok my-guard only narrows can-split (reviewed by A.)"
+    path = write(tmp_path, UNMIRRORED.format(annotation=note))
+    assert cli_main(["verify", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "UNKNOWN (accepted) relu-split-custom" in out and "reviewed by A." in out
+
+
+def test_a_constructor_without_semantics_is_unknown_not_refuted(tmp_path: Path) -> None:
+    text = """
+(constructor MyOp (T) T)
+(rewrite (MyOp a) (Combine (MyOp (Partition a d ax)) d ax) :when ((can-split a d ax)) :name "myop-split")
+"""
+    (rule,) = verify_text(tmp_path, text).rules
+    assert rule.status == "unknown" and "constructor 'MyOp' has no semantics" in rule.message
+
+
+def test_public_api_is_pinned() -> None:
+    import unity_eq.verify as verify
+
+    assert set(verify.__all__) == {
+        "AnalysisDecl",
+        "App",
+        "BoundedResult",
+        "Counterexample",
+        "GenericResult",
+        "Lit",
+        "NumericResult",
+        "Options",
+        "Program",
+        "Report",
+        "Rule",
+        "RuleReport",
+        "RuleSource",
+        "Term",
+        "Var",
+        "load_program",
+        "main",
+        "parse_program",
+        "render",
+        "shipped_rule_files",
+        "verify_program",
+        "verify_rules",
+    }
+    assert all(hasattr(verify, name) for name in verify.__all__)
+
+
+def test_annotation_needs_a_reason(tmp_path: Path) -> None:
+    report = verify_text(tmp_path, UNMIRRORED.format(annotation="; verify: unknown-ok"))
+    assert any("needs a reason" in e and "my_rules.egg:3" in e for e in report.errors)
+
+
+# ------------------------------------------------------------------------------------------ load-time errors
+
+
+def load_errors(tmp_path: Path, text: str) -> list[str]:
+    program, _ = load_program([write(tmp_path, text)])
+    return program.errors
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "what"),
+    [
+        ("(rewrite (Relu a)\n  (Combine (Relu a) 0 ax)\n", "my_rules.egg:1:1", "never closed"),
+        ('(rewrite (Relu a) a :name "r"))\n', "my_rules.egg:1:31", "unexpected ')'"),
+        ('\n\n   (rewrite (Relu a) a :name "r)\n', "my_rules.egg:3:", "unterminated string"),
+    ],
+)
+def test_syntax_errors_name_file_line_and_column(tmp_path: Path, text: str, where: str, what: str) -> None:
+    (error,) = load_errors(tmp_path, text)
+    assert where in error and what in error, error
+
+
+def test_unbound_variables_are_rejected(tmp_path: Path) -> None:
+    errors = load_errors(
+        tmp_path, '(rewrite (Relu a) (Combine (Relu (Partition a k ax)) k ax) :name "shard-relu")\n'
+    )
+    assert any(
+        re.fullmatch(r"rule 'shard-relu' \(\S*my_rules.egg:1\) refers to unbound var k", e) for e in errors
+    )
+    assert any(
+        re.fullmatch(r"rule 'shard-relu' \(\S*my_rules.egg:1\) refers to unbound var ax", e) for e in errors
+    )
+    errors = load_errors(tmp_path, '(rewrite (Relu a) a :when ((< d 2)) :name "guarded")\n')
+    assert any("refers to unbound var d in :when" in e for e in errors)
+
+
+def test_duplicate_names_are_rejected(tmp_path: Path) -> None:
+    text = '(rewrite (Relu a) (Relu a) :name "same")\n(rewrite (Neg a) (Neg a) :name "same")\n'
+    errors = load_errors(tmp_path, text)
+    assert any(
+        re.search(r"rule 'same' \(\S*my_rules.egg:2\) has the name of rule 'same' \(\S*my_rules.egg:1\)", e)
+        for e in errors
+    )
+    # shipped names count too
+    errors = load_errors(tmp_path, '(rewrite (Relu a) (Relu a) :name "relu-split")\n')
+    assert any("rules/parallel/elementwise.egg" in e for e in errors)
+
+
+def test_unknown_names_and_wrong_arity_are_rejected(tmp_path: Path) -> None:
+    text = """
+(rewrite (Relux a) (Relu a) :name "typo")
+(rewrite (MatMul a) (Relu a) :name "arity")
+(rewrite (Relu a) (Relu a) :when ((can-splitt a 0 ax)) :name "bad-guard")
+(rewrite (Relu a) (Relu a) :ruleset nowhere :name "bad-ruleset")
+"""
+    errors = load_errors(tmp_path, text)
+    assert any(
+        re.search(
+            r"rule 'typo' \(\S*my_rules.egg:2\) uses unknown constructor 'Relux'. Did you mean 'Relu'\?", e
+        )
+        for e in errors
+    )
+    assert any(
+        re.search(r"rule 'arity' \(\S*my_rules.egg:3\) calls 'MatMul' with 1 argument, expected 2", e)
+        for e in errors
+    )
+    assert any("'can-splitt'" in e and "Did you mean 'can-split'" in e for e in errors)
+    assert any("undeclared ruleset 'nowhere'" in e for e in errors)
+
+
+def test_load_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, '(rewrite (Relu a) (Combine (Relu (Partition a k ax)) k ax) :name "shard-relu")\n')
+    assert cli_main(["verify", str(path)]) == 2
+    assert "refers to unbound var k" in capsys.readouterr().out
+
+
+def test_schema_names_need_no_declaration(tmp_path: Path) -> None:
+    program, targets = load_program(
+        [write(tmp_path, '(rewrite (Relu (Identity a)) (Relu a) :name "drop-identity")\n')]
+    )
+    assert program.errors == [] and [r.name for r in program.rules if r.file in targets] == ["drop-identity"]
+
+
+# ---------------------------------------------------------------------------------- guard mirrors vs egglog
+
+
+def _egglog(extra: str) -> Any:
+    egraph = bindings.EGraph()
+    root = rules_dir()
+    for name in ("schema.egg", "analysis.egg", "parallel/elementwise.egg", "parallel/matmul.egg"):
+        egraph.run_program(*egraph.parse_program((root / name).read_text(), filename=name))
+    egraph.run_program(*egraph.parse_program(extra))
+    return egraph
+
+
+def _holds(egraph: Any, fact: str) -> bool:
+    try:
+        egraph.run_program(*egraph.parse_program(f"(check {fact})"))
+        return True
+    except bindings.EggSmolError:
+        return False
+
+
+def _ivec(shape: tuple[int, ...]) -> str:
+    return f"(vec-of {' '.join(map(str, shape))})" if shape else "(vec-empty)"
+
+
+def _guard(text: str) -> Any:
+    program = parse_program(
+        [RuleSource("guard.egg", f"(rewrite (Relu z) (Relu z) :when ({text}))")],
+        [RuleSource(f"rules/{n}", (rules_dir() / n).read_text()) for n in ("schema.egg", "analysis.egg")],
+    )
+    assert program.errors == [] and program.rules, program.errors
+    return program.rules[-1].guards[0]
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Add", "Where"])
+def test_guard_mirrors_agree_with_analysis_egg(op: str) -> None:
+    """On sampled instances, each relation the rules use holds in Python exactly when egglog derives it."""
+    names = "abc"
+    for i, (args, out) in enumerate(op_instances(op)[::9][:8]):
+        n_axis = 2 + i % 3
+        tensors = [a for a in args if isinstance(a, VarSpec)]
+        vars_ = names[: len(tensors)]
+        term = f"({op} {' '.join(vars_)})"
+        lines = [f'(mesh-axis "x" {n_axis})', '(axes-1 "x")', *(f"(dim-range {d})" for d in range(8))]
+        lines += [
+            f'(set (shape (Input "{v}")) {_ivec(spec.shape)})' for v, spec in zip(vars_, tensors, strict=True)
+        ]
+        inputs = " ".join(f'(Input "{v}")' for v in vars_)
+        lines += [
+            f"(let $e ({op} {inputs}))",
+            f"(set (shape $e) {_ivec(out)})",
+            "(run-schedule (saturate (run analysis)))",
+        ]
+        egraph = _egglog("\n".join(lines))
+        checks = [(f"(can-split {v} d ax)", f'(can-split (Input "{v}") {{d}} "x")') for v in vars_]
+        if op == "MatMul":
+            checks += [(f"({r} {term} d e)", f"({r} $e {{d}} {{e}})") for r in ("mm-row", "mm-col", "mm-k")]
+            checks.append((f"(mm-batch {term} d e f)", "(mm-batch $e {d} {e} {f})"))
+        else:
+            for v in vars_:
+                checks.append((f"(bc-dim {v} {term} d e)", f'(bc-dim (Input "{v}") $e {{d}} {{e}})'))
+                checks.append((f"(bc-bcast {v} {term} d)", f'(bc-bcast (Input "{v}") $e {{d}})'))
+        sorts = {v: "T" for v in vars_} | {"d": "i64", "e": "i64", "f": "i64", "ax": "String"}
+        specs = dict(zip(vars_, tensors, strict=True))
+        ctx = GuardContext(("x",), {"x": n_axis}, sorts, specs, {}, Placements(("x",)), FACTS)
+        for python_text, egg_text in checks:
+            ints = [v for v in ("d", "e", "f") if "{" + v + "}" in egg_text]
+            holds = {tuple(b[v] for v in ints) for b in solve_guards([_guard(python_text)], {}, ctx)}
+            for combo in itertools.product(range(4), repeat=len(ints)):
+                fact = egg_text.format(**dict(zip(ints, combo, strict=True)))
+                assert _holds(egraph, fact) == (combo in holds), f"{op} {[t.shape for t in tensors]}: {fact}"

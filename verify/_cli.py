@@ -1,0 +1,161 @@
+"""The ``verify`` verb: ``unity-eq verify [PATHS...]`` and ``python -m unity_eq.verify``.
+
+Prints one row per rule (status, kind of proof, time, name, file:line), then the details of every rule that
+is not proven, then a summary. Exit status: 0 iff every rule is proven (or unknown with a reviewed
+``; verify: unknown-ok <reason>`` annotation), 1 when a rule is refuted or unknown, 2 when a file does not
+load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from unity_eq.verify._verify import Options, Report, RuleReport, verify_rules
+
+__all__ = ["main", "render", "run"]
+
+_STYLE = {"proven": "green", "refuted": "bold red", "unknown": "yellow"}
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _value(x: Any, limit: int = 300) -> str:
+    text = json.dumps(x) if not isinstance(x, str) else x
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _details(r: RuleReport, out: Console) -> None:
+    where = f"{r.file}:{r.line}"
+    label = r.status.upper() if r.status != "unknown" or not r.annotation else "UNKNOWN (accepted)"
+    direction = f", {r.direction}" if r.direction else ""
+    out.print(f"[{_STYLE[r.status]}]{label}[/] [bold]{escape(r.name)}[/] ({escape(where)}{direction})")
+    if r.annotation:
+        out.print(f"  annotated: {escape(r.annotation)}")
+    cex = r.counterexample
+    if r.message and (cex is None or cex.message != r.message):
+        out.print(f"  {escape(r.message)}")
+    if cex is None:
+        if r.bounded and r.bounded.reason and r.bounded.reason not in r.message:
+            out.print(f"  bounded: {escape(r.bounded.reason)}")
+        return
+    out.print(f"  case: {escape(cex.case)}")
+    out.print(f"  {cex.kind}: {escape(cex.message)}")
+    if cex.inputs:
+        out.print("  inputs:")
+        for name, value in cex.inputs.items():
+            out.print(f"    {escape(name)} = {escape(_value(value))}")
+    if cex.lhs is not None:
+        out.print(f"  left-hand side  = {escape(_value(cex.lhs))}")
+        out.print(f"  right-hand side = {escape(_value(cex.rhs))}")
+    if cex.check:
+        out.print(f"  failing check: {escape(cex.check)}")
+        out.print(f"    got  = {escape(_value(cex.got))}")
+        out.print(f"    want = {escape(_value(cex.want))}")
+    for fn, interp in cex.functions.items():
+        out.print(f"  function {escape(fn)} = {escape(interp)}")
+
+
+def render(report: Report, out: Console, quiet: bool = False) -> None:
+    """Print the report: a table of every rule (unless ``quiet``), details of failures, a summary."""
+    for error in report.errors:
+        out.print(f"[red]error:[/red] {escape(error)}")
+    if report.rules and not quiet:
+        # aligned plain rows rather than a rich Table: a narrow terminal must not truncate rule names
+        width = max(len(r.name) for r in report.rules)
+        out.print(f"[bold]{'status':<9} {'proof':<8} {'time':>7}  {'rule':<{width}}  where[/bold]")
+        for r in report.rules:
+            status = r.status if not (r.status == "unknown" and r.annotation) else "unknown*"
+            name, where = escape(r.name), escape(f"{r.file}:{r.line}")
+            style = _STYLE[r.status]
+            out.print(f"[{style}]{status:<9}[/] {r.kind:<8} {r.seconds:>5.2f} s  {name:<{width}}  {where}")
+    failing = [r for r in report.rules if r.status != "proven"]
+    if failing:
+        out.print()
+    for r in failing:
+        _details(r, out)
+    kinds: dict[str, int] = {}
+    for r in report.rules:
+        if r.status == "proven":
+            kinds[r.kind] = kinds.get(r.kind, 0) + 1
+    by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    verdict = "[green]ok[/green]" if report.ok else "[bold red]FAILED[/bold red]"
+    proven = f"{report.count('proven')} proven" + (f" ({by_kind})" if by_kind else "")
+    out.print(
+        f"{verdict}: {_n(len(report.rules), 'rule')} in {_n(len(report.files), 'file')}: {proven}, "
+        f"{report.count('refuted')} refuted, {report.count('unknown')} unknown; "
+        f"{report.analyses} analysis declarations (facts only, nothing to prove); "
+        f"{report.seconds:.1f} s, median {report.median_seconds():.3f} s per rule"
+    )
+
+
+def run(
+    paths: Sequence[Path] | None,
+    names: Sequence[str] = (),
+    options: Options = Options(),
+    json_path: str | None = None,
+    quiet: bool = False,
+    out: Console | None = None,
+) -> int:
+    """Verify, print, write the JSON report; return the exit status."""
+    if json_path == "-":
+        out = Console(stderr=True, highlight=False, soft_wrap=True)  # stdout carries the JSON
+    out = out or Console(highlight=False, soft_wrap=True)
+    report = verify_rules(paths or None, names, options)
+    render(report, out, quiet)
+    if json_path:
+        text = json.dumps(report.to_json(), indent=1, default=str)
+        if json_path == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            Path(json_path).write_text(text + "\n")
+    if report.errors:
+        return 2
+    return 0 if report.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m unity_eq.verify [PATHS...] [--rule NAME]...``"""
+    parser = argparse.ArgumentParser(
+        prog="python -m unity_eq.verify",
+        description="Prove rewrite rules sound with z3 (default: every rule shipped in rules/).",
+    )
+    parser.add_argument("paths", nargs="*", type=Path, help=".egg files to verify (with the shipped schema)")
+    parser.add_argument(
+        "--rule", "-r", action="append", default=[], help="verify only this rule (repeatable)"
+    )
+    parser.add_argument("--json", dest="json_path", help="write a JSON report to this file (- for stdout)")
+    parser.add_argument("--jobs", "-j", type=int, default=0, help="worker processes (default: one per CPU)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=Options.budget,
+        help="cases z3 checks per rule (each guard binding at least once)",
+    )
+    parser.add_argument("--timeout", type=int, default=Options.timeout_ms, help="z3 timeout per case, ms")
+    parser.add_argument("--no-generic", action="store_true", help="skip shape-generic proofs")
+    parser.add_argument("--no-numeric", action="store_true", help="skip the numeric back-up")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print only failures and the summary")
+    args = parser.parse_args(argv)
+    options = Options(
+        generic=not args.no_generic,
+        numeric=not args.no_numeric,
+        budget=args.budget,
+        timeout_ms=args.timeout,
+        jobs=args.jobs,
+    )
+    from unity_eq.errors import UnityEqError
+
+    try:
+        return run(args.paths, args.rule, options, args.json_path, args.quiet)
+    except UnityEqError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}")
+        return exc.exit_code

@@ -1,0 +1,724 @@
+"""Small instances of left-hand sides: shapes of the pattern variables and values of the attributes.
+
+Dims range over 1-4. Tensors of rank <= 2 take every shape; rank 3 and 4 take the 16 rows of an orthogonal
+array OA(16, 5, 4, 2) over {1, 2, 3, 4}, so every dim takes every value and every pair of dims every pair of
+values. Elementwise ops with broadcasting cover, at every output position, every combination of (size,
+which operands are full there, which are broadcast): strength-1 over those composite levels, with operands
+of full rank, one rank less, rank 0, or absent when optional. Each operator family has its generator below;
+the attribute values they try are listed there. Instances are what the guards then filter.
+
+``SYMBOLIC`` stands for a float attribute (alpha, epsilon…): it is a free symbol in the proof.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from unity_eq.verify._ast import App, Lit, Term, Var
+from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
+from unity_eq.verify._tensor import ShapeError, infer_shape
+
+from unity_eq.ops import OPS, Family, OpSpec
+
+__all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]
+
+NONE = "<none>"  # a wanted NoneT
+
+
+@dataclass(frozen=True)
+class GenConfig:
+    """``dims``: the sizes every dimension takes (4 values: OA levels); ``max_rank`` of free tensors;
+    ``stride``: keep every stride-th instance of each operator (the numeric back-up samples)."""
+
+    dims: tuple[int, ...] = (1, 2, 3, 4)
+    max_rank: int = 3
+    stride: int = 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shapes
+
+
+def _gf4_mul(a: int, b: int) -> int:
+    if not a or not b:
+        return 0
+    log = {1: 0, 2: 1, 3: 2}
+    exp = [1, 2, 3]
+    return exp[(log[a] + log[b]) % 3]
+
+
+@cache
+def _oa16() -> tuple[tuple[int, ...], ...]:
+    """OA(16, 5, 4, 2): rows (x, y, x+y, x+2y, x+3y) over GF(4)."""
+    rows = []
+    for x in range(4):
+        for y in range(4):
+            rows.append((x, y, x ^ y, x ^ _gf4_mul(2, y), x ^ _gf4_mul(3, y)))
+    return tuple(rows)
+
+
+@cache
+def shapes_of_rank(rank: int, dims: tuple[int, ...] = (1, 2, 3, 4)) -> tuple[tuple[int, ...], ...]:
+    """Every shape of rank <= 2 over ``dims``; the OA(16) rows for ranks 3 to 5."""
+    if rank <= 2:
+        return tuple(itertools.product(dims, repeat=rank))
+    assert len(dims) == 4 and rank <= 5
+    return tuple(tuple(dims[row[i]] for i in range(rank)) for row in _oa16())
+
+
+def _pool(cfg: GenConfig, ranks: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+    ranks = range(cfg.max_rank + 1) if ranks is None else ranks
+    return [s for r in ranks for s in shapes_of_rank(r, cfg.dims)]
+
+
+_LIST_POOL = [(2,), (4,), (1, 2), (2, 2), (4, 2)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Instances per operator: (argument values aligned with the constructor, output shape)
+
+Instance = tuple[tuple[Any, ...], tuple[int, ...]]
+
+
+def _attrs(spec: OpSpec, **given: Any) -> dict[str, Any]:
+    out = {}
+    for arg in spec.args:
+        if arg.kind != "attr" and arg.sort != "IVec":
+            continue
+        if arg.name in given:
+            out[arg.name] = given[arg.name]
+        elif arg.sort == "f64":
+            out[arg.name] = SYMBOLIC
+        elif arg.sort == "i64":
+            out[arg.name] = arg.default if arg.default is not None else 1
+        elif arg.sort == "String":
+            out[arg.name] = arg.default if arg.default is not None else ""
+        else:
+            out[arg.name] = tuple(arg.default) if isinstance(arg.default, tuple | list) else ()
+    return out
+
+
+def _make(
+    spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: int | None = None
+) -> Instance | None:
+    args = []
+    for arg in spec.args:
+        args.append(tensors[arg.name] if arg.sort in ("T", "TList") else attrs[arg.name])
+    if spec.multi_output:
+        args.append(index)
+    shape_args = [
+        (a.shape if isinstance(a, VarSpec) else [x.shape for x in a] if isinstance(a, list) else a)
+        for a in args
+    ]
+    try:
+        out = infer_shape(spec.name, shape_args)
+    except ShapeError:
+        return None
+    return tuple(args), out
+
+
+def _unary(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out = []
+    for shape in _pool(cfg):
+        inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec))
+        if inst:
+            out.append(inst)
+    return out
+
+
+def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    tensors = [a for a in spec.args if a.sort == "T"]
+    k = len(tensors)
+    levels = len(cfg.dims) * 2**k
+    out: list[Instance] = []
+    for r in range(cfg.max_rank + 1):
+        patterns: list[tuple[int | None, ...]] = [(r,) * k]
+        if r >= 1:
+            for i in range(k):
+                patterns.append(tuple(r - 1 if j == i else r for j in range(k)))
+                patterns.append(tuple(0 if j == i else r for j in range(k)))
+        for i, t in enumerate(tensors):
+            if t.optional:
+                patterns.append(tuple(None if j == i else r for j in range(k)))
+        if sum(t.optional for t in tensors) > 1:
+            patterns.append(tuple(None if t.optional else r for t in tensors))
+        runs = levels if r else 1
+        for pattern in patterns:
+            for run in range(runs):
+                dims, states = [], []
+                for p in range(r):
+                    lvl = (run + p * 5) % levels
+                    dims.append(cfg.dims[lvl % len(cfg.dims)])
+                    states.append(lvl // len(cfg.dims))
+                specs: dict[str, Any] = {}
+                for i, arg in enumerate(tensors):
+                    rank = pattern[i]
+                    if rank is None:
+                        specs[arg.name] = None
+                        continue
+                    shape = tuple(dims[p] if not (states[p] >> i) & 1 else 1 for p in range(r - rank, r))
+                    specs[arg.name] = VarSpec(shape)
+                inst = _make(spec, specs, _attrs(spec))
+                if inst:
+                    out.append(inst)
+    return out
+
+
+def _matmul(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    d = cfg.dims
+    for ra, rb in itertools.product((1, 2, 3), repeat=2):
+        if (ra, rb) == (2, 2):
+            rows = [(m, k, n, 1, 0) for m, k, n in itertools.product(d, repeat=3)]
+        else:
+            rows = [(d[row[0]], d[row[1]], d[row[2]], d[row[3]], row[4]) for row in _oa16()]
+        for m, k, n, batch, state in rows:
+            a = (k,) if ra == 1 else (m, k) if ra == 2 else (batch if state & 1 == 0 else 1, m, k)
+            b = (k,) if rb == 1 else (k, n) if rb == 2 else (batch if state & 2 == 0 else 1, k, n)
+            inst = _make(spec, {"A": VarSpec(a), "B": VarSpec(b)}, {})
+            if inst:
+                out.append(inst)
+    return out
+
+
+def _gemm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    d = cfg.dims
+    for ta, tb in itertools.product((0, 1), repeat=2):
+        for i, row in enumerate(_oa16()):
+            m, k, n = d[row[0]], d[row[1]], d[row[2]]
+            a = (k, m) if ta else (m, k)
+            b = (n, k) if tb else (k, n)
+            for c in (None, (m, n), (n,), (1, n), (m, 1), (), (1, 1)):
+                if c is not None and c not in ((m, n), (n,)) and i % 2:
+                    continue  # the rarer bias shapes on every other row
+                inst = _make(
+                    spec,
+                    {"A": VarSpec(a), "B": VarSpec(b), "C": None if c is None else VarSpec(c)},
+                    _attrs(spec, transA=ta, transB=tb),
+                )
+                if inst:
+                    out.append(inst)
+    return out
+
+
+def _softmax(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out = []
+    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
+        for axis in range(len(shape)):
+            inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec, axis=axis))
+            if inst:
+                out.append(inst)
+    return out
+
+
+def _layernorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out = []
+    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+        for axis in range(len(shape)):
+            norm = shape[axis:]
+            bias = VarSpec(norm) if (i + axis) % 2 == 0 else None
+            inst = _make(
+                spec, {"X": VarSpec(shape), "Scale": VarSpec(norm), "B": bias}, _attrs(spec, axis=axis)
+            )
+            if inst:
+                out.append(inst)
+    return out
+
+
+_CONV_1D = [  # (H, kernel, pads, stride, dilation)
+    (3, 2, (0, 0), 1, 1),
+    (4, 3, (1, 1), 2, 1),
+    (2, 1, (0, 0), 1, 1),
+    (4, 2, (1, 0), 1, 2),
+    (1, 1, (0, 0), 2, 1),
+    (3, 3, (1, 1), 1, 1),
+]
+_CONV_2D = [  # (H, W, kernel, pads, strides, dilations)
+    ((3, 2), (2, 2), (0, 0, 0, 0), (1, 1), (1, 1)),
+    ((2, 3), (1, 2), (0, 1, 0, 0), (1, 2), (1, 1)),
+    ((3, 3), (3, 1), (1, 0, 1, 0), (2, 1), (1, 1)),
+]
+
+
+def _conv(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    d = cfg.dims
+    for i, row in enumerate(_oa16()):
+        n, c, m = d[row[0]], d[row[1]], d[row[2]]
+        configs: list[
+            tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+        ] = []
+        h, k, pads, s, dil = _CONV_1D[i % len(_CONV_1D)]
+        configs.append(((h,), (k,), pads, (s,), (dil,)))
+        if i % 2 == 0:
+            hw, kk, pads2, st, dl = _CONV_2D[(i // 2) % len(_CONV_2D)]
+            configs.append((hw, kk, pads2, st, dl))
+        groups = [1] + ([2] if c % 2 == 0 and m % 2 == 0 else [])
+        for (spatial, kern, pads_, strides, dils), g in itertools.product(configs, groups):
+            for with_bias in (True, False):
+                if not with_bias and (i + g) % 2:
+                    continue
+                x, w = VarSpec((n, c, *spatial)), VarSpec((m, c // g, *kern))
+                auto = "VALID" if i % 7 == 3 else "NOTSET"
+                attrs = _attrs(
+                    spec,
+                    auto_pad=auto,
+                    dilations=dils,
+                    group=g,
+                    kernel_shape=kern,
+                    pads=pads_ if auto == "NOTSET" else (),
+                    strides=strides,
+                )
+                inst = _make(spec, {"X": x, "W": w, "B": VarSpec((m,)) if with_bias else None}, attrs)
+                if inst:
+                    out.append(inst)
+    return out
+
+
+Shape = tuple[int, ...]
+_POOL_WINDOWS: list[tuple[Shape, Shape, Shape, Shape, Shape, int, int]] = [
+    # (spatial, kernel, pads, strides, dilations, ceil_mode, count_include_pad)
+    ((3,), (2,), (0, 0), (1,), (1,), 0, 0),
+    ((4,), (3,), (1, 1), (2,), (1,), 1, 1),
+    ((2,), (1,), (0, 0), (2,), (1,), 0, 0),
+    ((3, 2), (2, 2), (1, 0, 0, 1), (2, 1), (1, 1), 1, 0),
+    ((4,), (2,), (0, 0), (1,), (2,), 0, 1),
+    ((3, 3), (2, 1), (0, 0, 0, 0), (1, 1), (1, 1), 0, 1),
+]
+
+
+def _pooling(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
+        if spec.name in ("GlobalAveragePool", "GlobalMaxPool"):
+            for plane in ((3,), (2, 2), (1,))[: 1 + i % 3]:
+                inst = _make(spec, {"X": VarSpec((n, c, *plane))}, {})
+                if inst:
+                    out.append(inst)
+            continue
+        for spatial, kern, pads, strides, dils, ceil, cip in (
+            _POOL_WINDOWS[i % 6],
+            _POOL_WINDOWS[(i + 3) % 6],
+        ):
+            given = dict(kernel_shape=kern, pads=pads, strides=strides, dilations=dils, ceil_mode=ceil)
+            if spec.name == "AveragePool":
+                given["count_include_pad"] = cip
+            inst = _make(spec, {"X": VarSpec((n, c, *spatial))}, _attrs(spec, **given))
+            if inst:
+                out.append(inst)
+    return out
+
+
+def _lrn(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
+        spatial = ((2,), (1, 2), (3,))[i % 3]
+        inst = _make(spec, {"X": VarSpec((n, c, *spatial))}, _attrs(spec, size=1 + i % 3))
+        if inst:
+            out.append(inst)
+    return out
+
+
+def _batchnorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out = []
+    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
+        for spatial in ((), (2,), (2, 1))[: 1 + i % 3]:
+            p = VarSpec((c,))
+            tensors = {"X": VarSpec((n, c, *spatial)), "scale": p, "B": p, "input_mean": p, "input_var": p}
+            inst = _make(spec, tensors, _attrs(spec, training_mode=0))
+            if inst:
+                out.append(inst)
+    return out
+
+
+def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ...]]:
+    if rank == 0:
+        return [()] if total == 1 else []
+    out: list[tuple[int, ...]] = []
+    for first in range(1, min(total, limit) + 1):
+        if total % first == 0:
+            out.extend((first, *rest) for rest in _factorizations(total // first, rank - 1, limit))
+    return out
+
+
+def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    pool = _pool(cfg, range(1, cfg.max_rank + 1))
+    for i, shape in enumerate(pool):
+        if spec.name == "Reshape":
+            total = 1
+            for n in shape:
+                total *= n
+            targets = [t for r in range(1, cfg.max_rank + 1) for t in _factorizations(total, r)]
+            targets = targets[i % 2 :: 2] if len(targets) > 8 else targets
+            for target in targets:
+                inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, shape=target, allowzero=0))
+                if inst:
+                    out.append(inst)
+        elif spec.name == "Flatten":
+            for axis in range(len(shape) + 1):
+                inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec, axis=axis))
+                if inst:
+                    out.append(inst)
+        elif spec.name == "Squeeze":
+            ones = [d for d, n in enumerate(shape) if n == 1]
+            for size in range(1, len(ones) + 1):
+                for axes in itertools.combinations(ones, size):
+                    inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, axes=axes))
+                    if inst:
+                        out.append(inst)
+        else:
+            rank = len(shape)
+            for size in (1, 2):
+                for axes in itertools.combinations(range(rank + size), size):
+                    if size == 2 and (sum(axes) + i) % 2:
+                        continue
+                    inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, axes=axes))
+                    if inst:
+                        out.append(inst)
+    return out
+
+
+def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out = []
+    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
+        for perm in itertools.permutations(range(len(shape))):
+            inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, perm=perm))
+            if inst:
+                out.append(inst)
+    return out
+
+
+def _concat(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    """Lists of 1-3 tensors equal outside ``axis``; along it, the sizes are the shape's own (so every
+    element splits wherever the shape does) or a mix."""
+    out: list[Instance] = []
+    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+        for axis in range(len(shape)):
+            other = cfg.dims[(i + axis) % len(cfg.dims)]
+            for sizes in (
+                (shape[axis],),
+                (shape[axis], shape[axis]),
+                (shape[axis], other),
+                (other, shape[axis], other),
+            ):
+                if len(sizes) == 3 and (i + axis) % 3:
+                    continue
+                items = [VarSpec((*shape[:axis], s, *shape[axis + 1 :])) for s in sizes]
+                inst = _make(spec, {"inputs": items}, _attrs(spec, axis=axis))
+                if inst:
+                    out.append(inst)
+    return out
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(total,)] if total >= 1 else []
+    return [(first, *rest) for first in range(1, total) for rest in _compositions(total - first, parts - 1)]
+
+
+def _split(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+        for axis in range(len(shape)):
+            options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
+            for j, sizes in enumerate(options):
+                if len(options) > 3 and (i + j) % 2:
+                    continue
+                for index in range(len(sizes)):
+                    inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, split=sizes, axis=axis), index)
+                    if inst:
+                        out.append(inst)
+    return out
+
+
+def _slice(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+        rank = len(shape)
+        choices = [(a,) for a in range(rank)] + ([(0, rank - 1)] if rank > 1 else [])
+        for j, axes in enumerate(choices):
+            starts, ends, steps = [], [], []
+            for t, a in enumerate(axes):
+                n = shape[a]
+                start = (i + j + t) % n
+                end = n - (i + t) % max(1, n - start) if n > 1 else 1
+                starts.append(start)
+                ends.append(max(end, start))
+                steps.append(1 + (i + j + t) % 2)
+            given = dict(starts=tuple(starts), ends=tuple(ends), axes=tuple(axes), steps=tuple(steps))
+            inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, **given))
+            if inst:
+                out.append(inst)
+    return out
+
+
+def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    for i, shape in enumerate(_pool(cfg, range(0, cfg.max_rank + 1))):
+        for extra in (0, 1):
+            if len(shape) + extra > cfg.max_rank + 1 or (extra and i % 2):
+                continue
+            target = [cfg.dims[(i + j) % len(cfg.dims)] for j in range(extra)]
+            for j, n in enumerate(shape):
+                target.append(cfg.dims[(i + j) % len(cfg.dims)] if n == 1 else n)
+            for tgt in {
+                tuple(target),
+                tuple(1 if (n > 1 and (i + j) % 3 == 0) else n for j, n in enumerate(target)),
+            }:
+                inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, shape=tgt))
+                if inst:
+                    out.append(inst)
+    return out
+
+
+def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
+    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+        for axis in range(len(shape)):
+            for idx in (
+                idx_shapes[(i + axis) % len(idx_shapes)],
+                idx_shapes[(i + axis + 3) % len(idx_shapes)],
+            ):
+                tensors = {"data": VarSpec(shape), "indices": VarSpec(idx, integer=True, high=shape[axis])}
+                inst = _make(spec, tensors, _attrs(spec, axis=axis))
+                if inst:
+                    out.append(inst)
+    return out
+
+
+def _reduce(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    out: list[Instance] = []
+    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+        rank = len(shape)
+        for size in range(1, rank + 1):
+            for axes in itertools.combinations(range(rank), size):
+                for keep in (0, 1):
+                    if size == rank and size > 1 and keep != i % 2:
+                        continue
+                    inst = _make(
+                        spec,
+                        {"data": VarSpec(shape)},
+                        _attrs(spec, axes=axes, keepdims=keep, noop_with_empty_axes=0),
+                    )
+                    if inst:
+                        out.append(inst)
+    return out
+
+
+_GENERATORS = {
+    Family.UNARY: _unary,
+    Family.BROADCAST: _broadcast,
+    Family.MATMUL: _matmul,
+    Family.GEMM: _gemm,
+    Family.SOFTMAX: _softmax,
+    Family.LAYERNORM: _layernorm,
+    Family.CONV: _conv,
+    Family.POOL: _pooling,
+    Family.LRN: _lrn,
+    Family.BATCHNORM: _batchnorm,
+    Family.RESHAPE: _reshape,
+    Family.TRANSPOSE: _transpose,
+    Family.CONCAT: _concat,
+    Family.SPLIT: _split,
+    Family.SLICE: _slice,
+    Family.EXPAND: _expand,
+    Family.GATHER: _gather,
+    Family.REDUCE: _reduce,
+}
+
+
+@cache
+def op_instances(op: str, cfg: GenConfig = GenConfig()) -> tuple[Instance, ...]:
+    """Every instance of ``op`` the verifier tries (deduplicated, deterministic)."""
+    spec = OPS[op]
+    seen: dict[Any, Instance] = {}
+    for inst in _GENERATORS[spec.family](spec, cfg):
+        seen.setdefault(_key(inst[0]), inst)
+    return tuple(seen.values())[:: cfg.stride]
+
+
+def _key(args: Sequence[Any]) -> Any:
+    return tuple(tuple(a) if isinstance(a, list) else a for a in args)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Left-hand sides
+
+
+def generate_lhs(
+    lhs: Term, sorts: dict[str, str], axes: Sequence[str], cfg: GenConfig = GenConfig()
+) -> Iterator[dict[str, Any]]:
+    """Bindings of the left-hand side's variables: tensor variables map to VarSpec (or None for NoneT),
+    list variables to lists of VarSpec, attribute variables to values, axis variables to mesh axes."""
+    gen = _Gen(sorts, tuple(axes), cfg)
+    if sorts.get(str(lhs)) == "TList" or (isinstance(lhs, App) and lhs.head in LISTS):
+        for binding, _shapes in gen.list_(lhs, None, {}):
+            yield binding
+    else:
+        for binding, _shape in gen.tensor(lhs, None, {}, False):
+            yield binding
+
+
+class _Gen:
+    def __init__(self, sorts: dict[str, str], axes: tuple[str, ...], cfg: GenConfig) -> None:
+        self.sorts = sorts
+        self.axes = axes
+        self.cfg = cfg
+
+    def tensor(
+        self,
+        term: Term,
+        want: Any,
+        binding: dict[str, Any],
+        optional: bool,
+        integer: VarSpec | None = None,
+        pool: Sequence[tuple[int, ...]] | None = None,
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
+        """Bindings under which ``term`` is a tensor of shape ``want`` (None: any; NONE: absent)."""
+        if isinstance(term, Var):
+            if term.name in binding:
+                spec = binding[term.name]
+                shape = NONE if spec is None else spec.shape
+                if want is None or want == shape:
+                    yield binding, shape
+                return
+            if want == NONE:
+                yield {**binding, term.name: None}, NONE
+                return
+            if want is not None:
+                spec = integer if integer is not None and integer.shape == want else VarSpec(want)
+                yield {**binding, term.name: spec}, want
+                return
+            for shape in pool if pool is not None else _pool(self.cfg):
+                yield {**binding, term.name: VarSpec(shape)}, shape
+            if optional:
+                yield {**binding, term.name: None}, NONE
+            return
+        if isinstance(term, Lit):
+            return
+        head = term.head
+        if head == "NoneT":
+            if want is None or want == NONE:
+                yield binding, NONE
+            return
+        if head in PARALLEL:
+            yield from self._parallel(term, want, binding)
+            return
+        spec = OPS.get(head)
+        if spec is None:
+            return  # Input/Weight/Opaque leaves in a pattern: not generated
+        for args, out in op_instances(head, self.cfg):
+            if want is not None and want != out:
+                continue
+            yield from self._unify(spec, term.args, args, binding, out)
+
+    def _parallel(
+        self, term: App, want: Any, binding: dict[str, Any]
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
+        x, axis_arg = term.args[0], term.args[-1]
+        for b1, _axis in self._value(axis_arg, list(self.axes), binding):
+            for b2, shape in self.tensor(x, want, b1, False):
+                if shape == NONE:
+                    continue
+                if term.head in ("Partition", "Combine"):
+                    for b3, _d in self._value(term.args[1], list(range(len(shape))), b2):
+                        yield b3, shape
+                else:
+                    yield b2, shape
+
+    def _value(
+        self, term: Term, candidates: list[Any], binding: dict[str, Any]
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
+        if isinstance(term, Var):
+            if term.name in binding:
+                yield binding, binding[term.name]
+            else:
+                for c in candidates:
+                    yield {**binding, term.name: c}, c
+        elif isinstance(term, Lit):
+            yield binding, term.value
+
+    def _unify(
+        self, spec: OpSpec, pattern: Sequence[Term], args: Sequence[Any], binding: dict[str, Any], out: Any
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
+        sorts = [a.sort for a in spec.args] + (["i64"] if spec.multi_output else [])
+        optional = [a.optional for a in spec.args] + ([False] if spec.multi_output else [])
+
+        def go(i: int, b: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            if i == len(pattern):
+                yield b
+                return
+            p, value, sort = pattern[i], args[i], sorts[i]
+            if sort == "T":
+                want = NONE if value is None else value.shape
+                integer = value if isinstance(value, VarSpec) and value.integer else None
+                for b2, _s in self.tensor(p, want, b, optional[i], integer):
+                    yield from go(i + 1, b2)
+            elif sort == "TList":
+                for b2, _s in self.list_(p, value, b):
+                    yield from go(i + 1, b2)
+            elif isinstance(p, Var):
+                if p.name in b:
+                    if b[p.name] == value or (sort == "f64"):
+                        yield from go(i + 1, b)
+                else:
+                    yield from go(i + 1, {**b, p.name: value})
+            elif isinstance(p, Lit):
+                if sort == "f64" or p.value == value or (sort == "IVec" and tuple(p.value) == tuple(value)):
+                    yield from go(i + 1, b)
+            elif (
+                isinstance(p, App)
+                and p.head in ("vec-of", "vec-empty")
+                and tuple(int(a.value) for a in p.args if isinstance(a, Lit)) == tuple(value)
+            ):
+                yield from go(i + 1, b)
+
+        for b in go(0, binding):
+            yield b, out
+
+    def list_(
+        self, term: Term, want: list[VarSpec] | None, binding: dict[str, Any]
+    ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+        if isinstance(term, Var):
+            if term.name in binding:
+                got = binding[term.name]
+                if want is None or [s.shape for s in want] == [s.shape for s in got]:
+                    yield binding, got
+                return
+            if want is not None:
+                yield {**binding, term.name: list(want)}, list(want)
+                return
+            for length in range(3):
+                for shapes in itertools.product(_LIST_POOL, repeat=length):
+                    specs = [VarSpec(s) for s in shapes]
+                    yield {**binding, term.name: specs}, specs
+            return
+        if not isinstance(term, App):
+            return
+        if term.head == "TNil":
+            if not want:
+                yield binding, []
+            return
+        if term.head == "TCons":
+            head_want = want[0].shape if want else None
+            if want is not None and not want:
+                return
+            for b1, shape in self.tensor(term.args[0], head_want, binding, False, pool=_LIST_POOL):
+                if shape == NONE:
+                    continue
+                rest_want = want[1:] if want is not None else None
+                for b2, rest in self.list_(term.args[1], rest_want, b1):
+                    yield b2, [VarSpec(shape), *rest]
+            return
+        if term.head == "PList":
+            for b1, _axis in self._value(term.args[2], list(self.axes), binding):
+                for b2, items in self.list_(term.args[0], want, b1):
+                    for b3, _d in self._value(term.args[1], list(range(4)), b2):
+                        yield b3, items

@@ -1,0 +1,1097 @@
+"""Shape-generic proofs, TASO's way: tensors are values of an uninterpreted sort, operators uninterpreted
+functions, and a small set of operator axioms (first-order, with E-matching patterns) says how they commute
+with slicing. A rule proven here holds for every shape, every axis size and every value of its attributes.
+
+The vocabulary (all uninterpreted): ``chunk(x, d, i, n)`` is piece ``i`` of ``n`` along dim ``d``;
+``part(x, i, n)`` a piece of a pending sum; ``IsPartial(p, x, i, n)`` says the pieces ``p`` (as ``i`` ranges
+over the axis) sum to ``x``; ``Div(x, d, n)`` says dim ``d`` of ``x`` splits into ``n``; ``shape``, ``vget``,
+``vlen`` read shapes; one function per operator (elementwise ops are ``ew1/ew2/ew3`` of a function symbol, so
+one axiom covers all of them); one predicate per guard relation (``BcDim``, ``MmRow``, ``ReshapeMap``…).
+
+A rule is proven generically when, for every way its axis variables can coincide:
+
+1. placements are consistent (one per term and axis), as in the bounded proof;
+2. every Partition in the right-hand side slices an R (or D) value along a dim that provably splits, and no
+   other axis shards that dim (nor the dim of a Combine);
+3. every operator in the right-hand side maps pieces consistent with its operands' placements to pieces
+   consistent with its own (``op(chunk(a, da, i, n), b) = chunk(op(a, b), d, i, n)``, or ``IsPartial`` for a
+   pending sum): z3 proves it from the axioms and the guards' facts;
+4. the two sides' global values are equal (z3, with algebraic axioms: MatMul associativity and
+   distributivity, Add/Mul commutativity, Concat/Split identities).
+
+Parallel ops need no axioms: Partition, Combine, Reduce and Replicate are typed by placements (a Combine of
+an S(d) value is its gathered value, and so on); the axioms cover regular operators only. Each axiom is an
+identity that the bounded prover checks on the shipped rules that use it. Anything not covered leaves the
+rule to the bounded proof.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+from unity_eq.verify._ast import App, Lit, Rule, Term, Var, walk
+from unity_eq.verify._bounded import rule_axes, unsupported_constructors
+from unity_eq.verify._guards import DerivedFacts, unsupported_relations
+from unity_eq.verify._semantics import LISTS, PARALLEL, Placements, _propagate, _tensor_nodes, state_str
+
+from unity_eq.ops import OPS, Family
+
+__all__ = ["GenericResult", "prove_generic"]
+
+
+@dataclass
+class GenericResult:
+    proven: bool
+    reason: str = ""
+    goals: int = 0
+    seconds: float = 0.0
+
+
+class _Unsupported(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Vocabulary
+
+
+class _Vocab:
+    """Sorts, functions and axioms (built once per process)."""
+
+    def __init__(self) -> None:
+        self.T = z3.DeclareSort("Tensor")
+        self.V = z3.DeclareSort("IVec")
+        self.Fn = z3.DeclareSort("Fn")
+        self.L = z3.DeclareSort("TList")
+        self.Str = z3.DeclareSort("Str")
+        T, V, L, Int, B = self.T, self.V, self.L, z3.IntSort(), z3.BoolSort()
+        F = z3.Function
+        self.chunk = F("chunk", T, Int, Int, Int, T)
+        self.part = F("part", T, Int, Int, T)
+        self.is_partial = F("IsPartial", T, T, Int, Int, B)
+        self.div = F("Div", T, Int, Int, B)
+        self.shape = F("shape", T, V)
+        self.vget = F("vget", V, Int, Int)
+        self.vlen = F("vlen", V, Int)
+        self.lshape = F("lshape", T, Int, Int, V)
+        self.none = z3.Const("none", T)
+        self.nil = z3.Const("nil", L)
+        self.cons = F("cons", T, L, L)
+        self.chunkl = F("chunkl", L, Int, Int, Int, L)
+        self.list_div = F("ListDiv", L, Int, Int, B)
+        self.ew = {k: F(f"ew{k}", self.Fn, *([T] * k), T) for k in (1, 2, 3)}
+        self.rel = {
+            "bc-dim": F("BcDim", T, T, Int, Int, B),
+            "bc-bcast": F("BcB", T, T, Int, B),
+            "mm-row": F("MmRow", T, Int, Int, B),
+            "mm-batch": F("MmBatch", T, Int, Int, Int, B),
+            "mm-col": F("MmCol", T, Int, Int, B),
+            "mm-k": F("MmK", T, Int, Int, B),
+            "perm-map": F("PermMap", V, Int, Int, B),
+            "reshape-map": F("ReshapeMap", V, V, Int, Int, B),
+            "reduce-map": F("ReduceMap", V, Int, Int, Int, Int, B),
+            "vec-contains": F("VContains", V, Int, B),
+        }
+        self._ops: dict[str, z3.FuncDeclRef] = {}
+        self._fns: dict[str, z3.FuncDeclRef] = {}
+        self._consts: dict[tuple[str, Any], Any] = {}
+        self.axioms: dict[str, list[Any]] = {}
+        self._build_axioms()
+
+    # --- operator symbols
+    def sort_of(self, sort: str) -> Any:
+        return {
+            "T": self.T,
+            "TList": self.L,
+            "IVec": self.V,
+            "i64": z3.IntSort(),
+            "f64": z3.RealSort(),
+            "String": self.Str,
+        }[sort]
+
+    def op(self, name: str) -> z3.FuncDeclRef:
+        fn = self._ops.get(name)
+        if fn is None:
+            spec = OPS[name]
+            sorts = [self.sort_of(s) for s in spec.egg_sorts()]
+            fn = z3.Function(f"op.{name}", *sorts, self.T)
+            self._ops[name] = fn
+        return fn
+
+    def fn(self, name: str, attr_sorts: Sequence[str]) -> z3.FuncDeclRef | Any:
+        key = name
+        got = self._fns.get(key)
+        if got is None:
+            if attr_sorts:
+                got = z3.Function(f"fn.{name}", *[self.sort_of(s) for s in attr_sorts], self.Fn)
+            else:
+                got = z3.Const(f"fn.{name}", self.Fn)
+            self._fns[key] = got
+        return got
+
+    def const(self, sort: str, value: Any) -> Any:
+        key = (sort, value)
+        got = self._consts.get(key)
+        if got is None:
+            got = z3.Const(f"vec{list(value)}", self.V) if sort == "IVec" else z3.Const(f"str:{value}", self.Str)
+            self._consts[key] = got
+        return got
+
+    def vec_facts(self, value: tuple[int, ...]) -> list[Any]:
+        v = self.const("IVec", value)
+        return [self.vlen(v) == len(value), *(self.vget(v, k) == x for k, x in enumerate(value))]
+
+    # --- axioms
+    def _add(self, group: str, axiom: Any) -> None:
+        self.axioms.setdefault(group, []).append(axiom)
+
+    def _build_axioms(self) -> None:
+        T = self.T
+        x, y, a, b, c, w, p, q = (z3.Const(n, T) for n in "xyabcwpq")
+        idx = z3.Const("idx", T)
+        d, d2, da, db, dc, i, n, k, axis, ta, tb, g, kd = (
+            z3.Int(s) for s in ("d", "d2", "da", "db", "dc", "i", "n", "k", "axis", "ta", "tb", "g", "kd")
+        )
+        al, be, eps, mom = (z3.Real(s) for s in ("al", "be", "eps", "mom"))
+        f = z3.Const("f", self.Fn)
+        s, s2, axes, dil, ks, pads, st = (z3.Const(v, self.V) for v in ("s", "s2", "axes", "dil", "ks", "pads", "st"))
+        ap = z3.Const("ap", self.Str)
+        lst = z3.Const("l", self.L)
+        ch, ew, rel, FA = self.chunk, self.ew, self.rel, z3.ForAll
+
+        def P(*terms: Any) -> Any:
+            return z3.MultiPattern(*terms) if len(terms) > 1 else terms[0]
+
+        # chunks of absent inputs, pieces of pending sums
+        self._add("core", FA([d, i, n], ch(self.none, d, i, n) == self.none, patterns=[ch(self.none, d, i, n)]))
+        self._add("core", FA([x, i, n], self.is_partial(self.part(x, i, n), x, i, n), patterns=[self.part(x, i, n)]))
+        # elementwise ops commute with slicing: every split mask, operands broadcast or full
+        self._add(
+            "ew",
+            FA(
+                [f, x, d, i, n],
+                ew[1](f, ch(x, d, i, n)) == ch(ew[1](f, x), d, i, n),
+                patterns=[ew[1](f, ch(x, d, i, n))],
+            ),
+        )
+        ops3 = (a, b, c)
+        dims3 = (da, db, dc)
+        for arity in (2, 3):
+            args = ops3[:arity]
+            for mask in range(1, 2**arity):
+                e_ = ew[arity](f, *args)
+                sliced = [ch(args[j], dims3[j], i, n) if mask >> j & 1 else args[j] for j in range(arity)]
+                premises = [
+                    rel["bc-dim"](args[j], e_, d, dims3[j]) if mask >> j & 1 else rel["bc-bcast"](args[j], e_, d)
+                    for j in range(arity)
+                ]
+                bound = [f, *args, d, i, n, *[dims3[j] for j in range(arity) if mask >> j & 1]]
+                first = next(j for j in range(arity) if mask >> j & 1)
+                self._add(
+                    "ew",
+                    FA(
+                        bound,
+                        z3.Implies(z3.And(premises), ew[arity](f, *sliced) == ch(e_, d, i, n)),
+                        patterns=[P(ew[arity](f, *sliced), rel["bc-dim"](args[first], e_, d, dims3[first]))],
+                    ),
+                )
+        # pending sums are linear: Add and Sub of partial pieces
+        for op in ("Add", "Sub"):
+            fo = self.fn(op, ())
+            self._add(
+                "linear",
+                FA(
+                    [p, q, x, y, i, n],
+                    z3.Implies(
+                        z3.And(self.is_partial(p, x, i, n), self.is_partial(q, y, i, n)),
+                        self.is_partial(ew[2](fo, p, q), ew[2](fo, x, y), i, n),
+                    ),
+                    patterns=[P(ew[2](fo, p, q), self.is_partial(p, x, i, n), self.is_partial(q, y, i, n))],
+                ),
+            )
+        # MatMul: rows, batch, columns, contraction (a pending sum)
+        mm = self.op("MatMul")
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, d, da, i, n],
+                z3.Implies(rel["mm-row"](mm(a, b), d, da), mm(ch(a, da, i, n), b) == ch(mm(a, b), d, i, n)),
+                patterns=[P(mm(ch(a, da, i, n), b), rel["mm-row"](mm(a, b), d, da))],
+            ),
+        )
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, d, da, db, i, n],
+                z3.Implies(
+                    rel["mm-batch"](mm(a, b), d, da, db),
+                    mm(ch(a, da, i, n), ch(b, db, i, n)) == ch(mm(a, b), d, i, n),
+                ),
+                patterns=[P(mm(ch(a, da, i, n), ch(b, db, i, n)), rel["mm-batch"](mm(a, b), d, da, db))],
+            ),
+        )
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, d, db, i, n],
+                z3.Implies(rel["mm-col"](mm(a, b), d, db), mm(a, ch(b, db, i, n)) == ch(mm(a, b), d, i, n)),
+                patterns=[P(mm(a, ch(b, db, i, n)), rel["mm-col"](mm(a, b), d, db))],
+            ),
+        )
+        self._add(
+            "MatMul",
+            FA(
+                [a, b, da, db, i, n],
+                z3.Implies(
+                    z3.And(rel["mm-k"](mm(a, b), da, db), self.div(a, da, n), self.div(b, db, n)),
+                    self.is_partial(mm(ch(a, da, i, n), ch(b, db, i, n)), mm(a, b), i, n),
+                ),
+                patterns=[mm(ch(a, da, i, n), ch(b, db, i, n))],
+            ),
+        )
+        # Gemm = alpha * op(A) @ op(B) + beta * C
+        gm = self.op("Gemm")
+
+        def gemm(a_: Any, b_: Any, c_: Any) -> Any:
+            return gm(a_, b_, c_, al, be, ta, tb)
+
+        full = gemm(a, b, c)
+        gb = [a, b, c, al, be, ta, tb, i, n]
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k],
+                z3.Implies(
+                    z3.And(k == ta, rel["bc-bcast"](c, full, 0)),
+                    gemm(ch(a, k, i, n), b, c) == ch(full, 0, i, n),
+                ),
+                patterns=[gemm(ch(a, k, i, n), b, c)],
+            ),
+        )
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k, dc],
+                z3.Implies(
+                    z3.And(k == ta, rel["bc-dim"](c, full, 0, dc)),
+                    gemm(ch(a, k, i, n), b, ch(c, dc, i, n)) == ch(full, 0, i, n),
+                ),
+                patterns=[gemm(ch(a, k, i, n), b, ch(c, dc, i, n))],
+            ),
+        )
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k],
+                z3.Implies(
+                    z3.And(k == 1 - tb, rel["bc-bcast"](c, full, 1)),
+                    gemm(a, ch(b, k, i, n), c) == ch(full, 1, i, n),
+                ),
+                patterns=[gemm(a, ch(b, k, i, n), c)],
+            ),
+        )
+        self._add(
+            "Gemm",
+            FA(
+                [*gb, k, dc],
+                z3.Implies(
+                    z3.And(k == 1 - tb, rel["bc-dim"](c, full, 1, dc)),
+                    gemm(a, ch(b, k, i, n), ch(c, dc, i, n)) == ch(full, 1, i, n),
+                ),
+                patterns=[gemm(a, ch(b, k, i, n), ch(c, dc, i, n))],
+            ),
+        )
+        kb = z3.Int("kb")
+        nogemm = gm(a, b, self.none, al, be, ta, tb)
+        self._add(
+            "Gemm",
+            FA(
+                [a, b, al, be, ta, tb, i, n, k, kb],
+                z3.Implies(
+                    z3.And(k == 1 - ta, kb == tb, self.div(a, k, n), self.div(b, kb, n)),
+                    self.is_partial(gm(ch(a, k, i, n), ch(b, kb, i, n), self.none, al, be, ta, tb), nogemm, i, n),
+                ),
+                patterns=[gm(ch(a, k, i, n), ch(b, kb, i, n), self.none, al, be, ta, tb)],
+            ),
+        )
+        # Conv: batch, output channels (group 1), input channels (group 1, no bias: a pending sum)
+        cv = self.op("Conv")
+
+        def conv(x_: Any, w_: Any, b_: Any, g_: Any) -> Any:
+            return cv(x_, w_, b_, ap, dil, g_, ks, pads, st)
+
+        cb = [x, w, b, ap, dil, ks, pads, st, i, n]
+        self._add(
+            "Conv",
+            FA(
+                [*cb, g],
+                conv(ch(x, 0, i, n), w, b, g) == ch(conv(x, w, b, g), 0, i, n),
+                patterns=[conv(ch(x, 0, i, n), w, b, g)],
+            ),
+        )
+        self._add(
+            "Conv",
+            FA(
+                cb,
+                conv(x, ch(w, 0, i, n), ch(b, 0, i, n), 1) == ch(conv(x, w, b, 1), 1, i, n),
+                patterns=[conv(x, ch(w, 0, i, n), ch(b, 0, i, n), 1)],
+            ),
+        )
+        self._add(
+            "Conv",
+            FA(
+                [x, w, ap, dil, ks, pads, st, i, n],
+                z3.Implies(
+                    z3.And(self.div(x, 1, n), self.div(w, 1, n)),
+                    self.is_partial(conv(ch(x, 1, i, n), ch(w, 1, i, n), self.none, 1), conv(x, w, self.none, 1), i, n),
+                ),
+                patterns=[conv(ch(x, 1, i, n), ch(w, 1, i, n), self.none, 1)],
+            ),
+        )
+        # pooling works per (batch, channel) plane; LRN per batch item; BatchNormalization per channel
+        cm, so_, cip = z3.Int("cm"), z3.Int("so_"), z3.Int("cip")
+        mp, avp = self.op("MaxPool"), self.op("AveragePool")
+        for name, fn_, extra in (
+            ("MaxPool", lambda t: mp(t, ap, cm, dil, ks, pads, so_, st), [ap, cm, dil, ks, pads, so_, st]),
+            (
+                "AveragePool",
+                lambda t: avp(t, ap, cm, cip, dil, ks, pads, st),
+                [ap, cm, cip, dil, ks, pads, st],
+            ),
+            ("GlobalAveragePool", lambda t: self.op("GlobalAveragePool")(t), []),
+            ("GlobalMaxPool", lambda t: self.op("GlobalMaxPool")(t), []),
+        ):
+            self._add(
+                name,
+                FA(
+                    [x, d, i, n, *extra],
+                    z3.Implies(z3.And(d >= 0, d < 2), fn_(ch(x, d, i, n)) == ch(fn_(x), d, i, n)),
+                    patterns=[fn_(ch(x, d, i, n))],
+                ),
+            )
+        lrn = self.op("LRN")
+        bi = z3.Real("bi")
+        self._add(
+            "LRN",
+            FA(
+                [x, al, be, bi, k, i, n],
+                lrn(ch(x, 0, i, n), al, be, bi, k) == ch(lrn(x, al, be, bi, k), 0, i, n),
+                patterns=[lrn(ch(x, 0, i, n), al, be, bi, k)],
+            ),
+        )
+        bn = self.op("BatchNormalization")
+        m_, v_ = z3.Const("m", T), z3.Const("v", T)
+        self._add(
+            "BatchNormalization",
+            FA(
+                [x, w, b, m_, v_, eps, mom, i, n],
+                bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0) == ch(bn(x, w, b, m_, v_, eps, mom, 0), 0, i, n),
+                patterns=[bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0)],
+            ),
+        )
+        self._add(
+            "BatchNormalization",
+            FA(
+                [x, w, b, m_, v_, eps, mom, i, n],
+                bn(
+                    ch(x, 1, i, n),
+                    ch(w, 0, i, n),
+                    ch(b, 0, i, n),
+                    ch(m_, 0, i, n),
+                    ch(v_, 0, i, n),
+                    eps,
+                    mom,
+                    0,
+                )
+                == ch(bn(x, w, b, m_, v_, eps, mom, 0), 1, i, n),
+                patterns=[
+                    bn(
+                        ch(x, 1, i, n),
+                        ch(w, 0, i, n),
+                        ch(b, 0, i, n),
+                        ch(m_, 0, i, n),
+                        ch(v_, 0, i, n),
+                        eps,
+                        mom,
+                        0,
+                    )
+                ],
+            ),
+        )
+        # normalizations along an axis commute with slicing another (LayerNorm: an outer dim)
+        for name in ("Softmax", "LogSoftmax"):
+            sm = self.op(name)
+            self._add(
+                name,
+                FA(
+                    [x, d, axis, i, n],
+                    z3.Implies(d != axis, sm(ch(x, d, i, n), axis) == ch(sm(x, axis), d, i, n)),
+                    patterns=[sm(ch(x, d, i, n), axis)],
+                ),
+            )
+        ln = self.op("LayerNormalization")
+        self._add(
+            "LayerNormalization",
+            FA(
+                [x, w, b, axis, eps, k, d, i, n],
+                z3.Implies(
+                    z3.And(d >= 0, d < axis),
+                    ln(ch(x, d, i, n), w, b, axis, eps, k) == ch(ln(x, w, b, axis, eps, k), d, i, n),
+                ),
+                patterns=[ln(ch(x, d, i, n), w, b, axis, eps, k)],
+            ),
+        )
+        # data movement: a split of d before is a split of d2 after (reshape-map, perm-map, reduce-map)
+        rs, zz = self.op("Reshape"), z3.Int("zz")
+        out = rs(x, s, zz)
+        self._add(
+            "Reshape",
+            FA(
+                [x, s, zz, d, d2, i, n],
+                z3.Implies(
+                    z3.And(
+                        rel["reshape-map"](self.shape(x), self.shape(out), d, d2),
+                        self.div(x, d, n),
+                        self.vget(self.shape(out), d2) % n == 0,
+                    ),
+                    rs(ch(x, d, i, n), self.lshape(out, d2, n), zz) == ch(out, d2, i, n),
+                ),
+                patterns=[rs(ch(x, d, i, n), self.lshape(out, d2, n), zz)],
+            ),
+        )
+        self._add(
+            "Reshape",
+            FA([x, s, zz], rs(x, self.shape(out), zz) == out, patterns=[rs(x, self.shape(out), zz)]),
+        )
+        for name, build in (
+            ("Flatten", lambda t: self.op("Flatten")(t, axis)),
+            ("Squeeze", lambda t: self.op("Squeeze")(t, axes)),
+            ("Unsqueeze", lambda t: self.op("Unsqueeze")(t, axes)),
+        ):
+            o = build(x)
+            bound = [x, d, d2, i, n, axis if name == "Flatten" else axes]
+            self._add(
+                name,
+                FA(
+                    bound,
+                    z3.Implies(
+                        z3.And(
+                            rel["reshape-map"](self.shape(x), self.shape(o), d, d2),
+                            self.div(x, d, n),
+                            self.vget(self.shape(o), d2) % n == 0,
+                        ),
+                        build(ch(x, d, i, n)) == ch(o, d2, i, n),
+                    ),
+                    patterns=[P(build(ch(x, d, i, n)), rel["reshape-map"](self.shape(x), self.shape(o), d, d2))],
+                ),
+            )
+        tr = self.op("Transpose")
+        self._add(
+            "Transpose",
+            FA(
+                [x, s, d, d2, i, n],
+                z3.Implies(rel["perm-map"](s, d, d2), tr(ch(x, d, i, n), s) == ch(tr(x, s), d2, i, n)),
+                patterns=[P(tr(ch(x, d, i, n), s), rel["perm-map"](s, d, d2))],
+            ),
+        )
+        cc = self.op("Concat")
+        self._add(
+            "Concat",
+            FA(
+                [lst, d, axis, i, n],
+                z3.Implies(
+                    z3.And(d != axis, self.list_div(lst, d, n)),
+                    cc(self.chunkl(lst, d, i, n), axis) == ch(cc(lst, axis), d, i, n),
+                ),
+                patterns=[cc(self.chunkl(lst, d, i, n), axis)],
+            ),
+        )
+        self._add(
+            "lists",
+            FA(
+                [x, lst, d, i, n],
+                self.chunkl(self.cons(x, lst), d, i, n) == self.cons(ch(x, d, i, n), self.chunkl(lst, d, i, n)),
+                patterns=[self.chunkl(self.cons(x, lst), d, i, n)],
+            ),
+        )
+        self._add(
+            "lists",
+            FA(
+                [d, i, n],
+                self.chunkl(self.nil, d, i, n) == self.nil,
+                patterns=[self.chunkl(self.nil, d, i, n)],
+            ),
+        )
+        self._add(
+            "lists",
+            FA(
+                [x, lst, d, n],
+                self.list_div(self.cons(x, lst), d, n) == z3.And(self.div(x, d, n), self.list_div(lst, d, n)),
+                patterns=[self.list_div(self.cons(x, lst), d, n)],
+            ),
+        )
+        sp = self.op("Split")
+        self._add(
+            "Split",
+            FA(
+                [x, s, axis, k, d, i, n],
+                z3.Implies(d != axis, sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n)),
+                patterns=[sp(ch(x, d, i, n), s, axis, k)],
+            ),
+        )
+        sl = self.op("Slice")
+        s3 = z3.Const("s3", self.V)
+        self._add(
+            "Slice",
+            FA(
+                [x, s, s2, axes, s3, d, i, n],
+                z3.Implies(
+                    z3.Not(rel["vec-contains"](axes, d)),
+                    sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
+                ),
+                patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
+            ),
+        )
+        ex = self.op("Expand")
+        eo = ex(x, s)
+        self._add(
+            "Expand",
+            FA(
+                [x, s, d, da, i, n],
+                z3.Implies(
+                    z3.And(rel["bc-dim"](x, eo, d, da), self.div(x, da, n)),
+                    ex(ch(x, da, i, n), self.lshape(eo, d, n)) == ch(eo, d, i, n),
+                ),
+                patterns=[P(ex(ch(x, da, i, n), self.lshape(eo, d, n)), rel["bc-dim"](x, eo, d, da))],
+            ),
+        )
+        self._add("Expand", FA([x, s], ex(x, self.shape(eo)) == eo, patterns=[ex(x, self.shape(eo))]))
+        ga = self.op("Gather")
+        self._add(
+            "Gather",
+            FA(
+                [x, idx, axis, d, i, n],
+                ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n),
+                patterns=[ga(x, ch(idx, d, i, n), axis)],
+            ),
+        )
+        self._add(
+            "Gather",
+            FA(
+                [x, idx, axis, d, i, n],
+                z3.Implies(z3.And(d >= 0, d < axis), ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n)),
+                patterns=[ga(ch(x, d, i, n), idx, axis)],
+            ),
+        )
+        self._add(
+            "Gather",
+            FA(
+                [x, idx, axis, d, i, n],
+                z3.Implies(
+                    d > axis,
+                    ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d + self.vlen(self.shape(idx)) - 1, i, n),
+                ),
+                patterns=[ga(ch(x, d, i, n), idx, axis)],
+            ),
+        )
+        for name in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
+            rd = self.op(name)
+            self._add(
+                name,
+                FA(
+                    [x, axes, k, kd, d, d2, i, n],
+                    z3.Implies(
+                        rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2),
+                        rd(ch(x, d, i, n), axes, k, kd) == ch(rd(x, axes, k, kd), d2, i, n),
+                    ),
+                    patterns=[
+                        P(
+                            rd(ch(x, d, i, n), axes, k, kd),
+                            rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2),
+                        )
+                    ],
+                ),
+            )
+        rsum = self.op("ReduceSum")
+        self._add(
+            "ReduceSum",
+            FA(
+                [x, axes, k, kd, d, i, n],
+                z3.Implies(
+                    z3.And(rel["vec-contains"](axes, d), self.div(x, d, n)),
+                    self.is_partial(rsum(ch(x, d, i, n), axes, k, kd), rsum(x, axes, k, kd), i, n),
+                ),
+                patterns=[rsum(ch(x, d, i, n), axes, k, kd)],
+            ),
+        )
+
+        # algebra on global values (TASO's kind of axioms)
+        def rank2(t: Any) -> Any:
+            return self.vlen(self.shape(t)) >= 2
+
+        self._add(
+            "algebra",
+            FA(
+                [a, b, c],
+                z3.Implies(z3.And(rank2(a), rank2(b), rank2(c)), mm(mm(a, b), c) == mm(a, mm(b, c))),
+                patterns=[mm(mm(a, b), c), mm(a, mm(b, c))],
+            ),
+        )
+        add, mul = self.fn("Add", ()), self.fn("Mul", ())
+        self._add(
+            "algebra",
+            FA(
+                [a, b, c],
+                z3.Implies(self.shape(b) == self.shape(c), mm(a, ew[2](add, b, c)) == ew[2](add, mm(a, b), mm(a, c))),
+                patterns=[mm(a, ew[2](add, b, c))],
+            ),
+        )
+        self._add(
+            "algebra",
+            FA(
+                [a, b, c],
+                z3.Implies(self.shape(a) == self.shape(b), mm(ew[2](add, a, b), c) == ew[2](add, mm(a, c), mm(b, c))),
+                patterns=[mm(ew[2](add, a, b), c)],
+            ),
+        )
+        for fo in (add, mul):
+            self._add("algebra", FA([a, b], ew[2](fo, a, b) == ew[2](fo, b, a), patterns=[ew[2](fo, a, b)]))
+        two = self.cons(a, self.cons(b, self.nil))
+        self._add(
+            "algebra",
+            FA(
+                [a, b, axis, s],
+                z3.Implies(
+                    z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
+                    sp(cc(two, axis), s, axis, 0) == a,
+                ),
+                patterns=[sp(cc(two, axis), s, axis, 0)],
+            ),
+        )
+        self._add(
+            "algebra",
+            FA(
+                [a, b, axis, s],
+                z3.Implies(
+                    z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
+                    sp(cc(two, axis), s, axis, 1) == b,
+                ),
+                patterns=[sp(cc(two, axis), s, axis, 1)],
+            ),
+        )
+        self._add(
+            "algebra",
+            FA(
+                [f, a, b, axis],
+                ew[1](f, cc(two, axis)) == cc(self.cons(ew[1](f, a), self.cons(ew[1](f, b), self.nil)), axis),
+                patterns=[ew[1](f, cc(two, axis))],
+            ),
+        )
+
+
+_VOCAB: _Vocab | None = None
+
+
+def _vocab() -> _Vocab:
+    global _VOCAB
+    if _VOCAB is None:
+        _VOCAB = _Vocab()
+    return _VOCAB
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Translating a rule
+
+
+_ELEMENTWISE = (Family.UNARY, Family.BROADCAST)
+
+
+class _Rule:
+    """A rule's terms and guards over the vocabulary, for one assignment of axis variables to axes."""
+
+    def __init__(self, rule: Rule, axis_class: dict[str, str], facts_db: DerivedFacts) -> None:
+        self.rule = rule
+        self.z = _vocab()
+        self.sorts = rule.var_sorts
+        self.axis_class = axis_class
+        self.facts: list[Any] = []
+        self.bound: dict[str, Any] = {}
+        self.placed: dict[tuple[str, str], tuple[str, Any]] = {}
+        self.dims: dict[str, Any] = {}
+        self.axes = tuple(dict.fromkeys(axis_class.values()))
+        self.n = {ax: z3.Int(f"n@{ax}") for ax in self.axes}
+        self.i = {ax: z3.Int(f"i@{ax}") for ax in self.axes}
+        self.groups: set[str] = {"core", "lists"}
+        for ax in self.axes:
+            self.facts += [self.n[ax] >= 1, self.i[ax] >= 0, self.i[ax] < self.n[ax]]
+        self.facts_db = facts_db
+
+    # --- values
+    def var(self, name: str) -> Any:
+        if name in self.bound:
+            return self.bound[name]
+        sort = self.sorts.get(name)
+        value = (
+            z3.Const(name, self.z.sort_of(sort))
+            if sort in ("T", "TList", "IVec", "String")
+            else (z3.Real(name) if sort == "f64" else z3.Int(name))
+        )
+        self.bound[name] = value
+        return value
+
+    def value(self, term: Term) -> Any:
+        """The global value of a term (parallel ops are the identity)."""
+        z = self.z
+        if isinstance(term, Var):
+            if term.name in self.axis_class:
+                return term.name
+            return self.var(term.name)
+        if isinstance(term, Lit):
+            if term.sort == "i64":
+                return z3.IntVal(int(term.value))
+            if term.sort == "f64":
+                return z3.RealVal(float(term.value))
+            return z.const("String", term.value)
+        head, args = term.head, term.args
+        if head in PARALLEL:
+            return self.value(args[0])
+        if head == "PList":
+            return self.value(args[0])
+        if head == "NoneT":
+            return z.none
+        if head == "TNil":
+            return z.nil
+        if head == "TCons":
+            return z.cons(self.value(args[0]), self.value(args[1]))
+        if head in ("+", "-", "*"):
+            left, right = self.value(args[0]), self.value(args[1])
+            return left + right if head == "+" else left - right if head == "-" else left * right
+        if head == "vec-of" and all(isinstance(a, Lit) for a in args):
+            vec = tuple(int(a.value) for a in args)
+            self.facts += z.vec_facts(vec)
+            return z.const("IVec", vec)
+        if head == "vec-empty":
+            self.facts += z.vec_facts(())
+            return z.const("IVec", ())
+        if head == "shape":
+            return z.shape(self.value(args[0]))
+        if head == "vec-length":
+            return z.vlen(self.value(args[0]))
+        if head == "vec-get":
+            return z.vget(self.value(args[0]), self.value(args[1]))
+        if head == "%":
+            return self.value(args[0]) % self.value(args[1])
+        if head in ("R", "D", "P"):
+            return (head, None)
+        if head in OPS:
+            return self.apply(head, [self.value(a) for a in args])
+        raise _Unsupported(f"no generic semantics for {head}")
+
+    def apply(self, head: str, args: list[Any]) -> Any:
+        z = self.z
+        spec = OPS[head]
+        if spec.family in _ELEMENTWISE:
+            tensors = [args[i] for i in spec.tensor_args]
+            attrs = [args[i] for i in range(len(spec.args)) if i not in spec.tensor_args]
+            attr_sorts = [spec.args[i].sort for i in range(len(spec.args)) if i not in spec.tensor_args]
+            fn = z.fn(head, attr_sorts)
+            f = fn(*attrs) if attr_sorts else fn
+            self.groups.add("ew")
+            self.groups.add("linear")
+            return z.ew[len(tensors)](f, *tensors)
+        self.groups.add(head)
+        return z.op(head)(*args)
+
+    # --- guards
+    def guard(self, fact: Term) -> None:
+        z = self.z
+        if not isinstance(fact, App):
+            raise _Unsupported(f"guard {fact}")
+        head, args = fact.head, fact.args
+        if head == "=":
+            left, right = args
+            for target, other in ((left, right), (right, left)):
+                if (
+                    isinstance(target, Var)
+                    and target.name not in self.bound
+                    and self.sorts.get(target.name) != "String"
+                ):
+                    self.bound[target.name] = self.value(other)
+                    return
+            self.facts.append(self.value(left) == self.value(right))
+            return
+        if head in ("<", ">", "<=", ">=", "!="):
+            if any(isinstance(a, Var) and self.sorts.get(a.name) == "String" for a in args):
+                return  # axis (in)equalities decide the axis classes
+            lv, rv = self.value(args[0]), self.value(args[1])
+            self.facts.append({"<": lv < rv, ">": lv > rv, "<=": lv <= rv, ">=": lv >= rv, "!=": lv != rv}[head])
+            return
+        if head == "vec-contains":
+            self.facts.append(z.rel["vec-contains"](self.value(args[0]), self.value(args[1])))
+            return
+        if head == "vec-not-contains":
+            self.facts.append(z3.Not(z.rel["vec-contains"](self.value(args[0]), self.value(args[1]))))
+            return
+        if head == "mesh-axis":
+            ax = self.axis(args[0])
+            self.facts.append(self.value(args[1]) == self.n[ax])
+            return
+        if head == "dim-range":
+            d = self.value(args[0])
+            self.facts += [d >= 0, d < 8]
+            return
+        if head in ("can-split", "can-split-opt", "splittable-size"):
+            x, d, ax = self.value(args[0]), self.value(args[1]), self.axis(args[2])
+            split = z3.And(z.div(x, d, self.n[ax]), d >= 0, d < z.vlen(z.shape(x)), self.n[ax] >= 2)
+            self.facts.append(z3.Or(x == z.none, split) if head == "can-split-opt" else split)
+            if head != "can-split-opt" and isinstance(args[0], Var):
+                self.placed[(args[0].name, ax)] = ("R", None)
+            return
+        if head == "list-can-split":
+            l_, d, ax = self.value(args[0]), self.value(args[1]), self.axis(args[2])
+            self.facts += [z.list_div(l_, d, self.n[ax]), d >= 0, self.n[ax] >= 2]
+            return
+        if head == "placed":
+            if not isinstance(args[0], Var):
+                raise _Unsupported(f"placed on a term: {fact}")
+            st = args[2]
+            if isinstance(st, App) and st.head in ("R", "D", "P") and not st.args:
+                self.placed[(args[0].name, self.axis(args[1]))] = (st.head, None)
+                return
+            if isinstance(st, App) and st.head == "S" and len(st.args) == 1:
+                self.placed[(args[0].name, self.axis(args[1]))] = ("S", self.dim_key(st.args[0]))
+                return
+            raise _Unsupported(f"guard {fact}")
+        if head in z.rel and head not in ("vec-contains",):
+            self.facts.append(z.rel[head](*[self.value(a) for a in args]))
+            return
+        if head == "bcast-operand" or head in self.facts_db.relations:
+            return  # declared by analysis rules: implied by the shapes the other guards constrain
+        raise _Unsupported(f"no axiom for guard relation '{head}'")
+
+    def axis(self, term: Term) -> str:
+        if isinstance(term, Var) and term.name in self.axis_class:
+            return self.axis_class[term.name]
+        if isinstance(term, Lit):
+            return self.axis_class.get(f"lit:{term.value}", str(term.value))
+        raise _Unsupported(f"axis {term} is not an axis variable")
+
+    # --- placements with symbolic dims
+    def dim_key(self, term: Term) -> str:
+        expr = z3.simplify(self.value(term))
+        key = str(expr)
+        self.dims[key] = expr
+        return key
+
+
+def _axis_classes(rule: Rule, axis_vars: list[str], literals: list[str]) -> list[dict[str, str]]:
+    """Every way the axis variables can name axes (equal or distinct) that the guards allow."""
+    distinct = set()
+    for g in rule.guards:
+        if isinstance(g, App) and g.head == "!=" and all(isinstance(a, Var) and a.name in axis_vars for a in g.args):
+            distinct.add(frozenset(a.name for a in g.args))
+    names = [*axis_vars, *(f"lit:{v}" for v in literals)]
+    out = []
+    for labels in itertools.product(range(len(names)), repeat=len(names)):
+        if any(labels[j] > max(labels[:j], default=-1) + 1 for j in range(len(labels))):
+            continue  # canonical set partitions only
+        assignment = {name: f"ax{labels[j]}" for j, name in enumerate(names)}
+        lits = [assignment[f"lit:{v}"] for v in literals]
+        if len(set(lits)) != len(lits):
+            continue
+        if any(assignment[a] == assignment[b] for a, b in (tuple(p) for p in distinct)):
+            continue
+        out.append(assignment)
+    return out
+
+
+def prove_generic(rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000) -> GenericResult:
+    """Try a shape-generic proof (see the module docstring). Never raises for unsupported rules."""
+    start = time.perf_counter()
+    result = GenericResult(False)
+    if unsupported_relations(rule.guards, facts) or unsupported_constructors(rule):
+        result.reason = "a guard relation or constructor has no axiom"
+        result.seconds = time.perf_counter() - start
+        return result
+    axis_vars, literals = rule_axes(rule)
+    try:
+        for assignment in _axis_classes(rule, axis_vars, literals):
+            _prove_one(rule, assignment, facts, timeout_ms, result)
+        result.proven = True
+    except _Unsupported as exc:
+        result.reason = str(exc)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _prove_one(
+    rule: Rule, assignment: dict[str, str], facts_db: DerivedFacts, timeout_ms: int, result: GenericResult
+) -> None:
+    r = _Rule(rule, assignment, facts_db)
+    z = r.z
+    for g in rule.guards:
+        r.guard(g)
+    axes = r.axes or ("ax0",)
+    if not r.axes:
+        r.axes = axes
+        r.n["ax0"], r.i["ax0"] = z3.Int("n@ax0"), z3.Int("i@ax0")
+    sorts = r.sorts
+
+    def is_tensor(t: Term) -> bool:
+        return isinstance(t, Var) and sorts.get(t.name) == "T"
+
+    def dim_of(t: Term) -> str:
+        return r.dim_key(t)
+
+    def axis_of(t: Term) -> str:
+        return r.axis(t)
+
+    lhs, rhs = rule.lhs, rule.rhs
+    pl = Placements(axes)
+    for (var, ax), (kind, key) in r.placed.items():
+        pl.add(Var(var), ax, (kind, key if kind == "S" else -1))
+    _propagate(pl, [lhs], dim_of, axis_of, is_tensor)
+    tensor_vars = [v for v, s in sorts.items() if s == "T"]
+    for v in tensor_vars:
+        for ax in axes:
+            if not pl.get(Var(v), ax):
+                pl.add(Var(v), ax, ("R", -1))
+    _propagate(pl, [lhs], dim_of, axis_of, is_tensor)
+    lhs_nodes = _tensor_nodes(lhs, is_tensor)
+    if any(len(pl.get(t, ax)) > 1 for t in lhs_nodes for ax in axes):
+        raise _Unsupported("the left-hand side has conflicting placements")
+    roots = [(lhs, rhs)] if not (isinstance(lhs, App) and lhs.head in LISTS) else []
+    for _ in range(3):
+        for left, right in roots:
+            for ax in axes:
+                for st in list(pl.get(left, ax)):
+                    pl.add(right, ax, st)
+                for st in list(pl.get(right, ax)):
+                    pl.add(left, ax, st)
+        _propagate(pl, [lhs, rhs], dim_of, axis_of, is_tensor)
+    rhs_nodes = _tensor_nodes(rhs, is_tensor)
+    check_nodes = [*rhs_nodes, *(Var(v) for v in tensor_vars)] + ([lhs] if roots else [])
+    for t in check_nodes:
+        for ax in axes:
+            got = pl.get(t, ax)
+            if len(got) != 1:
+                states = " and ".join(state_str(s) for s in sorted(got, key=str)) or "no state"
+                raise _Unsupported(f"{t} has {states} on axis {ax}")
+
+    def state(t: Term, ax: str) -> tuple[str, Any]:
+        kind, key = next(iter(pl.get(t, ax)))
+        return kind, (r.dims[key] if kind == "S" else None)
+
+    # facts the left-hand side implies: its slices split, its sharded variables split
+    for t in walk(lhs):
+        if isinstance(t, App) and t.head == "Partition":
+            r.facts.append(z.div(r.value(t.args[0]), r.value(t.args[1]), r.n[r.axis(t.args[2])]))
+        elif isinstance(t, App) and t.head == "PList":
+            r.facts.append(z.list_div(r.value(t.args[0]), r.value(t.args[1]), r.n[r.axis(t.args[2])]))
+    for v in tensor_vars:
+        for ax in axes:
+            kind, dim = state(Var(v), ax)
+            if kind == "S":
+                r.facts.append(z.div(r.var(v), dim, r.n[ax]))
+
+    def expected(t: Term, value: Any) -> Any:
+        out = value
+        for ax in axes:
+            kind, dim = state(t, ax)
+            if kind == "S":
+                out = z.chunk(out, dim, r.i[ax], r.n[ax])
+        return out
+
+    def piece(t: Term) -> Any:
+        """The device's piece of an operand, from its placement (pieces of a P value are a free part)."""
+        if isinstance(t, Var) and sorts.get(t.name) != "T":
+            return r.value(t)
+        if isinstance(t, Lit):
+            return r.value(t)
+        if isinstance(t, App) and t.head == "PList":
+            ax = r.axis(t.args[2])
+            return z.chunkl(piece(t.args[0]), r.value(t.args[1]), r.i[ax], r.n[ax])
+        if isinstance(t, App) and t.head in ("TCons", "TNil"):
+            return r.value(t) if t.head == "TNil" else z.cons(piece(t.args[0]), piece(t.args[1]))
+        if isinstance(t, Var) and sorts.get(t.name) == "TList":
+            return r.value(t)
+        if isinstance(t, App) and t.head == "NoneT":
+            return z.none
+        out = expected(t, r.value(t))
+        for ax in axes:
+            if state(t, ax)[0] == "P":
+                out = z.part(out, r.i[ax], r.n[ax])
+        return out
+
+    goals: list[tuple[str, Any]] = []
+    for t in dict.fromkeys(walk(rhs)):
+        if not isinstance(t, App):
+            continue
+        if t.head == "Partition":
+            x, ax = t.args[0], r.axis(t.args[2])
+            dim = r.value(t.args[1])
+            if state(x, ax)[0] not in ("R", "D"):
+                raise _Unsupported(f"{t} slices a value that is not replicated")
+            xv = r.value(x)
+            goals.append((f"{t} splits evenly", z3.Or(xv == z.none, z.div(xv, dim, r.n[ax]))))
+            for other in axes:
+                if other != ax and state(x, other)[0] == "S":
+                    goals.append((f"{t}: no other axis shards dim", state(x, other)[1] != dim))
+        elif t.head == "Combine":
+            x, ax = t.args[0], r.axis(t.args[2])
+            dim = r.value(t.args[1])
+            for other in axes:
+                if other != ax and state(x, other)[0] == "S":
+                    goals.append((f"{t}: no other axis shards dim", state(x, other)[1] != dim))
+        elif t.head in OPS:
+            goals.append(_op_goal(r, t, state, piece, expected, axes))
+    if roots:
+        left = lhs
+        if isinstance(left, App) and left.head in OPS:
+            goals.append(_op_goal(r, left, state, piece, expected, axes))
+    goals.append(("global values", r.value(lhs) == r.value(rhs)))
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    for group in sorted(r.groups | {"algebra"}):
+        for axiom in z.axioms.get(group, []):
+            solver.add(axiom)
+    solver.add(*r.facts)
+    for what, goal in goals:
+        if z3.is_true(z3.simplify(goal)):
+            result.goals += 1
+            continue
+        solver.push()
+        solver.add(z3.Not(goal))
+        answer = solver.check()
+        solver.pop()
+        if answer != z3.unsat:
+            raise _Unsupported(f"the axioms do not prove {what}")
+        result.goals += 1
+
+
+def _op_goal(r: _Rule, t: App, state: Any, piece: Any, expected: Any, axes: Sequence[str]) -> tuple[str, Any]:
+    z = r.z
+    partial = [ax for ax in axes if state(t, ax)[0] == "P"]
+    sharded = [ax for ax in axes if state(t, ax)[0] == "S"]
+    if len(partial) + len(sharded) > 1 and partial:
+        raise _Unsupported(f"{t} is a pending sum sharded on another axis")
+    args = [piece(a) for a in t.args]
+    if t.head in ("Reshape", "Expand"):
+        if len(sharded) > 1:
+            raise _Unsupported(f"{t} is sharded on two axes")
+        out = r.value(t)
+        if sharded:
+            ax = sharded[0]
+            args[1] = z.lshape(out, state(t, ax)[1], r.n[ax])
+        else:
+            args[1] = z.shape(out)
+    got = r.apply(t.head, args)
+    if partial:
+        ax = partial[0]
+        return f"{t} holds partial sums", z.is_partial(got, expected(t, r.value(t)), r.i[ax], r.n[ax])
+    return f"{t} holds its pieces", got == expected(t, r.value(t))

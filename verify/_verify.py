@@ -1,0 +1,384 @@
+"""Verify rule files: load them, prove every rule three ways, and decide.
+
+For each rule: a shape-generic proof (:mod:`unity_eq.verify._generic`), a bounded proof
+(:mod:`unity_eq.verify._bounded`) and the numeric back-up (:mod:`unity_eq.verify._numeric`). The verdict:
+
+* **refuted** when the bounded proof finds a counterexample or the numeric back-up finds a mismatch;
+* **proven** otherwise, when the generic or the bounded proof succeeds (``kind`` says which: ``generic``
+  when it holds for all shapes, ``bounded`` when for every case enumerated);
+* **unknown** otherwise (z3 timed out, or a guard relation has no Python mirror); ``kind`` is ``numeric``
+  when only the numeric back-up passed. Unknown fails unless the rule carries ``; verify: unknown-ok
+  <reason>`` in the comment block right above it.
+
+A ``birewrite`` is verified in both directions. Rules run in parallel worker processes (``jobs``); rules
+with the same structure (the 16 binary elementwise ops…) share one enumeration of cases.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_all_start_methods, get_context
+from pathlib import Path
+from typing import Any
+
+from unity_eq.verify._ast import Rule
+from unity_eq.verify._bounded import (
+    BoundedResult,
+    Counterexample,
+    Enumeration,
+    enumeration_key,
+    prove_bounded,
+)
+from unity_eq.verify._generic import GenericResult, prove_generic
+from unity_eq.verify._guards import DerivedFacts
+from unity_eq.verify._numeric import NumericResult, check_numeric
+from unity_eq.verify._parse import Program, RuleSource, parse_program
+
+from unity_eq.errors import RuleError
+from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, rules_dir
+
+__all__ = [
+    "Options",
+    "Report",
+    "RuleReport",
+    "load_program",
+    "shipped_rule_files",
+    "verify_program",
+    "verify_rules",
+]
+
+
+@dataclass(frozen=True)
+class Options:
+    """How hard to try. ``budget``: cases checked per rule beyond one per guard binding; ``timeout_ms``: z3
+    per case; ``jobs``: worker processes (0: one per CPU)."""
+
+    generic: bool = True
+    bounded: bool = True
+    numeric: bool = True
+    budget: int = 64
+    sizes: tuple[int, ...] = (1, 2, 3, 4)
+    timeout_ms: int = 2000
+    generic_timeout_ms: int = 500
+    numeric_cases: int = 6
+    jobs: int = 0
+
+
+@dataclass
+class RuleReport:
+    """The verdict on one rule."""
+
+    name: str
+    file: str
+    line: int
+    status: str  # proven | refuted | unknown
+    kind: str  # generic | bounded | numeric | none
+    seconds: float
+    generic: GenericResult | None = None
+    bounded: BoundedResult | None = None
+    numeric: NumericResult | None = None
+    annotation: str | None = None
+    message: str = ""
+    direction: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "proven" or (self.status == "unknown" and bool(self.annotation))
+
+    @property
+    def counterexample(self) -> Counterexample | None:
+        if self.bounded and self.bounded.counterexample:
+            return self.bounded.counterexample
+        if self.numeric and self.numeric.counterexample and self.numeric.status == "failed":
+            return self.numeric.counterexample
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "file": self.file,
+            "line": self.line,
+            "status": self.status,
+            "kind": self.kind,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 4),
+        }
+        if self.message:
+            out["message"] = self.message
+        if self.annotation:
+            out["annotation"] = self.annotation
+        if self.generic is not None:
+            out["generic"] = {
+                "proven": self.generic.proven,
+                "goals": self.generic.goals,
+                "reason": self.generic.reason,
+                "seconds": round(self.generic.seconds, 4),
+            }
+        if self.bounded is not None:
+            b = self.bounded
+            out["bounded"] = {
+                "status": b.status,
+                "cases_enumerated": b.enumerated,
+                "classes": b.classes,
+                "cases_checked": b.checked,
+                "reason": b.reason,
+                "seconds": round(b.seconds, 4),
+            }
+        if self.numeric is not None:
+            out["numeric"] = {
+                "status": self.numeric.status,
+                "cases": self.numeric.cases,
+                "max_relative_error": self.numeric.max_error,
+                "seconds": round(self.numeric.seconds, 4),
+            }
+        cex = self.counterexample
+        if cex is not None:
+            out["counterexample"] = cex.to_json()
+        return out
+
+
+@dataclass
+class Report:
+    rules: list[RuleReport] = field(default_factory=list)
+    analyses: int = 0
+    files: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(r.ok for r in self.rules)
+
+    def count(self, status: str) -> int:
+        return sum(1 for r in self.rules if r.status == status)
+
+    def median_seconds(self) -> float:
+        return statistics.median(r.seconds for r in self.rules) if self.rules else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        kinds: dict[str, int] = {}
+        for r in self.rules:
+            if r.status == "proven":
+                kinds[r.kind] = kinds.get(r.kind, 0) + 1
+        return {
+            "ok": self.ok,
+            "files": self.files,
+            "errors": self.errors,
+            "rules": [r.to_json() for r in self.rules],
+            "summary": {
+                "rules": len(self.rules),
+                "proven": self.count("proven"),
+                "proven_by_kind": kinds,
+                "refuted": self.count("refuted"),
+                "unknown": self.count("unknown"),
+                "analysis_declarations": self.analyses,
+                "seconds": round(self.seconds, 3),
+                "median_seconds_per_rule": round(self.median_seconds(), 4),
+            },
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def shipped_rule_files() -> list[Path]:
+    """Every shipped file with rules: analysis.egg (its rewrites) and the manifest."""
+    root = rules_dir()
+    return [root / "analysis.egg", *(root / name for name in DEFAULT_RULE_FILES)]
+
+
+def _display(path: Path) -> str:
+    root = rules_dir().parent
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        try:
+            return str(path.resolve().relative_to(Path.cwd()))
+        except ValueError:
+            return str(path)
+
+
+def _source(path: Path) -> RuleSource:
+    try:
+        return RuleSource(_display(path), path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RuleError(f"{path}: rule file not found. Check the path.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"{path}: cannot read rule file ({exc}).") from None
+
+
+def load_program(paths: Sequence[Path] | None = None) -> tuple[Program, set[str]]:
+    """Parse the shipped files (schema, analyses and the manifest, as ``optimize`` loads them), then
+    ``paths``; the rules to verify are those of ``paths`` (default: every shipped rule file).
+
+    A new rule file therefore sees everything the shipped files declare (constructors, relations, the
+    ``bcast-operand`` facts of elementwise.egg), and its rule names must not clash with shipped ones.
+    Returns the program and the display names of the files whose rules are to be verified.
+    """
+    root = rules_dir()
+    names = [*BASE_FILES, *DEFAULT_RULE_FILES]
+    base = [_source(root / name) for name in names]
+    chosen = shipped_rule_files() if paths is None else [Path(p) for p in paths]
+    sources: list[RuleSource] = []
+    targets: set[str] = set()
+    seen: set[Path] = set()
+    base_paths = {(root / name).resolve(): src for name, src in zip(names, base, strict=True)}
+    for path in chosen:
+        resolved = path.resolve()
+        if resolved in seen:
+            continue
+        seen.add(resolved)
+        if resolved in base_paths:
+            targets.add(base_paths[resolved].display)
+            continue
+        src = _source(path)
+        sources.append(src)
+        targets.add(src.display)
+    return parse_program(sources, base), targets
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Deciding
+
+
+def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Enumeration]) -> RuleReport:
+    start = time.perf_counter()
+    generic = prove_generic(rule, facts, options.generic_timeout_ms) if options.generic else None
+    bounded = (
+        prove_bounded(
+            rule,
+            facts,
+            budget=options.budget,
+            sizes=options.sizes,
+            timeout_ms=options.timeout_ms,
+            cache=cache,
+        )
+        if options.bounded
+        else None
+    )
+    numeric = (
+        check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None
+    )
+    report = RuleReport(
+        rule.name, rule.file, rule.line, "unknown", "none", 0.0, generic, bounded, numeric, rule.annotation
+    )
+    generic_ok = bool(generic and generic.proven)
+    if bounded and bounded.status == "refuted":
+        report.status = "refuted"
+        report.kind = "bounded"
+        report.message = bounded.counterexample.message if bounded.counterexample else "refuted"
+        if generic_ok:
+            report.message += " (a generic proof claims the opposite: an axiom of unity_eq.verify is wrong)"
+    elif numeric and numeric.status == "failed":
+        report.status = "refuted"
+        report.kind = "numeric"
+        report.message = numeric.counterexample.message if numeric.counterexample else "numeric mismatch"
+    elif generic_ok:
+        report.status, report.kind = "proven", "generic"
+    elif bounded and bounded.status == "proven":
+        report.status, report.kind = "proven", "bounded"
+    else:
+        report.kind = "numeric" if numeric and numeric.status == "passed" else "none"
+        reasons = [r for r in (bounded.reason if bounded else "", generic.reason if generic else "") if r]
+        report.message = "; ".join(reasons) or "no proof found"
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _worker(args: tuple[list[Rule], Program, Options]) -> list[RuleReport]:
+    rules, program, options = args
+    facts = DerivedFacts(program.analyses)
+    cache: dict[Any, Enumeration] = {}
+    return [_decide_rule(rule, facts, options, cache) for rule in rules]
+
+
+def _decide_rule(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Enumeration]
+) -> RuleReport:
+    report = _decide(rule, facts, options, cache)
+    if rule.bidirectional:
+        back = _decide(rule.reversed(), facts, options, cache)
+        back.name, back.direction = rule.name, "right to left"
+        order = {"refuted": 0, "unknown": 1, "proven": 2}
+        if order[back.status] < order[report.status]:
+            back.seconds += report.seconds
+            return back
+        report.seconds += back.seconds
+    return report
+
+
+def verify_program(
+    program: Program,
+    rules: Sequence[Rule],
+    options: Options = Options(),
+    progress: Callable[[RuleReport], None] | None = None,
+) -> list[RuleReport]:
+    """Verify ``rules`` of ``program``, in parallel when ``options.jobs`` allows; results in rule order."""
+    jobs = options.jobs or (os.cpu_count() or 1)
+    jobs = max(1, min(jobs, len(rules)))
+    facts = DerivedFacts(program.analyses)
+    if jobs == 1 or len(rules) < 8:
+        cache: dict[Any, Enumeration] = {}
+        out = []
+        for rule in rules:
+            report = _decide_rule(rule, facts, options, cache)
+            if progress:
+                progress(report)
+            out.append(report)
+        return out
+    # rules that share an enumeration go to the same worker; groups are dealt largest first
+    groups: dict[Any, list[int]] = {}
+    for i, rule in enumerate(rules):
+        groups.setdefault(enumeration_key(rule, facts), []).append(i)
+    buckets: list[list[int]] = [[] for _ in range(jobs * 2)]
+    for members in sorted(groups.values(), key=len, reverse=True):
+        min(buckets, key=len).extend(members)
+    results: dict[int, RuleReport] = {}
+    # fork is cheap (no re-import) and safe while this process runs no other thread; spawn otherwise
+    method = "fork" if "fork" in get_all_start_methods() and threading.active_count() == 1 else "spawn"
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context(method)) as pool:
+        futures = [
+            (bucket, pool.submit(_worker, ([rules[i] for i in bucket], program, options)))
+            for bucket in buckets
+            if bucket
+        ]
+        for bucket, future in futures:
+            for i, report in zip(bucket, future.result(), strict=True):
+                results[i] = report
+                if progress:
+                    progress(report)
+    return [results[i] for i in range(len(rules))]
+
+
+def verify_rules(
+    paths: Sequence[Path] | None = None,
+    names: Sequence[str] = (),
+    options: Options = Options(),
+    progress: Callable[[RuleReport], None] | None = None,
+) -> Report:
+    """Load ``paths`` (default: every shipped rule file) and verify their rules (or only ``names``)."""
+    start = time.perf_counter()
+    program, targets = load_program(paths)
+    report = Report(analyses=0, files=sorted(targets), errors=list(program.errors))
+    chosen = [r for r in program.rules if r.file in targets]
+    report.analyses = sum(1 for a in program.analyses if a.pos.file in targets)
+    if names:
+        wanted = set(names)
+        chosen = [r for r in program.rules if r.name in wanted]
+        missing = wanted - {r.name for r in chosen}
+        if missing:
+            known = ", ".join(sorted(r.name for r in program.rules)[:5])
+            report.errors.append(
+                f"`--rule`: no rule named {', '.join(sorted(missing))} in the loaded files (e.g. {known}, …)."
+            )
+    if not program.errors:
+        report.rules = verify_program(program, chosen, options, progress)
+    report.seconds = time.perf_counter() - start
+    return report
