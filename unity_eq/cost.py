@@ -140,8 +140,8 @@ class Machine:
 
 
 A100_80G = DeviceSpec(
-    "A100-80G",
-    {"float32": 19.5e12, "float16": 312e12, "bfloat16": 312e12, "int8": 624e12},
+    "A100-SXM-80G",
+    {"float64": 19.5e12, "float32": 19.5e12, "float16": 312e12, "bfloat16": 312e12, "int8": 624e12},
     2.039e12,
     80 * 2**30,
 )
@@ -150,7 +150,7 @@ NVLINK3 = LinkSpec(bandwidth=300e9, latency=2e-6, name="nvlink3")
 
 def default_machine(devices: int) -> Machine:
     """``--devices N``: N A100-80G GPUs in one node on NVLink."""
-    return Machine(f"{devices}xA100-80G", (A100_80G,) * devices, (0,) * devices, NVLINK3, source="--devices")
+    return Machine(f"{devices}xA100-SXM-80G", (A100_80G,) * devices, (0,) * devices, NVLINK3, source="--devices")
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from unity_eq.cost import ZERO, Cost, CostModel
 from unity_eq.memory import tensor_kinds
-from unity_eq.plan import AllGather, AllReduce, Compute, Plan, Replicated, Slice, Step
+from unity_eq.plan import AllGather, AllReduce, Compute, LoadInput, LoadWeight, Plan, Replicated, Slice, Step
 
-__all__ = ["cost_breakdown", "step_phase"]
+__all__ = ["cost_breakdown", "gradient_overlap", "price_plan", "step_phase"]
 
 
 def step_phase(step: Step, kinds: dict[str, str]) -> str | None:
@@ -93,3 +94,44 @@ def gradient_overlap(plan: Plan, kinds: dict[str, str] | None = None) -> dict[st
             "cost counts them in full, so it is an upper bound by up to overlappable_s"
         ),
     }
+
+
+def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
+    """Price every step of ``plan`` again under ``model`` (another machine or mesh placement of the same
+    mesh shape), exactly as extraction prices the e-nodes the steps came from."""
+    kinds = tensor_kinds(plan)
+    mesh = model.mesh
+
+    def local(tid: str) -> tuple[int, ...]:
+        return plan.tensors[tid].local_shape(mesh)
+
+    def nbytes(tid: str) -> float:
+        return float(plan.tensors[tid].local_bytes(mesh))
+
+    costs: list[Cost] = []
+    for step in plan.steps:
+        match step:
+            case LoadInput() | LoadWeight():
+                costs.append(ZERO)
+            case Compute(outputs=outputs, op_type=op, inputs=inputs):
+                refs = [i for i in inputs if isinstance(i, str)]
+                in_shapes: list[tuple[int, ...] | None] = [local(i) for i in refs]
+                in_bytes = sum(nbytes(i) for i in refs)
+                total = ZERO
+                for out in outputs:
+                    if out:
+                        total = total + model.compute(
+                            op, in_shapes, in_bytes, local(out), nbytes(out), plan.tensors[out].dtype
+                        )
+                costs.append(total)
+            case Slice(src=src, axis=axis):
+                costs.append(model.partition(axis, nbytes(src), kinds.get(src, "activation")))
+            case AllGather(out=out, axis=axis):
+                costs.append(model.combine(axis, nbytes(out)))
+            case AllReduce(out=out, axis=axis):
+                costs.append(model.reduce(axis, nbytes(out)))
+            case Replicated(src=src, axis=axis):
+                costs.append(model.replicate(axis, nbytes(src), kinds.get(src, "activation")))
+            case _:
+                raise AssertionError(step)
+    return costs

@@ -54,6 +54,7 @@ AXIS_NAMES = ("x", "y", "z")
 PENALTY_ROUNDS = 6
 PENALTY_GROWTH = 4.0
 THREE_AXIS_NODE_BUDGET = 60_000
+TIE_TOLERANCE = 0.01  # plans within 1% of the cheapest are ties: the model cannot tell them apart
 
 Say = Callable[[str], None]
 
@@ -255,6 +256,7 @@ class SearchResult:
     trials: list[MeshTrial]
     baselines: dict[str, Baseline]
     extractors: dict[str, Extractor] = field(default_factory=dict)  # mesh label -> its e-graph's extractor
+    tie_break: dict[str, Any] | None = None  # set when a tie went to a plan that communicates less
 
     def report(self) -> dict[str, Any]:
         """The plan.json fields of the search: mesh_search, baselines, memory handling."""
@@ -273,6 +275,7 @@ class SearchResult:
                 "memory_penalty_rounds": self.trial.penalty_rounds,
                 "memory_penalty_s_per_byte": self.trial.penalty,
                 "memory_handling": _memory_handling(self.trial),
+                "tie_break": self.tie_break,
             },
         }
 
@@ -347,10 +350,39 @@ def search(
         if failed and not any(t.status == "infeasible" for t in trials):
             raise ExtractionError(f"no mesh produced a plan: {failed[0].label}: {failed[0].reason}")
         raise InfeasiblePlanError(_infeasible_message(trials, machine))
-    best = min(candidates, key=lambda t: (t.plan.cost.total if t.plan else math.inf, len(t.mesh.axes)))
+    best, tie_break = _choose(candidates)
     assert best.plan is not None
     baselines = _baselines(trials, runner, machine, objective)
-    return SearchResult(best.plan, best, trials, baselines, runner.extractors)
+    return SearchResult(best.plan, best, trials, baselines, runner.extractors, tie_break)
+
+
+def _choose(candidates: list[MeshTrial]) -> tuple[MeshTrial, dict[str, Any] | None]:
+    """The cheapest plan that fits over all meshes and extractions; plans within TIE_TOLERANCE of it are ties,
+    and among ties the one with the least communication wins (the least certain part of the model)."""
+    options = [(t, e, m) for t in candidates for e, m in t.extractions if m.fits]
+    cheapest = min(options, key=lambda o: (o[1].plan.cost.total, len(o[0].mesh.axes)))
+    limit = cheapest[1].plan.cost.total * (1 + TIE_TOLERANCE)
+    ties = [o for o in options if o[1].plan.cost.total <= limit]
+    trial, extraction, memory = min(
+        ties, key=lambda o: (o[1].plan.cost.comm, o[1].plan.cost.total, len(o[0].mesh.axes))
+    )
+    trial.plan, trial.memory = extraction.plan, memory
+    trial.extraction, trial.penalty = extraction.restriction.name, extraction.penalty
+    if extraction is cheapest[1]:
+        return trial, None
+    return trial, {
+        "tolerance": TIE_TOLERANCE,
+        "cheapest": {
+            "mesh": cheapest[0].label,
+            "extraction": cheapest[1].restriction.name,
+            "total_s": cheapest[1].plan.cost.total,
+            "communication_s": cheapest[1].plan.cost.comm,
+        },
+        "reason": (
+            f"within {TIE_TOLERANCE:.0%} of the cheapest plan, this one communicates less "
+            f"({extraction.plan.cost.comm * 1e3:.3f} ms instead of {cheapest[1].plan.cost.comm * 1e3:.3f} ms)"
+        ),
+    }
 
 
 def _skip_deeper(trials: list[MeshTrial]) -> str | None:
@@ -377,14 +409,18 @@ def _infeasible_message(trials: list[MeshTrial], machine: Machine) -> str:
     best = min(tried, key=lambda t: t.min_memory.total if t.min_memory else math.inf)
     mem = best.min_memory
     assert mem is not None
-    gib = 2**30
     return (
         f"no plan fits in device memory: the smallest plan found (mesh {best.label}) needs "
-        f"{mem.total / gib:.2f} GiB per device ({mem.weights / gib:.2f} GiB weights, "
-        f"{mem.weight_state / gib:.2f} GiB gradients and optimizer state, {mem.activations / gib:.2f} GiB "
-        f"activations); the devices of {machine.name} have {mem.capacity / gib:.2f} GiB usable. "
-        "Use more devices (`--nodes`), devices with more memory, or a smaller batch."
+        f"{gib(mem.total)} per device ({gib(mem.weights)} weights, {gib(mem.weight_state)} gradients and "
+        f"optimizer state, {gib(mem.activations)} activations); the devices of {machine.name} have "
+        f"{gib(mem.capacity)} usable. Use more devices (`--nodes`), devices with more memory, or a smaller batch."
     )
+
+
+def gib(nbytes: float) -> str:
+    """Bytes as GiB with enough digits to tell small amounts apart."""
+    value = nbytes / 2**30
+    return f"{value:.2f} GiB" if value >= 1 else f"{value:.3f} GiB"
 
 
 class _Runner:
@@ -481,17 +517,25 @@ class _Runner:
         one fits (or the rounds run out). The extractions join the mesh's candidates."""
         base, memory = cheapest
         penalty = base.plan.cost.total / max(memory.total, 1.0)
+        previous, stalled = memory.total, 0
         for round_ in range(1, PENALTY_ROUNDS + 1):
             extraction = extractor.extract(Restriction(), penalty)
             usage = plan_memory(extraction.plan)
             trial.extractions.append((extraction, usage))
             trial.penalty_rounds = round_
             self.say(
-                f"mesh {trial.label}: needs {usage.total / 2**30:.2f} GiB per device of {usage.capacity / 2**30:.2f}; "
-                f"memory penalty round {round_}"
+                f"mesh {trial.label}: memory penalty round {round_}: needs {gib(usage.total)} per device "
+                f"of {gib(usage.capacity)}"
             )
             if usage.fits:
                 return
+            if usage.total >= previous * (1 - 1e-9):
+                stalled += 1
+                if stalled == 2:
+                    return  # the penalty no longer changes the plan: no plan of this mesh fits
+            else:
+                stalled = 0
+            previous = usage.total
             penalty *= PENALTY_GROWTH
 
 
