@@ -124,10 +124,18 @@ def value_names(data: EGraphData, original: dict[str, str]) -> dict[str, str]:
     return names
 
 
-def node_costs(data: EGraphData, model: CostModel) -> dict[str, Cost]:
-    """Price every e-node of a tensor class (INF compute for nodes that cannot be lowered)."""
-    locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
-    kinds = source_kinds(data)
+def node_costs(
+    data: EGraphData,
+    model: CostModel,
+    locals_: dict[str, tuple[int, ...] | None] | None = None,
+    kinds: dict[str, str] | None = None,
+) -> dict[str, Cost]:
+    """Price every e-node of a tensor class (INF compute for nodes that cannot be lowered). ``locals_`` (local
+    shapes) and ``kinds`` (source kinds) are computed when not given."""
+    if locals_ is None:
+        locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+    if kinds is None:
+        kinds = source_kinds(data)
     costs: dict[str, Cost] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
@@ -222,17 +230,25 @@ def _totals(costs: CostTable) -> dict[str, float]:
     return {k: (v.total if isinstance(v, Cost) else float(v)) for k, v in costs.items()}
 
 
-def greedy_dag(data: EGraphData, costs: CostTable) -> dict[str, ENode]:
-    """Pick, for every reachable e-class, the node whose sub-DAG of distinct classes costs least.
-
-    ``costs`` gives every e-node's own cost (a Cost, or seconds); an infinite cost bans the node.
-    """
-    totals = _totals(costs)
+def parents_of(data: EGraphData) -> dict[str, list[ENode]]:
+    """E-class -> the e-nodes that have it as a child (each node once per class)."""
     parents: dict[str, list[ENode]] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
             for child in set(node.children):
                 parents.setdefault(child, []).append(node)
+    return parents
+
+
+def greedy_dag(data: EGraphData, costs: CostTable, parents: dict[str, list[ENode]] | None = None) -> dict[str, ENode]:
+    """Pick, for every reachable e-class, the node whose sub-DAG of distinct classes costs least.
+
+    ``costs`` gives every e-node's own cost (a Cost, or seconds); an infinite cost bans the node. ``parents``
+    (from :func:`parents_of`) can be shared between runs on one e-graph.
+    """
+    totals = _totals(costs)
+    if parents is None:
+        parents = parents_of(data)
     best: dict[str, _Best] = {}
     counter = 0
     queue: list[tuple[float, int, ENode]] = []
@@ -247,25 +263,30 @@ def greedy_dag(data: EGraphData, costs: CostTable) -> dict[str, ENode]:
         if any(c not in best for c in children) or node.eclass in children:
             continue
         own = totals[node.id]
-        if own == INF:
-            continue
-        merged: dict[str, float] = {}
-        for child in sorted(children, key=lambda c: -len(best[c].costs)):
-            if not merged:
-                merged = dict(best[child].costs)
-            else:
-                merged.update(best[child].costs)
+        ordered = sorted(children, key=lambda c: -len(best[c].costs))
+        if ordered:
+            first = best[ordered[0]]
+            merged = dict(first.costs)
+            total = first.total
+            for child in ordered[1:]:
+                for cid, value in best[child].costs.items():
+                    if cid not in merged:
+                        merged[cid] = value
+                        total += value
+        else:
+            merged, total = {}, 0.0
         if node.eclass in merged:
             continue  # choosing this node would make a cycle
         merged[node.eclass] = own
-        total = math.fsum(merged.values())
+        total += own
         current = best.get(node.eclass)
         if current is not None and total >= current.total * (1 - 1e-12):
             continue
         best[node.eclass] = _Best(total, merged, node)
         for parent in parents.get(node.eclass, ()):
-            heapq.heappush(queue, (total, counter, parent))
-            counter += 1
+            if totals[parent.id] < INF:
+                heapq.heappush(queue, (total, counter, parent))
+                counter += 1
     return {cid: b.node for cid, b in best.items()}
 
 
@@ -389,7 +410,8 @@ class _PlanBuilder:
         self.costs = costs
         self.mesh = encoding.mesh
         self.names: dict[str, str] = {}
-        self.original = {cid: encoding.tensor_names[i] for i, cid in data.tensor_class.items()}
+        names = encoding.tensor_names
+        self.original = {cid: names[i] for i, cid in data.tensor_class.items()}
         self.values = value_names(data, self.original)
         self.tensors: dict[str, PlanTensor] = {}
         self.steps: list[Step] = []
@@ -641,12 +663,13 @@ class Extractor:
         self.model = model
         self.locals = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
         self.kinds = source_kinds(data)
-        self.costs = node_costs(data, model)
+        self.costs = node_costs(data, model, self.locals, self.kinds)
         self.roots = [data.tensor_class.get(encoding.tensor_ids[name], "") for name in graph.outputs]
         missing = [name for name, root in zip(graph.outputs, self.roots, strict=True) if root not in data.classes]
         if missing:
             raise ExtractionError(f"output {missing[0]!r} has no e-class: the encoding lost it")
         self._memory: dict[str, float] | None = None
+        self.parents = parents_of(data)
 
     def node_memory(self) -> dict[str, float]:
         """A per-node proxy of the memory a choice costs on each device: the bytes of the activation it
@@ -695,7 +718,7 @@ class Extractor:
                 elif memory is not None:
                     cost += penalty * memory.get(node.id, 0.0)
                 totals[node.id] = cost
-        choice = greedy_dag(self.data, totals)
+        choice = greedy_dag(self.data, totals, self.parents)
         missing = [r for r in self.roots if r not in choice]
         if missing:
             builder = _PlanBuilder(self.data, choice, self.encoding, self.graph, self.costs)

@@ -10,7 +10,8 @@ saturation:
   4×2 are one mesh);
 * **misaligned**: an axis whose groups sit differently (one inside a node, another across two) or hold an
   unequal number of ranks on their nodes;
-* **useless**: an axis size that divides no dimension of any tensor (no rule could use it);
+* **useless**: an axis size that divides no dimension of any tensor (no rule could use it), except on the
+  1-axis mesh, which is always tried (the baselines are priced on it);
 * **deeper only when it helps**: 3-axis meshes are tried only when the best plan so far is on a 2-axis mesh
   and uses both axes, and only while the e-graph stays under a size budget (a 3-axis e-graph is about 4×
   a 2-axis one).
@@ -192,7 +193,7 @@ def candidate_meshes(
         if n < 2:
             continue
         useless = [s for s in sizes if s not in usable]
-        if useless:
+        if useless and len(sizes) > 1:  # the 1-axis mesh is always tried: the baselines are priced on it
             trial.status, trial.reason = "skipped", f"no tensor dimension divides by {useless[0]}"
             continue
         bad = _misaligned(model)
