@@ -561,7 +561,10 @@ def _baselines(trials: list[MeshTrial], runner: _Runner, machine: Machine, objec
         dp = {e.restriction.name: (e, m) for e, m in flat.extractions if e.penalty == 0}
         if "data_parallel" in dp:
             extraction, usage = dp["data_parallel"]
-            description = f"every weight whole on all {flat.mesh.size} devices, every op split along its batch"
+            description = (
+                f"every weight whole on all {flat.mesh.size} devices, every op split along a weight-free dimension "
+                "(its batch where it divides)"
+            )
         elif "weights_whole" in dp:
             extraction, usage = dp["weights_whole"]
             description = (
