@@ -113,3 +113,21 @@ def test_two_axis_mesh(examples: Path, tmp_path: Path) -> None:
     )
     assert result.plan.mesh.sizes == (2, 2)
     assert check(examples / "transformer.onnx", tmp_path / "plan").passed
+
+
+def test_scalar_weight_keeps_rank_zero(tmp_path: Path) -> None:
+    """A scalar initializer read directly by an op (BERT's pooler picks token 0 with one) stays 0-d."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16, 32])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])
+    index = onnx.numpy_helper.from_array(np.array(0, dtype=np.int64), "index")
+    node = helper.make_node("Gather", ["x", "index"], ["y"], axis=1)
+    graph = helper.make_graph([node], "pick", [x], [y], [index])
+    path = tmp_path / "pick.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), path)
+    optimize(path, devices=2, output_dir=tmp_path / "plan", mesh="2")
+    device = onnx.load(str(tmp_path / "plan" / "device_0.onnx"))
+    (init,) = [t for t in device.graph.initializer if t.name == "index"]
+    assert list(init.dims) == []
+    assert check(path, tmp_path / "plan").passed

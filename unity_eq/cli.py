@@ -85,6 +85,11 @@ def optimize(
     profile: Path = typer.Option(
         None, "--profile", help="Measured op times from `unity-eq profile` (the roofline prices the rest)."
     ),
+    blocks: str = typer.Option(
+        "auto", "--blocks", help="Optimize piece by piece, reusing repeated blocks: auto (large models), on, off."
+    ),
+    extractor: str = typer.Option("greedy", "--extractor", help="greedy, or ilp (exact, seeded with greedy)."),
+    ilp_time_limit: float = typer.Option(60.0, "--ilp-time-limit", help="Seconds for the ILP extraction."),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
@@ -118,6 +123,9 @@ def optimize(
         rule_files=rule_files,
         progress=_progress(quiet),
         profile=profile,
+        blocks=blocks,
+        extractor=extractor,
+        ilp_time_limit=ilp_time_limit,
     )
     _print_plan_summary(result)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +101,25 @@ def source_kinds(data: EGraphData) -> dict[str, str]:
                     changed = True
                     break
     return kinds
+
+
+def as_costs(totals: Mapping[str, float]) -> dict[str, Cost]:
+    """Seconds per e-node as Costs (what the ILP reads), for totals that carry restrictions and penalties."""
+    return {k: Cost(compute=v) for k, v in totals.items()}
+
+
+def _derives_from(data: EGraphData, cid: str, source: str | None) -> bool:
+    """Whether e-class ``cid`` is ``source`` under parallel ops only (a slice or replica of it)."""
+    seen: set[str] = set()
+    while source is not None and cid not in seen:
+        if cid == source:
+            return True
+        seen.add(cid)
+        node = next((n for n in data.classes[cid].nodes if n.op in PARALLEL_OPS and n.children), None)
+        if node is None:
+            return False
+        cid = node.children[0]
+    return False
 
 
 def value_names(data: EGraphData, original: dict[str, str]) -> dict[str, str]:
@@ -644,19 +664,35 @@ class Extraction:
     plan: Plan
     restriction: Restriction
     penalty: float  # seconds per byte of per-device memory added to every node's cost
+    ilp: list[Any] = field(default_factory=list)  # IlpReport of each exact extraction behind the plan
 
 
 class Extractor:
     """Extracts plans from one saturated e-graph under one cost model, sharing the pricing between runs."""
 
-    def __init__(self, data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> None:
+    def __init__(
+        self,
+        data: EGraphData,
+        encoding: Encoding,
+        graph: Graph,
+        model: CostModel,
+        activation_inputs: frozenset[str] = frozenset(),
+    ) -> None:
+        """``activation_inputs``: model inputs that are really activations (a block's incoming tensor): they
+        are priced like activations (their slices copy, their gradients count) rather than free inputs."""
         check_invariants(data)
         self.data = data
         self.encoding = encoding
         self.graph = graph
         self.model = model
+        self.activation_inputs = activation_inputs
         self.locals = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
         self.kinds = source_kinds(data)
+        for name in activation_inputs:
+            stream = data.tensor_class.get(encoding.tensor_ids[name])
+            for cid, kind in list(self.kinds.items()):
+                if kind == "input" and (cid == stream or _derives_from(data, cid, stream)):
+                    self.kinds[cid] = "activation"
         self.costs = node_costs(data, model, self.locals, self.kinds)
         self.roots = output_classes(data, encoding, graph)
         self._memory: dict[str, float] | None = None
@@ -695,10 +731,12 @@ class Extractor:
         self._memory = memory
         return memory
 
-    def extract(self, restriction: Restriction | None = None, penalty: float = 0.0) -> Extraction:
-        """The cheapest plan (greedy, DAG-aware) using only nodes ``restriction`` allows; ``penalty`` adds
-        seconds per byte of the node memory proxy to steer towards plans that fit."""
-        restriction = restriction or Restriction()
+    def reprice(self, model: CostModel) -> Extractor:
+        """The same e-graph priced by another cost model (e.g. one device, for the baseline)."""
+        return Extractor(self.data, self.encoding, self.graph, model, self.activation_inputs)
+
+    def totals(self, restriction: Restriction, penalty: float = 0.0) -> dict[str, float]:
+        """Every e-node's cost in seconds as an extraction under ``restriction`` and ``penalty`` sees it."""
         totals: dict[str, float] = {}
         memory = self.node_memory() if penalty > 0 else None
         for cls in self.data.classes.values():
@@ -709,14 +747,36 @@ class Extractor:
                 elif memory is not None:
                     cost += penalty * memory.get(node.id, 0.0)
                 totals[node.id] = cost
+        return totals
+
+    def extract(
+        self,
+        restriction: Restriction | None = None,
+        penalty: float = 0.0,
+        method: str = "greedy",
+        time_limit_s: float = 60.0,
+    ) -> Extraction:
+        """The cheapest plan using only nodes ``restriction`` allows; ``penalty`` adds seconds per byte of the
+        node memory proxy to steer towards plans that fit. ``method="ilp"`` refines the greedy plan with the
+        exact program of unity_eq.extract_ilp (greedy as the incumbent, within ``time_limit_s``)."""
+        restriction = restriction or Restriction()
+        totals = self.totals(restriction, penalty)
         choice = greedy_dag(self.data, totals, self.parents)
         missing = [r for r in self.roots if r not in choice]
         if missing:
             builder = _PlanBuilder(self.data, choice, self.encoding, self.graph, self.costs)
             raise ExtractionError(builder._no_choice_message(missing[0]))
         choice = break_cycles(self.data, choice, totals, self.roots)
+        reports = []
+        if method == "ilp":
+            from unity_eq.extract_ilp import ilp_choice
+
+            choice, report = ilp_choice(self.data, as_costs(totals), self.roots, choice, time_limit_s)
+            reports.append(report)
+        elif method != "greedy":
+            raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
         plan = build_plan(self.data, choice, self.costs, self.encoding, self.graph, self.model)
-        return Extraction(plan, restriction, penalty)
+        return Extraction(plan, restriction, penalty, reports)
 
 
 def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> Plan:

@@ -98,7 +98,7 @@ def _reachable(data: EGraphData, costs: dict[str, Cost], roots: list[str]) -> tu
         for n in data.classes[cid].nodes
         if costs[n.id].total < INF and all(c in seen for c in n.children)
     ]
-    return order, nodes
+    return order, list({n.id: n for n in nodes}.values())  # one column per node, however it was listed
 
 
 def ilp_choice(

@@ -84,6 +84,12 @@ class LoweredPlan:
             yield self.build_rank(rank)[0]
 
 
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy only when needed; unlike np.ascontiguousarray it keeps a scalar 0-dimensional."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
 def _tensor_type(dtype: str) -> int:
     return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
@@ -146,7 +152,7 @@ class _DeviceGraphBuilder:
             if name in self.initializers:
                 name = tid
             self.const_names[tid] = name
-            self.initializers[name] = numpy_helper.from_array(np.ascontiguousarray(self.consts[tid]), name)
+            self.initializers[name] = numpy_helper.from_array(_contiguous(self.consts[tid]), name)
         return self.const_names[tid]
 
     def literal(self, values: tuple[int, ...]) -> str:
@@ -372,7 +378,11 @@ def plan_metadata(
         "shardings": {
             tid: t.placement_str() for tid, t in plan.tensors.items() if any(isinstance(p, Shard) for p in t.placement)
         },
-        **{key: plan.report[key] for key in ("mesh_search", "baselines", "extraction") if key in plan.report},
+        **{
+            key: plan.report[key]
+            for key in ("mesh_search", "baselines", "extraction", "blocks")
+            if plan.report.get(key)
+        },
         "stats": plan.stats,
     }
 

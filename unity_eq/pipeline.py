@@ -18,6 +18,7 @@ from unity_eq.egraph import Limits, SaturationResult
 from unity_eq.errors import OptionError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
+from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
 from unity_eq.profile import ProfileTable, load_profile
 from unity_eq.report import cost_breakdown
@@ -113,6 +114,9 @@ def optimize(
     rule_files: Sequence[Path] | None = None,
     progress: Progress | None = None,
     profile: str | Path | ProfileTable | None = None,
+    blocks: str = "auto",
+    extractor: str = "greedy",
+    ilp_time_limit: float = 60.0,
 ) -> OptimizeResult:
     """Find a parallel plan for ``model`` and, with ``output_dir``, write it as a plan directory.
 
@@ -120,12 +124,19 @@ def optimize(
     ``devices`` alone means that many A100-80G in one node. Without ``mesh`` the search tries the meshes of
     1 to ``max_axes`` axes over all devices (see unity_eq.search) and keeps the cheapest plan that fits.
     ``profile`` (a table from ``unity-eq profile``) prices the ops it measured with their measured times.
+    ``blocks`` (auto, on, off): optimize large models piece by piece, reusing repeated blocks.
+    ``extractor="ilp"`` re-extracts the chosen plan exactly (HiGHS, greedy as incumbent, ``ilp_time_limit``
+    seconds) and keeps it when it is cheaper and fits; plan.json's ``extraction.ilp`` reports the gap.
     """
     say = progress or (lambda _msg: None)
     timings: dict[str, float] = {}
     chosen_machine = _machine_for(devices, machine, nodes, interconnect)
     if objective not in ("inference", "training"):
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
+    if extractor not in ("greedy", "ilp"):
+        raise OptionError(f"`--extractor`: expected greedy or ilp, got {extractor!r}.")
+    if ilp_time_limit <= 0:
+        raise OptionError(f"`--ilp-time-limit` must be positive, got {ilp_time_limit}.")
     if not 1 <= max_axes <= 3:
         raise OptionError(f"`--max-axes`: expected 1, 2 or 3, got {max_axes}.")
     if output_dir is not None:
@@ -158,16 +169,32 @@ def optimize(
 
     start = time.perf_counter()
     result = search(
-        graph, chosen_machine, objective, rules, limits, mesh=forced, max_axes=max_axes, say=say, profile=table
+        graph,
+        chosen_machine,
+        objective,
+        rules,
+        limits,
+        mesh=forced,
+        max_axes=max_axes,
+        say=say,
+        profile=table,
+        blocks=blocks,
     )
     timings["search_s"] = time.perf_counter() - start
     trial = result.trial
     timings["saturate_s"] = sum(t.saturate_s for t in result.trials)
     timings["extract_s"] = sum(t.extract_s for t in result.trials)
+    ilp_report = None
+    if extractor == "ilp":
+        start = time.perf_counter()
+        ilp_report = _refine_exactly(result, ilp_time_limit, say)
+        timings["ilp_s"] = time.perf_counter() - start
     plan = result.plan
     assert trial.saturation is not None and trial.memory is not None
     plan.stats.update(_stats(trial.saturation, trial.enodes, timings))
     plan.report.update(result.report())
+    if ilp_report is not None:
+        plan.report["extraction"]["ilp"] = ilp_report
     plan.report["memory"] = trial.memory.to_json()
     plan.report["cost"] = cost_breakdown(plan)
     if table is not None:
@@ -184,6 +211,33 @@ def optimize(
         timings["lower_s"] = time.perf_counter() - start
         plan.stats["timings"] = dict(timings)
     return OptimizeResult(plan, graph, lowered, plan_dir, trial.saturation, timings, result)
+
+
+def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> dict[str, Any]:
+    """Re-extract the chosen plan with the ILP (same mesh, restriction and memory penalty); keep it when it
+    is cheaper and fits. Returns the report for plan.json."""
+    trial = result.trial
+    chosen = next(e for e, _ in trial.extractions if e.plan is result.plan)
+    say(f"exact extraction (ILP) of mesh {trial.label}, up to {time_limit:g} s")
+    exact = result.extractors[trial.label].extract(chosen.restriction, chosen.penalty, "ilp", time_limit)
+    memory = plan_memory(exact.plan)
+    greedy_cost, exact_cost = result.plan.cost.total, exact.plan.cost.total
+    kept = memory.fits and exact_cost < greedy_cost * (1 - 1e-12)
+    if kept:
+        result.plan, trial.plan, trial.memory = exact.plan, exact.plan, memory
+    gaps = [r.gap for r in exact.ilp]
+    say(
+        f"ILP: {exact_cost * 1e3:.4f} ms vs greedy {greedy_cost * 1e3:.4f} ms, "
+        f"largest gap {max(gaps, default=0.0):.1%}" + ("" if kept else "; greedy plan kept")
+    )
+    return {
+        "greedy_total_s": greedy_cost,
+        "ilp_total_s": exact_cost,
+        "kept": "ilp" if kept else "greedy",
+        "programs": [r.as_dict() for r in exact.ilp],
+        "max_gap": max(gaps, default=0.0),
+        "all_optimal": all(r.optimal for r in exact.ilp),
+    }
 
 
 def _stats(saturation: SaturationResult, enodes: int, timings: dict[str, float]) -> dict[str, Any]:

@@ -40,9 +40,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from unity_eq.blocks import BlockExtractor, BlockSaturation, BlockSplit, saturate_pieces, split_graph
 from unity_eq.cost import Cost, CostModel, GroupTopology, Machine
 from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, encode, parse_serialized, saturate
-from unity_eq.errors import ExtractionError, InfeasiblePlanError
+from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.extract import Extraction, Extractor, Restriction
 from unity_eq.ir import Graph, Mesh
 from unity_eq.memory import MemoryUsage, plan_memory
@@ -257,8 +258,9 @@ class SearchResult:
     trial: MeshTrial
     trials: list[MeshTrial]
     baselines: dict[str, Baseline]
-    extractors: dict[str, Extractor] = field(default_factory=dict)  # mesh label -> its e-graph's extractor
+    extractors: dict[str, Extractor | BlockExtractor] = field(default_factory=dict)  # mesh label -> extractor
     tie_break: dict[str, Any] | None = None  # set when a tie went to a plan that communicates less
+    split: BlockSplit | None = None  # the pieces, when the model was optimized block by block
 
     def report(self) -> dict[str, Any]:
         """The plan.json fields of the search: mesh_search, baselines, memory handling."""
@@ -271,6 +273,7 @@ class SearchResult:
                 "skipped": [{"mesh": t.label, "reason": t.reason} for t in self.trials if t.status == "skipped"],
             },
             "baselines": {name: b.to_json(cost) for name, b in self.baselines.items()},
+            "blocks": self.split.to_json() if self.split is not None else None,
             "extraction": {
                 "method": "greedy DAG" + ("" if self.trial.extraction == "greedy" else f", {self.trial.extraction}"),
                 "restriction": self.trial.extraction,
@@ -305,6 +308,21 @@ def _runner_up(trials: list[MeshTrial], chosen: MeshTrial) -> dict[str, Any] | N
     return {"mesh": best.label, "cost_s": best.plan.cost.total}
 
 
+BLOCK_MIN_NODES = 150
+
+
+def choose_split(graph: Graph, blocks: str) -> BlockSplit | None:
+    """The pieces to optimize separately, or None for the whole graph at once."""
+    if blocks not in ("auto", "on", "off"):
+        raise OptionError(f"`--blocks`: expected auto, on or off, got {blocks!r}.")
+    if blocks == "off" or (blocks == "auto" and len(graph.nodes) < BLOCK_MIN_NODES):
+        return None
+    split = split_graph(graph)
+    if split is None or (blocks == "auto" and len(split.distinct) == len(split.pieces)):
+        return None  # nothing repeats: one saturation of the whole graph finds more
+    return split
+
+
 def search(
     graph: Graph,
     machine: Machine,
@@ -317,12 +335,18 @@ def search(
     say: Say | None = None,
     workers: int = 2,
     profile: ProfileTable | None = None,
+    blocks: str = "auto",
 ) -> SearchResult:
     """Find the cheapest plan that fits over the candidate meshes (or the one forced ``mesh``).
 
     ``profile`` (a table from ``unity-eq profile``) prices the ops it measured with their measured times.
+    ``blocks`` (``auto``, ``on``, ``off``): optimize the model piece by piece (see unity_eq.blocks); ``auto``
+    does so when it has at least BLOCK_MIN_NODES nodes and repeated pieces.
     """
     say = say or (lambda _m: None)
+    split = choose_split(graph, blocks)
+    if split is not None:
+        say(f"optimizing block by block: {split.summary()}")
     limits = limits or Limits()
     n = machine.device_count
     flat = Mesh(("x",), (n,), tuple(range(n)))
@@ -335,7 +359,7 @@ def search(
     else:
         trials = candidate_meshes(machine, graph, objective, max_axes)
 
-    runner = _Runner(graph, machine, objective, rules, limits, say, workers, profile)
+    runner = _Runner(graph, machine, objective, rules, limits, say, workers, profile, split)
     first = [t for t in trials if t.status == "pending" and len(t.mesh.axes) <= 2]
     runner.run(first)
     deeper = [t for t in trials if t.status == "pending" and len(t.mesh.axes) == 3]
@@ -359,7 +383,7 @@ def search(
     best, tie_break = _choose(candidates)
     assert best.plan is not None
     baselines = _baselines(trials, runner, machine, objective)
-    return SearchResult(best.plan, best, trials, baselines, runner.extractors, tie_break)
+    return SearchResult(best.plan, best, trials, baselines, runner.extractors, tie_break, split)
 
 
 def _choose(candidates: list[MeshTrial]) -> tuple[MeshTrial, dict[str, Any] | None]:
@@ -442,16 +466,19 @@ class _Runner:
         say: Say,
         workers: int,
         profile: ProfileTable | None = None,
+        split: BlockSplit | None = None,
     ) -> None:
         self.graph = graph
         self.machine = machine
         self.profile = profile
+        self.split = split
+        self.blocks: dict[str, BlockSaturation] = {}
         self.objective = objective
         self.rules = rules
         self.limits = limits
         self.say = say
         self.workers = max(1, workers)
-        self.extractors: dict[str, Extractor] = {}
+        self.extractors: dict[str, Extractor | BlockExtractor] = {}
         self.data: dict[str, EGraphData] = {}
 
     def run(self, trials: Sequence[MeshTrial]) -> None:
@@ -477,6 +504,11 @@ class _Runner:
 
     def _saturate(self, trial: MeshTrial) -> tuple[Encoding, SaturationResult, float]:
         start = time.perf_counter()
+        if self.split is not None:
+            self.say(f"mesh {trial.label}: saturating {len(self.split.distinct)} distinct pieces")
+            blocks = saturate_pieces(self.split, trial.mesh, self.rules, self.limits)
+            self.blocks[trial.label] = blocks
+            return blocks.solutions[next(iter(blocks.solutions))].encoding, blocks.total, time.perf_counter() - start
         encoding = encode(self.graph, trial.mesh)
         self.say(f"mesh {trial.label}: saturating")
         result = saturate(self.rules, encoding, self.limits)
@@ -485,11 +517,15 @@ class _Runner:
     def _extract(self, trial: MeshTrial) -> None:
         assert trial.encoding is not None and trial.saturation is not None
         start = time.perf_counter()
-        data = parse_serialized(trial.saturation.serialized)
         model = CostModel(self.machine, trial.mesh, self.objective, profile=self.profile)
-        extractor = Extractor(data, trial.encoding, self.graph, model)
+        extractor: Extractor | BlockExtractor
+        if trial.label in self.blocks:
+            extractor = BlockExtractor(self.blocks[trial.label], self.graph, model)
+        else:
+            data = parse_serialized(trial.saturation.serialized)
+            extractor = Extractor(data, trial.encoding, self.graph, model)
+            self.data[trial.label] = data
         self.extractors[trial.label] = extractor
-        self.data[trial.label] = data
         variants = [Restriction()]
         if len(trial.mesh.axes) == 1:
             variants += [Restriction.data_parallel(), Restriction.data_parallel(strict=False)]
@@ -520,7 +556,9 @@ class _Runner:
         cost = f"{trial.plan.cost.total * 1e3:.3f} ms" if trial.plan else "does not fit"
         self.say(f"mesh {trial.label}: {trial.enodes} e-nodes, {cost} ({trial.saturate_s + trial.extract_s:.1f} s)")
 
-    def _penalize(self, trial: MeshTrial, extractor: Extractor, cheapest: tuple[Extraction, MemoryUsage]) -> None:
+    def _penalize(
+        self, trial: MeshTrial, extractor: Extractor | BlockExtractor, cheapest: tuple[Extraction, MemoryUsage]
+    ) -> None:
         """The cheapest extraction does not fit: re-extract with a growing penalty on per-device bytes until
         one fits (or the rounds run out). The extractions join the mesh's candidates."""
         base, memory = cheapest
@@ -559,7 +597,7 @@ def _baselines(trials: list[MeshTrial], runner: _Runner, machine: Machine, objec
         )
         single = Mesh(flat.mesh.axes, (1,) * len(flat.mesh.axes), (fastest,))
         one_model = CostModel(machine, single, objective, profile=runner.profile)
-        one = Extractor(runner.data[flat.label], extractor.encoding, extractor.graph, one_model)
+        one = extractor.reprice(one_model)
         plan = one.extract(Restriction.one_device()).plan
         memory = plan_memory(plan, capacity=machine.usable_memory(fastest))
         found["one_device"] = Baseline(
