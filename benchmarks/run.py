@@ -2,7 +2,7 @@
 
 Suites (each case runs `benchmarks.measure` in a fresh subprocess, so peak memory is per case):
 
-* ``core``: the examples and onnx's light CNNs on 8 and 16 GPUs (h100x8; 2 × h100x8 over InfiniBand 400),
+* ``core``: the examples and onnx's light CNNs on 8, 16 and 64 GPUs (h100x8; 2 and 8 × h100x8 over InfiniBand 400),
   inference and training: the plan's predicted cost against the one-device, data-parallel and best
   single-axis tensor-parallel baselines, optimize time and peak memory.
 * ``scale``: transformers exported from PyTorch with BERT-Base, BERT-Large and GPT-2-XL-depth shapes (and
@@ -151,7 +151,7 @@ def _cases(suite: str, args: argparse.Namespace) -> list[tuple[str, int, int, st
         gpus = [int(g) for g in (args.gpus or "8").split(",")]
         return [(f"bert-768x{n}", n, g, o, "greedy") for n in (3, 6, 12, 24, 48) for g in gpus for o in objectives]
     names = args.models.split(",") if args.models else SUITES[suite]
-    gpus = [int(g) for g in (args.gpus or ("8,16" if suite == "core" else "8,16,64")).split(",")]
+    gpus = [int(g) for g in (args.gpus or "8,16,64").split(",")]
     extractor = "ilp" if (suite == "scale" or args.ilp) else "greedy"
     return [
         (m, MODELS[m].layers if m in MODELS else 0, g, o, extractor) for m in names for g in gpus for o in objectives
