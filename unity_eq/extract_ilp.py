@@ -218,7 +218,11 @@ def _program(cols: _Columns, roots: list[str], costs: dict[str, Cost], highspy: 
         cost[cols.node[n.id]] = costs[n.id].total * OBJECTIVE_SCALE
     for root in roots:
         lower[cols.cls[root]] = 1.0
-    starts, index, value, row_lower, row_upper = [0], [], [], [], []
+    starts: list[int] = [0]
+    index: list[int] = []
+    value: list[float] = []
+    row_lower: list[float] = []
+    row_upper: list[float] = []
 
     def row(idx: list[int] | np.ndarray, val: list[float] | np.ndarray, lo: float, up: float) -> None:
         index.extend(int(i) for i in idx)
