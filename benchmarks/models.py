@@ -58,7 +58,8 @@ def _light(stem: str) -> Callable[[Path], Path]:
 @contextlib.contextmanager
 def _quiet():  # type: ignore[no-untyped-def]
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    out, err = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
+    with warnings.catch_warnings(), out, err:
         warnings.simplefilter("ignore")
         yield
 
