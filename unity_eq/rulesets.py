@@ -16,6 +16,7 @@ from unity_eq.errors import RuleError
 __all__ = [
     "BASE_FILES",
     "DEFAULT_RULE_FILES",
+    "HAND_WRITTEN_RULE_FILES",
     "RuleFile",
     "default_rule_files",
     "load_rule_files",
@@ -25,14 +26,17 @@ __all__ = [
 #: Loaded before any rule file: the language and the analyses the guards use.
 BASE_FILES = ("schema.egg", "analysis.egg")
 
-#: The rule files `optimize` loads unless told otherwise (paths relative to rules/).
-DEFAULT_RULE_FILES = (
+#: The hand-written rule files (paths relative to rules/): the core rules.
+HAND_WRITTEN_RULE_FILES = (
     "parallel/redistribute.egg",
     "parallel/elementwise.egg",
     "parallel/matmul.egg",
     "parallel/conv.egg",
     "parallel/layout.egg",
 )
+
+#: The rule files `optimize` loads unless told otherwise (paths relative to rules/).
+DEFAULT_RULE_FILES = HAND_WRITTEN_RULE_FILES
 
 
 @dataclass(frozen=True)
