@@ -1,7 +1,8 @@
-"""Measure one `optimize` run in this process (run by benchmarks.run in a fresh subprocess per case).
+"""Measure one `optimize` run in this process (benchmarks.run starts one fresh subprocess per case).
 
-Prints one JSON object: wall time per stage, peak memory of this process and of the e-graph worker, e-graph
-size, the plan's predicted cost, and whatever the plan's stats carry (baselines, ILP report).
+Prints one JSON object: wall time per stage, this process's and the e-graph worker's peak memory, e-graph
+size, the mesh chosen, the plan's predicted cost, the baselines' costs relative to it, the pieces when the
+model was optimized block by block, and the ILP's cost, bound and time when ``--extractor ilp``.
 """
 
 from __future__ import annotations
@@ -12,14 +13,41 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine_kwargs(spec: str) -> dict[str, Any]:
+    """``h100x8`` or ``h100x8:NODES:INTERCONNECT`` (e.g. ``h100x8:8:ib400`` for 64 GPUs)."""
+    name, *rest = spec.split(":")
+    kwargs: dict[str, Any] = {"machine": name}
+    if rest:
+        kwargs["nodes"] = int(rest[0])
+    if len(rest) > 1:
+        kwargs["interconnect"] = rest[1]
+    return kwargs
+
+
+def load_model(model: str) -> Any:
+    """A path, or ``megatron-layer``: one transformer layer at Megatron-LM's sizes (H=4096, FFN 16384,
+    batch 1 × 512) built as a graph with zero-stride weights (nothing is materialized)."""
+    if model != "megatron-layer":
+        return model
+    sys.path.insert(0, str(ROOT / "tests"))
+    from blocks import transformer_graph
+
+    return transformer_graph("am", batch=1, seq=512, hidden=4096, ffn=16384)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
-    parser.add_argument("--devices", type=int, required=True)
+    parser.add_argument("--machine", required=True)
     parser.add_argument("--objective", default="inference")
     parser.add_argument("--extractor", default="greedy")
+    parser.add_argument("--ilp-time-limit", type=float, default=60.0)
+    parser.add_argument("--blocks", default="auto")
     parser.add_argument("--write", action="store_true", help="also lower and write the plan")
     args = parser.parse_args()
 
@@ -28,25 +56,40 @@ def main() -> int:
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "plan" if args.write else None
-        result = optimize(args.model, devices=args.devices, objective=args.objective, output_dir=out)
+        result = optimize(
+            load_model(args.model),
+            objective=args.objective,
+            extractor=args.extractor,
+            ilp_time_limit=args.ilp_time_limit,
+            blocks=args.blocks,
+            output_dir=Path(tmp) / "plan" if args.write else None,
+            **machine_kwargs(args.machine),
+        )
     wall = time.perf_counter() - start
-    plan = result.plan
+    plan, report = result.plan, result.plan.report
+    tried = report.get("mesh_search", {}).get("tried", [])
     record = {
         "wall_s": round(wall, 3),
         "timings": {k: round(v, 3) for k, v in result.timings.items()},
         "peak_mib": round(peak_rss_mib(), 1),
         "worker_peak_mib": plan.stats["saturation"].get("worker_peak_mib"),
         "enodes": plan.stats["saturation"]["enodes"],
-        "iterations": plan.stats["saturation"]["iterations"],
+        "enodes_all_meshes": sum(t.get("enodes", 0) for t in tried),
+        "meshes_tried": len(tried),
         "stop_reason": plan.stats["saturation"]["stop_reason"],
-        "mesh": str(plan.mesh),
+        "mesh": report.get("mesh_search", {}).get("chosen", str(plan.mesh)),
         "cost_s": plan.cost.total,
         "compute_s": plan.cost.compute,
         "comm_s": plan.cost.comm,
         "collectives": len(plan.collectives()),
         "nodes": len(result.graph.nodes),
-        "stats": {k: v for k, v in plan.stats.items() if k not in ("saturation", "timings")},
+        "baselines": {
+            name: {"ratio": b.get("ratio"), "sharded": b.get("sharded"), "fits": b.get("fits")}
+            for name, b in report.get("baselines", {}).items()
+        },
+        "blocks": report.get("blocks"),
+        "ilp": report.get("extraction", {}).get("ilp"),
+        "fits": report.get("memory", {}).get("fits"),
     }
     json.dump(record, sys.stdout)
     return 0

@@ -114,6 +114,13 @@ MODELS: dict[str, BenchModel] = {
     "gpt2-xl-depth": BenchModel("gpt2-xl-depth", "transformer", _hf("gpt2", 48, 1600, 25), 48),
 }
 
+
+def layer_sweep_model(layers: int) -> Path:
+    """BERT with hidden 768 (12 heads) and ``layers`` layers: the depth sweep of the ``layers`` suite."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return _hf("bert", layers, 768, 12)(CACHE)
+
+
 SUITES = {
     "core": [
         "mlp",
@@ -128,6 +135,6 @@ SUITES = {
         "vgg19",
         "zfnet512",
     ],
-    "scale": ["bert-base", "bert-large", "gpt2-xl-depth"],
+    "scale": ["bert-base", "bert-large", "gpt2-xl-depth", "megatron-layer"],
 }
 SUITES["all"] = SUITES["core"] + SUITES["scale"]

@@ -39,9 +39,14 @@ class _LazyModels(dict):  # type: ignore[type-arg]
         return path
 
 
+def _console_script() -> str:
+    """The `unity-eq` installed beside the interpreter running the tests (not whichever is first on PATH)."""
+    beside = Path(sys.executable).parent / "unity-eq"
+    return str(beside) if beside.exists() else "unity-eq"
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """Run the installed console script as a user would: the one of the Python running the tests (a
-    virtual environment's), else the first on PATH (which may belong to another installation)."""
-    script = Path(sys.executable).parent / "unity-eq"
-    command = str(script) if script.exists() else "unity-eq"
-    return subprocess.run([command, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False)
+    """Run the installed console script as a user would."""
+    return subprocess.run(
+        [_console_script(), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
+    )

@@ -2,8 +2,9 @@
 
 The public entry points are :func:`optimize` (model → plan directory), :func:`run_plan` (plan directory →
 outputs) and :func:`check` (original vs plan on the same inputs), and the placement types. Everything else
-is reachable through its stage module (``unity_eq.ir``, ``unity_eq.egraph``, ``unity_eq.cost``,
-``unity_eq.extract``, ``unity_eq.plan``, ``unity_eq.lower``, ``unity_eq.runtime``) but is not promised stable.
+is reachable through its stage module (``unity_eq.ir``, ``unity_eq.egraph``, ``unity_eq.cost`` and
+``unity_eq.machine``, ``unity_eq.extract``, ``unity_eq.memory``, ``unity_eq.search``, ``unity_eq.plan``,
+``unity_eq.report``, ``unity_eq.lower``, ``unity_eq.runtime``, ``unity_eq.explain``) but is not promised stable.
 
 Entry points are imported lazily so that ``import unity_eq`` (and the e-graph worker process) stays cheap.
 """

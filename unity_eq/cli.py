@@ -63,12 +63,19 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
 @app.command()
 def optimize(
     model: Path = typer.Argument(..., help="The ONNX model to parallelize."),
-    devices: int = typer.Option(None, "--devices", "-n", help="N identical GPUs in one node (a built-in machine)."),
-    machine: str = typer.Option(None, "--machine", "-m", help="A machine TOML file or a preset name."),
+    devices: int = typer.Option(None, "--devices", "-n", help="N A100-80G GPUs in one node on NVLink."),
+    machine: str = typer.Option(
+        None, "--machine", "-m", help="A machine TOML file or a preset (a100x8, h100x8, pcie-a100x8)."
+    ),
+    nodes: int = typer.Option(None, "--nodes", help="Repeat the machine's node N times (presets and one-node files)."),
+    interconnect: str = typer.Option(
+        None, "--interconnect", help="Network between nodes: ib100, ib200, ib400 or eth100 (default: the preset's)."
+    ),
     output: Path = typer.Option(None, "--output", "-o", help="Plan directory to write (default: MODEL.plan/)."),
     input_shape: list[str] = typer.Option([], "--input-shape", help="Fix a dynamic input: name=2x16 (repeatable)."),
     objective: str = typer.Option("inference", "--objective", help="inference (forward latency) or training."),
-    mesh: str = typer.Option(None, "--mesh", help="Device mesh, e.g. 2x4 or dp=2,tp=4 (default: one axis)."),
+    mesh: str = typer.Option(None, "--mesh", help="Force a device mesh, e.g. 2x4 or dp=2,tp=4 (default: search)."),
+    max_axes: int = typer.Option(3, "--max-axes", help="Search meshes of at most this many axes (1-3)."),
     rules: list[Path] = typer.Option([], "--rules", help="Extra .egg rule files to load (repeatable)."),
     max_iterations: int = typer.Option(12, "--max-iterations", help="Parallel rewrite iterations at most."),
     max_nodes: int = typer.Option(200_000, "--max-nodes", help="Stop saturating past this many e-nodes."),
@@ -78,14 +85,17 @@ def optimize(
     profile: Path = typer.Option(
         None, "--profile", help="Measured op times from `unity-eq profile` (the roofline prices the rest)."
     ),
+    blocks: str = typer.Option(
+        "auto", "--blocks", help="Optimize piece by piece, reusing repeated blocks: auto (large models), on, off."
+    ),
+    extractor: str = typer.Option("greedy", "--extractor", help="greedy, or ilp (exact, seeded with greedy)."),
+    ilp_time_limit: float = typer.Option(60.0, "--ilp-time-limit", help="Seconds for the ILP extraction."),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
     from unity_eq.pipeline import optimize as run_optimize
     from unity_eq.rulesets import DEFAULT_RULE_FILES, rules_dir
 
-    if machine is not None:
-        raise OptionError("`--machine` is not available yet in this version; use `--devices N`.")
     if max_iterations < 1 or max_nodes < 1 or time_limit <= 0:
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
     target = output or model.with_suffix(".plan")
@@ -101,6 +111,10 @@ def optimize(
     result = run_optimize(
         model,
         devices=devices,
+        machine=machine,
+        nodes=nodes,
+        interconnect=interconnect,
+        max_axes=max_axes,
         output_dir=target,
         input_shapes=_input_shapes(input_shape),
         objective=objective,
@@ -109,6 +123,9 @@ def optimize(
         rule_files=rule_files,
         progress=_progress(quiet),
         profile=profile,
+        blocks=blocks,
+        extractor=extractor,
+        ilp_time_limit=ilp_time_limit,
     )
     _print_plan_summary(result)
 
@@ -133,6 +150,27 @@ def _print_plan_summary(result: Any) -> None:
         collectives[key] = collectives.get(key, 0) + 1
     table.add_row("collectives", ", ".join(f"{k}×{v}" for k, v in collectives.items()) or "none")
     table.add_row("sharded tensors", f"{summary['sharded_tensors']} of {summary['tensors']}")
+    memory = plan.report.get("memory")
+    if memory:
+        table.add_row(
+            "memory per device",
+            f"{memory['total_bytes'] / 2**30:.2f} GiB of {memory['capacity_bytes'] / 2**30:.2f} GiB usable",
+        )
+    baselines = plan.report.get("baselines", {})
+    if baselines:
+        table.add_row(
+            "baselines (×plan)",
+            ", ".join(f"{name} {b['ratio']:.2f}" for name, b in baselines.items() if b.get("ratio") is not None),
+        )
+    search = plan.report.get("mesh_search")
+    if search:
+        runner = search.get("runner_up")
+        tried = len(search.get("tried", []))
+        table.add_row(
+            "mesh search",
+            f"{tried} mesh(es) tried, {len(search.get('skipped', []))} skipped"
+            + (f"; runner-up {runner['mesh']} {runner['cost_s'] * 1e3:.3f} ms" if runner else ""),
+        )
     sat = plan.stats.get("saturation", {})
     table.add_row(
         "search",
@@ -304,6 +342,25 @@ def verify(
     code = run_verify(paths or None, rule, options, json_path, quiet, out)
     if code:
         raise typer.Exit(code)
+
+
+@app.command()
+def explain(
+    plan_dir: Path = typer.Argument(..., help="A plan directory written by `unity-eq optimize`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    max_ops: int = typer.Option(60, "--max-ops", help="Ops and PCG lines to show in the text report."),
+) -> None:
+    """Explain a plan: shardings, cost split, memory, baselines with their ratio to the plan, and the PCG."""
+    import json
+
+    from unity_eq.explain import explain as build_report
+    from unity_eq.explain import render
+
+    report = build_report(plan_dir)
+    if as_json:
+        out.print(json.dumps(report, indent=1), markup=False)
+    else:
+        out.print(render(report, max_ops=max_ops), markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ Saturation reports why it stopped (:class:`StopReason`), as egg's runner does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import selectors
@@ -682,7 +683,7 @@ class ENode:
     eclass: str
     args: tuple[Any, ...]  # ClassRef | int | float | str | tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def children(self) -> tuple[str, ...]:
         return tuple(a.id for a in self.args if isinstance(a, ClassRef))
 

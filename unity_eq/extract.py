@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from unity_eq.cost import ZERO, Cost, CostModel
 from unity_eq.egraph import ClassRef, EClass, EGraphData, Encoding, ENode
@@ -35,7 +38,7 @@ from unity_eq.plan import (
     Step,
 )
 
-__all__ = ["build_plan", "extract_greedy", "greedy_dag", "node_costs", "output_classes"]
+__all__ = ["Extractor", "Restriction", "build_plan", "extract_greedy", "greedy_dag", "node_costs", "output_classes"]
 
 INF = math.inf
 PARALLEL_OPS = {"Partition", "Combine", "Replicate", "Reduce"}
@@ -71,8 +74,6 @@ def local_shape(cls: EClass, model: CostModel) -> tuple[int, ...] | None:
 
 
 def _itemsize(dtype: str | None) -> int:
-    import numpy as np
-
     if dtype in (None, "none"):
         return 0
     return int(np.dtype(dtype).itemsize)
@@ -124,10 +125,59 @@ def _all_weights(node: ENode, data: EGraphData, kinds: dict[str, str]) -> bool:
     return bool(members) and all(kinds.get(m) == "weight" for m in members)
 
 
-def node_costs(data: EGraphData, model: CostModel) -> dict[str, Cost]:
-    """Price every e-node of a tensor class (INF compute for nodes that cannot be lowered)."""
-    locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
-    kinds = source_kinds(data)
+def as_costs(totals: Mapping[str, float]) -> dict[str, Cost]:
+    """Seconds per e-node as Costs (what the ILP reads), for totals that carry restrictions and penalties."""
+    return {k: Cost(compute=v) for k, v in totals.items()}
+
+
+def _derives_from(data: EGraphData, cid: str, source: str | None) -> bool:
+    """Whether e-class ``cid`` is ``source`` under parallel ops only (a slice or replica of it)."""
+    seen: set[str] = set()
+    while source is not None and cid not in seen:
+        if cid == source:
+            return True
+        seen.add(cid)
+        node = next((n for n in data.classes[cid].nodes if n.op in PARALLEL_OPS and n.children), None)
+        if node is None:
+            return False
+        cid = node.children[0]
+    return False
+
+
+def value_names(data: EGraphData, original: dict[str, str]) -> dict[str, str]:
+    """Name every e-class after the original tensor whose global value it holds: parallel ops keep the global
+    value, so a name flows across them in both directions (a sharded core gets the name of what it computes)."""
+    names = dict(original)
+    edges: list[tuple[str, str]] = []
+    for cls in data.classes.values():
+        for node in cls.nodes:
+            if node.op in PARALLEL_OPS and node.children:
+                edges.append((cls.id, node.children[0]))
+    changed = True
+    while changed:
+        changed = False
+        for a, b in edges:
+            if a in names and b not in names:
+                names[b] = names[a]
+                changed = True
+            elif b in names and a not in names:
+                names[a] = names[b]
+                changed = True
+    return names
+
+
+def node_costs(
+    data: EGraphData,
+    model: CostModel,
+    locals_: dict[str, tuple[int, ...] | None] | None = None,
+    kinds: dict[str, str] | None = None,
+) -> dict[str, Cost]:
+    """Price every e-node of a tensor class (INF compute for nodes that cannot be lowered). ``locals_`` (local
+    shapes) and ``kinds`` (source kinds) are computed when not given."""
+    if locals_ is None:
+        locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+    if kinds is None:
+        kinds = source_kinds(data)
     costs: dict[str, Cost] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
@@ -217,46 +267,70 @@ class _Best:
     node: ENode
 
 
-def greedy_dag(data: EGraphData, costs: dict[str, Cost]) -> dict[str, ENode]:
-    """Pick, for every reachable e-class, the node whose sub-DAG of distinct classes costs least."""
+CostTable = Mapping[str, Cost] | Mapping[str, float]
+
+
+def _totals(costs: CostTable) -> dict[str, float]:
+    return {k: (v.total if isinstance(v, Cost) else float(v)) for k, v in costs.items()}
+
+
+def parents_of(data: EGraphData) -> dict[str, list[ENode]]:
+    """E-class -> the e-nodes that have it as a child (each node once per class)."""
     parents: dict[str, list[ENode]] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
             for child in set(node.children):
                 parents.setdefault(child, []).append(node)
+    return parents
+
+
+def greedy_dag(data: EGraphData, costs: CostTable, parents: dict[str, list[ENode]] | None = None) -> dict[str, ENode]:
+    """Pick, for every reachable e-class, the node whose sub-DAG of distinct classes costs least.
+
+    ``costs`` gives every e-node's own cost (a Cost, or seconds); an infinite cost bans the node. ``parents``
+    (from :func:`parents_of`) can be shared between runs on one e-graph.
+    """
+    totals = _totals(costs)
+    if parents is None:
+        parents = parents_of(data)
     best: dict[str, _Best] = {}
     counter = 0
     queue: list[tuple[float, int, ENode]] = []
     for cls in data.classes.values():
         for node in cls.nodes:
-            if not node.children and costs[node.id].total < INF:
-                heapq.heappush(queue, (costs[node.id].total, counter, node))
+            if not node.children and totals[node.id] < INF:
+                heapq.heappush(queue, (totals[node.id], counter, node))
                 counter += 1
     while queue:
         _, _, node = heapq.heappop(queue)
         children = set(node.children)
         if any(c not in best for c in children) or node.eclass in children:
             continue
-        own = costs[node.id].total
-        if own == INF:
-            continue
-        merged: dict[str, float] = {}
-        for child in sorted(children, key=lambda c: -len(best[c].costs)):
-            if not merged:
-                merged = dict(best[child].costs)
-            else:
-                merged.update(best[child].costs)
+        own = totals[node.id]
+        ordered = sorted(children, key=lambda c: -len(best[c].costs))
+        if ordered:
+            first = best[ordered[0]]
+            merged = dict(first.costs)
+            total = first.total
+            for child in ordered[1:]:
+                for cid, value in best[child].costs.items():
+                    if cid not in merged:
+                        merged[cid] = value
+                        total += value
+        else:
+            merged, total = {}, 0.0
         if node.eclass in merged:
             continue  # choosing this node would make a cycle
         merged[node.eclass] = own
-        total = math.fsum(merged.values())
+        total += own
         current = best.get(node.eclass)
         if current is not None and total >= current.total * (1 - 1e-12):
             continue
         best[node.eclass] = _Best(total, merged, node)
         for parent in parents.get(node.eclass, ()):
-            heapq.heappush(queue, (total, counter, parent))
-            counter += 1
+            if totals[parent.id] < INF:
+                heapq.heappush(queue, (total, counter, parent))
+                counter += 1
     return {cid: b.node for cid, b in best.items()}
 
 
@@ -307,9 +381,7 @@ def _reaches(choice: dict[str, ENode], starts: Iterable[str], target: str) -> tu
     return False, seen
 
 
-def break_cycles(
-    data: EGraphData, choice: dict[str, ENode], costs: dict[str, Cost], roots: list[str]
-) -> dict[str, ENode]:
+def break_cycles(data: EGraphData, choice: dict[str, ENode], costs: CostTable, roots: list[str]) -> dict[str, ENode]:
     """Make the chosen graph acyclic.
 
     Greedy DAG extraction keeps a class's choice when a child later improves, so the final choices can form
@@ -317,6 +389,7 @@ def break_cycles(
     under the current choices, never reach that class again; the re-choice cannot create a new cycle.
     """
     choice = dict(choice)
+    totals = _totals(costs)
     for _ in range(len(data.classes) + 1):
         cycle = _find_cycle(choice, roots)
         if cycle is None:
@@ -324,7 +397,7 @@ def break_cycles(
         best: tuple[float, str, ENode] | None = None
         for cid in cycle:
             for node in data.classes[cid].nodes:
-                if node is choice[cid] or costs[node.id].total == INF:
+                if node is choice[cid] or totals[node.id] == INF:
                     continue
                 children = _tensor_children(node)
                 if any(c not in choice for c in children):
@@ -332,7 +405,7 @@ def break_cycles(
                 loops, closure = _reaches(choice, children, cid)
                 if loops:
                     continue
-                total = costs[node.id].total + math.fsum(costs[choice[c].id].total for c in closure)
+                total = totals[node.id] + math.fsum(totals[choice[c].id] for c in closure)
                 if best is None or total < best[0]:
                     best = (total, cid, node)
         if best is None:
@@ -381,7 +454,9 @@ class _PlanBuilder:
         self.costs = costs
         self.mesh = encoding.mesh
         self.names: dict[str, str] = {}
-        self.original = {cid: encoding.tensor_names[i] for i, cid in data.tensor_class.items()}
+        names = encoding.tensor_names
+        self.original = {cid: names[i] for i, cid in data.tensor_class.items()}
+        self.values = value_names(data, self.original)
         self.tensors: dict[str, PlanTensor] = {}
         self.steps: list[Step] = []
         self.step_costs: list[Cost] = []
@@ -399,7 +474,9 @@ class _PlanBuilder:
         self.taken.add(name)
         self.names[cid] = name
         placement = tuple(_placement(cls.state(axis)) for axis in self.mesh.axes)
-        self.tensors[name] = PlanTensor(name, cls.shape or (), cls.dtype or "none", placement, self.original.get(cid))
+        self.tensors[name] = PlanTensor(
+            name, cls.shape or (), cls.dtype or "none", placement, self.original.get(cid), self.values.get(cid)
+        )
         return name
 
     def build(self, roots: Iterable[str]) -> None:
@@ -551,16 +628,188 @@ class _PlanBuilder:
         self.step_costs[position] = self.step_costs[position] + self.costs[node.id]
 
 
+@dataclass(frozen=True)
+class Restriction:
+    """Which e-nodes an extraction may use. The baselines are extractions restricted this way.
+
+    ``parallel``: parallel ops may appear at all; ``axes``: only on these mesh axes (None: any);
+    ``shard_weights``: a weight may be partitioned; ``shard_activations``: a model input or activation may
+    be partitioned (without it, tensors get sharded only as the outputs of ops on partitioned weights);
+    ``shard_all``: every op that reads an input or activation must run sharded on every mesh axis.
+    """
+
+    name: str = "greedy"
+    parallel: bool = True
+    axes: frozenset[str] | None = None
+    shard_weights: bool = True
+    shard_activations: bool = True
+    shard_all: bool = False
+
+    @classmethod
+    def one_device(cls) -> Restriction:
+        """No parallel op: the original graph, run whole (on every device, or on one)."""
+        return cls("one_device", parallel=False)
+
+    @classmethod
+    def data_parallel(cls, strict: bool = True) -> Restriction:
+        """Every weight whole on every device, every op's work split (``strict``) along weight-free dims."""
+        return cls("data_parallel" if strict else "weights_whole", shard_weights=False, shard_all=strict)
+
+    @classmethod
+    def tensor_parallel(cls, axis: str) -> Restriction:
+        """One mesh axis only; weights are split, inputs and activations never partitioned (Megatron-LM)."""
+        return cls(f"tensor_parallel:{axis}", axes=frozenset({axis}), shard_activations=False)
+
+    def allows(self, node: ENode, cls: EClass, kinds: Mapping[str, str]) -> bool:
+        """Whether ``node`` (of e-class ``cls``) may be chosen; ``kinds`` are the source kinds of e-classes."""
+        if node.op not in PARALLEL_OPS:
+            if not self.shard_all or node.op in LEAVES or cls.sort != "T":
+                return True
+            if all(kinds.get(c) == "weight" for c in node.children):
+                return True  # preparing a weight (a Transpose of it…) is not work on data
+            return all(cls.state(axis) not in ("R", "D") for axis in cls.placement)
+        if not self.parallel:
+            return False
+        if self.axes is not None and node.args[-1] not in self.axes:
+            return False
+        if node.op == "Partition":
+            kind = kinds.get(node.children[0], "activation")
+            if kind == "weight" and not self.shard_weights:
+                return False
+            if kind != "weight" and not self.shard_activations:
+                return False
+        return True
+
+
+@dataclass
+class Extraction:
+    """One extracted plan with the knobs that produced it."""
+
+    plan: Plan
+    restriction: Restriction
+    penalty: float  # seconds per byte of per-device memory added to every node's cost
+    ilp: list[Any] = field(default_factory=list)  # IlpReport of each exact extraction behind the plan
+
+
+class Extractor:
+    """Extracts plans from one saturated e-graph under one cost model, sharing the pricing between runs."""
+
+    def __init__(
+        self,
+        data: EGraphData,
+        encoding: Encoding,
+        graph: Graph,
+        model: CostModel,
+        activation_inputs: frozenset[str] = frozenset(),
+    ) -> None:
+        """``activation_inputs``: model inputs that are really activations (a block's incoming tensor): they
+        are priced like activations (their slices copy, their gradients count) rather than free inputs."""
+        check_invariants(data)
+        self.data = data
+        self.encoding = encoding
+        self.graph = graph
+        self.model = model
+        self.activation_inputs = activation_inputs
+        self.locals = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+        self.kinds = source_kinds(data)
+        for name in activation_inputs:
+            stream = data.tensor_class.get(encoding.tensor_ids[name])
+            for cid, kind in list(self.kinds.items()):
+                if kind == "input" and (cid == stream or _derives_from(data, cid, stream)):
+                    self.kinds[cid] = "activation"
+        self.costs = node_costs(data, model, self.locals, self.kinds)
+        self.roots = output_classes(data, encoding, graph)
+        self._memory: dict[str, float] | None = None
+        self.parents = parents_of(data)
+
+    def node_memory(self) -> dict[str, float]:
+        """A per-node proxy of the memory a choice costs on each device: the bytes of the activation it
+        makes, and for an op, the (training: with gradient and optimizer state) weight pieces it reads."""
+        if self._memory is not None:
+            return self._memory
+        from unity_eq.memory import weight_state_factor
+
+        training = self.model.objective == "training"
+        memory: dict[str, float] = {}
+        for cls in self.data.classes.values():
+            if cls.sort != "T":
+                continue
+            out = _bytes(cls.id, self.data, self.locals)
+            for node in cls.nodes:
+                if node.op in LEAVES or node.op == "Replicate":
+                    memory[node.id] = 0.0
+                    continue
+                kind = self.kinds.get(node.children[0], "activation") if node.children else "activation"
+                if node.op in PARALLEL_OPS:
+                    memory[node.id] = 0.0 if kind == "weight" else out
+                    continue
+                total = out
+                for child in node.children:
+                    if self.kinds.get(child) == "weight":
+                        nbytes = _bytes(child, self.data, self.locals)
+                        factor = 1.0
+                        if training:
+                            factor += weight_state_factor(max(1, _itemsize(self.data.classes[child].dtype)))
+                        total += nbytes * factor
+                memory[node.id] = total
+        self._memory = memory
+        return memory
+
+    def reprice(self, model: CostModel) -> Extractor:
+        """The same e-graph priced by another cost model (e.g. one device, for the baseline)."""
+        return Extractor(self.data, self.encoding, self.graph, model, self.activation_inputs)
+
+    def totals(self, restriction: Restriction, penalty: float = 0.0) -> dict[str, float]:
+        """Every e-node's cost in seconds as an extraction under ``restriction`` and ``penalty`` sees it."""
+        totals: dict[str, float] = {}
+        memory = self.node_memory() if penalty > 0 else None
+        for cls in self.data.classes.values():
+            for node in cls.nodes:
+                cost = self.costs[node.id].total
+                if not restriction.allows(node, cls, self.kinds):
+                    cost = INF
+                elif memory is not None:
+                    cost += penalty * memory.get(node.id, 0.0)
+                totals[node.id] = cost
+        return totals
+
+    def extract(
+        self,
+        restriction: Restriction | None = None,
+        penalty: float = 0.0,
+        method: str = "greedy",
+        time_limit_s: float = 60.0,
+    ) -> Extraction:
+        """The cheapest plan using only nodes ``restriction`` allows; ``penalty`` adds seconds per byte of the
+        node memory proxy to steer towards plans that fit. ``method="ilp"`` refines the greedy plan with the
+        exact program of unity_eq.extract_ilp (greedy as the incumbent, within ``time_limit_s``)."""
+        restriction = restriction or Restriction()
+        totals = self.totals(restriction, penalty)
+        choice = greedy_dag(self.data, totals, self.parents)
+        missing = [r for r in self.roots if r not in choice]
+        if missing:
+            builder = _PlanBuilder(self.data, choice, self.encoding, self.graph, self.costs)
+            raise ExtractionError(builder._no_choice_message(missing[0]))
+        choice = break_cycles(self.data, choice, totals, self.roots)
+        reports = []
+        if method == "ilp":
+            from unity_eq.extract_ilp import ilp_choice
+
+            choice, report = ilp_choice(self.data, as_costs(totals), self.roots, choice, time_limit_s)
+            reports.append(report)
+        elif method != "greedy":
+            raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
+        plan = build_plan(self.data, choice, self.costs, self.encoding, self.graph, self.model)
+        return Extraction(plan, restriction, penalty, reports)
+
+
 def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> Plan:
     """Extract the cheapest plan (greedy, DAG-aware) whose outputs are the model's outputs, replicated."""
-    check_invariants(data)
-    costs = node_costs(data, model)
-    roots = output_classes(data, encoding, graph)
-    choice = break_cycles(data, greedy_dag(data, costs), costs, roots)
-    return build_plan(data, choice, costs, encoding, graph, model)
+    return Extractor(data, encoding, graph, model).extract().plan
 
 
 def check_invariants(data: EGraphData) -> None:
+    """Refuse an e-graph in which an e-class holds two placements on one axis (a broken rule)."""
     conflicts = data.conflicts()
     if conflicts:
         raise ExtractionError(

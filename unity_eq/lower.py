@@ -15,6 +15,7 @@ and communication. See docs/plan-format.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -28,6 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import unity_eq
+from unity_eq.cost import Cost
 from unity_eq.errors import PlanError
 from unity_eq.ir import Graph, Shard
 from unity_eq.plan import (
@@ -83,6 +85,12 @@ class LoweredPlan:
     def models(self) -> Iterator[onnx.ModelProto]:
         for rank in range(self.world_size):
             yield self.build_rank(rank)[0]
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy only when needed; unlike np.ascontiguousarray it keeps a scalar 0-dimensional."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def _tensor_type(dtype: str) -> int:
@@ -147,7 +155,7 @@ class _DeviceGraphBuilder:
             if name in self.initializers:
                 name = tid
             self.const_names[tid] = name
-            self.initializers[name] = numpy_helper.from_array(np.ascontiguousarray(self.consts[tid]), name)
+            self.initializers[name] = numpy_helper.from_array(_contiguous(self.consts[tid]), name)
         return self.const_names[tid]
 
     def literal(self, values: tuple[int, ...]) -> str:
@@ -244,9 +252,11 @@ class _DeviceGraphBuilder:
         return True
 
     def _materialize(self, tid: str) -> str:
-        """A node-produced name for ``tid`` (graph outputs cannot be initializers in every runtime)."""
+        """A node-produced name for ``tid`` (a graph output cannot be an initializer in every runtime, nor a
+        graph input: a collective can read the result of an earlier one, e.g. a gather on one mesh axis of a
+        tensor just reduced on another)."""
         name = self.value(tid)
-        if name in self.initializers:
+        if name in self.initializers or name in {v.name for v in self.inputs}:
             produced = f"{name}.out"
             self.nodes.append(helper.make_node("Identity", [name], [produced], name=f"identity.{tid}"))
             return produced
@@ -288,9 +298,7 @@ def lower(plan: Plan, graph: Graph) -> LoweredPlan:
     problems = plan.validate()
     if problems:
         raise PlanError("internal error: the extracted plan is inconsistent: " + "; ".join(problems[:3]))
-    opsets = [helper.make_opsetid("", graph.opset)] + [
-        helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()
-    ]
+    opsets = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
     return LoweredPlan(plan, graph, collective_stages(plan), opsets, min(max(graph.ir_version, 8), 10))
 
 
@@ -298,7 +306,15 @@ def _itemsize(data_type: int) -> int:
     return int(np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize)
 
 
-def _step_json(step: Step) -> dict[str, Any]:
+def _step_json(step: Step, cost: Cost | None = None) -> dict[str, Any]:
+    entry = _step_fields(step)
+    if cost is not None:
+        entry["compute_s"] = cost.compute
+        entry["communication_s"] = cost.comm
+    return entry
+
+
+def _step_fields(step: Step) -> dict[str, Any]:
     match step:
         case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain):
             refs = [list(i.values) if isinstance(i, Const) else i for i in inputs]
@@ -364,6 +380,7 @@ def plan_metadata(
             "placement": t.placement_str(),
             "local_shape": list(t.local_shape(mesh)),
             **({"source": t.source} if t.source else {}),
+            **({"value": t.value} if t.value else {}),
         }
         for tid, t in plan.tensors.items()
     }
@@ -385,20 +402,80 @@ def plan_metadata(
         },
         "objective": plan.objective,
         "mesh": {"axes": list(mesh.axes), "sizes": list(mesh.sizes), "ranks": ranks},
-        "machine": {"name": machine.name, "devices": machine.device_count, "nodes": machine.node_count},
-        "cost": {
-            "total_s": plan.cost.total,
-            "compute_s": plan.cost.compute,
-            "communication_s": plan.cost.comm,
-        },
+        "machine": machine_json(plan),
+        "cost": plan.report.get("cost")
+        or {"total_s": plan.cost.total, "compute_s": plan.cost.compute, "communication_s": plan.cost.comm},
         "files": [f"device_{r}.onnx" for r in range(mesh.size)],
         "tensors": tensors,
-        "steps": [_step_json(s) for s in plan.steps],
+        "steps": [_step_json(s, c) for s, c in zip(plan.steps, _costs(plan), strict=True)],
         "collectives": collectives,
         "shardings": {
             tid: t.placement_str() for tid, t in plan.tensors.items() if any(isinstance(p, Shard) for p in t.placement)
         },
+        **{
+            key: plan.report[key]
+            for key in ("mesh_search", "baselines", "extraction", "blocks")
+            if plan.report.get(key)
+        },
         "stats": plan.stats,
+    }
+
+
+def _costs(plan: Plan) -> list[Cost | None]:
+    return list(plan.step_costs) if len(plan.step_costs) == len(plan.steps) else [None] * len(plan.steps)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def machine_json(plan: Plan) -> dict[str, Any]:
+    """The machine as plan.json records it: device kinds, nodes and links (SI units: FLOP/s, bytes/s, s)."""
+    from unity_eq.cost import CostModel
+    from unity_eq.search import axis_info
+
+    machine = plan.machine
+    kinds = {}
+    for device in machine.devices:
+        kinds[device.name] = {
+            "peak_flops": dict(device.flops),
+            "memory_bandwidth_bytes_s": device.memory_bandwidth,
+            "memory_bytes": device.memory,
+        }
+    nodes = []
+    for index in sorted(set(machine.node_of)):
+        node = machine.node(index)
+        nodes.append(
+            {
+                "name": node.name,
+                "devices": [d for d, n in enumerate(machine.node_of) if n == index],
+                "link": {
+                    "name": node.link.name,
+                    "bandwidth_bytes_s": _finite(node.link.bandwidth),
+                    "latency_s": node.link.latency,
+                },
+                "network": None
+                if node.network is None
+                else {
+                    "name": node.network.name,
+                    "bandwidth_bytes_s": node.network.bandwidth,
+                    "latency_s": node.network.latency,
+                },
+                "nics": node.nics,
+            }
+        )
+    model = CostModel(machine, plan.mesh, plan.objective)
+    return {
+        "name": machine.name,
+        "source": machine.source,
+        "devices": machine.device_count,
+        "nodes": machine.node_count,
+        "device_kinds": kinds,
+        "node_list": nodes,
+        "launch_overhead_s": machine.launch_overhead,
+        "efficiency": machine.efficiency,
+        "memory_fraction": machine.memory_fraction,
+        "mesh_axes": [axis_info(model, a) for a in plan.mesh.axes],
     }
 
 
@@ -425,7 +502,7 @@ def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
             if rank == 0:
                 collectives = names
         metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)
-        metadata["memory"] = {"weight_bytes_per_rank": weight_bytes}
+        metadata["memory"] = {**lowered.plan.report.get("memory", {}), "weight_bytes_per_rank": weight_bytes}
         (tmp / "plan.json").write_text(json.dumps(metadata, indent=1, default=_json_default))
         _replace_dir(tmp, target)
     except BaseException:

@@ -13,15 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unity_eq.cost import CostModel, Machine, default_machine
-from unity_eq.egraph import Limits, SaturationResult, encode, parse_serialized, saturate
+from unity_eq.cost import Machine, default_machine
+from unity_eq.egraph import Limits, SaturationResult
 from unity_eq.errors import OptionError
-from unity_eq.extract import extract_greedy
 from unity_eq.ir import Graph, Mesh
 from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
+from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
 from unity_eq.profile import ProfileTable, load_profile
+from unity_eq.report import cost_breakdown
 from unity_eq.rulesets import load_rule_files
+from unity_eq.search import SearchResult, search
 
 __all__ = ["OptimizeResult", "optimize", "parse_mesh"]
 
@@ -36,8 +38,9 @@ class OptimizeResult:
     graph: Graph
     lowered: LoweredPlan | None
     plan_dir: Path | None
-    saturation: SaturationResult
+    saturation: SaturationResult  # of the chosen mesh
     timings: dict[str, float] = field(default_factory=dict)
+    search: SearchResult | None = None
 
 
 def parse_mesh(text: str, devices: int) -> Mesh:
@@ -67,7 +70,20 @@ def parse_mesh(text: str, devices: int) -> Mesh:
         raise OptionError(f"`--mesh`: {exc}") from None
 
 
-def _machine_for(devices: int | None, machine: Machine | None) -> Machine:
+def _machine_for(
+    devices: int | None,
+    machine: Machine | str | Path | None,
+    nodes: int | None = None,
+    interconnect: str | None = None,
+) -> Machine:
+    if machine is not None and not isinstance(machine, Machine):
+        from unity_eq.machine import load_machine
+
+        machine = load_machine(machine, nodes=nodes, interconnect=interconnect)
+    elif nodes is not None or interconnect is not None:
+        raise OptionError(
+            "`--nodes` and `--interconnect` need `--machine PRESET|FILE`, e.g. `--machine h100x8 --nodes 2`."
+        )
     if machine is not None:
         if devices is not None and devices != machine.device_count:
             raise OptionError(
@@ -86,32 +102,55 @@ def optimize(
     model: str | Path | Graph,
     *,
     devices: int | None = None,
-    machine: Machine | None = None,
+    machine: Machine | str | Path | None = None,
+    nodes: int | None = None,
+    interconnect: str | None = None,
     output_dir: str | Path | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     objective: str = "inference",
     mesh: str | Mesh | None = None,
+    max_axes: int = 3,
     limits: Limits | None = None,
     rule_files: Sequence[Path] | None = None,
     progress: Progress | None = None,
     profile: str | Path | ProfileTable | None = None,
+    blocks: str = "auto",
+    extractor: str = "greedy",
+    ilp_time_limit: float = 60.0,
 ) -> OptimizeResult:
     """Find a parallel plan for ``model`` and, with ``output_dir``, write it as a plan directory.
 
+    ``machine`` is a Machine, a preset name or a TOML file (``nodes``/``interconnect`` reshape a preset);
+    ``devices`` alone means that many A100-80G in one node. Without ``mesh`` the search tries the meshes of
+    1 to ``max_axes`` axes over all devices (see unity_eq.search) and keeps the cheapest plan that fits.
     ``profile`` (a table from ``unity-eq profile``) prices the ops it measured with their measured times.
+    ``blocks`` (auto, on, off): optimize large models piece by piece, reusing repeated blocks.
+    ``extractor="ilp"`` re-extracts the chosen plan exactly (HiGHS, greedy as incumbent, ``ilp_time_limit``
+    seconds) and keeps it when it is cheaper and fits; plan.json's ``extraction.ilp`` reports the gap.
     """
     say = progress or (lambda _msg: None)
     timings: dict[str, float] = {}
-    chosen_machine = _machine_for(devices, machine)
+    chosen_machine = _machine_for(devices, machine, nodes, interconnect)
     if objective not in ("inference", "training"):
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
+    if extractor not in ("greedy", "ilp"):
+        raise OptionError(f"`--extractor`: expected greedy or ilp, got {extractor!r}.")
+    if ilp_time_limit <= 0:
+        raise OptionError(f"`--ilp-time-limit` must be positive, got {ilp_time_limit}.")
+    if not 1 <= max_axes <= 3:
+        raise OptionError(f"`--max-axes`: expected 1, 2 or 3, got {max_axes}.")
     if output_dir is not None:
         check_output_dir(Path(output_dir))
-    chosen_mesh = (
-        mesh
-        if isinstance(mesh, Mesh)
-        else parse_mesh(mesh or str(chosen_machine.device_count), chosen_machine.device_count)
-    )
+    forced: Mesh | None = None
+    if isinstance(mesh, Mesh):
+        if mesh.size != chosen_machine.device_count:
+            raise OptionError(
+                f"`--mesh` {mesh} has {mesh.size} devices, the machine has {chosen_machine.device_count}. "
+                "Make them agree."
+            )
+        forced = mesh
+    elif mesh is not None:
+        forced = parse_mesh(mesh, chosen_machine.device_count)
     rules = load_rule_files(list(rule_files) if rule_files is not None else None)
     table = load_profile(profile) if isinstance(profile, str | Path) else profile
     if table is not None:
@@ -126,27 +165,38 @@ def optimize(
         say(f"loading {model}")
         graph = load_onnx(model, input_shapes)
     timings["load_s"] = time.perf_counter() - start
+    say(f"{graph.summary()}; machine {chosen_machine.describe()}")
 
     start = time.perf_counter()
-    encoding = encode(graph, chosen_mesh)
-    say(f"{graph.summary()}; {encoding.typed_nodes} typed, {encoding.opaque_count} opaque nodes; mesh {chosen_mesh}")
-    saturation = saturate(
+    result = search(
+        graph,
+        chosen_machine,
+        objective,
         rules,
-        encoding,
         limits,
-        progress=lambda phase, it, nodes, secs: say(
-            f"saturating: {phase} iteration {it}, {nodes} e-nodes, {secs:.1f} s"
-        ),
+        mesh=forced,
+        max_axes=max_axes,
+        say=say,
+        profile=table,
+        blocks=blocks,
     )
-    timings["saturate_s"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    say(f"extracting ({saturation.enodes} e-nodes, stopped: {saturation.stop_reason.value})")
-    data = parse_serialized(saturation.serialized)
-    cost_model = CostModel(chosen_machine, chosen_mesh, objective, profile=table)
-    plan = extract_greedy(data, encoding, graph, cost_model)
-    timings["extract_s"] = time.perf_counter() - start
-    plan.stats.update(_stats(saturation, data.enode_count, timings))
+    timings["search_s"] = time.perf_counter() - start
+    trial = result.trial
+    timings["saturate_s"] = sum(t.saturate_s for t in result.trials)
+    timings["extract_s"] = sum(t.extract_s for t in result.trials)
+    ilp_report = None
+    if extractor == "ilp":
+        start = time.perf_counter()
+        ilp_report = _refine_exactly(result, ilp_time_limit, say)
+        timings["ilp_s"] = time.perf_counter() - start
+    plan = result.plan
+    assert trial.saturation is not None and trial.memory is not None
+    plan.stats.update(_stats(trial.saturation, trial.enodes, timings))
+    plan.report.update(result.report())
+    if ilp_report is not None:
+        plan.report["extraction"]["ilp"] = ilp_report
+    plan.report["memory"] = trial.memory.to_json()
+    plan.report["cost"] = cost_breakdown(plan)
     if table is not None:
         plan.stats["profile"] = {"device": table.meta.get("device", {}).get("description"), "measured": table.hits}
         plan.stats["profile"]["roofline"] = table.misses
@@ -160,7 +210,34 @@ def optimize(
         plan_dir = write_plan_dir(lowered, output_dir)
         timings["lower_s"] = time.perf_counter() - start
         plan.stats["timings"] = dict(timings)
-    return OptimizeResult(plan, graph, lowered, plan_dir, saturation, timings)
+    return OptimizeResult(plan, graph, lowered, plan_dir, trial.saturation, timings, result)
+
+
+def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> dict[str, Any]:
+    """Re-extract the chosen plan with the ILP (same mesh, restriction and memory penalty); keep it when it
+    is cheaper and fits. Returns the report for plan.json."""
+    trial = result.trial
+    chosen = next(e for e, _ in trial.extractions if e.plan is result.plan)
+    say(f"exact extraction (ILP) of mesh {trial.label}, up to {time_limit:g} s")
+    exact = result.extractors[trial.label].extract(chosen.restriction, chosen.penalty, "ilp", time_limit)
+    memory = plan_memory(exact.plan)
+    greedy_cost, exact_cost = result.plan.cost.total, exact.plan.cost.total
+    kept = memory.fits and exact_cost < greedy_cost * (1 - 1e-12)
+    if kept:
+        result.plan, trial.plan, trial.memory = exact.plan, exact.plan, memory
+    gaps = [r.gap for r in exact.ilp]
+    say(
+        f"ILP: {exact_cost * 1e3:.4f} ms vs greedy {greedy_cost * 1e3:.4f} ms, "
+        f"largest gap {max(gaps, default=0.0):.1%}" + ("" if kept else "; greedy plan kept")
+    )
+    return {
+        "greedy_total_s": greedy_cost,
+        "ilp_total_s": exact_cost,
+        "kept": "ilp" if kept else "greedy",
+        "programs": [r.as_dict() for r in exact.ilp],
+        "max_gap": max(gaps, default=0.0),
+        "all_optimal": all(r.optimal for r in exact.ilp),
+    }
 
 
 def _stats(saturation: SaturationResult, enodes: int, timings: dict[str, float]) -> dict[str, Any]:

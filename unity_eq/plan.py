@@ -57,6 +57,7 @@ class PlanTensor:
     dtype: str
     placement: tuple[Placement, ...]
     source: str | None = None  # the ONNX tensor of the original model it equals, if any
+    value: str | None = None  # the ONNX tensor whose (global) value it holds, sharded or not (for reports)
 
     def local_shape(self, mesh: Mesh) -> tuple[int, ...]:
         """The shape of each device's piece: sharded dims divided by their axis sizes."""
@@ -180,6 +181,9 @@ class Plan:
     cost: Cost
     step_costs: list[Cost] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    # What the search found besides the plan, as plan.json fields: the memory per device, the meshes tried,
+    # the baselines and how extraction handled memory (see unity_eq.search and docs/plan-format.md).
+    report: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------------------
     def collectives(self) -> list[Step]:

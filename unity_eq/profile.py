@@ -147,7 +147,7 @@ def _weight_value(cid: str, data: EGraphData, graph: Graph, shape: tuple[int, ..
             array = graph.initializers.get(str(leaf.args[0]))
             if array is None or array.ndim != len(shape) or any(a < s for a, s in zip(array.shape, shape, strict=True)):
                 return None
-            return np.ascontiguousarray(array[tuple(slice(0, s) for s in shape)])
+            return np.array(array[tuple(slice(0, s) for s in shape)], order="C")  # keeps a scalar 0-d
         step = next((n for n in cls.nodes if n.op in ("Partition", "Replicate")), None)
         if step is None:
             return None

@@ -1,0 +1,256 @@
+"""The plans the search finds against the ones experts write by hand, on transformer blocks at real sizes
+(issue #3's "must show"): Megatron-LM at batch 1 × 512 tokens, data parallelism at batch 512 × 1 with small
+weights, tensor parallelism inside a node on 2 nodes, memory, and the mesh search itself.
+
+The blocks are built as ir.Graph with zero-stride weights (tests/blocks.py); real saturation and extraction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from blocks import transformer_graph
+from conftest import run_cli
+
+from unity_eq import optimize
+from unity_eq.cost import CostModel
+from unity_eq.errors import InfeasiblePlanError
+from unity_eq.ir import Graph, Mesh
+from unity_eq.machine import load_machine
+from unity_eq.memory import tensor_kinds
+from unity_eq.plan import Plan, Replicated, Slice
+from unity_eq.search import TIE_TOLERANCE, candidate_meshes
+
+TIE = 1 + TIE_TOLERANCE  # plans within 1% are ties, which go to the one that communicates less
+
+H, FFN = 4096, 16384
+
+
+def _weight_axes(plan: Plan) -> set[str]:
+    """Mesh axes on which some weight is partitioned (tensor-parallel axes)."""
+    kinds = tensor_kinds(plan)
+    return {s.axis for s in plan.steps if isinstance(s, Slice) and kinds.get(s.src) == "weight"}
+
+
+def _megatron_comm(graph: Graph, machine_name: str, blocks: int) -> float:
+    """Megatron-LM's communication per step: per block one all-reduce of the activations forward and one
+    backward, over the 8 GPUs of the node."""
+    machine = load_machine(machine_name)
+    model = CostModel(machine, Mesh(("x",), (8,)), "training")
+    activation = graph.types["X"].nbytes
+    return blocks * 2 * model.all_reduce("x", activation)
+
+
+def _dp_gradient_comm(graph: Graph, machine_name: str) -> float:
+    """Data parallelism's gradient all-reduce: every weight, whole, over the 8 GPUs."""
+    model = CostModel(load_machine(machine_name), Mesh(("x",), (8,)), "training")
+    return sum(model.gradient_all_reduce("x", float(w.nbytes)) for w in graph.initializers.values() if w.ndim)
+
+
+@pytest.mark.parametrize("blocks", ["m", "a", "am"], ids=["mlp", "attention", "attention+mlp"])
+def test_megatron_sizes_train_with_no_more_communication_than_megatron(blocks: str) -> None:
+    """H=4096, FFN 16384, batch 1 × sequence 512, training, one node of 8 H100."""
+    graph = transformer_graph(blocks, batch=1, seq=512, hidden=H, ffn=FFN, heads=32)
+    plan = optimize(graph, machine="h100x8", objective="training").plan
+    megatron = _megatron_comm(graph, "h100x8", len(blocks))
+    assert plan.cost.comm <= megatron * (1 + 1e-9), (plan.cost.comm, megatron)
+    dp_gradients = _dp_gradient_comm(graph, "h100x8")
+    assert plan.cost.comm < dp_gradients / 5, (plan.cost.comm, dp_gradients)
+    baselines = plan.report["baselines"]
+    assert baselines["data_parallel"]["communication_s"] > 5 * plan.cost.comm
+    assert plan.cost.total <= baselines["tensor_parallel"]["total_s"] * TIE
+    assert baselines["tensor_parallel"]["communication_s"] <= megatron * (1 + 1e-9)  # the TP baseline is Megatron
+    assert _weight_axes(plan), "the plan shards weights"
+
+
+@pytest.mark.parametrize("blocks", ["m", "a", "am"], ids=["mlp", "attention", "attention+mlp"])
+def test_many_samples_and_small_weights_choose_data_parallel_or_better(blocks: str) -> None:
+    """Batch 512 × sequence 1, H=256, FFN 1024 (float32), training, one node of 8 H100."""
+    graph = transformer_graph(blocks, batch=512, seq=1, hidden=256, ffn=1024, heads=4, dtype="float32")
+    plan = optimize(graph, machine="h100x8", objective="training").plan
+    baselines = plan.report["baselines"]
+    dp = baselines["data_parallel"]
+    assert dp["sharded"] and dp["fits"]
+    assert plan.cost.total <= dp["total_s"] * TIE
+    assert dp["total_s"] < baselines["tensor_parallel"]["total_s"]
+    assert dp["total_s"] < baselines["one_device"]["total_s"]
+    kinds = tensor_kinds(plan)
+    assert any(isinstance(s, Slice) and kinds.get(s.src) == "input" and s.dim == 0 for s in plan.steps), (
+        "the batch of X is split"
+    )
+    assert any(isinstance(s, Replicated) and kinds.get(s.src) == "weight" for s in plan.steps), (
+        "weights are replicated (with a gradient all-reduce) on the batch axis"
+    )
+
+
+def test_two_nodes_keep_tensor_parallelism_inside_a_node() -> None:
+    """2 nodes × 8 H100 on 400 Gb/s InfiniBand, attention + MLP at H=4096, batch 32 × 512 (16k tokens), training:
+    weights are split only on axes inside a node, and the axes that cross nodes carry the cheaper traffic: the
+    weight-gradient all-reduce (once per step, overlappable) and no per-layer activation all-reduce."""
+    graph = transformer_graph("am", batch=32, seq=512, hidden=H, ffn=FFN, heads=32)
+    plan = optimize(graph, machine="h100x8", nodes=2, interconnect="ib400", objective="training").plan
+    model = CostModel(plan.machine, plan.mesh, "training")
+    across = {a for a in plan.mesh.axes if model.spans_nodes(a)}
+    inside = set(plan.mesh.axes) - across
+    assert across and inside, f"expected a mesh with axes across and inside nodes, got {plan.mesh}"
+    tp = _weight_axes(plan)
+    assert tp and tp <= inside, (tp, across)
+    by_axis = plan.report["cost"]["communication_by_axis"]
+    critical_across = sum(by_axis[a]["forward_s"] + by_axis[a]["backward_s"] for a in across)
+    critical_inside = sum(by_axis[a]["forward_s"] + by_axis[a]["backward_s"] for a in inside)
+    assert all(by_axis[a]["backward_s"] == 0 for a in across)
+    assert critical_across < critical_inside
+    assert sum(by_axis[a]["gradient_s"] for a in across) > 0  # the data-parallel traffic goes between nodes
+    # tensor parallelism over all 16 GPUs (across the nodes) is much worse
+    assert plan.report["baselines"]["tensor_parallel"]["total_s"] > 1.2 * plan.cost.total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Memory
+
+TINY = """
+name = "tiny8"
+[devices.T]
+peak_tflops = {{ float32 = 67, float16 = 989 }}
+memory_bandwidth_gbs = 3350
+memory_gib = {memory}
+[links.nv]
+bandwidth_gbs = 450
+latency_us = 1.5
+[[nodes]]
+devices = {{ T = 8 }}
+link = "nv"
+"""
+
+
+def _tiny(tmp_path: Path, memory: float) -> Path:
+    path = tmp_path / f"tiny-{memory}.toml"
+    path.write_text(TINY.format(memory=memory))
+    return path
+
+
+def test_weights_larger_than_a_device_get_a_plan_that_fits(tmp_path: Path) -> None:
+    """512 MiB of float16 weights on devices with 0.1 GiB each: the plan shards them; nothing whole fits."""
+    graph = transformer_graph("m", batch=512, seq=1, hidden=H, ffn=FFN, layers=2)
+    assert graph.weight_bytes > 4 * 0.1 * 2**30
+    plan = optimize(graph, machine=_tiny(tmp_path, 0.1)).plan
+    memory = plan.report["memory"]
+    assert memory["fits"] and memory["total_bytes"] <= memory["capacity_bytes"]
+    assert memory["weight_bytes"] < graph.weight_bytes / 4
+    assert not plan.report["baselines"]["one_device"]["fits"]
+    assert not plan.report["baselines"]["data_parallel"]["fits"]
+
+
+def test_a_plan_that_does_not_fit_is_re_extracted_with_a_memory_penalty(tmp_path: Path) -> None:
+    graph = transformer_graph("m", batch=512, seq=1, hidden=H, ffn=FFN, layers=2)
+    plan = optimize(graph, machine=_tiny(tmp_path, 0.1), mesh="2x4").plan
+    extraction = plan.report["extraction"]
+    assert extraction["memory_penalty_rounds"] >= 1 and "did not fit" in extraction["memory_handling"]
+    assert plan.report["memory"]["fits"] and plan.validate() == []
+
+
+def test_when_nothing_fits_the_error_says_how_much_memory_is_needed(tmp_path: Path) -> None:
+    graph = transformer_graph("m", batch=512, seq=1, hidden=H, ffn=FFN, layers=2)
+    with pytest.raises(InfeasiblePlanError, match=r"needs [0-9.]+ GiB per device .* have 0\.027 GiB usable"):
+        optimize(graph, machine=_tiny(tmp_path, 0.03))
+
+
+@pytest.mark.slow
+def test_a_model_too_big_for_one_h100_trains_on_eight() -> None:
+    """24 layers at H=4096 (4.8 B parameters, float16): weights + Adam state need 76 GiB on one device."""
+    graph = transformer_graph("am", batch=1, seq=512, hidden=H, ffn=FFN, heads=32, layers=24)
+    plan = optimize(graph, machine="h100x8", objective="training").plan
+    baselines = plan.report["baselines"]
+    assert not baselines["one_device"]["fits"] and not baselines["data_parallel"]["fits"]
+    assert plan.report["memory"]["fits"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Mesh search
+
+
+def test_candidate_meshes_on_two_nodes() -> None:
+    graph = transformer_graph("m", batch=1, seq=512, hidden=256, ffn=1024)
+    trials = {t.label: t for t in candidate_meshes(load_machine("h100x8", nodes=2), graph)}
+    assert {"x=16", "x=2,y=8", "x=4,y=4", "x=8,y=2", "x=2,y=2,z=4", "x=4,y=2,z=2"} <= set(trials)
+    kept = {label for label, t in trials.items() if t.status == "pending"}
+    assert kept == {"x=16", "x=2,y=8", "x=4,y=4", "x=8,y=2", "x=2,y=2,z=4", "x=4,y=2,z=2"}
+    assert trials["x=2,y=4,z=2"].reason == "equivalent to x=2,y=2,z=4"
+    crossing = {a["name"]: a["spans_nodes"] for a in trials["x=2,y=8"].axes}
+    assert crossing == {"x": True, "y": False}
+    one_node = {t.label: t for t in candidate_meshes(load_machine("h100x8"), graph)}
+    assert {label for label, t in one_node.items() if t.status == "pending"} == {"x=8", "x=2,y=4", "x=2,y=2,z=2"}
+
+
+def test_misaligned_and_useless_meshes_are_skipped() -> None:
+    graph = transformer_graph("m", batch=1, seq=512, hidden=256, ffn=1024)  # every dimension a power of two
+    machine = load_machine("h100x8", nodes=3)  # 24 devices
+    trials = {t.label: t for t in candidate_meshes(machine, graph)}
+    assert trials["x=3,y=8"].reason == "no tensor dimension divides by 3"
+    assert trials["x=2,y=12"].status == "skipped"
+    from unity_eq.cost import default_machine
+
+    uneven = default_machine(12)
+    uneven = type(uneven)("3x4", uneven.devices, tuple(i // 4 for i in range(12)), uneven.intra_link, uneven.intra_link)
+    graph6 = transformer_graph("m", batch=6, seq=4, hidden=24, ffn=48)
+    trials = {t.label: t for t in candidate_meshes(uneven, graph6)}
+    assert trials["x=2,y=6"].reason.startswith("misaligned")
+
+
+def test_search_reports_every_mesh_with_its_time_and_the_runner_up(examples: Path, tmp_path: Path) -> None:
+    result = optimize(examples / "transformer.onnx", machine="h100x8", nodes=2, objective="training")
+    search = result.plan.report["mesh_search"]
+    assert search["chosen"] == result.plan.report["mesh_search"]["chosen"]
+    assert search["runner_up"] is not None and search["runner_up"]["mesh"] != search["chosen"]
+    assert search["runner_up"]["cost_s"] >= result.plan.cost.total
+    for trial in search["tried"]:
+        assert trial["status"] == "ok" and trial["seconds"]["saturate"] > 0 and trial["enodes"] > 0
+    assert search["skipped"] and all(s["reason"] for s in search["skipped"])
+    assert result.timings["search_s"] < 60
+
+
+def test_mesh_option_forces_one_mesh(examples: Path) -> None:
+    result = optimize(examples / "mlp.onnx", machine="h100x8", mesh="2x4")
+    search = result.plan.report["mesh_search"]
+    assert search["chosen"] == "x=2,y=4" and result.plan.mesh.sizes == (2, 4)
+    candidates = [t for t in search["tried"] if not t.get("baseline_only")]
+    assert [t["mesh"] for t in candidates] == ["x=2,y=4"]
+    assert {"one_device", "data_parallel", "tensor_parallel"} <= set(result.plan.report["baselines"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Explain
+
+
+def test_optimize_with_a_preset_then_explain(examples: Path, tmp_path: Path) -> None:
+    plan_dir = tmp_path / "plan"
+    proc = run_cli(
+        "optimize", str(examples / "transformer.onnx"), "--machine", "h100x8", "--objective", "training",
+        "-o", str(plan_dir), "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "baselines" in proc.stdout and "mesh search" in proc.stdout
+    meta = json.loads((plan_dir / "plan.json").read_text())
+    for name in ("one_device", "data_parallel", "tensor_parallel"):
+        assert meta["baselines"][name]["ratio"] * TIE >= 1
+    assert meta["cost"]["overlap"]["overlappable_s"] >= 0
+    assert meta["memory"]["fits"] and meta["extraction"]["memory_penalty_rounds"] == 0
+    assert meta["machine"]["device_kinds"]["H100-SXM-80G"]["memory_bytes"] == 80 * 2**30
+
+    proc = run_cli("explain", str(plan_dir))
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("predicted cost per step", "memory per device", "one_device", "data_parallel",
+                   "tensor_parallel", "meshes tried", "sharding per op", "PCG", "=> all-"):  # fmt: skip
+        assert needle in proc.stdout, needle
+
+    proc = run_cli("explain", str(plan_dir), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {b["name"] for b in report["baselines"]} == {"one_device", "data_parallel", "tensor_parallel"}
+    assert all(b["ratio"] * TIE >= 1 for b in report["baselines"])
+    assert report["ops"] and all("placement" in op for op in report["ops"])
+    assert report["pcg"] and report["cost"]["total_s"] == meta["cost"]["total_s"]
+
+    proc = run_cli("explain", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no plan.json" in proc.stderr

@@ -1,0 +1,175 @@
+"""Memory per device of a plan: weights (and, in training, their gradients and optimizer state) + activations.
+
+=================  ===============================================================================================
+part               bytes per device
+=================  ===============================================================================================
+weights            the local pieces of the weights the device's ops read (a sliced weight counts its slice only)
+weight state       training only: a gradient of the same size, and Adam's two fp32 moments (plus an fp32 master
+                   copy when the weight is 16-bit): ``(s + 8 + 4·[s < 4]) / s`` × the weight bytes, s = itemsize
+activations        inference: the peak of the tensors alive at once, running the steps in order; training: every
+                   activation the forward pass makes, kept for the backward pass
+=================  ===============================================================================================
+
+A plan fits when the total is at most the smallest device's usable memory (``memory × memory_fraction``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from unity_eq.plan import (
+    AllGather,
+    AllReduce,
+    Compute,
+    LoadInput,
+    LoadWeight,
+    Plan,
+    Replicated,
+    Slice,
+    step_inputs,
+    step_outputs,
+)
+
+__all__ = ["MemoryUsage", "plan_memory", "tensor_kinds", "weight_state_factor"]
+
+
+def weight_state_factor(itemsize: int) -> float:
+    """Bytes of gradient + optimizer state per byte of weight in training (Adam, fp32 moments)."""
+    extra = itemsize + 8 + (4 if itemsize < 4 else 0)
+    return extra / itemsize
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Bytes per device; ``capacity`` is the usable memory of the smallest device of the mesh."""
+
+    weights: float
+    weight_state: float
+    activations: float
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.weight_state + self.activations
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.capacity
+
+    def to_json(self) -> dict[str, float | bool]:
+        return {
+            "weight_bytes": self.weights,
+            "weight_state_bytes": self.weight_state,
+            "activation_bytes": self.activations,
+            "total_bytes": self.total,
+            "capacity_bytes": self.capacity,
+            "fits": self.fits,
+        }
+
+
+def tensor_kinds(plan: Plan) -> dict[str, str]:
+    """'weight', 'input' or 'activation' for every tensor; parallel ops keep their source's kind."""
+    kinds: dict[str, str] = {}
+    for step in plan.steps:
+        match step:
+            case LoadWeight(out=out):
+                kinds[out] = "weight"
+            case LoadInput(out=out):
+                kinds[out] = "input"
+            case Slice(out=out, src=src) | Replicated(out=out, src=src):
+                kinds[out] = kinds.get(src, "activation")
+            case AllGather(out=out) | AllReduce(out=out):
+                kinds[out] = "activation"
+            case Compute(outputs=outputs):
+                for name in outputs:
+                    if name:
+                        kinds[name] = "activation"
+            case _:
+                raise AssertionError(step)
+    return kinds
+
+
+def _resolve(plan: Plan) -> dict[str, str]:
+    """Tensor -> the tensor whose storage it shares (Replicated is an alias of its source)."""
+    alias: dict[str, str] = {}
+    for step in plan.steps:
+        if isinstance(step, Replicated):
+            alias[step.out] = alias.get(step.src, step.src)
+    return alias
+
+
+def plan_memory(plan: Plan, capacity: float | None = None) -> MemoryUsage:
+    """Memory per device of ``plan`` (see the module docstring)."""
+    mesh = plan.mesh
+    kinds = tensor_kinds(plan)
+    alias = _resolve(plan)
+    if capacity is None:
+        capacity = min(plan.machine.usable_memory(d) for d in mesh.devices)
+
+    # Weights: the pieces that ops (or collectives) read; a weight only sliced further is not stored whole.
+    stored: set[str] = set()
+    for step in plan.steps:
+        if isinstance(step, Slice | Replicated | LoadWeight):
+            continue
+        for name in step_inputs(step):
+            name = alias.get(name, name)
+            if kinds.get(name) == "weight":
+                stored.add(name)
+    for name in plan.outputs.values():
+        name = alias.get(name, name)
+        if kinds.get(name) == "weight":
+            stored.add(name)
+    weights = 0.0
+    state = 0.0
+    for name in stored:
+        t = plan.tensors[name]
+        nbytes = float(t.local_bytes(mesh))
+        weights += nbytes
+        if plan.objective == "training" and t.dtype != "none":
+            state += nbytes * weight_state_factor(np.dtype(t.dtype).itemsize)
+
+    activations = _stored_activations(plan, kinds) if plan.objective == "training" else _peak_live(plan, kinds, alias)
+    return MemoryUsage(weights, state, activations, capacity)
+
+
+def _is_activation_output(step: object, kinds: dict[str, str], name: str) -> bool:
+    if isinstance(step, Replicated | LoadWeight):
+        return False
+    return kinds.get(name) != "weight"
+
+
+def _stored_activations(plan: Plan, kinds: dict[str, str]) -> float:
+    total = 0.0
+    for step in plan.steps:
+        for name in step_outputs(step):
+            if _is_activation_output(step, kinds, name):
+                total += plan.tensors[name].local_bytes(plan.mesh)
+    return total
+
+
+def _peak_live(plan: Plan, kinds: dict[str, str], alias: dict[str, str]) -> float:
+    """The largest sum of activation bytes alive at once when the steps run in order."""
+    last_use: dict[str, int] = {}
+    for index, step in enumerate(plan.steps):
+        for name in step_inputs(step):
+            last_use[alias.get(name, name)] = index
+    end = len(plan.steps)
+    for name in plan.outputs.values():
+        last_use[alias.get(name, name)] = end
+    frees: dict[int, list[str]] = {}
+    live = 0.0
+    peak = 0.0
+    sizes: dict[str, float] = {}
+    for index, step in enumerate(plan.steps):
+        for name in step_outputs(step):
+            if not _is_activation_output(step, kinds, name) or name in sizes:
+                continue
+            sizes[name] = float(plan.tensors[name].local_bytes(plan.mesh))
+            live += sizes[name]
+            frees.setdefault(last_use.get(name, index), []).append(name)
+        peak = max(peak, live)
+        for name in frees.pop(index, []):
+            live -= sizes[name]
+    return peak

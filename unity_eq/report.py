@@ -1,0 +1,137 @@
+"""What a plan costs, split by where the time goes: the plan.json ``cost`` breakdown and the training overlap.
+
+Communication is split by mesh axis and by phase:
+
+===================  ====================================================================================
+phase                steps
+===================  ====================================================================================
+``forward``          Combine (all-gather) and Reduce (all-reduce) in the forward pass
+``backward``         the gradient all-gather of a partitioned activation and the gradient all-reduce of a
+                     replicated activation (Megatron's ``f``): both sit on the backward pass's critical path
+``gradient``         the all-reduce of every weight gradient replicated across an axis (data parallelism)
+===================  ====================================================================================
+
+Overlap (training): a weight's gradient is ready once the backward pass has gone through its consumers, so
+its all-reduce can run on a communication stream while the backward pass of the earlier layers computes. We
+simulate that: the backward pass runs the steps in reverse order (each op's backward = 2/3 of its training
+compute; backward collectives block), gradient all-reduces queue on one stream. ``exposed_s`` is how long that
+stream runs past the end of the backward pass, ``overlappable_s`` the rest of the gradient traffic. The
+objective the search minimizes does not subtract the overlap (it is a sum), so the predicted cost is an upper
+bound by up to ``overlappable_s``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unity_eq.cost import ZERO, Cost, CostModel
+from unity_eq.memory import tensor_kinds
+from unity_eq.plan import AllGather, AllReduce, Compute, LoadInput, LoadWeight, Plan, Replicated, Slice, Step
+
+__all__ = ["cost_breakdown", "gradient_overlap", "price_plan", "step_phase"]
+
+
+def step_phase(step: Step, kinds: dict[str, str]) -> str | None:
+    """``forward``, ``backward`` or ``gradient`` for a communicating step, None for the others."""
+    match step:
+        case AllGather() | AllReduce():
+            return "forward"
+        case Slice(src=src):
+            return "backward" if kinds.get(src, "activation") == "activation" else None
+        case Replicated(src=src):
+            kind = kinds.get(src, "activation")
+            if kind == "weight":
+                return "gradient"
+            return "backward" if kind == "activation" else None
+    return None
+
+
+def cost_breakdown(plan: Plan) -> dict[str, Any]:
+    """The plan.json ``cost`` object: totals, communication by axis and phase, and (training) overlap."""
+    kinds = tensor_kinds(plan)
+    by_axis: dict[str, dict[str, float]] = {
+        a: {"forward_s": 0.0, "backward_s": 0.0, "gradient_s": 0.0} for a in plan.mesh.axes
+    }
+    for step, cost in zip(plan.steps, plan.step_costs, strict=True):
+        phase = step_phase(step, kinds)
+        if phase is None or cost.comm == 0 or not isinstance(step, Slice | AllGather | AllReduce | Replicated):
+            continue
+        by_axis[step.axis][f"{phase}_s"] += cost.comm
+    out: dict[str, Any] = {
+        "total_s": plan.cost.total,
+        "compute_s": plan.cost.compute,
+        "communication_s": plan.cost.comm,
+        "communication_by_axis": by_axis,
+    }
+    if plan.objective == "training":
+        out["overlap"] = gradient_overlap(plan, kinds)
+    return out
+
+
+def gradient_overlap(plan: Plan, kinds: dict[str, str] | None = None) -> dict[str, Any]:
+    """How much of the gradient all-reduce traffic can hide behind the backward compute (module docstring)."""
+    kinds = kinds if kinds is not None else tensor_kinds(plan)
+    clock = 0.0  # the backward pass, from its start
+    stream = 0.0  # when the gradient stream is free
+    gradient = 0.0
+    for step, cost in zip(reversed(plan.steps), reversed(plan.step_costs), strict=True):
+        phase = step_phase(step, kinds)
+        if isinstance(step, Compute):
+            clock += cost.compute * 2.0 / 3.0
+        elif phase == "backward":
+            clock += cost.comm
+        elif phase == "gradient":
+            gradient += cost.comm
+            stream = max(stream, clock) + cost.comm
+    exposed = max(0.0, stream - clock)
+    return {
+        "gradient_all_reduce_s": gradient,
+        "overlappable_s": gradient - exposed,
+        "exposed_s": exposed,
+        "backward_s": clock,
+        "note": (
+            "gradient all-reduces run on their own stream as the backward pass makes each gradient; the predicted "
+            "cost counts them in full, so it is an upper bound by up to overlappable_s"
+        ),
+    }
+
+
+def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
+    """Price every step of ``plan`` again under ``model`` (another machine or mesh placement of the same
+    mesh shape), exactly as extraction prices the e-nodes the steps came from."""
+    kinds = tensor_kinds(plan)
+    mesh = model.mesh
+
+    def local(tid: str) -> tuple[int, ...]:
+        return plan.tensors[tid].local_shape(mesh)
+
+    def nbytes(tid: str) -> float:
+        return float(plan.tensors[tid].local_bytes(mesh))
+
+    costs: list[Cost] = []
+    for step in plan.steps:
+        match step:
+            case LoadInput() | LoadWeight():
+                costs.append(ZERO)
+            case Compute(outputs=outputs, op_type=op, inputs=inputs):
+                refs = [i for i in inputs if isinstance(i, str)]
+                in_shapes: list[tuple[int, ...] | None] = [local(i) for i in refs]
+                in_bytes = sum(nbytes(i) for i in refs)
+                total = ZERO
+                for out in outputs:
+                    if out:
+                        total = total + model.compute(
+                            op, in_shapes, in_bytes, local(out), nbytes(out), plan.tensors[out].dtype
+                        )
+                costs.append(total)
+            case Slice(src=src, axis=axis):
+                costs.append(model.partition(axis, nbytes(src), kinds.get(src, "activation")))
+            case AllGather(out=out, axis=axis):
+                costs.append(model.combine(axis, nbytes(out)))
+            case AllReduce(out=out, axis=axis):
+                costs.append(model.reduce(axis, nbytes(out)))
+            case Replicated(src=src, axis=axis):
+                costs.append(model.replicate(axis, nbytes(src), kinds.get(src, "activation")))
+            case _:
+                raise AssertionError(step)
+    return costs
