@@ -363,6 +363,56 @@ def explain(
         out.print(render(report, max_ops=max_ops), markup=False)
 
 
+@app.command("generate-rules")
+def generate_rules(
+    ops: str = typer.Option(
+        "MatMul,Add,Relu,Concat,Split,Transpose,Partition,Combine,Replicate,Reduce",
+        "--ops",
+        help="Comma-separated operators to enumerate over.",
+    ),
+    max_size: int = typer.Option(3, "--max-size", help="Operators per enumerated graph, at most (1-3)."),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Directory for the .egg files and report (default: print the report only)."
+    ),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes for the proofs (default: one per CPU)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random fingerprint inputs."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Enumerate small graphs, fingerprint them exactly, prove the candidate rules with z3, prune and write them."""
+    from unity_eq.verify._generate import check_ops, render_report
+    from unity_eq.verify._generate import generate_rules as run_generate
+
+    names = check_ops(ops)
+    if not 1 <= max_size <= 3:
+        raise OptionError(f"`--max-size`: expected 1, 2 or 3, got {max_size}. Size 4 does not finish in hours.")
+    if jobs < 0:
+        raise OptionError(f"`--jobs`: expected 0 (one per CPU) or more, got {jobs}.")
+    if quiet:
+        report = run_generate(names, max_size, output, jobs=jobs, seed=seed)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("{task.description:<10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+        ) as bar:
+            tasks: dict[str, Any] = {}
+
+            def tick(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = bar.add_task(phase, total=total)
+                bar.update(tasks[phase], completed=done, total=total)
+
+            report = run_generate(names, max_size, output, jobs=jobs, seed=seed, progress=tick)
+    out.print(render_report(report), markup=False)
+    if output is not None:
+        out.print(f"\nwritten to {output}/ (report.md, report.json)", markup=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script: run the app, turn our errors into one line and an exit code."""
     try:

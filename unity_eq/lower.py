@@ -235,7 +235,9 @@ class _DeviceGraphBuilder:
         axis = int(step.attrs.get("axis", 0))
         if step.op_type == "Split":
             given = step.inputs[1] if len(step.inputs) > 1 else None
-            sizes = list(given.values) if isinstance(given, Const) else [self.local_shape(o)[axis] for o in step.outputs]
+            sizes = (
+                list(given.values) if isinstance(given, Const) else [self.local_shape(o)[axis] for o in step.outputs]
+            )
             parts = np.split(values[0], np.cumsum(sizes)[:-1], axis=axis)
             results = {o: p for o, p in zip(step.outputs, parts, strict=True) if o}
         elif step.op_type == "Concat":

@@ -236,7 +236,9 @@ class Evaluator:
         else:  # P: random pieces that sum to the value
             first = self.bk.symbols(spec.name + ".0", spec.shape)
             pieces = [first, glob - first]
-        info = TermInfo(Var(spec.name), spec.shape, spec.state, glob, pieces, False, frozenset(), frozenset({spec.name}))
+        info = TermInfo(
+            Var(spec.name), spec.shape, spec.state, glob, pieces, False, frozenset(), frozenset({spec.name})
+        )
         info.fingerprint = _fingerprint(info)
         return info
 
@@ -343,7 +345,7 @@ class Evaluator:
         free = is_variant(term)
         nodes = x.nodes if free else x.nodes | {term}
         if head == "Partition":
-            d = int(term.args[1].value)  # type: ignore[union-attr]
+            d = int(term.args[1].value)
             if x.state != R:
                 raise _Invalid("Partition of a value that is not R")
             pieces = [_chunk(x.glob, d, r, AXIS_SIZE) for r in range(MESH.size)]
@@ -353,7 +355,7 @@ class Evaluator:
                 raise _Invalid("Replicate of a value that is not R")
             pieces, state = list(x.pieces), D
         elif head == "Combine":
-            d = int(term.args[1].value)  # type: ignore[union-attr]
+            d = int(term.args[1].value)
             if x.state != ("S", d):
                 raise _Invalid("Combine of a value that is not S(d)")
             whole = np.concatenate(x.pieces, axis=d)
@@ -427,7 +429,7 @@ def _transpose_perms(rank: int) -> list[tuple[int, ...]]:
 
 def _reshape_targets(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Merge the two leading dims, or split the first in two (rank 2 <-> 3)."""
-    out = []
+    out: list[tuple[int, ...]] = []
     if len(shape) == 3:
         out.append((shape[0] * shape[1], shape[2]))
     if len(shape) == 2 and shape[0] % 2 == 0 and shape[0] > 2:

@@ -101,7 +101,7 @@ def render_term(term: Term) -> str:
             text = repr(float(term.value))
             return text if "." in text or "e" in text else text + ".0"
         if term.sort == "IVec":
-            values = tuple(term.value)  # type: ignore[arg-type]
+            values = tuple(term.value)
             return f"(vec-of {' '.join(map(str, values))})" if values else "(vec-empty)"
         return str(term.value)
     if not term.args:
@@ -145,15 +145,15 @@ class _Writer:
         self.bound_shapes: dict[str, str] = {}  # pattern text of a term -> var holding its shape
         self.dim_vars: dict[tuple[str, int], str] = {}
         self.lhs_subterms: dict[Term, str] = {}  # concrete lhs subterm -> its pattern text
-        self.has_axis = any(
-            isinstance(t, App) and t.head in PARALLEL_OPS for root in (*lhs, *rhs) for t in _walk(root)
-        )
+        self.has_axis = any(isinstance(t, App) and t.head in PARALLEL_OPS for root in (*lhs, *rhs) for t in _walk(root))
         self.d_bound = False
 
     # --- names
     def var_name(self, name: str) -> str:
         if name not in self.names:
-            self.names[name] = _TENSOR_NAMES[len(self.names)] if len(self.names) < len(_TENSOR_NAMES) else f"t{len(self.names)}"
+            self.names[name] = (
+                _TENSOR_NAMES[len(self.names)] if len(self.names) < len(_TENSOR_NAMES) else f"t{len(self.names)}"
+            )
         return self.names[name]
 
     def new(self, prefix: str) -> str:
@@ -180,28 +180,28 @@ class _Writer:
             return self.lit(term)
         head, args = term.head, term.args
         if head == "Split":
-            sizes = tuple(args[1].value)  # type: ignore[union-attr]
+            sizes = tuple(args[1].value)
             var = self.lhs_sizes.get(sizes) or self.new("s")
             self.lhs_sizes.setdefault(sizes, var)
             if self.level >= 1:
                 self.guard(f"(= (vec-length {var}) {len(sizes)})")
             axis, index = self.lhs_axis(args[2]), self.lit(args[3])
             if self.indices:
-                key = (sizes, int(args[3].value))  # type: ignore[union-attr]
+                key = (sizes, int(args[3].value))
                 index = self.index_vars.get(key) or self.new("i")
                 self.index_vars.setdefault(key, index)
             return f"(Split {self.pattern(args[0])} {var} {axis} {index})"
         if head == "Concat":
             return f"(Concat {self.pattern(args[0])} {self.lhs_axis(args[1])})"
         if head == "Transpose":
-            perm = tuple(args[1].value)  # type: ignore[union-attr]
+            perm = tuple(args[1].value)
             var = self.ivec_vars.get(perm) or self.new("p")
             if perm not in self.ivec_vars:
                 self.ivec_vars[perm] = var
                 self.guard(f"(= {var} {render_term(args[1])})")
             return f"(Transpose {self.pattern(args[0])} {var})"
         if head == "Reshape":
-            target = tuple(args[1].value)  # type: ignore[union-attr]
+            target = tuple(args[1].value)
             var = self.lhs_targets.get(target) or self.new("sh")
             self.lhs_targets.setdefault(target, var)
             return f"(Reshape {self.pattern(args[0])} {var} {self.lit(args[2])})"
@@ -217,13 +217,13 @@ class _Writer:
     def lhs_axis(self, term: Term) -> str:
         if not self.general:
             return self.lit(term)
-        value = int(term.value)  # type: ignore[union-attr]
+        value = int(term.value)
         if value not in self.axis_vars:
             self.axis_vars[value] = self.new("k")
         return self.axis_vars[value]
 
     def rhs_axis(self, term: Term) -> str:
-        value = int(term.value)  # type: ignore[union-attr]
+        value = int(term.value)
         return self.axis_vars.get(value, str(value))
 
     def lit(self, term: Term) -> str:
@@ -232,7 +232,7 @@ class _Writer:
         return render_term(term)
 
     def dim(self, term: Term) -> str:
-        value = int(term.value)  # type: ignore[union-attr]
+        value = int(term.value)
         return "d" if self.dim_var is not None and value == self.dim_var else str(value)
 
     # --- the right-hand side
@@ -247,13 +247,13 @@ class _Writer:
             return self.lit(term)
         head, args = term.head, term.args
         if head == "Split":
-            sizes = tuple(args[1].value)  # type: ignore[union-attr]
-            index = self.index_vars.get((sizes, int(args[3].value)), self.lit(args[3]))  # type: ignore[union-attr]
+            sizes = tuple(args[1].value)
+            index = self.index_vars.get((sizes, int(args[3].value)), self.lit(args[3]))
             return f"(Split {self.template(args[0])} {self.sizes(args[1])} {self.rhs_axis(args[2])} {index})"
         if head == "Concat":
             return f"(Concat {self.template(args[0])} {self.rhs_axis(args[1])})"
         if head == "Transpose":
-            perm = tuple(args[1].value)  # type: ignore[union-attr]
+            perm = tuple(args[1].value)
             return f"(Transpose {self.template(args[0])} {self.ivec_vars.get(perm, render_term(args[1]))})"
         if head == "Reshape":
             return f"(Reshape {self.template(args[0])} {self.target(term)} {self.lit(args[2])})"
@@ -295,13 +295,13 @@ class _Writer:
         raise _Reject(f"no left-hand side dim of size {value}")
 
     def sizes(self, lit: Term) -> str:
-        sizes = tuple(lit.value)  # type: ignore[union-attr]
+        sizes = tuple(lit.value)
         if sizes in self.lhs_sizes:
             return self.lhs_sizes[sizes]
         return f"(vec-of {' '.join(self.dim_source(n) for n in sizes)})"
 
     def target(self, term: App) -> str:
-        target = tuple(term.args[1].value)  # type: ignore[union-attr]
+        target = tuple(term.args[1].value)
         if target in self.lhs_targets:
             return self.lhs_targets[target]
         for sub, text in sorted(self.lhs_subterms.items(), key=lambda kv: len(kv[1])):
@@ -409,18 +409,18 @@ def _typing(term: Term, ev: Evaluator, uf: _DimClasses) -> None:
         same(term, 0, a, 0)
         same(term, 1, b, 1)
     elif head == "Concat":
-        axis = int(args[1].value)  # type: ignore[union-attr]
+        axis = int(args[1].value)
         for item in list_items(args[0]):
             for k in range(len(out)):
                 if k != axis:
                     same(term, k, item, k)
     elif head == "Split":
-        axis = int(args[2].value)  # type: ignore[union-attr]
+        axis = int(args[2].value)
         for k in range(len(out)):
             if k != axis:
                 same(term, k, args[0], k)
     elif head == "Transpose":
-        perm = tuple(args[1].value)  # type: ignore[union-attr]
+        perm = tuple(args[1].value)
         for j, k in enumerate(perm):
             same(term, j, args[0], k)
 
@@ -430,7 +430,7 @@ def _parallel_dims(roots: Sequence[Term]) -> set[int]:
     for root in roots:
         for t in _walk(root):
             if isinstance(t, App) and t.head in ("Partition", "Combine"):
-                out.add(int(t.args[1].value))  # type: ignore[union-attr]
+                out.add(int(t.args[1].value))
     return out
 
 
@@ -439,9 +439,9 @@ def _axis_literals(roots: Sequence[Term]) -> set[int]:
     for root in roots:
         for t in _walk(root):
             if isinstance(t, App) and t.head == "Split":
-                out.add(int(t.args[2].value))  # type: ignore[union-attr]
+                out.add(int(t.args[2].value))
             elif isinstance(t, App) and t.head == "Concat":
-                out.add(int(t.args[1].value))  # type: ignore[union-attr]
+                out.add(int(t.args[1].value))
     return out
 
 
@@ -495,11 +495,12 @@ def draft(
     guards = " ".join(w.guards)
     if len(lhs) == 1:
         when = f"\n         :when ({guards})" if guards else ""
-        text = f"(rewrite {lhs_text[0]}\n         {rhs_text[0]}{when}\n         :ruleset {ruleset} :name \"NAME\")"
+        text = f'(rewrite {lhs_text[0]}\n         {rhs_text[0]}{when}\n         :ruleset {ruleset} :name "NAME")'
     else:
         query = " ".join(f"(= r{i} {t})" for i, t in enumerate(lhs_text))
         actions = "\n       ".join(f"(union r{i} {t})" for i, t in enumerate(rhs_text))
-        text = f"(rule ({query}{' ' + guards if guards else ''})\n      ({actions})\n      :ruleset {ruleset} :name \"NAME\")"
+        when = " " + guards if guards else ""
+        text = f'(rule ({query}{when})\n      ({actions})\n      :ruleset {ruleset} :name "NAME")'
     key = re.sub(r"\s+", " ", text)
     return Draft(text, key, ruleset, level, mode)
 
@@ -508,7 +509,12 @@ def rule_name(candidate: RuleCandidate, key: str) -> str:
     """``gen-<left-hand side ops>-<hash>``: readable and unique."""
     ops = []
     for t in _walk(candidate.lhs[0]):
-        if isinstance(t, App) and t.head[:1].isupper() and t.head not in ("TCons", "TNil", "NoneT") and not is_variant(t):
+        if (
+            isinstance(t, App)
+            and t.head[:1].isupper()
+            and t.head not in ("TCons", "TNil", "NoneT")
+            and not is_variant(t)
+        ):
             ops.append(re.sub(r"(?<!^)(?=[A-Z])", "-", t.head).lower())
     prefix = "gen-" + ("merge-" if len(candidate.lhs) > 1 else "") + "-".join(ops[:3])
     return f"{prefix}-{hashlib.sha1(key.encode()).hexdigest()[:6]}"

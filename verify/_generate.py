@@ -44,6 +44,7 @@ from unity_eq.verify._enumerate import (
     DEFAULT_INPUTS,
     DEFAULT_OPS,
     PARALLEL_OPS,
+    SUPPORTED_OPS,
     Enumeration,
     Evaluator,
     InputSpec,
@@ -58,9 +59,10 @@ from unity_eq.verify._parse import Program, RuleSource, parse_program
 from unity_eq.verify._prune import Pruner
 from unity_eq.verify._verify import Options, _decide_rule
 
+from unity_eq.errors import OptionError
 from unity_eq.rulesets import BASE_FILES, HAND_WRITTEN_RULE_FILES, rules_dir
 
-__all__ = ["GenerateReport", "GeneratedRule", "generate_rules", "render_report"]
+__all__ = ["GenerateReport", "GeneratedRule", "check_ops", "generate_rules", "render_report"]
 
 #: the files ``generate-rules`` writes; the first three are in the manifest of ``optimize``
 OUTPUT_FILES = {
@@ -213,9 +215,7 @@ def _reverse_strategy(a: Term, b: Term, inputs: dict[str, InputSpec]) -> bool:
     return all(is_variant(t) for t in inner)
 
 
-def _orient(
-    a: TermInfo, b: TermInfo, inputs: dict[str, InputSpec], skipped: dict[str, int]
-) -> RuleCandidate | None:
+def _orient(a: TermInfo, b: TermInfo, inputs: dict[str, InputSpec], skipped: dict[str, int]) -> RuleCandidate | None:
     """The candidate ``a → b``, or None (counted in ``skipped`` by reason)."""
     if a.size == 0 or a.core:
         return None
@@ -248,9 +248,9 @@ def _multi(enum: Enumeration, t: TermInfo, rep: TermInfo) -> RuleCandidate | Non
         return None
     ev = enum.evaluator
     assert ev is not None
-    sizes = term.args[1].value  # type: ignore[union-attr]
-    index = int(term.args[3].value)  # type: ignore[union-attr]
-    if len(sizes) != 2:  # type: ignore[arg-type]
+    sizes = term.args[1].value
+    index = int(term.args[3].value)
+    if len(sizes) != 2:
         return None
     sibling = App("Split", (*term.args[:3], Lit(1 - index, "i64")))
     info = ev.info(sibling)
@@ -413,7 +413,7 @@ def _prove(job: tuple[list[tuple[str, str]], Options]) -> _Outcome:
     start = time.perf_counter()
     cache: dict[Any, Any] = {}
     status, message = "refuted", ""
-    for i, (name, text) in enumerate(drafts):
+    for i, (_name, text) in enumerate(drafts):
         rule, error = parse_one(text)
         if rule is None:
             status, message = "unknown", f"does not load: {error}"
@@ -489,7 +489,9 @@ def _match_rhs(pattern: Term, term: Term, subst: dict[str, Term]) -> bool:
         inner = App("TNil")
         for part in reversed(parts):
             inner = App("TCons", (part.args[0], inner))
-        return all(_match(pattern.args[1], p.args[1], subst) and _match(pattern.args[2], p.args[2], subst) for p in parts) and _match(pattern.args[0], inner, subst)
+        return all(
+            _match(pattern.args[1], p.args[1], subst) and _match(pattern.args[2], p.args[2], subst) for p in parts
+        ) and _match(pattern.args[0], inner, subst)
     if isinstance(pattern, App) and isinstance(term, App):
         return (
             term.head == pattern.head
@@ -535,6 +537,26 @@ def core_rules() -> list[Rule]:
 # The generator
 
 
+def check_ops(text: str | Sequence[str]) -> list[str]:
+    """The operator names of ``--ops`` (comma-separated), or an :class:`OptionError` naming the unknown ones."""
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [n.strip() for n in text]
+    names = [n for n in names if n]
+    if not names:
+        raise OptionError(f"`--ops`: expected a comma-separated list of operators, got {text!r}.")
+    known = {op.lower(): op for op in SUPPORTED_OPS}
+    unknown = [n for n in names if n not in SUPPORTED_OPS and n.lower() not in known]
+    if unknown:
+        raise OptionError(
+            f"`--ops`: unknown operator(s) {', '.join(unknown)}; the generator knows {', '.join(SUPPORTED_OPS)}."
+        )
+    out: list[str] = []
+    for n in names:
+        op = n if n in SUPPORTED_OPS else known[n.lower()]
+        if op not in out:
+            out.append(op)
+    return out
+
+
 def generate_rules(
     ops: Sequence[str] = DEFAULT_OPS,
     max_size: int = 3,
@@ -546,6 +568,9 @@ def generate_rules(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> GenerateReport:
     """Generate, prove and prune rules; write them (and the report) to ``out_dir`` when given."""
+    ops = check_ops(ops)
+    if max_size < 1:
+        raise OptionError(f"`--max-size`: expected 1 or more, got {max_size}.")
     options = options or Options(jobs=1, generic=False)  # the bounded proof decides; `verify` adds the generic one
     workers = jobs or (os.cpu_count() or 1)
     report = GenerateReport(
@@ -602,14 +627,14 @@ def generate_rules(
             else:
                 todo.append(cand)
         prune_s += time.perf_counter() - start
-        say("prune", done, total)
+        say("rules", done, total)
         start = time.perf_counter()
         named = [[(rule_name(c, d.key), d.with_name(rule_name(c, d.key))) for d in c.drafts] for c in todo]
 
         def tick() -> None:
             nonlocal done
             done += 1
-            say("prove", done, total)
+            say("rules", done, total)
 
         outcomes = _prove_all(named, options, workers, tick)
         prove_s += time.perf_counter() - start
@@ -677,7 +702,9 @@ def _classify(
     root = rules_dir()
     base = [(root / name).read_text(encoding="utf-8") for name in BASE_FILES]
     core_texts = [(root / name).read_text(encoding="utf-8") for name in HAND_WRITTEN_RULE_FILES]
-    pruner = Pruner([*zip(base, BASE_FILES, strict=True), *zip(core_texts, HAND_WRITTEN_RULE_FILES, strict=True)], inputs)
+    pruner = Pruner(
+        [*zip(base, BASE_FILES, strict=True), *zip(core_texts, HAND_WRITTEN_RULE_FILES, strict=True)], inputs
+    )
     pruner.accepted = 1  # the core rules count as accepted
     for cand, rule in accepted:
         rule.core_derivable = bool(rule.rediscovers) or pruner.derivable(cand.lhs, cand.rhs)
@@ -742,13 +769,11 @@ def render_report(report: GenerateReport) -> str:
         "",
         f"- terms evaluated: {c.get('terms_evaluated', 0)} ({c.get('terms_invalid', 0)} invalid), "
         f"fingerprint classes: {c.get('classes', 0)}, equations: {c.get('equations', 0)}",
-        f"- candidate rules: {c.get('candidates', 0)}; pruned: "
-        + ", ".join(f"{n} {k}" for k, n in p.items()),
+        f"- candidate rules: {c.get('candidates', 0)}; pruned: " + ", ".join(f"{n} {k}" for k, n in p.items()),
         f"- proven: {c.get('proven', 0)}, refuted: {c.get('refuted', 0)}, unknown: {c.get('unknown', 0)}",
         "- written: " + ", ".join(f"{n} in {f}" for f, n in report.files.items()),
         "",
-        "Rules per operator: "
-        + ", ".join(f"{op} {n}" for op, n in report.rules_per_operator().items()),
+        "Rules per operator: " + ", ".join(f"{op} {n}" for op, n in report.rules_per_operator().items()),
         "",
         "## Rediscovered core rules",
         "",

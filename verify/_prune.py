@@ -78,12 +78,14 @@ class Pruner:
             for _ in range(rounds):
                 (out,) = self.egraph.run_program(*self.egraph.parse_program(f"(run-schedule (run {ruleset}))"))
                 self._run(_ANALYSIS)
+                assert isinstance(out, bindings.RunScheduleOutput)
                 if not out.report.updated or self._nodes() > MAX_NODES:
                     break
 
     def _nodes(self) -> int:
         (out,) = self.egraph.run_program(*self.egraph.parse_program("(print-size)"))
-        return sum(n for name, n in out.sizes if name[:1].isupper())
+        assert isinstance(out, bindings.PrintAllFunctionsSize)
+        return sum(int(n) for name, n in out.sizes if name[:1].isupper())
 
     def derivable(self, lhs: Sequence[Term], rhs: Sequence[Term]) -> bool:
         """True when the accepted rules rewrite the concrete ``lhs`` roots into e-classes holding ``rhs``."""
