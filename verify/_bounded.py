@@ -278,8 +278,11 @@ def enumerate_cases(
     cfg: GenConfig = GenConfig(),
     sizes: Sequence[int] = (1, 2, 3, 4),
     budget: int = 64,
+    placement_cases: bool = True,
 ) -> Enumeration:
-    """The cases to check: one per signature, smallest first, at most ``budget`` (see module docstring)."""
+    """The cases to check: one per signature, smallest first, at most ``budget`` (see module docstring).
+    ``placement_cases``: every value of a placement dim variable is a signature of its own (the proof needs
+    them; the numeric back-up, which wants the largest cases, does not)."""
     sorts = rule.var_sorts
     unknown = unsupported_constructors(rule)
     if unknown:
@@ -293,7 +296,7 @@ def enumerate_cases(
     if missing:
         return Enumeration([], 0, 0, f"guard relation '{missing[0]}' has no Python mirror in unity_eq.verify")
     lhs_vars = {t.name for t in walk(rule.lhs) if isinstance(t, Var)}
-    guard_vars = {v for v in sorts if v not in lhs_vars} | _placement_vars(rule)
+    guard_vars = {v for v in sorts if v not in lhs_vars} | (_placement_vars(rule) if placement_cases else set())
     tensor_vars = [v for v, s in sorts.items() if s == "T"]
     list_vars = [v for v, s in sorts.items() if s == "TList"]
     best: dict[Any, tuple[int, Case]] = {}
