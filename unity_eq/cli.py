@@ -77,6 +77,9 @@ def optimize(
     mesh: str = typer.Option(None, "--mesh", help="Force a device mesh, e.g. 2x4 or dp=2,tp=4 (default: search)."),
     max_axes: int = typer.Option(3, "--max-axes", help="Search meshes of at most this many axes (1-3)."),
     rules: list[Path] = typer.Option([], "--rules", help="Extra .egg rule files to load (repeatable)."),
+    no_generated_rules: bool = typer.Option(
+        False, "--no-generated-rules", help="Load only the hand-written rules (not rules/generated/shrinking.egg)."
+    ),
     max_iterations: int = typer.Option(12, "--max-iterations", help="Parallel rewrite iterations at most."),
     max_nodes: int = typer.Option(200_000, "--max-nodes", help="Stop saturating past this many e-nodes."),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Stop saturating after this many seconds."),
@@ -94,7 +97,7 @@ def optimize(
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
     from unity_eq.pipeline import optimize as run_optimize
-    from unity_eq.rulesets import DEFAULT_RULE_FILES, rules_dir
+    from unity_eq.rulesets import default_rule_files
 
     if max_iterations < 1 or max_nodes < 1 or time_limit <= 0:
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
@@ -107,7 +110,7 @@ def optimize(
     )
     rule_files = None
     if rules:
-        rule_files = [rules_dir() / name for name in DEFAULT_RULE_FILES] + list(rules)
+        rule_files = default_rule_files(not no_generated_rules) + list(rules)
     result = run_optimize(
         model,
         devices=devices,
@@ -121,6 +124,7 @@ def optimize(
         mesh=mesh,
         limits=limits,
         rule_files=rule_files,
+        generated_rules=not no_generated_rules,
         progress=_progress(quiet),
         profile=profile,
         blocks=blocks,

@@ -64,8 +64,10 @@ from unity_eq.rulesets import BASE_FILES, HAND_WRITTEN_RULE_FILES, rules_dir
 
 __all__ = ["GenerateReport", "GeneratedRule", "check_ops", "generate_rules", "render_report"]
 
-#: the files ``generate-rules`` writes; the first three are in the manifest of ``optimize``
+#: the files ``generate-rules`` writes; ``optimize`` loads ``shrinking.egg`` by default (see
+#: unity_eq.rulesets.GENERATED_DEFAULT_FILES), ``unity-eq verify`` checks them all
 OUTPUT_FILES = {
+    "shrinking": "shrinking.egg",
     "algebra": "algebra.egg",
     "parallel": "parallel.egg",
     "merge": "merge.egg",
@@ -712,6 +714,9 @@ def _classify(
             rule.file = OUTPUT_FILES["core-equivalent"]
         elif cand.kind == "algebra" and cand.growing:
             rule.file = OUTPUT_FILES["growing"]  # would grow the e-graph at every application: not loaded
+        elif cand.kind == "algebra" and cand.rhs_size < cand.lhs_size:
+            pruner.accept(rule.text)
+            rule.file = OUTPUT_FILES["shrinking"]  # fewer operators: cannot loop, loaded by `optimize`
         else:
             pruner.accept(rule.text)
             rule.file = OUTPUT_FILES["merge" if cand.kind == "multi" else rule.ruleset]
@@ -726,9 +731,14 @@ _HEADER = """\
 """
 
 _WHAT = {
-    "algebra.egg": "Algebraic rules (no parallel ops), run in the bounded `algebra` phase.",
-    "parallel.egg": "Parallelization and redistribution rules, run in the `parallel` phase.",
-    "merge.egg": "Multi-output rules: two terms sharing an input become both outputs of one Split.",
+    "shrinking.egg": "Algebraic rules whose right-hand side has fewer operators: loaded by `optimize` by default "
+    "(`--no-generated-rules` turns them off).",
+    "algebra.egg": "Other algebraic rules (no parallel ops, as many operators on both sides): verified in CI, not "
+    "loaded by default (pass them with `--rules`).",
+    "parallel.egg": "Parallelization and redistribution rules (`parallel` ruleset): verified in CI, not loaded by "
+    "default (pass them with `--rules`).",
+    "merge.egg": "Multi-output rules: two terms sharing an input become both outputs of one Split. Verified in CI, "
+    "not loaded by default: the merged MatMul shares the input again, so the rule re-applies to its own output.",
     "core-equivalent.egg": "Rules the hand-written core rules already derive (rediscovered): verified in CI, "
     "not loaded by `optimize`.",
     "growing.egg": "Algebraic rules whose right-hand side has more operators (expansions): verified in CI, not "
