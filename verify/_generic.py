@@ -984,7 +984,10 @@ def _prove_one(
                 raise _Unsupported(f"{t} has {states} on axis {ax}")
 
     def state(t: Term, ax: str) -> tuple[str, Any]:
-        kind, key = next(iter(pl.get(t, ax)))
+        got = pl.get(t, ax)
+        if not got:  # a subterm with no derived placement: no generic proof (the bounded one decides)
+            raise _Unsupported(f"{t} has no placement on axis {ax}")
+        kind, key = next(iter(got))
         return kind, (r.dims[key] if kind == "S" else None)
 
     # facts the left-hand side implies: its slices split, its sharded variables split
