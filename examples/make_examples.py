@@ -7,6 +7,10 @@ weights are normal samples scaled by 1/sqrt(fan_in), which keeps activations O(1
 
 - ``mlp``: ``Y = Relu(X @ W1 + b1) @ W2 + b2`` with X [8, 128, 256] and a hidden size of 1024.
 - ``transformer``: one pre-LayerNorm encoder block (8 heads of 32, feed-forward 1024, GELU written with Erf).
+- ``branches``: two projections of one input, concatenated, then an output projection:
+  ``Y = Relu(Concat(X @ Wa, X @ Wb)) @ Wo`` with X [8, 128, 256] (a two-branch block, as in gated or multi-path
+  layers). The generated rule ``Concat(MatMul(x, a), MatMul(x, b)) → MatMul(x, Concat(a, b))`` turns the two
+  MatMuls and the Concat into one MatMul over concatenated weights (docs/generate.md).
 """
 
 from __future__ import annotations
@@ -123,8 +127,18 @@ def make_transformer(seed: int = SEED) -> onnx.ModelProto:
     return b.model("transformer", "X", "Y")
 
 
+def make_branches(seed: int = SEED) -> onnx.ModelProto:
+    """X [8, 128, 256] → Concat(X @ Wa, X @ Wb) [8, 128, 512] → Relu → MatMul Wo → Y [8, 128, 256]."""
+    b = _Builder(seed)
+    a = b.op("MatMul", ["X", b.weight("branch_a.weight", (HIDDEN, HIDDEN), HIDDEN)], "branch_a")
+    c = b.op("MatMul", ["X", b.weight("branch_b.weight", (HIDDEN, HIDDEN), HIDDEN)], "branch_b")
+    h = b.op("Relu", [b.op("Concat", [a, c], "branches", axis=-1)], "relu")
+    b.op("MatMul", [h, b.weight("out.weight", (2 * HIDDEN, HIDDEN), 2 * HIDDEN)], "Y")
+    return b.model("branches", "X", "Y")
+
+
 def main() -> None:
-    for name, make in (("mlp", make_mlp), ("transformer", make_transformer)):
+    for name, make in (("mlp", make_mlp), ("transformer", make_transformer), ("branches", make_branches)):
         path = HERE / f"{name}.onnx"
         onnx.save(make(), path)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")

@@ -29,7 +29,8 @@ from unity_eq.cli import main as cli_main
 from unity_eq.rulesets import rules_dir
 
 SHIPPED, _TARGETS = load_program()
-SHIPPED_RULES = [r for r in SHIPPED.rules if r.file in _TARGETS]
+# the hand-written rules; generated ones (rules/generated/) are checked by tests/test_generate.py
+SHIPPED_RULES = [r for r in SHIPPED.rules if r.file in _TARGETS and "generated/" not in r.file]
 FACTS = DerivedFacts(SHIPPED.analyses)
 CACHE: dict[Any, Enumeration] = {}
 
@@ -67,7 +68,7 @@ def test_shipped_rule_is_proven(rule: Any) -> None:
 @pytest.mark.slow
 def test_cli_verifies_everything_shipped(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["verify", "--quiet"]) == 0
-    assert re.search(r"ok: \d+ rules in 6 files: \d+ proven", capsys.readouterr().out)
+    assert re.search(r"ok: \d+ rules in \d+ files: \d+ proven", capsys.readouterr().out)
 
 
 def test_cli_on_one_shipped_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,6 +77,9 @@ def optimize(
     mesh: str = typer.Option(None, "--mesh", help="Force a device mesh, e.g. 2x4 or dp=2,tp=4 (default: search)."),
     max_axes: int = typer.Option(3, "--max-axes", help="Search meshes of at most this many axes (1-3)."),
     rules: list[Path] = typer.Option([], "--rules", help="Extra .egg rule files to load (repeatable)."),
+    no_generated_rules: bool = typer.Option(
+        False, "--no-generated-rules", help="Load only the hand-written rules (not rules/generated/shrinking.egg)."
+    ),
     max_iterations: int = typer.Option(12, "--max-iterations", help="Parallel rewrite iterations at most."),
     max_nodes: int = typer.Option(200_000, "--max-nodes", help="Stop saturating past this many e-nodes."),
     time_limit: float = typer.Option(120.0, "--time-limit", help="Stop saturating after this many seconds."),
@@ -94,7 +97,7 @@ def optimize(
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
     from unity_eq.pipeline import optimize as run_optimize
-    from unity_eq.rulesets import DEFAULT_RULE_FILES, rules_dir
+    from unity_eq.rulesets import default_rule_files
 
     if max_iterations < 1 or max_nodes < 1 or time_limit <= 0:
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
@@ -107,7 +110,7 @@ def optimize(
     )
     rule_files = None
     if rules:
-        rule_files = [rules_dir() / name for name in DEFAULT_RULE_FILES] + list(rules)
+        rule_files = default_rule_files(not no_generated_rules) + list(rules)
     result = run_optimize(
         model,
         devices=devices,
@@ -121,6 +124,7 @@ def optimize(
         mesh=mesh,
         limits=limits,
         rule_files=rule_files,
+        generated_rules=not no_generated_rules,
         progress=_progress(quiet),
         profile=profile,
         blocks=blocks,
@@ -361,6 +365,56 @@ def explain(
         out.print(json.dumps(report, indent=1), markup=False)
     else:
         out.print(render(report, max_ops=max_ops), markup=False)
+
+
+@app.command("generate-rules")
+def generate_rules(
+    ops: str = typer.Option(
+        "MatMul,Add,Relu,Concat,Split,Transpose,Partition,Combine,Replicate,Reduce",
+        "--ops",
+        help="Comma-separated operators to enumerate over.",
+    ),
+    max_size: int = typer.Option(3, "--max-size", help="Operators per enumerated graph, at most (1-3)."),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Directory for the .egg files and report (default: print the report only)."
+    ),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes for the proofs (default: one per CPU)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random fingerprint inputs."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Enumerate small graphs, fingerprint them exactly, prove the candidate rules with z3, prune and write them."""
+    from unity_eq.verify._generate import check_ops, render_report
+    from unity_eq.verify._generate import generate_rules as run_generate
+
+    names = check_ops(ops)
+    if not 1 <= max_size <= 3:
+        raise OptionError(f"`--max-size`: expected 1, 2 or 3, got {max_size}. Size 4 does not finish in hours.")
+    if jobs < 0:
+        raise OptionError(f"`--jobs`: expected 0 (one per CPU) or more, got {jobs}.")
+    if quiet:
+        report = run_generate(names, max_size, output, jobs=jobs, seed=seed)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("{task.description:<10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+        ) as bar:
+            tasks: dict[str, Any] = {}
+
+            def tick(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = bar.add_task(phase, total=total)
+                bar.update(tasks[phase], completed=done, total=total)
+
+            report = run_generate(names, max_size, output, jobs=jobs, seed=seed, progress=tick)
+    out.print(render_report(report), markup=False)
+    if output is not None:
+        out.print(f"\nwritten to {output}/ (report.md, report.json)", markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,9 +116,13 @@ def _norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
+#: attributes that the normalized constructor already states (Split's sizes come from its output shapes)
+_IMPLIED_ATTRS = {"Split": {"num_outputs"}}
+
+
 def _typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict[str, Any]:
     """Collect a typed node's arguments by name (inputs and attributes), defaults filled in."""
-    if set(node.attrs) - {a.name for a in spec.args if a.kind == "attr"}:
+    if set(node.attrs) - {a.name for a in spec.args if a.kind == "attr"} - _IMPLIED_ATTRS.get(spec.name, set()):
         raise _Opaque  # an attribute we do not model
     if not spec.multi_output and any(out in used for out in node.outputs[1:]):
         raise _Opaque  # a secondary output (MaxPool indices, LayerNorm mean…) is used
@@ -180,9 +184,6 @@ def _normalize(node: Node, graph: Graph, spec: OpSpec, v: dict[str, Any]) -> dic
     elif op == "Unsqueeze":
         out_rank = in_rank + len(v["axes"])
         v["axes"] = tuple(sorted(_norm_axis(a, out_rank) for a in v["axes"]))
-    elif op == "Split":
-        sizes = tuple(graph.types[o].shape[v["axis"]] for o in node.outputs)
-        v["split"] = sizes
     elif op == "Slice":
         v.update(_normalize_slice(graph.types[v["data"]].shape, v))
     elif op.startswith("Reduce"):
@@ -203,6 +204,8 @@ def _normalize(node: Node, graph: Graph, spec: OpSpec, v: dict[str, Any]) -> dic
         v.update(_window_defaults(v, len(v["kernel_shape"])))
     elif op == "BatchNormalization" and int(v["training_mode"]):
         raise _Opaque
+    if op == "Split":  # the sizes, whether given, implied by `num_outputs` or by the number of outputs
+        v["split"] = tuple(graph.types[o].shape[v["axis"]] for o in node.outputs)
     for arg in spec.args:
         if arg.kind == "attr" and v[arg.name] is None:
             raise _Opaque  # required attribute missing: let onnxruntime complain, not us

@@ -100,7 +100,29 @@ def source_kinds(data: EGraphData) -> dict[str, str]:
                     kinds[cls.id] = kinds[node.children[0]]
                     changed = True
                     break
+                if node.op in FOLDABLE_OPS and _all_weights(node, data, kinds):
+                    kinds[cls.id] = "weight"  # data movement over weights only: folded at lowering
+                    changed = True
+                    break
     return kinds
+
+
+#: Data-movement ops that lowering evaluates at lowering time when every tensor operand is a weight (the
+#: generated rules slice and concatenate weights: Split(W), Concat(W1, W2)); they cost nothing at run time.
+FOLDABLE_OPS = frozenset({"Split", "Concat", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+def _all_weights(node: ENode, data: EGraphData, kinds: dict[str, str]) -> bool:
+    members: list[str] = []
+    for child in node.children:
+        if data.classes[child].sort == "TList":
+            items = _list_members(child, data)
+            if items is None:
+                return False
+            members.extend(items)
+        else:
+            members.append(child)
+    return bool(members) and all(kinds.get(m) == "weight" for m in members)
 
 
 def as_costs(totals: Mapping[str, float]) -> dict[str, Cost]:
@@ -202,6 +224,8 @@ def _price(
         return infinite
     if node.op in LEAVES:
         return ZERO
+    if node.op in FOLDABLE_OPS and kinds.get(cls.id) == "weight" and _all_weights(node, data, kinds):
+        return ZERO  # folded into an initializer at lowering time
     if node.op in PARALLEL_OPS:
         src = node.args[0].id
         if locals_.get(src) is None:

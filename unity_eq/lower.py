@@ -50,6 +50,9 @@ from unity_eq.plan import (
 
 __all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
 
+#: Data-movement ops that lowering evaluates when every tensor input is a weight (or a piece of one).
+_FOLDABLE = frozenset({"Split", "Concat", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
 # Device models whose weights exceed this are saved with external data (protobuf's 2 GiB limit).
 EXTERNAL_DATA_BYTES = 1 << 30
 
@@ -197,6 +200,8 @@ class _DeviceGraphBuilder:
         self.value_info[out] = self.info(out)
 
     def _compute(self, step: Compute) -> None:
+        if self._fold(step):
+            return
         inputs: list[str] = []
         for position, ref in enumerate(step.inputs):
             if ref is None:
@@ -216,6 +221,37 @@ class _DeviceGraphBuilder:
         for out in step.outputs:
             if out:
                 self.value_info[out] = self.info(out)
+
+    def _fold(self, step: Compute) -> bool:
+        """Evaluate data movement over weights now (the generated rules split and concatenate weights:
+        ``Split(W)``, ``Concat(W1, W2)``): the result is an initializer, as the cost model assumes."""
+        if step.op_type not in _FOLDABLE or step.domain:
+            return False
+        refs = [r for r in step.inputs if isinstance(r, str)]
+        if not refs or any(self.alias.get(r, r) not in self.consts for r in refs):
+            return False
+        values = [self.consts[self.alias.get(r, r)] for r in refs]
+        outs = [o for o in step.outputs if o]
+        axis = int(step.attrs.get("axis", 0))
+        if step.op_type == "Split":
+            given = step.inputs[1] if len(step.inputs) > 1 else None
+            sizes = (
+                list(given.values) if isinstance(given, Const) else [self.local_shape(o)[axis] for o in step.outputs]
+            )
+            parts = np.split(values[0], np.cumsum(sizes)[:-1], axis=axis)
+            results = {o: p for o, p in zip(step.outputs, parts, strict=True) if o}
+        elif step.op_type == "Concat":
+            results = {outs[0]: np.concatenate(values, axis=axis)}
+        elif step.op_type == "Transpose":
+            perm = step.attrs.get("perm") or list(reversed(range(values[0].ndim)))
+            results = {outs[0]: np.transpose(values[0], perm)}
+        else:  # Reshape, Flatten, Squeeze, Unsqueeze: this rank's piece in the output's local shape
+            results = {outs[0]: np.reshape(values[0], self.local_shape(outs[0]))}
+        for out, value in results.items():
+            if tuple(value.shape) != self.local_shape(out):
+                return False  # not what the plan expects here: leave it to the op
+        self.consts.update(results)
+        return True
 
     def _materialize(self, tid: str) -> str:
         """A node-produced name for ``tid`` (a graph output cannot be an initializer in every runtime, nor a

@@ -22,7 +22,7 @@ from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
 from unity_eq.profile import ProfileTable, load_profile
 from unity_eq.report import cost_breakdown
-from unity_eq.rulesets import load_rule_files
+from unity_eq.rulesets import default_rule_files, load_rule_files
 from unity_eq.search import SearchResult, search
 
 __all__ = ["OptimizeResult", "optimize", "parse_mesh"]
@@ -112,6 +112,7 @@ def optimize(
     max_axes: int = 3,
     limits: Limits | None = None,
     rule_files: Sequence[Path] | None = None,
+    generated_rules: bool = True,
     progress: Progress | None = None,
     profile: str | Path | ProfileTable | None = None,
     blocks: str = "auto",
@@ -124,6 +125,8 @@ def optimize(
     ``devices`` alone means that many A100-80G in one node. Without ``mesh`` the search tries the meshes of
     1 to ``max_axes`` axes over all devices (see unity_eq.search) and keeps the cheapest plan that fits.
     ``profile`` (a table from ``unity-eq profile``) prices the ops it measured with their measured times.
+    ``generated_rules=False`` leaves the generated rules (rules/generated/, docs/generate.md) out of the
+    default manifest; ``rule_files`` replaces the manifest altogether.
     ``blocks`` (auto, on, off): optimize large models piece by piece, reusing repeated blocks.
     ``extractor="ilp"`` re-extracts the chosen plan exactly (HiGHS, greedy as incumbent, ``ilp_time_limit``
     seconds) and keeps it when it is cheaper and fits; plan.json's ``extraction.ilp`` reports the gap.
@@ -151,7 +154,7 @@ def optimize(
         forced = mesh
     elif mesh is not None:
         forced = parse_mesh(mesh, chosen_machine.device_count)
-    rules = load_rule_files(list(rule_files) if rule_files is not None else None)
+    rules = load_rule_files(list(rule_files) if rule_files is not None else default_rule_files(generated_rules))
     table = load_profile(profile) if isinstance(profile, str | Path) else profile
     if table is not None:
         table.hits = table.misses = 0

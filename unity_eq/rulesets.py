@@ -16,6 +16,9 @@ from unity_eq.errors import RuleError
 __all__ = [
     "BASE_FILES",
     "DEFAULT_RULE_FILES",
+    "GENERATED_DEFAULT_FILES",
+    "GENERATED_RULE_FILES",
+    "HAND_WRITTEN_RULE_FILES",
     "RuleFile",
     "default_rule_files",
     "load_rule_files",
@@ -25,14 +28,31 @@ __all__ = [
 #: Loaded before any rule file: the language and the analyses the guards use.
 BASE_FILES = ("schema.egg", "analysis.egg")
 
-#: The rule files `optimize` loads unless told otherwise (paths relative to rules/).
-DEFAULT_RULE_FILES = (
+#: The hand-written rule files (paths relative to rules/): the core rules.
+HAND_WRITTEN_RULE_FILES = (
     "parallel/redistribute.egg",
     "parallel/elementwise.egg",
     "parallel/matmul.egg",
     "parallel/conv.egg",
     "parallel/layout.egg",
 )
+
+#: Generated rule files (`unity-eq generate-rules`, docs/generate.md) that `optimize` loads by default: the
+#: algebraic rules whose right-hand side has fewer operators (they cannot loop). `--no-generated-rules` drops them.
+GENERATED_DEFAULT_FILES = ("generated/shrinking.egg",)
+
+#: Every generated rule file: all are verified by `unity-eq verify`; only GENERATED_DEFAULT_FILES are loaded.
+GENERATED_RULE_FILES = (
+    "generated/shrinking.egg",
+    "generated/algebra.egg",
+    "generated/parallel.egg",
+    "generated/merge.egg",
+    "generated/core-equivalent.egg",
+    "generated/growing.egg",
+)
+
+#: The rule files `optimize` loads unless told otherwise (paths relative to rules/).
+DEFAULT_RULE_FILES = HAND_WRITTEN_RULE_FILES + GENERATED_DEFAULT_FILES
 
 
 @dataclass(frozen=True)
@@ -68,8 +88,10 @@ def base_files() -> list[RuleFile]:
     return [_read(rules_dir() / name) for name in BASE_FILES]
 
 
-def default_rule_files() -> list[Path]:
-    return [rules_dir() / name for name in DEFAULT_RULE_FILES]
+def default_rule_files(generated: bool = True) -> list[Path]:
+    """The manifest as paths; ``generated=False`` leaves out the generated rules (`--no-generated-rules`)."""
+    names = DEFAULT_RULE_FILES if generated else HAND_WRITTEN_RULE_FILES
+    return [rules_dir() / name for name in names if (rules_dir() / name).exists()]
 
 
 def load_rule_files(paths: list[Path] | None = None) -> list[RuleFile]:

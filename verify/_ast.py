@@ -8,7 +8,7 @@ and compare structurally (positions are left out of equality), so equal terms ar
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["AnalysisDecl", "App", "Lit", "Pos", "Rule", "Term", "Var", "term_vars", "walk"]
 
@@ -96,7 +96,9 @@ def term_vars(term: Term) -> list[str]:
 class Rule:
     """One rewrite (``rewrite``, ``birewrite``, or a ``rule`` whose action is a ``union``).
 
-    ``guards`` are the ``:when`` facts (for a ``rule``: its query without the matched pattern). ``sorts`` maps
+    ``guards`` are the ``:when`` facts (for a ``rule``: its query without the matched patterns). A ``rule`` with
+    several unions (``roots`` > 1) has the list ``(TCons p1 (TCons p2 (TNil)))`` of its patterns as ``lhs`` and
+    the list of their replacements as ``rhs``: every root pair must hold. ``sorts`` maps
     every variable to its egglog sort, inferred from where it is used. ``annotation`` is the reason given in a
     ``; verify: unknown-ok <reason>`` comment right above the rule, if any.
     """
@@ -111,6 +113,7 @@ class Rule:
     sorts: tuple[tuple[str, str], ...] = ()
     annotation: str | None = None
     text: str = ""
+    roots: int = 1  # a multi-pattern rule: lhs and rhs are TCons lists of this many root patterns
 
     @property
     def file(self) -> str:
@@ -129,18 +132,7 @@ class Rule:
 
     def reversed(self) -> Rule:
         """The right-to-left direction of a ``birewrite``."""
-        return Rule(
-            self.name + " (reverse)",
-            self.pos,
-            self.rhs,
-            self.lhs,
-            self.guards,
-            self.ruleset,
-            False,
-            self.sorts,
-            self.annotation,
-            self.text,
-        )
+        return replace(self, name=self.name + " (reverse)", lhs=self.rhs, rhs=self.lhs, bidirectional=False)
 
 
 @dataclass(frozen=True)

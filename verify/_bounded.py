@@ -173,6 +173,19 @@ def _meshes(rule: Rule, sizes: Sequence[int]) -> list[Mesh]:
     return [Mesh(tuple(names), combo) for combo in itertools.product(sizes, repeat=len(names))]
 
 
+def _placement_vars(rule: Rule) -> set[str]:
+    """Variables naming a dim of a placement (the dim of a Partition, Combine or PList, or of ``(S d)``):
+    each of their values changes placements, so each is a class checked at least once."""
+    out: set[str] = set()
+    for term in (rule.lhs, rule.rhs, *rule.guards):
+        for t in walk(term):
+            if isinstance(t, App) and t.head in ("Partition", "Combine", "PList", "S"):
+                dim = t.args[0] if t.head == "S" else t.args[1] if len(t.args) > 1 else None
+                if isinstance(dim, Var):
+                    out.add(dim.name)
+    return out
+
+
 def _signature(case: Case, sorts: dict[str, str], guard_vars: set[str]) -> tuple[Any, Any]:
     sizes = case.mesh.sizes
     primary: list[Any] = [sizes]
@@ -265,8 +278,11 @@ def enumerate_cases(
     cfg: GenConfig = GenConfig(),
     sizes: Sequence[int] = (1, 2, 3, 4),
     budget: int = 64,
+    placement_cases: bool = True,
 ) -> Enumeration:
-    """The cases to check: one per signature, smallest first, at most ``budget`` (see module docstring)."""
+    """The cases to check: one per signature, smallest first, at most ``budget`` (see module docstring).
+    ``placement_cases``: every value of a placement dim variable is a signature of its own (the proof needs
+    them; the numeric back-up, which wants the largest cases, does not)."""
     sorts = rule.var_sorts
     unknown = unsupported_constructors(rule)
     if unknown:
@@ -280,7 +296,7 @@ def enumerate_cases(
     if missing:
         return Enumeration([], 0, 0, f"guard relation '{missing[0]}' has no Python mirror in unity_eq.verify")
     lhs_vars = {t.name for t in walk(rule.lhs) if isinstance(t, Var)}
-    guard_vars = {v for v in sorts if v not in lhs_vars}
+    guard_vars = {v for v in sorts if v not in lhs_vars} | (_placement_vars(rule) if placement_cases else set())
     tensor_vars = [v for v, s in sorts.items() if s == "T"]
     list_vars = [v for v, s in sorts.items() if s == "TList"]
     best: dict[Any, tuple[int, Case]] = {}

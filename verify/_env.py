@@ -39,6 +39,7 @@ PRIMITIVES: dict[str, Signature] = {
         _prim("vec-contains", ("IVec", "i64"), "bool"),
         _prim("vec-not-contains", ("IVec", "i64"), "bool"),
         _prim("vec-of", ("i64",), "IVec", variadic=True),
+        _prim("vec-set", ("IVec", "i64", "i64"), "IVec"),
         _prim("vec-empty", (), "IVec"),
     ]
 }

@@ -965,7 +965,7 @@ def _prove_one(
     lhs_nodes = _tensor_nodes(lhs, is_tensor)
     if any(len(pl.get(t, ax)) > 1 for t in lhs_nodes for ax in axes):
         raise _Unsupported("the left-hand side has conflicting placements")
-    roots = [(lhs, rhs)] if not (isinstance(lhs, App) and lhs.head in LISTS) else []
+    roots = _root_pairs(lhs, rhs)
     for _ in range(3):
         for left, right in roots:
             for ax in axes:
@@ -975,7 +975,7 @@ def _prove_one(
                     pl.add(left, ax, st)
         _propagate(pl, [lhs, rhs], dim_of, axis_of, is_tensor)
     rhs_nodes = _tensor_nodes(rhs, is_tensor)
-    check_nodes = [*rhs_nodes, *(Var(v) for v in tensor_vars)] + ([lhs] if roots else [])
+    check_nodes = [*rhs_nodes, *(Var(v) for v in tensor_vars), *(left for left, _ in roots)]
     for t in check_nodes:
         for ax in axes:
             got = pl.get(t, ax)
@@ -984,7 +984,10 @@ def _prove_one(
                 raise _Unsupported(f"{t} has {states} on axis {ax}")
 
     def state(t: Term, ax: str) -> tuple[str, Any]:
-        kind, key = next(iter(pl.get(t, ax)))
+        got = pl.get(t, ax)
+        if not got:  # a subterm with no derived placement: no generic proof (the bounded one decides)
+            raise _Unsupported(f"{t} has no placement on axis {ax}")
+        kind, key = next(iter(got))
         return kind, (r.dims[key] if kind == "S" else None)
 
     # facts the left-hand side implies: its slices split, its sharded variables split
@@ -1050,8 +1053,7 @@ def _prove_one(
                     goals.append((f"{t}: no other axis shards dim", state(x, other)[1] != dim))
         elif t.head in OPS:
             goals.append(_op_goal(r, t, state, piece, expected, axes))
-    if roots:
-        left = lhs
+    for left, _right in roots:
         if isinstance(left, App) and left.head in OPS:
             goals.append(_op_goal(r, left, state, piece, expected, axes))
     goals.append(("global values", r.value(lhs) == r.value(rhs)))
@@ -1072,6 +1074,25 @@ def _prove_one(
         if answer != z3.unsat:
             raise _Unsupported(f"the axioms do not prove {what}")
         result.goals += 1
+
+
+def _root_pairs(lhs: Term, rhs: Term) -> list[tuple[Term, Term]]:
+    """The (left, right) pairs that are one e-class: the two roots, or every root of a multi-pattern rule
+    (both sides explicit lists); none for a rewrite of tensor lists (PList), whose elements pair implicitly."""
+    if not (isinstance(lhs, App) and lhs.head in LISTS):
+        return [(lhs, rhs)]
+    left, right = _explicit_list(lhs), _explicit_list(rhs)
+    if left is not None and right is not None and len(left) == len(right):
+        return list(zip(left, right, strict=True))
+    return []
+
+
+def _explicit_list(term: Term) -> list[Term] | None:
+    items: list[Term] = []
+    while isinstance(term, App) and term.head == "TCons":
+        items.append(term.args[0])
+        term = term.args[1]
+    return items if isinstance(term, App) and term.head == "TNil" else None
 
 
 def _op_goal(r: _Rule, t: App, state: Any, piece: Any, expected: Any, axes: Sequence[str]) -> tuple[str, Any]:

@@ -56,7 +56,7 @@ def check_numeric(
     key = enumeration_key(rule, facts, NUMERIC_CONFIG, tuple(sizes), 4 * cases) if cache is not None else None
     enum = cache.get(key) if cache is not None else None
     if enum is None:
-        enum = enumerate_cases(rule, facts, NUMERIC_CONFIG, sizes, budget=4 * cases)
+        enum = enumerate_cases(rule, facts, NUMERIC_CONFIG, sizes, budget=4 * cases, placement_cases=False)
         if cache is not None:
             cache[key] = enum
     result = NumericResult("skipped")

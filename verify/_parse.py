@@ -14,6 +14,7 @@ name file:line:column.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -304,36 +305,59 @@ def _rule_from_command(cmd: SExp, lines: list[str]) -> Rule | AnalysisDecl | Non
         ruleset = _ruleset(opts)
         if not unions:
             return AnalysisDecl(cmd.pos, query, actions, ruleset)
-        if len(unions) > 1:
-            raise _Bad(cmd.pos, "a rule with several unions cannot be verified; write one rewrite per union")
-        union = unions[0]
-        if len(union.args) != 2:
-            raise _Bad(union.pos or cmd.pos, "union takes two terms")
-        target, rhs = union.args
-        pattern: Term | None = None
-        rest: list[Term] = []
-        for fact in query:
-            if (
-                pattern is None
-                and isinstance(target, Var)
-                and isinstance(fact, App)
-                and fact.head == "="
-                and len(fact.args) == 2
-                and fact.args[0] == target
-                and isinstance(fact.args[1], App)
-            ):
-                pattern = fact.args[1]
-            else:
-                rest.append(fact)
-        if pattern is None:
-            if isinstance(target, App):
-                pattern = target
-            else:
-                raise _Bad(
-                    cmd.pos, f"cannot tell which pattern {target} names: bind it with (= {target} (...))"
-                )
-        return _make_rule(cmd, pattern, rhs, tuple(rest), opts, False, lines, text)
+        rest = list(query)
+        pairs: list[tuple[Term, Term]] = []
+        for union in unions:
+            if len(union.args) != 2:
+                raise _Bad(union.pos or cmd.pos, "union takes two terms")
+            target, rhs = union.args
+            pattern = _pattern_of(target, rest)
+            if pattern is None:
+                raise _Bad(cmd.pos, f"cannot tell which pattern {target} names: bind it with (= {target} (...))")
+            pairs.append((pattern, rhs))
+        # a root's name in the other facts stands for its pattern
+        names = {str(t): p for t, p in zip((u.args[0] for u in unions), (p for p, _ in pairs), strict=True)}
+        rest = [_subst_vars(f, names) for f in rest]
+        if len(pairs) == 1:
+            pattern, rhs = pairs[0]
+            return _make_rule(cmd, pattern, _subst_vars(rhs, names), tuple(rest), opts, False, lines, text)
+        # several roots (a multi-pattern rule, e.g. two MatMuls sharing an input merged into one): verified as
+        # the rewrite of the list of its patterns into the list of their replacements, so every root pair
+        # must keep its global value and placement, and every right-hand side term its pieces
+        lhs_list: Term = App("TNil")
+        rhs_list: Term = App("TNil")
+        for pattern, rhs in reversed(pairs):
+            lhs_list = App("TCons", (pattern, lhs_list), pattern.pos if isinstance(pattern, App) else None)
+            rhs_list = App("TCons", (_subst_vars(rhs, names), rhs_list))
+        rule = _make_rule(cmd, lhs_list, rhs_list, tuple(rest), opts, False, lines, text)
+        return dataclasses.replace(rule, roots=len(pairs))
     return None
+
+
+def _pattern_of(target: Term, facts: list[Term]) -> Term | None:
+    """The pattern a union target names: ``(= target (Op ...))`` in the query (removed from ``facts``), or the
+    target itself when it is a term."""
+    if isinstance(target, App):
+        return target
+    for i, fact in enumerate(facts):
+        if (
+            isinstance(fact, App)
+            and fact.head == "="
+            and len(fact.args) == 2
+            and fact.args[0] == target
+            and isinstance(fact.args[1], App)
+        ):
+            del facts[i]
+            return fact.args[1]
+    return None
+
+
+def _subst_vars(term: Term, names: dict[str, Term]) -> Term:
+    if isinstance(term, Var):
+        return names.get(term.name, term)
+    if isinstance(term, App):
+        return App(term.head, tuple(_subst_vars(a, names) for a in term.args), term.pos)
+    return term
 
 
 def _end_line(cmd: SExp) -> int:
@@ -483,18 +507,7 @@ class _Checker:
         for var in sorted(set(term_vars(rule.lhs)) | bound):
             if var not in self.sorts:
                 self.fail(f"cannot tell the sort of var {var}")
-        return Rule(
-            rule.name,
-            rule.pos,
-            rule.lhs,
-            rule.rhs,
-            rule.guards,
-            rule.ruleset,
-            rule.bidirectional,
-            tuple(sorted(self.sorts.items())),
-            rule.annotation,
-            rule.text,
-        )
+        return dataclasses.replace(rule, sorts=tuple(sorted(self.sorts.items())))
 
 
 def _binding_vars(guard: Term, env: Env) -> set[str]:

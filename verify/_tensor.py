@@ -325,6 +325,12 @@ _NP_CMP = {
 }
 
 
+def _out_dtype(bk: Any) -> Any:
+    """Element type of arrays an evaluator fills: z3 terms and exact numbers (the rule generator's
+    fingerprints) are Python objects; the numeric back-up uses float64."""
+    return object if isinstance(bk, Z3Backend) or getattr(bk, "exact", False) else float
+
+
 def _obj(x: Any) -> Any:
     return x if isinstance(x, np.ndarray) else np.array(x, dtype=object)
 
@@ -340,7 +346,7 @@ def _reduce(
     outer = tuple(x.shape[d] for d in keep)
     inner = math.prod(x.shape[d] for d in axes)
     flat = moved.reshape((-1, inner)) if inner else moved.reshape((-1, 0))
-    out = np.empty(flat.shape[0], dtype=object if isinstance(bk, Z3Backend) else float)
+    out = np.empty(flat.shape[0], dtype=_out_dtype(bk))
     for i in range(flat.shape[0]):
         out[i] = how(list(flat[i]))
     out = out.reshape(outer)
@@ -779,7 +785,7 @@ def _conv(op: str, args: list[Any], bk: Backend) -> Any:
     cg, mg = c // group, m // group
     kern, pads_, strides_, dils_ = _window_attrs(x.shape[2:], w.shape[2:], pads, strides, dils, auto_pad)
     out_sp = _pool_out(x.shape[2:], kern, pads_, strides_, dils_, False)
-    out = np.empty((n, m, *out_sp), dtype=object if isinstance(bk, Z3Backend) else float)
+    out = np.empty((n, m, *out_sp), dtype=_out_dtype(bk))
     positions = _window_positions(x.shape[2:], out_sp, kern, pads_, strides_, dils_)
     for bi in range(n):
         for mi in range(m):
@@ -810,7 +816,7 @@ def _pool(op: str, args: list[Any], bk: Backend) -> Any:
         _x, auto_pad, ceil_mode, cip, dils, kernel, pads, strides = args
     kern, pads_, strides_, dils_ = _window_attrs(x.shape[2:], kernel, pads, strides, dils, auto_pad)
     out_sp = _pool_out(x.shape[2:], kern, pads_, strides_, dils_, bool(ceil_mode))
-    out = np.empty((*x.shape[:2], *out_sp), dtype=object if isinstance(bk, Z3Backend) else float)
+    out = np.empty((*x.shape[:2], *out_sp), dtype=_out_dtype(bk))
     positions = _window_positions(x.shape[2:], out_sp, kern, pads_, strides_, dils_)
     k = len(kern)
     for lead in np.ndindex(*x.shape[:2]):
@@ -838,7 +844,7 @@ def _lrn(op: str, args: list[Any], bk: Backend) -> Any:
     c = x.shape[1]
     lo, hi = (size - 1) // 2, math.ceil((size - 1) / 2)
     sq = bk.mul(x, x)
-    out = np.empty(x.shape, dtype=object if isinstance(bk, Z3Backend) else float)
+    out = np.empty(x.shape, dtype=_out_dtype(bk))
     for idx in np.ndindex(*x.shape):
         ci = idx[1]
         terms = [sq[(idx[0], j, *idx[2:])] for j in range(max(0, ci - lo), min(c - 1, ci + hi) + 1)]

@@ -41,7 +41,7 @@ from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._parse import Program, RuleSource, parse_program
 
 from unity_eq.errors import RuleError
-from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, rules_dir
+from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 
 __all__ = [
     "Options",
@@ -189,9 +189,11 @@ class Report:
 
 
 def shipped_rule_files() -> list[Path]:
-    """Every shipped file with rules: analysis.egg (its rewrites) and the manifest."""
+    """Every shipped file with rules: analysis.egg (its rewrites), the manifest and every generated file (those
+    `optimize` does not load by default too)."""
     root = rules_dir()
-    return [root / "analysis.egg", *(root / name for name in DEFAULT_RULE_FILES)]
+    names = dict.fromkeys([*DEFAULT_RULE_FILES, *GENERATED_RULE_FILES])
+    return [root / "analysis.egg", *(root / name for name in names if (root / name).exists())]
 
 
 def _display(path: Path) -> str:
@@ -223,7 +225,7 @@ def load_program(paths: Sequence[Path] | None = None) -> tuple[Program, set[str]
     Returns the program and the display names of the files whose rules are to be verified.
     """
     root = rules_dir()
-    names = [*BASE_FILES, *DEFAULT_RULE_FILES]
+    names = [name for name in (*BASE_FILES, *DEFAULT_RULE_FILES) if (root / name).exists()]
     base = [_source(root / name) for name in names]
     chosen = shipped_rule_files() if paths is None else [Path(p) for p in paths]
     sources: list[RuleSource] = []

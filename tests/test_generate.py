@@ -1,0 +1,139 @@
+"""The rule generator (`unity-eq generate-rules`, issue #5): it finds known and new rules, refutes wrong ones,
+prunes renamings, writes files that load and verify, and the rules it ships make a plan cheaper."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from unity_eq.verify import Options, verify_rules
+from unity_eq.verify._generate import _prove, check_ops, generate_rules
+from unity_eq.verify._parse import RuleSource, parse_program
+
+from unity_eq.cli import main as cli_main
+from unity_eq.errors import OptionError
+from unity_eq.pipeline import optimize
+from unity_eq.rulesets import (
+    BASE_FILES,
+    DEFAULT_RULE_FILES,
+    GENERATED_DEFAULT_FILES,
+    GENERATED_RULE_FILES,
+    HAND_WRITTEN_RULE_FILES,
+    rules_dir,
+)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _rule_blocks(text: str) -> list[str]:
+    return re.findall(r"\((?:rewrite|rule) .*?:name \"[^\"]+\"\)", text, re.S)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """MatMul, Relu, Split, Partition and Combine, graphs of up to 2 operators (a few seconds)."""
+    out = tmp_path_factory.mktemp("generated")
+    return generate_rules(["MatMul", "Relu", "Split", "Partition", "Combine"], 2, out, jobs=1), out
+
+
+def test_unknown_ops_are_option_errors() -> None:
+    assert check_ops("matmul, Relu,Relu") == ["MatMul", "Relu"]
+    with pytest.raises(OptionError, match=r"unknown operator\(s\) Conv2D"):
+        check_ops("MatMul,Conv2D")
+    assert cli_main(["generate-rules", "--ops", "MatMul,Foo", "--max-size", "1"]) == 2
+    assert cli_main(["generate-rules", "--max-size", "9"]) == 2
+
+
+def test_small_run_rediscovers_core_rules(small: tuple[Any, Path]) -> None:
+    report, _out = small
+    assert report.counts["proven"] > 0
+    # Relu → Combine(Relu(Partition)) and the Partition/Combine cancellation are hand-written rules of the core
+    assert {"relu-split", "partition-combine-cancel"} <= set(report.rediscovered)
+    assert set(report.phases) >= {"enumerate", "candidates", "prune", "prove", "total"}
+    assert report.rules_per_operator()["Split"] > 0
+
+
+def test_prune_removes_renamings(small: tuple[Any, Path]) -> None:
+    report, out = small
+    assert report.pruned["renaming"] > 0
+    bodies = []
+    for name in report.files:
+        for block in _rule_blocks((out / name).read_text()):
+            bodies.append(re.sub(r':name "[^"]+"', "", block))
+    assert len(bodies) == len(set(bodies)) == len(report.rules)
+
+
+def test_report_is_written(small: tuple[Any, Path]) -> None:
+    report, out = small
+    data = json.loads((out / "report.json").read_text())
+    assert data["counts"]["proven"] == report.counts["proven"]
+    assert {"enumerate", "prove"} <= set(data["phases_seconds"])
+    md = (out / "report.md").read_text()
+    assert "Rediscovered core rules" in md and "relu-split" in md
+
+
+def test_generated_files_parse_and_verify(small: tuple[Any, Path]) -> None:
+    _report, out = small
+    files = sorted(out.glob("*.egg"))
+    result = verify_rules(files, options=Options(jobs=1, numeric=False))
+    assert result.rules and all(r.status == "proven" for r in result.rules), [
+        (r.name, r.message) for r in result.rules if r.status != "proven"
+    ]
+
+
+def test_a_wrong_candidate_is_refuted() -> None:
+    wrong = '(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "gen-wrong")'
+    right = '(rewrite (Relu (Relu a)) (Relu (Relu a)) :ruleset algebra :name "gen-same")'
+    assert _prove(([("gen-wrong", wrong)], Options(jobs=1, generic=False))).status == "refuted"
+    assert _prove(([("gen-same", right)], Options(jobs=1, generic=False))).status == "proven"
+
+
+# ------------------------------------------------------------------------------------------ shipped rules
+
+
+def test_generated_files_are_in_the_manifest() -> None:
+    assert set(GENERATED_DEFAULT_FILES) <= set(DEFAULT_RULE_FILES)
+    assert set(GENERATED_DEFAULT_FILES) <= set(GENERATED_RULE_FILES)
+    root = rules_dir()
+    sources = [RuleSource(n, (root / n).read_text()) for n in (*BASE_FILES, *HAND_WRITTEN_RULE_FILES)]
+    generated = [RuleSource(n, (root / n).read_text()) for n in GENERATED_RULE_FILES if (root / n).exists()]
+    program = parse_program(generated, sources)
+    assert program.errors == []
+    names = {r.name for r in program.rules}
+    # the MatMul merge (two roots) and its Concat form ship
+    merge = (root / "generated/merge.egg").read_text()
+    assert "(union r0 (Split (MatMul a (Concat (TCons b (TCons c (TNil))) 1))" in merge
+    shrinking = (root / "generated/shrinking.egg").read_text()
+    assert "(rewrite (Concat (TCons (MatMul a b) (TCons (MatMul a c) (TNil))) 2)" in shrinking
+    assert len(names) >= 50
+
+
+def test_shipped_merge_rules_verify() -> None:
+    root = rules_dir()
+    result = verify_rules([root / "generated/merge.egg"], options=Options(jobs=1, numeric=False))
+    assert len(result.rules) >= 2 and all(r.status == "proven" for r in result.rules)
+
+
+def test_generated_rules_make_the_branches_plan_cheaper() -> None:
+    model = EXAMPLES / "branches.onnx"
+    with_rules = optimize(model, devices=4)
+    without = optimize(model, devices=4, generated_rules=False)
+    cost_with = with_rules.plan.cost.compute + with_rules.plan.cost.comm
+    cost_without = without.plan.cost.compute + without.plan.cost.comm
+    assert cost_with < 0.9 * cost_without
+    # the two branch MatMuls became one
+    assert sum(1 for s in with_rules.plan.steps if getattr(s, "op_type", "") == "MatMul") == 2
+    assert sum(1 for s in without.plan.steps if getattr(s, "op_type", "") == "MatMul") == 3
+
+
+@pytest.mark.slow
+def test_max_size_3_finds_the_matmul_merge(tmp_path: Path) -> None:
+    report = generate_rules(["MatMul", "Concat", "Split"], 3, tmp_path, jobs=2)
+    multi = [r for r in report.rules if r.kind == "multi"]
+    assert any("(MatMul a (Concat (TCons b (TCons c (TNil))) 1))" in r.text for r in multi)
+    assert report.counts["refuted"] > 0
+    result = verify_rules([tmp_path / "merge.egg"], options=Options(jobs=1, numeric=False))
+    assert all(r.status == "proven" for r in result.rules)
