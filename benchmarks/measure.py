@@ -49,6 +49,7 @@ def main() -> int:
     parser.add_argument("--ilp-time-limit", type=float, default=60.0)
     parser.add_argument("--blocks", default="auto")
     parser.add_argument("--write", action="store_true", help="also lower and write the plan")
+    parser.add_argument("--no-generated-rules", action="store_true", help="without rules/generated/")
     args = parser.parse_args()
 
     from unity_eq import optimize
@@ -62,6 +63,7 @@ def main() -> int:
             extractor=args.extractor,
             ilp_time_limit=args.ilp_time_limit,
             blocks=args.blocks,
+            generated_rules=not args.no_generated_rules,
             output_dir=Path(tmp) / "plan" if args.write else None,
             **machine_kwargs(args.machine),
         )
