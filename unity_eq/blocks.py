@@ -53,6 +53,7 @@ from unity_eq.extract import (
     Restriction,
     _PlanBuilder,
     break_cycles,
+    chosen_closure,
     greedy_dag,
 )
 from unity_eq.ir import Graph, Mesh, Node, Replicate, Shard
@@ -620,18 +621,8 @@ class BlockExtractor:
 
 
 def _dag_cost(choice: dict[str, ENode], roots: Iterable[str], totals: dict[str, float]) -> float:
-    seen: set[str] = set()
-    stack = list(roots)
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        node = choice.get(cid)
-        if node is None:
-            return INF
-        stack.extend(node.children)
-    return math.fsum(totals[choice[c].id] for c in seen)
+    needed = chosen_closure(choice, roots)
+    return INF if needed is None else math.fsum(totals[choice[c].id] for c in needed)
 
 
 class _Stitcher:

@@ -367,6 +367,23 @@ def _find_cycle(choice: dict[str, ENode], roots: Iterable[str]) -> list[str] | N
     return None
 
 
+def chosen_closure(choice: dict[str, ENode], roots: Iterable[str]) -> set[str] | None:
+    """The classes an extraction needs: those reachable from ``roots`` through the chosen nodes' children;
+    None when one of them has no chosen node (the extraction is incomplete)."""
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        cid = stack.pop()
+        if cid in seen:
+            continue
+        node = choice.get(cid)
+        if node is None:
+            return None
+        seen.add(cid)
+        stack.extend(node.children)
+    return seen
+
+
 def _reaches(choice: dict[str, ENode], starts: Iterable[str], target: str) -> tuple[bool, set[str]]:
     seen: set[str] = set()
     stack = list(starts)

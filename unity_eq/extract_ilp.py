@@ -40,9 +40,11 @@ from unity_eq.egraph import EGraphData, Encoding, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract import (
     INF,
+    _find_cycle,
     break_cycles,
     build_plan,
     check_invariants,
+    chosen_closure,
     greedy_dag,
     node_costs,
     output_classes,
@@ -152,7 +154,7 @@ def ilp_choice(
             raise ExtractionError(f"the extraction ILP found no solution ({status}); use `--extractor greedy`")
         values = np.asarray(solution.col_value)
         choice = {n.eclass: n for n in nodes if values[cols.node[n.id]] > 0.5}
-        cycle = _chosen_cycle(choice, roots)
+        cycle = _find_cycle(choice, roots)
         if cycle is None:
             break
         if time.perf_counter() - start >= time_limit_s:  # out of time with a cyclic answer: keep greedy
@@ -348,43 +350,24 @@ def _rotate(cycle: list[str]) -> list[str]:
     return cycle[k:] + cycle[:k]
 
 
-def _chosen_cycle(choice: dict[str, ENode], roots: list[str]) -> list[str] | None:
-    from unity_eq.extract import _find_cycle
-
-    return _find_cycle(choice, roots)
-
-
 def _dag_cost(choice: dict[str, ENode], roots: list[str], costs: dict[str, Cost]) -> float:
-    seen: set[str] = set()
-    stack = list(roots)
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        stack.extend(choice[cid].children)
-    return math.fsum(costs[choice[c].id].total for c in seen)
+    needed = chosen_closure(choice, roots)
+    assert needed is not None, "the solver's choice covers every needed class"
+    return math.fsum(costs[choice[c].id].total for c in needed)
 
 
 def _incumbent_columns(
     incumbent: dict[str, ENode], roots: list[str], cols: _Columns, costs: dict[str, Cost]
 ) -> tuple[np.ndarray | None, float]:
-    """The greedy extraction as a full column vector (x and y)."""
+    """The greedy extraction as a full column vector (x and y); None when it uses a node the program lacks."""
+    needed = chosen_closure(incumbent, roots)
+    if needed is None or any(incumbent[c].id not in cols.node for c in needed):
+        return None, INF
     vector = np.zeros(cols.count)
-    seen: set[str] = set()
-    stack = list(roots)
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        node = incumbent.get(cid)
-        if node is None or node.id not in cols.node:
-            return None, INF
-        vector[cols.node[node.id]] = 1.0
+    for cid in needed:
+        vector[cols.node[incumbent[cid].id]] = 1.0
         vector[cols.cls[cid]] = 1.0
-        stack.extend(node.children)
-    return vector, math.fsum(costs[incumbent[c].id].total for c in seen)
+    return vector, math.fsum(costs[incumbent[c].id].total for c in needed)
 
 
 def extract_ilp(
