@@ -662,28 +662,18 @@ class _Vocab:
         for fo in (add, mul):
             self._add("algebra", FA([a, b], ew[2](fo, a, b) == ew[2](fo, b, a), patterns=[ew[2](fo, a, b)]))
         two = self.cons(a, self.cons(b, self.nil))
-        self._add(
-            "algebra",
-            FA(
-                [a, b, axis, s],
-                z3.Implies(
-                    z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
-                    sp(cc(two, axis), s, axis, 0) == a,
+        for index, part in ((0, a), (1, b)):  # Split(Concat(a, b)) gives back a and b
+            self._add(
+                "algebra",
+                FA(
+                    [a, b, axis, s],
+                    z3.Implies(
+                        z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
+                        sp(cc(two, axis), s, axis, index) == part,
+                    ),
+                    patterns=[sp(cc(two, axis), s, axis, index)],
                 ),
-                patterns=[sp(cc(two, axis), s, axis, 0)],
-            ),
-        )
-        self._add(
-            "algebra",
-            FA(
-                [a, b, axis, s],
-                z3.Implies(
-                    z3.And(self.vlen(s) == 2, self.vget(s, 0) == self.vget(self.shape(a), axis)),
-                    sp(cc(two, axis), s, axis, 1) == b,
-                ),
-                patterns=[sp(cc(two, axis), s, axis, 1)],
-            ),
-        )
+            )
         self._add(
             "algebra",
             FA(
