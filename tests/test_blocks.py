@@ -81,6 +81,20 @@ def test_blocks_option_is_validated(examples: Path) -> None:
 
     with pytest.raises(OptionError, match="--blocks"):
         optimize(examples / "mlp.onnx", devices=2, blocks="sometimes")
+    with pytest.raises(OptionError, match="--extractor"):
+        optimize(examples / "mlp.onnx", devices=2, extractor="exact")
+    with pytest.raises(OptionError, match="--ilp-time-limit"):
+        optimize(examples / "mlp.onnx", devices=2, extractor="ilp", ilp_time_limit=0)
+
+
+def test_bad_extractor_options_exit_with_one_line(examples: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from unity_eq.cli import main as cli_main
+
+    model = str(examples / "mlp.onnx")
+    assert cli_main(["optimize", model, "--devices", "2", "--extractor", "exact", "-q"]) == 2
+    assert "error: `--extractor`: expected greedy or ilp" in capsys.readouterr().err
+    assert cli_main(["optimize", model, "--devices", "2", "--extractor", "ilp", "--ilp-time-limit", "-1", "-q"]) == 2
+    assert "error: `--ilp-time-limit` must be positive" in capsys.readouterr().err
 
 
 def test_ilp_extractor_in_the_pipeline(examples: Path, tmp_path: Path) -> None:
