@@ -488,3 +488,31 @@ def test_guard_mirrors_agree_with_analysis_egg(op: str) -> None:
             for combo in itertools.product(range(4), repeat=len(ints)):
                 fact = egg_text.format(**dict(zip(ints, combo, strict=True)))
                 assert _holds(egraph, fact) == (combo in holds), f"{op} {[t.shape for t in tensors]}: {fact}"
+
+
+# ------------------------------------------------------------------------------------------ applicability filters
+
+
+def test_applicability_filter_is_left_out_of_the_proof(tmp_path: Path) -> None:
+    """`merge-operand` only narrows where a rule applies: a sound rule under it is proven, an unsound one
+    is still refuted (the filter cannot make a wrong rule pass)."""
+    sound = """(rule ((= r0 (MatMul a b)) (= r1 (MatMul a c)) (= 2 (vec-length (shape a)))
+       (= 2 (vec-length (shape b))) (= 2 (vec-length (shape c))) (= n1 (vec-get (shape b) 1))
+       (= n2 (vec-get (shape c) 1)) (merge-operand b b-lo b-hi) (merge-operand c c-lo c-hi) (< b-hi c-lo))
+      ((union r0 (Split (MatMul a (Concat (TCons b (TCons c (TNil))) 1)) (vec-of n1 n2) 1 0))
+       (union r1 (Split (MatMul a (Concat (TCons b (TCons c (TNil))) 1)) (vec-of n1 n2) 1 1)))
+      :ruleset algebra :name "filtered-merge")
+"""
+    unsound = """(rule ((= r0 (Relu a)) (merge-operand a lo hi)) ((union r0 a)) :ruleset algebra :name "filtered-wrong")
+"""
+    report = verify_text(tmp_path, sound + unsound)
+    status = {r.name: r.status for r in report.rules}
+    assert status == {"filtered-merge": "proven", "filtered-wrong": "refuted"}
+
+
+def test_a_filter_number_used_outside_the_filter_is_a_load_error(tmp_path: Path) -> None:
+    errors = load_errors(
+        tmp_path,
+        '(rule ((= r0 (Split a s k i)) (merge-operand a lo hi)) ((union r0 (Split a s k lo))) :name "leak")\n',
+    )
+    assert any("lo" in e and "applicability filter" in e for e in errors), errors

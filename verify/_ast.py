@@ -92,6 +92,13 @@ def term_vars(term: Term) -> list[str]:
     return list(seen)
 
 
+#: Relations that only narrow where a rule applies and say nothing about the values it rewrites
+#: (rules/analysis.egg: ``merge-operand``, which orders the weights a merge may concatenate). A rule with such a
+#: premise matches a subset of what it matches without it, so proving it without the premise (and without the
+#: comparisons between numbers that only such premises bind) proves it with the premise.
+APPLICABILITY_FILTERS = frozenset({"merge-operand"})
+
+
 @dataclass(frozen=True)
 class Rule:
     """One rewrite (``rewrite``, ``birewrite``, or a ``rule`` whose action is a ``union``).
@@ -114,6 +121,7 @@ class Rule:
     annotation: str | None = None
     text: str = ""
     roots: int = 1  # a multi-pattern rule: lhs and rhs are TCons lists of this many root patterns
+    filters: tuple[Term, ...] = ()  # premises over APPLICABILITY_FILTERS, left out of the proof
 
     @property
     def file(self) -> str:

@@ -22,7 +22,18 @@ from pathlib import Path
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
-from unity_eq.verify._ast import AnalysisDecl, App, Lit, Pos, Rule, Term, Var, term_vars, walk
+from unity_eq.verify._ast import (
+    APPLICABILITY_FILTERS,
+    AnalysisDecl,
+    App,
+    Lit,
+    Pos,
+    Rule,
+    Term,
+    Var,
+    term_vars,
+    walk,
+)
 from unity_eq.verify._env import Env, Signature
 
 from unity_eq.errors import RuleError
@@ -507,7 +518,36 @@ class _Checker:
         for var in sorted(set(term_vars(rule.lhs)) | bound):
             if var not in self.sorts:
                 self.fail(f"cannot tell the sort of var {var}")
-        return dataclasses.replace(rule, sorts=tuple(sorted(self.sorts.items())))
+        guards, filters = self.split_filters()
+        return dataclasses.replace(rule, guards=guards, filters=filters, sorts=tuple(sorted(self.sorts.items())))
+
+    def split_filters(self) -> tuple[tuple[Term, ...], tuple[Term, ...]]:
+        """The guards the proof needs, and the applicability filters it leaves out (APPLICABILITY_FILTERS with
+        the comparisons between the numbers only they bind). A filter's numbers must not reach the right-hand
+        side or another guard: then leaving the filter out would change what the rule builds."""
+        rule = self.rule
+        filters = [g for g in rule.guards if isinstance(g, App) and g.head in APPLICABILITY_FILTERS]
+        if not filters:
+            return rule.guards, ()
+        outside = set(term_vars(rule.lhs))
+        for guard in rule.guards:
+            if guard not in filters:
+                outside |= _binding_vars(guard, self.env)
+        filter_only = {v for f in filters for v in term_vars(f) if v not in outside}
+        for guard in rule.guards:
+            used = set(term_vars(guard))
+            comparison = isinstance(guard, App) and guard.head in ("<", "<=", ">", ">=", "!=", "=")
+            if comparison and guard not in filters and used and used <= filter_only:
+                filters.append(guard)
+        kept = tuple(g for g in rule.guards if g not in filters)
+        for term in (rule.rhs, *kept):
+            leaked = sorted(set(term_vars(term)) & filter_only)
+            if leaked:
+                self.fail(
+                    f"uses {', '.join(leaked)}, bound only by an applicability filter "
+                    f"({', '.join(sorted(APPLICABILITY_FILTERS))}), outside the filter and its comparisons"
+                )
+        return kept, tuple(filters)
 
 
 def _binding_vars(guard: Term, env: Env) -> set[str]:
