@@ -280,6 +280,7 @@ class _ProgramWriter:
         self.vars: dict[str, str] = {}
         self.tensor_ids: dict[str, int] = {}
         self.facts: set[str] = set()
+        self._weight_ranks: dict[str, int] | None = None
 
     def var(self, name: str | None) -> str:
         """The term of a tensor; an initializer becomes a Weight leaf the first time it is read."""
@@ -287,7 +288,15 @@ class _ProgramWriter:
             return "(NoneT)"
         if name not in self.vars and name in self.graph.initializers:
             self.define(name, f"(Weight {_egg_string(name)})")
+            rank = self.weight_rank(name)
+            self.lines.append(f"(merge-operand {self.vars[name]} {rank} {rank})")
         return self.vars[name]
+
+    def weight_rank(self, name: str) -> int:
+        """The initializer's position in the model: the order in which merges concatenate weights."""
+        if self._weight_ranks is None:
+            self._weight_ranks = {w: i for i, w in enumerate(self.graph.initializers)}
+        return self._weight_ranks[name]
 
     def define(self, name: str, term: str) -> None:
         """Name a tensor ``(Tensor id)`` and state its shape, dtype and (replicated) placement.
