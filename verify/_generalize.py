@@ -259,24 +259,35 @@ class _Writer:
             return f"(Reshape {self.template(args[0])} {self.target(term)} {self.lit(args[2])})"
         if head == "Partition":
             operand = args[0]
-            if operand not in self.lhs_subterms:
-                raise _Reject(f"right-hand side Partition of {operand}, which the left-hand side does not bind")
             dim = self.dim(args[1])
-            self.guard(f"(can-split {self.lhs_subterms[operand]} {dim} ax)")
+            for part in self.parallel_operands(operand, "Partition"):
+                self.guard(f"(can-split {part} {dim} ax)")
             if dim == "d":
                 self.d_bound = True
-            return f"(Partition {self.lhs_subterms[operand]} {dim} ax)"
+            return f"(Partition {self.template(operand)} {dim} ax)"
         if head == "Replicate":
             operand = args[0]
-            if operand not in self.lhs_subterms:
-                raise _Reject(f"right-hand side Replicate of {operand}, which the left-hand side does not bind")
-            self.guard(f"(placed {self.lhs_subterms[operand]} ax (R))")
-            return f"(Replicate {self.lhs_subterms[operand]} ax)"
+            for part in self.parallel_operands(operand, "Replicate"):
+                self.guard(f"(placed {part} ax (R))")
+            return f"(Replicate {self.template(operand)} ax)"
         if head == "Combine":
             return f"(Combine {self.template(args[0])} {self.dim(args[1])} ax)"
         if not args:
             return f"({head})"
         return f"({head} {' '.join(self.template(a) for a in args)})"
+
+    def parallel_operands(self, operand: Term, op: str) -> list[str]:
+        """The left-hand side terms a right-hand side parallel op's guards are about: its operand, or the
+        items of a Concat of bound terms (the merged weights of a merge's parallel forms: every item
+        replicated, or split along the dim, makes the Concat so). A guard cannot name a term the rule
+        creates, since egglog matches only what the e-graph holds."""
+        if operand in self.lhs_subterms:
+            return [self.lhs_subterms[operand]]
+        if isinstance(operand, App) and operand.head == "Concat":
+            items = list_items(operand.args[0])
+            if items and all(item in self.lhs_subterms for item in items):
+                return [self.lhs_subterms[item] for item in items]
+        raise _Reject(f"right-hand side {op} of {operand}, which the left-hand side does not bind")
 
     def dim_source(self, value: int) -> str:
         """A variable bound to a dim of a left-hand side term that has this size (inputs first)."""
@@ -330,6 +341,22 @@ class _Writer:
     def rank_guards(self) -> None:
         for name, var in self.names.items():
             self.guard(f"(= (vec-length (shape {var})) {len(self.inputs[name].shape)})")
+
+    def merge_order_guards(self) -> None:
+        """A multi-output rule concatenates its operands; it applies only to model-weight spans in initializer
+        order (``merge-operand``, rules/analysis.egg), so its merged MatMul never merges with its own parts
+        again and saturation terminates."""
+        for root in self.rhs:
+            for t in _walk(root):
+                if not (isinstance(t, App) and t.head == "Concat"):
+                    continue
+                items = list_items(t.args[0])
+                if len(items) != 2 or not all(isinstance(x, Var) for x in items):
+                    continue
+                (a, b) = (self.var_name(x.name) for x in items if isinstance(x, Var))
+                self.guard(f"(merge-operand {a} {a}-lo {a}-hi)")
+                self.guard(f"(merge-operand {b} {b}-lo {b}-hi)")
+                self.guard(f"(< {a}-hi {b}-lo)")
 
     def dim_equality_guards(self) -> None:
         """Equal concrete dims of left-hand side terms that the left-hand side's typing does not equate."""
@@ -481,6 +508,8 @@ def draft(
         if level >= 2:
             w.dim_equality_guards()
         rhs_text = [w.template(root) for root in rhs]
+        if len(lhs) > 1:
+            w.merge_order_guards()
     except _Reject:
         return None
     if dim_var:

@@ -16,7 +16,8 @@ Phases (each timed in the report):
    proven is the rule; a candidate with no proven draft is refuted (or unknown).
 5. **write**: accepted rules that the hand-written core rules (and smaller generated ones) already derive are
    *rediscovered* and go to ``core-equivalent.egg`` (verified, not loaded by ``optimize``); the others to
-   ``algebra.egg``, ``parallel.egg`` and ``merge.egg`` (loaded by ``optimize``), with the report.
+   ``shrinking.egg`` and ``merge.egg`` (loaded by ``optimize``), ``algebra.egg``, ``parallel.egg`` and
+   ``growing.egg`` (verified, loaded with ``--rules``), with the report.
 
 Orientation: ``lhs → rhs`` needs every right-hand side input bound by the left-hand side, and a left-hand side
 whose placement its own structure determines. Between terms without parallel ops (**algebra**) both
@@ -279,11 +280,60 @@ def _multi(enum: Enumeration, t: TermInfo, rep: TermInfo) -> RuleCandidate | Non
     )
 
 
+def _strategies(enum: Enumeration, inputs: dict[str, InputSpec]) -> dict[Term, list[Term]]:
+    """Operator over inputs → the strategy terms (one collective over a core of input slices) it equals."""
+    out: dict[Term, list[Term]] = {}
+    for t, rep in enum.equations:
+        cand = _orient(rep, t, inputs, {})
+        if cand is not None and cand.kind == "strategy":
+            out.setdefault(rep.term, []).append(t.term)
+    return out
+
+
+def _parallel_forms(
+    enum: Enumeration, multi: RuleCandidate, strategies: dict[Term, list[Term]]
+) -> list[RuleCandidate]:
+    """The merge ``op(x, w), op(x, v) → Split(op(x, Concat(w, v)))`` under each parallel strategy of ``op``:
+    both roots and the merged op take the same strategy (rows, columns, the contracted dim: one collective
+    for both outputs where the roots need two). A form whose pieces do not divide is not valid and skipped;
+    one whose roots and outputs do not fingerprint equal is not kept."""
+    ev = enum.evaluator
+    assert ev is not None
+    r0, r1 = multi.lhs
+    s0 = multi.rhs[0]
+    if not (isinstance(r0, App) and isinstance(r1, App) and isinstance(s0, App) and s0.head == "Split"):
+        return []
+    merged = s0.args[0]
+    if not (isinstance(merged, App) and merged.head == r0.head == r1.head and len(r0.args) == 2):
+        return []
+    if r0.args[0] != r1.args[0] or merged.args[0] != r0.args[0]:
+        return []  # only the merge over a shared first operand
+    w, v, c = r0.args[1], r1.args[1], merged.args[1]
+    if not (isinstance(w, Var) and isinstance(v, Var)):
+        return []
+    out = []
+    for strategy in strategies.get(r0, []):
+        lhs = (strategy, _replace(strategy, w, v))
+        inner = _replace(strategy, w, c)
+        rhs = tuple(App("Split", (inner, *s.args[1:])) for s in multi.rhs if isinstance(s, App))
+        infos = [ev.info(t) for t in (*lhs, *rhs)]
+        if any(i is None for i in infos):
+            continue
+        l0, l1, o0, o1 = infos
+        assert l0 is not None and l1 is not None and o0 is not None and o1 is not None
+        if l0.fingerprint != o0.fingerprint or l1.fingerprint != o1.fingerprint:
+            continue
+        lhs_size, rhs_size = len(l0.nodes | l1.nodes), len(o0.nodes | o1.nodes)
+        out.append(RuleCandidate(lhs, rhs, "multi", lhs_size + rhs_size, lhs_size=lhs_size, rhs_size=rhs_size))
+    return out
+
+
 def build_candidates(enum: Enumeration, skipped: dict[str, int]) -> list[RuleCandidate]:
     inputs = {spec.name: spec for spec in enum.inputs}
     ev = enum.evaluator
     assert ev is not None
     out: list[RuleCandidate] = []
+    strategies = _strategies(enum, inputs)
     for t, rep in enum.equations:
         for a, b in ((t, rep), (rep, t)):
             cand = _orient(a, b, inputs, skipped)
@@ -292,6 +342,7 @@ def build_candidates(enum: Enumeration, skipped: dict[str, int]) -> list[RuleCan
         multi = _multi(enum, t, rep)
         if multi is not None:
             out.append(multi)
+            out.extend(_parallel_forms(enum, multi, strategies))
     kept = []
     for cand in out:
         forms = [(cand.lhs, cand.rhs)]
@@ -737,8 +788,9 @@ _WHAT = {
     "loaded by default (pass them with `--rules`).",
     "parallel.egg": "Parallelization and redistribution rules (`parallel` ruleset): verified in CI, not loaded by "
     "default (pass them with `--rules`).",
-    "merge.egg": "Multi-output rules: two terms sharing an input become both outputs of one Split. Verified in CI, "
-    "not loaded by default: the merged MatMul shares the input again, so the rule re-applies to its own output.",
+    "merge.egg": "Multi-output rules: two terms sharing an input become both outputs of one Split. Loaded by "
+    "`optimize`: each concatenates model-weight spans in initializer order only (`merge-operand`), so a merged "
+    "MatMul never merges with its own parts again.",
     "core-equivalent.egg": "Rules the hand-written core rules already derive (rediscovered): verified in CI, "
     "not loaded by `optimize`.",
     "growing.egg": "Algebraic rules whose right-hand side has more operators (expansions): verified in CI, not "
