@@ -27,7 +27,7 @@ import hashlib
 import itertools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,8 +52,9 @@ from unity_eq.extract import (
     Extractor,
     Restriction,
     _PlanBuilder,
+    adopt_multi_outputs,
     break_cycles,
-    chosen_closure,
+    dag_cost,
     greedy_dag,
 )
 from unity_eq.ir import Graph, Mesh, Node, Replicate, Shard
@@ -494,10 +495,10 @@ class BlockExtractor:
         out_cost: dict[Key, float] = {}
         for out_key, root in self._roots(sol).items():
             if root in choice:
-                out_cost[out_key] = _dag_cost(choice, [root], totals)
+                out_cost[out_key] = dag_cost(choice, [root], totals)
         if sol.piece.stream_out is None and out_cost:
             roots = extractor.roots
-            out_cost = {_replicated(self.model.mesh): _dag_cost(choice, roots, totals)}
+            out_cost = {_replicated(self.model.mesh): dag_cost(choice, roots, totals)}
         return _Option(choice, costs, out_cost, totals)
 
     def _roots(self, sol: PieceSolution) -> dict[Key, str]:
@@ -559,6 +560,7 @@ class BlockExtractor:
             option = options[(signature, in_key)]
             roots = self._fragment_roots(sol, out_key)
             seed = break_cycles(sol.data, option.choice, option.totals, roots)
+            seed = adopt_multi_outputs(sol.data, seed, option.totals, roots)
             choice, report = ilp_choice(sol.data, as_costs(option.totals), roots, seed, budget)
             exact[(signature, in_key, out_key)] = choice
             reports.append(report)
@@ -620,11 +622,6 @@ class BlockExtractor:
         return stitcher.plan()
 
 
-def _dag_cost(choice: dict[str, ENode], roots: Iterable[str], totals: dict[str, float]) -> float:
-    needed = chosen_closure(choice, roots)
-    return INF if needed is None else math.fsum(totals[choice[c].id] for c in needed)
-
-
 class _Stitcher:
     """Joins the chosen fragments into one plan, renaming every copy's tensors and weights."""
 
@@ -645,6 +642,7 @@ class _Stitcher:
         root = owner._roots(sol)[out_key]
         out_roots = owner._fragment_roots(sol, out_key)
         choice = break_cycles(sol.data, choice, option.totals, out_roots)
+        choice = adopt_multi_outputs(sol.data, choice, option.totals, out_roots)
         builder = _PlanBuilder(sol.data, choice, sol.encoding, sol.graph, option.costs)
         builder.build(out_roots)
         names = _instance_names(self.graph, sol.piece, piece)

@@ -280,9 +280,14 @@ class CostModel:
         out_shape: Sequence[int],
         out_bytes: float,
         dtype: str,
+        outputs: int = 1,
     ) -> Cost:
         """Roofline time of one op on its local shapes plus the launch floor (×3 for training), or its
-        measured time when a profile table has the op."""
+        measured time when a profile table has the op.
+
+        A node with several ``outputs`` (Split) is one kernel, but extraction prices one e-node per output:
+        each carries 1/outputs of the launch and of the input read (and its own output's write), so the outputs
+        of one Split sum to one kernel, as profile tables share a measured node among its outputs."""
         if self.profile is not None:
             measured = self.profile.lookup(op_type, in_shapes, out_shape, dtype)
             if measured is not None:
@@ -290,8 +295,9 @@ class CostModel:
         device = self._device()
         eff = self.machine.efficiency
         flops = op_flops(op_type, in_shapes, out_shape)
-        seconds = max(flops / (device.peak(dtype) * eff), (in_bytes + out_bytes) / (device.memory_bandwidth * eff))
-        seconds += self.machine.launch_overhead
+        moved = in_bytes / outputs + out_bytes
+        seconds = max(flops / (device.peak(dtype) * eff), moved / (device.memory_bandwidth * eff))
+        seconds += self.machine.launch_overhead / outputs
         if self.objective == "training":
             seconds *= 3.0  # forward + backward (≈ 2× forward)
         return Cost(compute=seconds)

@@ -253,7 +253,9 @@ def _price(
             in_shapes.append(locals_[member])
             in_bytes += _bytes(member, data, locals_)
     op = node.args[0] if node.op == "Opaque" else node.op
-    return model.compute(str(op), in_shapes, in_bytes, out_shape, _bytes(cls.id, data, locals_), cls.dtype or "")
+    outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else 1
+    out_bytes = _bytes(cls.id, data, locals_)
+    return model.compute(str(op), in_shapes, in_bytes, out_shape, out_bytes, cls.dtype or "", outputs)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -430,6 +432,46 @@ def break_cycles(data: EGraphData, choice: dict[str, ENode], costs: CostTable, r
             raise ExtractionError(f"no acyclic plan: e-classes {cycle} ({names}) only depend on each other")
         choice[best[1]] = best[2]
     raise ExtractionError("internal error: could not remove cycles from the extracted plan")
+
+
+def dag_cost(choice: dict[str, ENode], roots: Iterable[str], totals: Mapping[str, float]) -> float:
+    """Seconds of the plan ``choice`` makes for ``roots``: every needed class's chosen node once."""
+    needed = chosen_closure(choice, roots)
+    return INF if needed is None else math.fsum(totals[choice[c].id] for c in needed)
+
+
+def adopt_multi_outputs(
+    data: EGraphData, choice: dict[str, ENode], totals: Mapping[str, float], roots: list[str]
+) -> dict[str, ENode]:
+    """Choose whole multi-output nodes where that makes the (acyclic) plan cheaper.
+
+    Greedy extraction prices each class alone, so the outputs of one Split each look as if they paid for
+    the Split's producer: Q, K and V from one MatMul over concatenated weights (generated/merge.egg) never
+    beat three MatMuls class by class, although together they do. For each group of Split e-nodes over one
+    input with one sizes and axis, this tries the group for every needed class that holds one of its outputs
+    and keeps the change when the DAG cost of the plan drops and it stays acyclic.
+    """
+    groups: dict[tuple[str, Any, Any], list[tuple[str, ENode]]] = {}
+    for cls in data.classes.values():
+        for node in cls.nodes:
+            if node.op == "Split" and totals[node.id] < INF:
+                key = (node.children[0], tuple(node.args[1]), node.args[2])
+                groups.setdefault(key, []).append((cls.id, node))
+    if not groups:
+        return choice
+    current = dag_cost(choice, roots, totals)
+    needed = chosen_closure(choice, roots) or set()
+    for members in groups.values():
+        swaps = [(cid, node) for cid, node in members if cid in needed and choice[cid] is not node]
+        if len(swaps) < 2 or any(c not in choice for _, node in swaps for c in node.children):
+            continue
+        trial = dict(choice)
+        trial.update(swaps)
+        cost = dag_cost(trial, roots, totals)
+        if cost < current * (1 - 1e-9) and _find_cycle(trial, roots) is None:
+            choice, current = trial, cost
+            needed = chosen_closure(choice, roots) or set()
+    return choice
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -808,6 +850,7 @@ class Extractor:
             builder = _PlanBuilder(self.data, choice, self.encoding, self.graph, self.costs)
             raise ExtractionError(builder._no_choice_message(missing[0]))
         choice = break_cycles(self.data, choice, totals, self.roots)
+        choice = adopt_multi_outputs(self.data, choice, totals, self.roots)
         reports = []
         if method == "ilp":
             from unity_eq.extract_ilp import ilp_choice

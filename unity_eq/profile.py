@@ -811,7 +811,7 @@ def _entry(
 
     def roofline(model: CostModel) -> float:
         args = (instance.op, instance.in_shapes, instance.in_bytes, instance.out_shape, instance.out_bytes)
-        return model.compute(*args, instance.dtype).compute * share
+        return model.compute(*args, instance.dtype, instance.outputs).compute
 
     entry: dict[str, Any] = {
         "op": instance.op,

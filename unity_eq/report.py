@@ -121,7 +121,7 @@ def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
                 for out in outputs:
                     if out:
                         total = total + model.compute(
-                            op, in_shapes, in_bytes, local(out), nbytes(out), plan.tensors[out].dtype
+                            op, in_shapes, in_bytes, local(out), nbytes(out), plan.tensors[out].dtype, len(outputs)
                         )
                 costs.append(total)
             case Slice(src=src, axis=axis):

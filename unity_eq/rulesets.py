@@ -30,6 +30,7 @@ BASE_FILES = ("schema.egg", "analysis.egg")
 
 #: The hand-written rule files (paths relative to rules/): the core rules.
 HAND_WRITTEN_RULE_FILES = (
+    "algebra/split.egg",
     "parallel/redistribute.egg",
     "parallel/elementwise.egg",
     "parallel/matmul.egg",
@@ -38,8 +39,10 @@ HAND_WRITTEN_RULE_FILES = (
 )
 
 #: Generated rule files (`unity-eq generate-rules`, docs/generate.md) that `optimize` loads by default: the
-#: algebraic rules whose right-hand side has fewer operators (they cannot loop). `--no-generated-rules` drops them.
-GENERATED_DEFAULT_FILES = ("generated/shrinking.egg",)
+#: algebraic rules whose right-hand side has fewer operators (they cannot loop) and the multi-output merges
+#: (they concatenate weights in initializer order only, so they cannot loop either). `--no-generated-rules`
+#: drops them.
+GENERATED_DEFAULT_FILES = ("generated/shrinking.egg", "generated/merge.egg")
 
 #: Every generated rule file: all are verified by `unity-eq verify`; only GENERATED_DEFAULT_FILES are loaded.
 GENERATED_RULE_FILES = (
