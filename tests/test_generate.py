@@ -24,6 +24,7 @@ from unity_eq.rulesets import (
     HAND_WRITTEN_RULE_FILES,
     rules_dir,
 )
+from unity_eq.runtime import check
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -127,6 +128,47 @@ def test_generated_rules_make_the_branches_plan_cheaper() -> None:
     # the two branch MatMuls became one
     assert sum(1 for s in with_rules.plan.steps if getattr(s, "op_type", "") == "MatMul") == 2
     assert sum(1 for s in without.plan.steps if getattr(s, "op_type", "") == "MatMul") == 3
+
+
+def test_shipped_merges_are_ordered_and_have_parallel_forms() -> None:
+    text = (rules_dir() / "generated/merge.egg").read_text()
+    blocks = _rule_blocks(text)
+    # every merge concatenates weight spans in initializer order, so saturation cannot loop on it
+    assert blocks and all("(merge-operand" in b and re.search(r"\(< \w+-hi \w+-lo\)", b) for b in blocks)
+    # the merge under each MatMul strategy: data parallel, column parallel, and row parallel with one
+    # all-reduce for both outputs
+    merged = "(Concat (TCons b (TCons c (TNil))) 1)"
+    assert f"(Split (Combine (MatMul (Partition a 0 ax) (Replicate {merged} ax))" in text
+    assert f"(Split (Combine (MatMul (Replicate a ax) (Partition {merged} 1 ax))" in text
+    assert f"(Split (Reduce (MatMul (Partition a 1 ax) (Partition {merged} 0 ax)) ax)" in text
+
+
+def test_merged_qkv_makes_the_transformer_plan_cheaper(tmp_path: Path) -> None:
+    """Q, K and V over one LayerNorm output: the merge (with split fusion and the extractor's multi-output
+    step) computes them as one MatMul over concatenated weights and one 3-way Split; the plan checks."""
+    model = EXAMPLES / "transformer.onnx"
+    with_rules = optimize(model, devices=4, objective="training", output_dir=tmp_path / "plan")
+    without = optimize(model, devices=4, objective="training", generated_rules=False)
+    assert with_rules.plan.cost.total < 0.995 * without.plan.cost.total
+    steps = [s for s in with_rules.plan.steps if getattr(s, "op_type", "") in ("MatMul", "Split")]
+    splits = [s for s in steps if s.op_type == "Split"]
+    assert any(len([o for o in s.outputs if o]) == 3 for s in splits), splits
+    assert sum(1 for s in steps if s.op_type == "MatMul") == sum(
+        1 for s in without.plan.steps if getattr(s, "op_type", "") == "MatMul"
+    ) - 2
+    outcome = check(model, tmp_path / "plan")
+    assert outcome.passed, outcome.describe()
+
+
+@pytest.mark.slow
+def test_max_size_3_finds_the_parallel_forms_of_the_merge(tmp_path: Path) -> None:
+    ops = ["MatMul", "Concat", "Split", "Partition", "Combine", "Reduce", "Replicate"]
+    report = generate_rules(ops, 3, tmp_path, jobs=2)
+    multi = [r.text for r in report.rules if r.kind == "multi"]
+    assert any("(Split (Reduce (MatMul (Partition a 1 ax) (Partition (Concat" in t for t in multi), multi
+    assert any("(Split (Combine (MatMul (Replicate a ax) (Partition (Concat" in t for t in multi), multi
+    result = verify_rules([tmp_path / "merge.egg"], options=Options(jobs=1, numeric=False))
+    assert all(r.status == "proven" for r in result.rules)
 
 
 @pytest.mark.slow
