@@ -272,8 +272,12 @@ class _Best:
 CostTable = Mapping[str, Cost] | Mapping[str, float]
 
 
+def _seconds(cost: Cost | float) -> float:
+    return cost.total if isinstance(cost, Cost) else float(cost)
+
+
 def _totals(costs: CostTable) -> dict[str, float]:
-    return {k: (v.total if isinstance(v, Cost) else float(v)) for k, v in costs.items()}
+    return {k: _seconds(v) for k, v in costs.items()}
 
 
 def parents_of(data: EGraphData) -> dict[str, list[ENode]]:
@@ -434,10 +438,13 @@ def break_cycles(data: EGraphData, choice: dict[str, ENode], costs: CostTable, r
     raise ExtractionError("internal error: could not remove cycles from the extracted plan")
 
 
-def dag_cost(choice: dict[str, ENode], roots: Iterable[str], totals: Mapping[str, float]) -> float:
-    """Seconds of the plan ``choice`` makes for ``roots``: every needed class's chosen node once."""
+def dag_cost(choice: dict[str, ENode], roots: Iterable[str], costs: CostTable) -> float:
+    """Seconds of the plan ``choice`` makes for ``roots``: every needed class's chosen node once (INF when a
+    needed class has no choice)."""
     needed = chosen_closure(choice, roots)
-    return INF if needed is None else math.fsum(totals[choice[c].id] for c in needed)
+    if needed is None:
+        return INF
+    return math.fsum(_seconds(costs[choice[c].id]) for c in needed)
 
 
 def adopt_multi_outputs(

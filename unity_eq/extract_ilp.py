@@ -45,6 +45,7 @@ from unity_eq.extract import (
     build_plan,
     check_invariants,
     chosen_closure,
+    dag_cost,
     greedy_dag,
     node_costs,
     output_classes,
@@ -164,7 +165,7 @@ def ilp_choice(
         cuts += 1
     status = solver.modelStatusToString(solver.getModelStatus())
     info = solver.getInfo()
-    objective = _dag_cost(choice, roots, costs)
+    objective = dag_cost(choice, roots, costs)
     bound = float(info.mip_dual_bound) / OBJECTIVE_SCALE if math.isfinite(info.mip_dual_bound) else objective
     bound = min(bound, objective)
     gap = max(0.0, (objective - bound) / objective) if objective > 0 else 0.0
@@ -348,12 +349,6 @@ def _rotate(cycle: list[str]) -> list[str]:
     """The cycle starting at its smallest class, so that equal cycles compare equal."""
     k = cycle.index(min(cycle))
     return cycle[k:] + cycle[:k]
-
-
-def _dag_cost(choice: dict[str, ENode], roots: list[str], costs: dict[str, Cost]) -> float:
-    needed = chosen_closure(choice, roots)
-    assert needed is not None, "the solver's choice covers every needed class"
-    return math.fsum(costs[choice[c].id].total for c in needed)
 
 
 def _incumbent_columns(
