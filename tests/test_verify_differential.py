@@ -230,10 +230,10 @@ def _window(rng: np.random.Generator, spatial: tuple[int, ...], pool: bool) -> t
 
 
 def gen_conv(rng: np.random.Generator) -> Instance:
-    k = int(rng.integers(1, 3))
+    k = int(rng.choice([1, 2, 2, 3]))
     group = int(rng.choice([1, 1, 2]))
     c, m = group * int(rng.integers(1, 3)), group * int(rng.integers(1, 3))
-    spatial = _shape(rng, k, 1, 5)
+    spatial = _shape(rng, k, 1, 5 if k < 3 else 3)
     kernel, attrs = _window(rng, spatial, pool=False)
     if group > 1:
         attrs["group"] = group
@@ -776,6 +776,11 @@ REGRESSIONS = [
              {"kernel_shape": [2], "strides": [2], "pads": [0, 1], "ceil_mode": 1}),
     Instance("AveragePool", [Inp(np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3))],
              {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 2], "ceil_mode": 1}),
+    # ... and, with more padding at the head, the verifier once dropped a window ONNX keeps (one output short)
+    Instance("MaxPool", [Inp(np.arange(4, dtype=np.float32).reshape(1, 2, 2))],
+             {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1}),
+    Instance("AveragePool", [Inp(np.arange(10, dtype=np.float32).reshape(1, 2, 5))],
+             {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1, "count_include_pad": 1}),
     # auto_pad SAME with dilations: onnxruntime pads for the undilated kernel, so it is left opaque
     Instance("AveragePool", [Inp(np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3))],
              {"kernel_shape": [2, 1], "strides": [1, 2], "dilations": [2, 1], "auto_pad": "SAME_UPPER"},
