@@ -201,6 +201,8 @@ def _normalize(node: Node, graph: Graph, spec: OpSpec, v: dict[str, Any]) -> dic
     elif op in ("MaxPool", "AveragePool"):
         if not v["kernel_shape"]:
             raise _Opaque
+        if str(v["auto_pad"]).startswith("SAME") and any(int(d) != 1 for d in v["dilations"] or ()):
+            raise _Opaque  # onnxruntime pads for the undilated kernel here, not as ONNX says (verify/_tensor.py)
         v.update(_window_defaults(v, len(v["kernel_shape"])))
     elif op == "BatchNormalization" and int(v["training_mode"]):
         raise _Opaque

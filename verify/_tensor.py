@@ -388,13 +388,17 @@ def _matmul_shape(a: Shape, b: Shape) -> Shape:
     return out
 
 
-def _window_out(size: int, k: int, pad: int, stride: int, dil: int, ceil: bool) -> int:
+def _window_out(size: int, k: int, head: int, tail: int, stride: int, dil: int, ceil: bool) -> int:
+    """Output size along one spatial dim with ``head``/``tail`` padding. With ``ceil`` a last window that
+    would start in the right padding (at or past ``size + head`` in padded coordinates) is dropped, as ONNX
+    and onnxruntime do: with asymmetric pads that point is not ``size + (head + tail) / 2``."""
+    pad = head + tail
     span = dil * (k - 1) + 1
     if size + pad < span:
         raise ShapeError("window larger than the padded input")
     n = (size + pad - span) / stride
     out = (math.ceil(n) if ceil else math.floor(n)) + 1
-    if ceil and (out - 1) * stride >= size + pad - (pad // 2 if pad else 0):
+    if ceil and (out - 1) * stride >= size + head:
         out -= 1  # the last window would start in the right padding
     return out
 
@@ -442,7 +446,7 @@ def _pool_out(
 ) -> Shape:
     k = len(spatial)
     return tuple(
-        _window_out(spatial[i], kernel[i], pads[i] + pads[i + k], strides[i], dils[i], ceil) for i in range(k)
+        _window_out(spatial[i], kernel[i], pads[i], pads[i + k], strides[i], dils[i], ceil) for i in range(k)
     )
 
 
@@ -618,6 +622,10 @@ def _pool_shape(
 ) -> Shape:
     if len(x) < 3 or not kernel:
         raise ShapeError("pooling needs rank >= 3 and a kernel shape")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER") and any(d != 1 for d in dils):
+        # onnxruntime pads for the undilated kernel here (AveragePool's output then differs from the ONNX
+        # spec's ceil(size / stride), MaxPool may refuse): not modeled, the encoder leaves it opaque
+        raise ShapeError(f"pooling with auto_pad {auto_pad} and dilations {list(dils)} is not modeled")
     kern, pads_, strides_, dils_ = _window_attrs(x[2:], kernel, pads, strides, dils, auto_pad)
     if any(p >= k for p, k in zip(pads_, kern + kern, strict=True)):
         raise ShapeError("pooling pads must be smaller than the kernel")

@@ -1,0 +1,811 @@
+"""The verifier's tensor semantics agree with onnxruntime: a differential test on random one-node models.
+
+A proof is only as good as the semantics it evaluates. For every typed operator of ``unity_eq.ops``, random
+instances (ranks up to 4, broadcasting patterns, negative axes, Reshape 0/-1, Slice clamping, Conv/Pool
+pads, strides, dilations and auto_pad, Gemm alpha/beta/transA/transB…) are built as one-node ONNX models
+(``onnx.helper``, IR version 10) and run by onnxruntime. The same model goes through the path a proof relies
+on:
+
+1. the frontend (``frontends.onnx.load_onnx``) and the encoder's normalization (``unity_eq.egraph``) turn
+   the node into the constructor's arguments, exactly as the e-graph sees them;
+2. ``verify._tensor.evaluate`` evaluates the constructor on the concrete inputs twice: with the numpy
+   backend (the numeric back-up's code path) and with the z3 backend (the bounded prover's), whose terms are
+   then computed numerically;
+3. the constructor is lowered back to an ONNX node as extraction and lowering do (``extract._typed_attrs``)
+   and run again: a term must mean the node it becomes.
+
+Operators the verifier leaves uninterpreted (Relu, Exp…, Pow, And…) are compared on their output shape only;
+inside the normalizations, the primitives ``exp``, ``log``, ``sqrt`` and ``pow`` are given their real
+meaning, so that the arithmetic around them is what is compared. Slices with negative steps and reductions
+with ``noop_with_empty_axes`` are not modeled: the encoder must leave them opaque (and does).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import z3
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+from unity_eq.frontends.onnx import load_onnx
+from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
+
+from unity_eq.egraph import _normalize, _Opaque, _typed_values, _used_outputs
+from unity_eq.extract import _typed_attrs
+from unity_eq.ops import OPS, Family, OpSpec, spec_for
+
+OPSET = 21
+IR_VERSION = 10  # onnxruntime 1.31 refuses the IR version onnx 1.23 writes by default
+SEED = 12
+INSTANCES = 40  # per operator with exact semantics
+SHAPE_ONLY_INSTANCES = 6  # per uninterpreted operator
+RTOL, ATOL = 2e-4, 2e-5  # float32 in onnxruntime against float64 in the verifier
+
+UNINTERPRETED = sorted(
+    name
+    for name, spec in OPS.items()
+    if (spec.family is Family.UNARY and name not in ("Neg", "Identity"))
+    or name in ("Pow", "And", "Or", "Xor")
+)
+
+
+# ------------------------------------------------------------------------------------------ instances
+
+
+@dataclass
+class Inp:
+    """A graph input (a runtime value)."""
+
+    value: np.ndarray
+
+
+@dataclass
+class Const:
+    """An initializer: constant integer lists (Reshape's shape, Slice's starts…)."""
+
+    value: np.ndarray
+
+
+@dataclass
+class Instance:
+    op: str
+    inputs: list[Inp | Const | None]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    outputs: int = 1
+    expect_opaque: bool = False  # a form the encoder must not type (negative Slice steps…)
+
+
+def _f(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _ints(values: list[int] | tuple[int, ...]) -> Const:
+    return Const(np.asarray(values, dtype=np.int64))
+
+
+def _shape(rng: np.random.Generator, rank: int, lo: int = 1, hi: int = 4) -> tuple[int, ...]:
+    return tuple(int(v) for v in rng.integers(lo, hi + 1, rank))
+
+
+def _bcast_shapes(rng: np.random.Generator, k: int) -> list[tuple[int, ...]]:
+    """k shapes that broadcast together: suffixes of one output shape, some dims 1."""
+    out = _shape(rng, int(rng.integers(0, 5)))
+    shapes = []
+    for _ in range(k):
+        rank = int(rng.integers(0, len(out) + 1))
+        shapes.append(tuple(d if rng.random() < 0.6 else 1 for d in out[len(out) - rank :]))
+    return shapes
+
+
+def _axis(rng: np.random.Generator, rank: int) -> int:
+    """An axis in [-rank, rank): negative half the time."""
+    axis = int(rng.integers(0, rank))
+    return axis - rank if rng.random() < 0.5 else axis
+
+
+def gen_unary(op: str) -> Callable[[np.random.Generator], Instance]:
+    def gen(rng: np.random.Generator) -> Instance:
+        x = _f(rng, _shape(rng, int(rng.integers(0, 5))))
+        attrs: dict[str, Any] = {}
+        if op == "Not":
+            x = np.asarray(x > 0)
+        if op == "Cast":
+            attrs["to"] = TensorProto.DOUBLE
+        if op in ("LeakyRelu", "Elu", "Celu", "ThresholdedRelu", "HardSigmoid") and rng.random() < 0.5:
+            attrs["alpha"] = float(rng.uniform(0.1, 2.0))
+        return Instance(op, [Inp(x)], attrs)
+
+    return gen
+
+
+def gen_binary(op: str) -> Callable[[np.random.Generator], Instance]:
+    def gen(rng: np.random.Generator) -> Instance:
+        sa, sb = _bcast_shapes(rng, 2)
+        if op == "PRelu":  # the slope broadcasts to X (unidirectionally): a suffix of X's shape, some dims 1
+            sa = _shape(rng, int(rng.integers(0, 5)))
+            sb = tuple(d if rng.random() < 0.6 else 1 for d in sa[int(rng.integers(0, len(sa) + 1)) :])
+        a: np.ndarray
+        b: np.ndarray
+        if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+            a, b = (rng.integers(-2, 3, s).astype(np.float32) for s in (sa, sb))  # ties happen
+        elif op in ("And", "Or", "Xor"):
+            a, b = rng.random(sa) > 0.5, rng.random(sb) > 0.5
+        elif op == "Div":
+            a = _f(rng, sa)
+            b = (rng.choice([-1.0, 1.0], sb) * rng.uniform(0.5, 2.0, sb)).astype(np.float32)
+        elif op == "Pow":
+            a, b = np.abs(_f(rng, sa)) + np.float32(0.5), _f(rng, sb)
+        else:
+            a, b = _f(rng, sa), _f(rng, sb)
+        return Instance(op, [Inp(np.asarray(a)), Inp(np.asarray(b))])
+
+    return gen
+
+
+def gen_where(rng: np.random.Generator) -> Instance:
+    sc, sx, sy = _bcast_shapes(rng, 3)
+    return Instance("Where", [Inp(np.asarray(rng.random(sc) > 0.5)), Inp(_f(rng, sx)), Inp(_f(rng, sy))])
+
+
+def gen_clip(rng: np.random.Generator) -> Instance:
+    x = _f(rng, _shape(rng, int(rng.integers(0, 5))))
+    lo = Inp(np.asarray(rng.uniform(-1.5, 0.5), dtype=np.float32).reshape(())) if rng.random() < 0.7 else None
+    hi = Inp(np.asarray(rng.uniform(-0.5, 1.5), dtype=np.float32).reshape(())) if rng.random() < 0.7 else None
+    return Instance("Clip", [Inp(x), lo, hi])  # min > max happens: the result is max
+
+
+def gen_matmul(rng: np.random.Generator) -> Instance:
+    ra, rb = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    m, k, n = _shape(rng, 3)
+    batch = _shape(rng, max(ra, rb) - 2) if max(ra, rb) > 2 else ()
+    sa: tuple[int, ...] = (k,) if ra == 1 else (m, k)
+    sb: tuple[int, ...] = (k,) if rb == 1 else (k, n)
+    # batch dims: suffixes of the common batch, some broadcast (rank 3 x rank 4 included)
+    ba = tuple(d if rng.random() < 0.7 else 1 for d in batch[len(batch) - max(ra - 2, 0) :]) if ra > 2 else ()
+    bb = tuple(d if rng.random() < 0.7 else 1 for d in batch[len(batch) - max(rb - 2, 0) :]) if rb > 2 else ()
+    return Instance("MatMul", [Inp(_f(rng, ba + sa)), Inp(_f(rng, bb + sb))])
+
+
+def gen_gemm(rng: np.random.Generator) -> Instance:
+    m, k, n = _shape(rng, 3)
+    ta, tb = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+    a = _f(rng, (k, m) if ta else (m, k))
+    b = _f(rng, (n, k) if tb else (k, n))
+    c_shapes: list[tuple[int, ...] | None] = [None, (), (n,), (1, n), (m, 1), (m, n), (1,)]
+    cs = c_shapes[int(rng.integers(0, len(c_shapes)))]
+    attrs: dict[str, Any] = {"transA": ta, "transB": tb}
+    if rng.random() < 0.7:
+        attrs["alpha"] = float(rng.uniform(-2, 2))
+    if rng.random() < 0.7:
+        attrs["beta"] = float(rng.uniform(-2, 2))
+    return Instance("Gemm", [Inp(a), Inp(b), None if cs is None else Inp(_f(rng, cs))], attrs)
+
+
+def gen_softmax(op: str) -> Callable[[np.random.Generator], Instance]:
+    def gen(rng: np.random.Generator) -> Instance:
+        rank = int(rng.integers(1, 5))
+        attrs = {"axis": _axis(rng, rank)} if rng.random() < 0.8 else {}
+        return Instance(op, [Inp(_f(rng, _shape(rng, rank)))], attrs)
+
+    return gen
+
+
+def gen_layernorm(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    shape = _shape(rng, rank)
+    axis = _axis(rng, rank)
+    normalized = shape[axis % rank :]
+    cut = int(rng.integers(0, len(normalized) + 1))  # Scale and B may broadcast (a suffix)
+    scale = _f(rng, normalized[cut:])
+    bias = Inp(_f(rng, normalized[int(rng.integers(0, len(normalized) + 1)) :])) if rng.random() < 0.6 else None
+    attrs = {"axis": axis, "epsilon": float(rng.choice([1e-5, 0.1, 1.0]))}
+    return Instance("LayerNormalization", [Inp(_f(rng, shape)), Inp(scale), bias], attrs)
+
+
+def _window(rng: np.random.Generator, spatial: tuple[int, ...], pool: bool) -> tuple[list[int], dict[str, Any]]:
+    k = len(spatial)
+    kernel = [int(rng.integers(1, min(s, 3) + 1)) for s in spatial]
+    attrs: dict[str, Any] = {}
+    if rng.random() < 0.6:
+        attrs["strides"] = [int(rng.integers(1, 3)) for _ in range(k)]
+    if rng.random() < 0.4:
+        dil = [int(rng.integers(1, 3)) for _ in range(k)]
+        if all((kk - 1) * d + 1 <= s for kk, d, s in zip(kernel, dil, spatial, strict=True)):
+            attrs["dilations"] = dil
+    mode = rng.choice(["NOTSET", "NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
+    if mode != "NOTSET":
+        attrs["auto_pad"] = str(mode)
+    elif rng.random() < 0.7:
+        attrs["pads"] = [int(rng.integers(0, kk)) if pool else int(rng.integers(0, 3)) for kk in kernel * 2]
+    return kernel, attrs
+
+
+def gen_conv(rng: np.random.Generator) -> Instance:
+    k = int(rng.choice([1, 2, 2, 3]))
+    group = int(rng.choice([1, 1, 2]))
+    c, m = group * int(rng.integers(1, 3)), group * int(rng.integers(1, 3))
+    spatial = _shape(rng, k, 1, 5 if k < 3 else 3)
+    kernel, attrs = _window(rng, spatial, pool=False)
+    if group > 1:
+        attrs["group"] = group
+    if rng.random() < 0.3:
+        attrs["kernel_shape"] = kernel
+    x = _f(rng, (int(rng.integers(1, 3)), c, *spatial))
+    w = _f(rng, (m, c // group, *kernel))
+    b = Inp(_f(rng, (m,))) if rng.random() < 0.5 else None
+    return Instance("Conv", [Inp(x), Inp(w), b], attrs)
+
+
+def gen_pool(op: str) -> Callable[[np.random.Generator], Instance]:
+    def gen(rng: np.random.Generator) -> Instance:
+        k = int(rng.integers(1, 3))
+        spatial = _shape(rng, k, 1, 5)
+        kernel, attrs = _window(rng, spatial, pool=True)
+        attrs["kernel_shape"] = kernel
+        if rng.random() < 0.4:
+            attrs["ceil_mode"] = 1
+        if op == "AveragePool" and rng.random() < 0.5:
+            attrs["count_include_pad"] = 1
+        x = _f(rng, (int(rng.integers(1, 3)), int(rng.integers(1, 3)), *spatial))
+        # onnxruntime pads SAME for the undilated kernel (not as ONNX says): the encoder must not type it
+        same_dilated = str(attrs.get("auto_pad", "")).startswith("SAME") and "dilations" in attrs
+        return Instance(op, [Inp(x)], attrs, expect_opaque=same_dilated and any(d != 1 for d in attrs["dilations"]))
+
+    return gen
+
+
+def gen_global_pool(op: str) -> Callable[[np.random.Generator], Instance]:
+    def gen(rng: np.random.Generator) -> Instance:
+        return Instance(op, [Inp(_f(rng, _shape(rng, int(rng.integers(3, 5)))))])
+
+    return gen
+
+
+def gen_lrn(rng: np.random.Generator) -> Instance:
+    attrs = {
+        "size": int(rng.choice([1, 3, 5])),  # onnxruntime takes odd sizes only
+        "alpha": float(rng.uniform(0.01, 1.0)),
+        "beta": float(rng.uniform(0.5, 1.0)),
+        "bias": float(rng.uniform(0.5, 2.0)),
+    }
+    return Instance("LRN", [Inp(_f(rng, _shape(rng, 4)))], attrs)
+
+
+def gen_batchnorm(rng: np.random.Generator) -> Instance:
+    shape = _shape(rng, int(rng.integers(2, 5)))
+    c = shape[1]
+    variance = Inp(rng.uniform(0.2, 2.0, c).astype(np.float32))
+    params = [Inp(_f(rng, (c,))), Inp(_f(rng, (c,))), Inp(_f(rng, (c,))), variance]
+    return Instance("BatchNormalization", [Inp(_f(rng, shape)), *params], {"epsilon": float(rng.choice([1e-5, 0.5]))})
+
+
+def gen_flatten(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    axis = int(rng.integers(-rank, rank + 1))
+    return Instance("Flatten", [Inp(_f(rng, _shape(rng, rank)))], {"axis": axis})
+
+
+def gen_reshape(rng: np.random.Generator) -> Instance:
+    shape = _shape(rng, int(rng.integers(1, 5)))
+    total = math.prod(shape)
+    dims = []  # a random factorization of total
+    left = total
+    for _ in range(int(rng.integers(0, 4))):
+        divisors = [d for d in range(1, left + 1) if left % d == 0]
+        d = int(rng.choice(divisors))
+        dims.append(d)
+        left //= d
+    dims.append(left)
+    target: list[int] = list(dims)
+    if rng.random() < 0.5:  # -1 for one dim
+        target[int(rng.integers(0, len(target)))] = -1
+    for i in range(min(len(target), len(shape))):  # 0 copies the input dim
+        if target[i] == shape[i] and rng.random() < 0.5:
+            target[i] = 0
+    return Instance("Reshape", [Inp(_f(rng, shape)), _ints(target)])
+
+
+def gen_squeeze(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    shape = tuple(1 if rng.random() < 0.5 else int(rng.integers(2, 4)) for _ in range(rank))
+    ones = [i for i, n in enumerate(shape) if n == 1]
+    if ones and rng.random() < 0.7:
+        chosen = [i for i in ones if rng.random() < 0.7] or ones[:1]
+        axes = [a - rank if rng.random() < 0.5 else a for a in chosen]
+        return Instance("Squeeze", [Inp(_f(rng, shape)), _ints(axes)])
+    return Instance("Squeeze", [Inp(_f(rng, shape))])
+
+
+def gen_unsqueeze(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(0, 4))
+    count = int(rng.integers(1, 5 - rank)) if rank < 4 else 1
+    out_rank = rank + count
+    axes = [int(a) for a in rng.choice(out_rank, count, replace=False)]
+    axes = [a - out_rank if rng.random() < 0.5 else a for a in axes]
+    return Instance("Unsqueeze", [Inp(_f(rng, _shape(rng, rank))), _ints(axes)])
+
+
+def gen_transpose(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    attrs = {"perm": [int(p) for p in rng.permutation(rank)]} if rng.random() < 0.8 else {}
+    return Instance("Transpose", [Inp(_f(rng, _shape(rng, rank)))], attrs)
+
+
+def gen_concat(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    base = _shape(rng, rank)
+    axis = _axis(rng, rank)
+    parts = []
+    for _ in range(int(rng.integers(1, 5))):
+        shape = list(base)
+        shape[axis] = int(rng.integers(1, 4))
+        parts.append(Inp(_f(rng, tuple(shape))))
+    return Instance("Concat", list(parts), {"axis": axis})
+
+
+def gen_split(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    shape = list(_shape(rng, rank))
+    axis = _axis(rng, rank)
+    if rng.random() < 0.6:  # explicit sizes, a zero size now and then
+        sizes = [int(rng.integers(0 if rng.random() < 0.1 else 1, 4)) for _ in range(int(rng.integers(1, 4)))]
+        if not sum(sizes):
+            sizes[0] = 1
+        shape[axis] = sum(sizes)
+        return Instance("Split", [Inp(_f(rng, tuple(shape))), _ints(sizes)], {"axis": axis}, outputs=len(sizes))
+    parts = int(rng.integers(1, 4))  # num_outputs: the last output is smaller when the dim does not divide
+    shape[axis] = int(rng.integers(parts, 3 * parts + 1))
+    return Instance("Split", [Inp(_f(rng, tuple(shape)))], {"axis": axis, "num_outputs": parts}, outputs=parts)
+
+
+def gen_slice(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    shape = _shape(rng, rank, 1, 5)
+    count = int(rng.integers(1, rank + 1))
+    axes = [int(a) for a in rng.choice(rank, count, replace=False)]
+    starts, ends, steps = [], [], []
+    negative_step = rng.random() < 0.15
+    for a in axes:
+        n = shape[a]
+        # in range, negative, past either end, and the INT64 sentinels exporters write
+        starts.append([int(rng.integers(-n - 2, n + 2)), 0, -(2**62)][int(rng.integers(0, 3))])
+        ends.append([int(rng.integers(-n - 2, n + 3)), n, 2**62, -1][int(rng.integers(0, 4))])
+        steps.append(int(rng.integers(1, 4)))
+    if negative_step:
+        steps[0] = -steps[0]
+    inputs: list[Inp | Const | None] = [Inp(_f(rng, shape)), _ints(starts), _ints(ends)]
+    explicit_axes = rng.random() < 0.8 or axes != list(range(count))
+    if explicit_axes:
+        inputs.append(_ints([a - rank if rng.random() < 0.5 else a for a in axes]))
+    else:
+        inputs.append(None)
+    if rng.random() < 0.7 or any(s != 1 for s in steps):
+        inputs.append(_ints(steps))
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    return Instance("Slice", inputs, expect_opaque=negative_step)
+
+
+def gen_expand(rng: np.random.Generator) -> Instance:
+    sx, st = _bcast_shapes(rng, 2)
+    if rng.random() < 0.5:
+        sx, st = st, sx  # the target may be smaller than the input (Expand broadcasts both ways)
+    return Instance("Expand", [Inp(_f(rng, sx)), _ints(list(st))])
+
+
+def gen_gather(rng: np.random.Generator) -> Instance:
+    rank = int(rng.integers(1, 5))
+    shape = _shape(rng, rank)
+    axis = _axis(rng, rank)
+    n = shape[axis]
+    idx = rng.integers(-n, n, _shape(rng, int(rng.integers(0, 3))))
+    return Instance("Gather", [Inp(_f(rng, shape)), Inp(np.asarray(idx, dtype=np.int64))], {"axis": axis})
+
+
+def gen_reduce(op: str) -> Callable[[np.random.Generator], Instance]:
+    def gen(rng: np.random.Generator) -> Instance:
+        rank = int(rng.integers(1, 5))
+        x = Inp(_f(rng, _shape(rng, rank)))
+        attrs: dict[str, Any] = {}
+        if rng.random() < 0.5:
+            attrs["keepdims"] = int(rng.integers(0, 2))
+        if rng.random() < 0.8:
+            count = int(rng.integers(1, rank + 1))
+            axes = [int(a) - rank if rng.random() < 0.5 else int(a) for a in rng.choice(rank, count, replace=False)]
+            return Instance(op, [x, _ints(axes)], attrs)
+        if rng.random() < 0.3:
+            attrs["noop_with_empty_axes"] = 1  # the identity: not modeled
+            return Instance(op, [x], attrs, expect_opaque=True)
+        return Instance(op, [x], attrs)
+
+    return gen
+
+
+GENERATORS: dict[str, Callable[[np.random.Generator], Instance]] = {
+    "Neg": gen_unary("Neg"),
+    "Identity": gen_unary("Identity"),
+    **{op: gen_binary(op) for op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "PRelu")},
+    **{op: gen_binary(op) for op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")},
+    "Where": gen_where,
+    "Clip": gen_clip,
+    "MatMul": gen_matmul,
+    "Gemm": gen_gemm,
+    "Softmax": gen_softmax("Softmax"),
+    "LogSoftmax": gen_softmax("LogSoftmax"),
+    "LayerNormalization": gen_layernorm,
+    "Conv": gen_conv,
+    "MaxPool": gen_pool("MaxPool"),
+    "AveragePool": gen_pool("AveragePool"),
+    "GlobalAveragePool": gen_global_pool("GlobalAveragePool"),
+    "GlobalMaxPool": gen_global_pool("GlobalMaxPool"),
+    "LRN": gen_lrn,
+    "BatchNormalization": gen_batchnorm,
+    "Flatten": gen_flatten,
+    "Reshape": gen_reshape,
+    "Squeeze": gen_squeeze,
+    "Unsqueeze": gen_unsqueeze,
+    "Transpose": gen_transpose,
+    "Concat": gen_concat,
+    "Split": gen_split,
+    "Slice": gen_slice,
+    "Expand": gen_expand,
+    "Gather": gen_gather,
+    **{op: gen_reduce(op) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")},
+}
+SHAPE_ONLY: dict[str, Callable[[np.random.Generator], Instance]] = {
+    op: gen_binary(op) if OPS[op].family is Family.BROADCAST else gen_unary(op) for op in UNINTERPRETED
+}
+
+
+# ------------------------------------------------------------------------------------------ models and runs
+
+
+def _model(inst: Instance, nodes: list[onnx.NodeProto] | None = None) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    names, feeds, inits, graph_inputs = [], {}, [], []
+    for i, item in enumerate(inst.inputs):
+        if item is None:
+            names.append("")
+            continue
+        name = f"in{i}"
+        names.append(name)
+        if isinstance(item, Const):
+            inits.append(numpy_helper.from_array(item.value, name))
+        else:
+            feeds[name] = item.value
+            graph_inputs.append(
+                helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(item.value.dtype), item.value.shape)
+            )
+    outs = [f"out{j}" for j in range(inst.outputs)]
+    if nodes is None:
+        nodes = [helper.make_node(inst.op, names, outs, name="node", **inst.attrs)]
+    graph = helper.make_graph(
+        nodes,
+        "one",
+        graph_inputs,
+        [helper.make_empty_tensor_value_info(o) for o in outs],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    # output types from onnx's inference (the outputs onnxruntime computes are compared, not these)
+    typed = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    for out, inferred in zip(model.graph.output, typed.graph.output, strict=True):
+        out.CopyFrom(inferred)
+    return model, feeds
+
+
+# how onnx and onnxruntime refuse an invalid node
+INVALID = (
+    onnx.shape_inference.InferenceError,
+    ort_errors.Fail,
+    ort_errors.InvalidArgument,
+    ort_errors.InvalidGraph,
+    ort_errors.NotImplemented,
+    ort_errors.RuntimeException,
+)
+_SESSION_OPTIONS = ort.SessionOptions()
+_SESSION_OPTIONS.log_severity_level = 4  # invalid random instances are expected: no error logs
+_SESSION_OPTIONS.intra_op_num_threads = 1
+_SESSION_OPTIONS.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), _SESSION_OPTIONS, providers=["CPUExecutionProvider"])
+    return [np.asarray(o) for o in session.run(None, feeds)]
+
+
+def _constructor(model: onnx.ModelProto, folder: Path) -> tuple[OpSpec, dict[str, Any], Any] | None:
+    """The typed constructor's arguments for the model's node, as the encoder writes them (None: opaque)."""
+    path = folder / "model.onnx"
+    onnx.save(model, path)
+    graph = load_onnx(path)
+    (node,) = graph.nodes
+    spec = spec_for(node.op_type, node.domain)
+    assert spec is not None
+    try:
+        return spec, _normalize(node, graph, spec, _typed_values(node, graph, spec, _used_outputs(graph))), graph
+    except _Opaque:
+        return None
+
+
+def _lowered_node(spec: OpSpec, values: dict[str, Any], inst: Instance) -> tuple[list[onnx.NodeProto], Instance]:
+    """The constructor lowered back to ONNX as extraction and lowering do (IVec inputs become constants)."""
+    inputs: list[Inp | Const | None] = []
+    feeds = {f"in{i}": item for i, item in enumerate(inst.inputs) if isinstance(item, Inp)}
+    for arg in spec.args:
+        if arg.kind != "input":
+            continue
+        value = values[arg.name]
+        if arg.sort == "T":
+            inputs.append(feeds[value] if value else None)
+        elif arg.sort == "TList":
+            inputs.extend(feeds[v] for v in value)
+        else:
+            inputs.append(_ints(list(value)) if value or not arg.optional else None)
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    attrs = _typed_attrs(spec, [values[a.name] for a in spec.args])
+    lowered = Instance(inst.op, inputs, attrs, inst.outputs)
+    names = ["" if item is None else f"in{i}" for i, item in enumerate(inputs)]
+    outs = [f"out{j}" for j in range(inst.outputs)]
+    node = helper.make_node(inst.op, names, outs, name="lowered", **attrs)  # type: ignore[arg-type]
+    return [node], lowered
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+class RealBackend(NumpyBackend):
+    """The numeric back-up's backend with the normalizations' primitives given their real meaning."""
+
+    PRIMITIVES: ClassVar[dict[str, Callable[..., Any]]] = {
+        "exp": np.exp,
+        "log": np.log,
+        "sqrt": np.sqrt,
+        "pow": np.power,
+    }
+
+    def apply(self, name: str, *args: Any) -> Any:
+        fn = self.PRIMITIVES.get(name)
+        return fn(*[np.asarray(a, dtype=float) for a in args]) if fn else super().apply(name, *args)
+
+
+_Z3_KINDS: dict[int, Callable[[list[Any]], Any]] = {
+    z3.Z3_OP_ADD: lambda k: sum(k[1:], k[0]),
+    z3.Z3_OP_SUB: lambda k: k[0] - sum(k[1:]),
+    z3.Z3_OP_MUL: lambda k: math.prod(k),
+    z3.Z3_OP_DIV: lambda k: k[0] / k[1],
+    z3.Z3_OP_UMINUS: lambda k: -k[0],
+    z3.Z3_OP_ITE: lambda k: k[1] if k[0] else k[2],
+    z3.Z3_OP_LT: lambda k: k[0] < k[1],
+    z3.Z3_OP_GT: lambda k: k[0] > k[1],
+    z3.Z3_OP_LE: lambda k: k[0] <= k[1],
+    z3.Z3_OP_GE: lambda k: k[0] >= k[1],
+    z3.Z3_OP_EQ: lambda k: k[0] == k[1],
+    z3.Z3_OP_DISTINCT: lambda k: k[0] != k[1],
+    z3.Z3_OP_OR: lambda k: any(k),
+    z3.Z3_OP_AND: lambda k: all(k),
+    z3.Z3_OP_NOT: lambda k: not k[0],
+    z3.Z3_OP_TO_REAL: lambda k: float(k[0]),
+}
+
+
+def _z3_number(expr: Any, memo: dict[int, Any]) -> Any:
+    """The value of a z3 term over numerals, with exp/log/sqrt/pow computed (the bounded prover's terms)."""
+    key = expr.get_id()
+    if key in memo:
+        return memo[key]
+    if z3.is_rational_value(expr):
+        ratio = z3.RatNumRef(expr.as_ast(), expr.ctx)
+        value: Any = ratio.numerator_as_long() / ratio.denominator_as_long()
+    elif z3.is_int_value(expr):
+        value = z3.IntNumRef(expr.as_ast(), expr.ctx).as_long()
+    elif z3.is_true(expr) or z3.is_false(expr):
+        value = z3.is_true(expr)
+    else:
+        kids = [_z3_number(c, memo) for c in expr.children()]
+        kind = expr.decl().kind()
+        if kind == z3.Z3_OP_UNINTERPRETED:
+            value = float(RealBackend.PRIMITIVES[expr.decl().name()](*kids))
+        else:
+            value = _Z3_KINDS[kind](kids)
+    memo[key] = value
+    return value
+
+
+def _args(spec: OpSpec, values: dict[str, Any], arrays: dict[str, np.ndarray], z3_backend: bool) -> list[Any]:
+    """Constructor arguments in spec order, tensors from ``arrays`` (z3 numerals for the z3 backend)."""
+
+    def tensor(name: str) -> Any:
+        a = arrays[name]
+        if not z3_backend:
+            return a.astype(np.int64) if a.dtype.kind == "i" else a.astype(np.float64)
+        out = np.empty(a.shape, dtype=object)
+        flat = out.reshape(-1)
+        for i, v in enumerate(a.reshape(-1)):
+            flat[i] = z3.IntVal(int(v)) if a.dtype.kind == "i" else z3.RealVal(float(v))
+        return out
+
+    args: list[Any] = []
+    for arg in spec.args:
+        value = values[arg.name]
+        if arg.sort == "T":
+            args.append(tensor(value) if value else None)
+        elif arg.sort == "TList":
+            args.append([tensor(v) for v in value])
+        elif arg.sort == "IVec":
+            args.append(tuple(value or ()))
+        elif arg.sort == "f64":
+            args.append(z3.RealVal(float(value)) if z3_backend else float(value))
+        elif arg.sort == "i64":
+            args.append(int(value))
+        else:
+            args.append(str(value))
+    return args
+
+
+def _verifier_outputs(
+    spec: OpSpec, values: dict[str, Any], arrays: dict[str, np.ndarray], outputs: int, z3_backend: bool
+) -> list[np.ndarray]:
+    results = []
+    for index in range(outputs):
+        args = _args(spec, values, arrays, z3_backend)
+        if spec.multi_output:
+            args.append(index)
+        if z3_backend:
+            terms = evaluate(spec.name, args, Z3Backend())
+            memo: dict[int, Any] = {}
+            flat = [float(_z3_number(t, memo)) for t in terms.reshape(-1)]
+            results.append(np.asarray(flat, dtype=float).reshape(terms.shape))
+        else:
+            results.append(np.asarray(evaluate(spec.name, args, RealBackend()), dtype=float))
+    return results
+
+
+def _mismatch(want: np.ndarray, got: np.ndarray, shape_only: bool) -> str | None:
+    if tuple(want.shape) != tuple(got.shape):
+        return f"shape {list(got.shape)}, onnxruntime {list(want.shape)}"
+    if shape_only:
+        return None
+    w = np.asarray(want, dtype=float)
+    if not np.allclose(got, w, rtol=RTOL, atol=ATOL, equal_nan=True):
+        return f"max abs error {np.max(np.abs(got - w)):.3g}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ the tests
+
+
+@dataclass
+class Tally:
+    checked: int = 0  # instances whose values (or shapes) were compared
+    opaque: int = 0  # instances the encoder leaves opaque (nothing claimed)
+    rejected: int = 0  # invalid instances onnxruntime refuses
+    problems: list[str] = field(default_factory=list)
+
+
+def _check_instance(inst: Instance, folder: Path, shape_only: bool, tally: Tally) -> None:
+    try:
+        model, feeds = _model(inst)
+        expected = _run(model, feeds)
+    except INVALID:  # an invalid random instance (the generators make few: the tests bound them)
+        tally.rejected += 1
+        return
+    typed = _constructor(model, folder)
+    shown = [
+        None if i is None else i.value.tolist() if isinstance(i, Const) else list(i.value.shape)
+        for i in inst.inputs
+    ]
+    where = f"{inst.op} {inst.attrs} inputs {shown}"
+    if typed is None:
+        tally.opaque += 1
+        if not inst.expect_opaque:
+            tally.problems.append(f"{where}: the encoder leaves it opaque")
+        return
+    if inst.expect_opaque:
+        tally.problems.append(f"{where}: typed although its form is not modeled")
+        return
+    spec, values, graph = typed
+    arrays = dict(feeds)
+    arrays.update({k: np.asarray(v) for k, v in graph.initializers.items()})
+    backends = [False] if shape_only else [False, True]
+    for z3_backend in backends:
+        try:
+            got = _verifier_outputs(spec, values, arrays, inst.outputs, z3_backend)
+        except ShapeError as exc:
+            tally.problems.append(f"{where}: the verifier rejects a valid node: {exc}")
+            return
+        for j, (want, value) in enumerate(zip(expected, got, strict=True)):
+            problem = _mismatch(want, value, shape_only)
+            if problem:
+                backend = "z3" if z3_backend else "numpy"
+                tally.problems.append(f"{where}: output {j} ({backend} backend): {problem}")
+                return
+    nodes, lowered = _lowered_node(spec, values, inst)
+    lowered_model, lowered_feeds = _model(lowered, nodes)
+    for j, (want, value) in enumerate(zip(expected, _run(lowered_model, lowered_feeds), strict=True)):
+        problem = _mismatch(want, value, shape_only)
+        if problem:
+            tally.problems.append(f"{where}: lowered as {nodes[0].input} {lowered.attrs}: output {j}: {problem}")
+            return
+    tally.checked += 1
+
+
+def _check_op(op: str, gen: Callable[[np.random.Generator], Instance], count: int, shape_only: bool) -> Tally:
+    rng = np.random.default_rng([SEED, sorted(OPS).index(op)])
+    tally = Tally()
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(count):
+            _check_instance(gen(rng), Path(tmp), shape_only, tally)
+    return tally
+
+
+def test_every_typed_operator_has_a_generator() -> None:
+    assert set(GENERATORS) | set(SHAPE_ONLY) == set(OPS)
+    assert not set(GENERATORS) & set(SHAPE_ONLY)
+
+
+@pytest.mark.parametrize("op", sorted(GENERATORS))
+def test_semantics_match_onnxruntime(op: str) -> None:
+    tally = _check_op(op, GENERATORS[op], INSTANCES, shape_only=False)
+    assert not tally.problems, "\n".join(tally.problems[:5])
+    # the generators make valid nodes: most instances are compared (not refused, not opaque)
+    assert tally.checked >= INSTANCES * 2 // 3, tally
+
+
+@pytest.mark.parametrize("op", UNINTERPRETED)
+def test_uninterpreted_operators_have_onnxruntime_shapes(op: str) -> None:
+    tally = _check_op(op, SHAPE_ONLY[op], SHAPE_ONLY_INSTANCES, shape_only=True)
+    assert not tally.problems, "\n".join(tally.problems[:5])
+    assert tally.checked == SHAPE_ONLY_INSTANCES, tally
+
+
+# Instances that once disagreed (found by this test), kept as fast regressions.
+REGRESSIONS = [
+    # ceil_mode with asymmetric pads: the last window starts in the right padding and is dropped (the
+    # verifier once compared with size + (head + tail) // 2 instead of size + head)
+    Instance("MaxPool", [Inp(np.arange(8, dtype=np.float32).reshape(2, 2, 2))],
+             {"kernel_shape": [2], "strides": [2], "pads": [0, 1], "ceil_mode": 1}),
+    Instance("AveragePool", [Inp(np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3))],
+             {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 2], "ceil_mode": 1}),
+    # ... and, with more padding at the head, the verifier once dropped a window ONNX keeps (one output short)
+    Instance("MaxPool", [Inp(np.arange(4, dtype=np.float32).reshape(1, 2, 2))],
+             {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1}),
+    Instance("AveragePool", [Inp(np.arange(10, dtype=np.float32).reshape(1, 2, 5))],
+             {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1, "count_include_pad": 1}),
+    # auto_pad SAME with dilations: onnxruntime pads for the undilated kernel, so it is left opaque
+    Instance("AveragePool", [Inp(np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3))],
+             {"kernel_shape": [2, 1], "strides": [1, 2], "dilations": [2, 1], "auto_pad": "SAME_UPPER"},
+             expect_opaque=True),
+]
+
+
+@pytest.mark.parametrize("inst", REGRESSIONS, ids=lambda inst: f"{inst.op}-{sorted(inst.attrs)}")
+def test_regressions(inst: Instance, tmp_path: Path) -> None:
+    tally = Tally()
+    _check_instance(inst, tmp_path, False, tally)
+    assert not tally.problems, tally.problems
+    assert tally.checked + tally.opaque == 1, tally
+
+
+def test_a_wrong_semantics_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness is not vacuous: a ReduceMean that forgets to divide (right shapes, wrong values) is
+    caught."""
+    from unity_eq.verify import _tensor
+
+    reduce = _tensor._EVAL[Family.REDUCE]
+
+    def sum_for_mean(op: str, args: list[Any], bk: Any) -> Any:
+        return reduce("ReduceSum" if op == "ReduceMean" else op, args, bk)
+
+    monkeypatch.setitem(_tensor._EVAL, Family.REDUCE, sum_for_mean)
+    tally = _check_op("ReduceMean", GENERATORS["ReduceMean"], INSTANCES, shape_only=False)
+    assert tally.problems and "max abs error" in tally.problems[0]
