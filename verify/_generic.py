@@ -17,7 +17,14 @@ A rule is proven generically when, for every way its axis variables can coincide
    consistent with its own (``op(chunk(a, da, i, n), b) = chunk(op(a, b), d, i, n)``, or ``IsPartial`` for a
    pending sum): z3 proves it from the axioms and the guards' facts;
 4. the two sides' global values are equal (z3, with algebraic axioms: MatMul associativity and
-   distributivity, Add/Mul commutativity, Concat/Split identities).
+   distributivity, Add/Mul commutativity, Concat/Split identities);
+5. every variable gets its gradient in the same placement from both sides (training: a Replicate is the
+   gradient all-reduce; :func:`unity_eq.verify._semantics.gradient_problem`).
+
+The encoding is checked so that no proof is vacuous: axis guards (``=``/``!=`` of axes) are decided by the
+assignment being proven, never passed to z3; every other guard must become a z3 formula, or the rule is
+*unsupported* here; and the premises (the guards' facts, and with the axioms) must be shown satisfiable, by
+z3 or by a bounded case that satisfies the guards, or the proof is *vacuous* and does not count.
 
 Parallel ops need no axioms: Partition, Combine, Reduce and Replicate are typed by placements (a Combine of
 an S(d) value is its gathered value, and so on); the axioms cover regular operators only. Each axiom is an
@@ -1138,9 +1145,9 @@ def _prove_one(
         if isinstance(left, App) and left.head in OPS:
             goals.append(_op_goal(r, left, state, piece, expected, axes))
     goals.append(("global values", r.value(lhs) == r.value(rhs)))
-    for what, goal in goals:
+    for what, goal in [*goals, *(("a premise", f) for f in r.facts)]:
         if not (isinstance(goal, z3.ExprRef) and z3.is_bool(goal)):
-            raise _Unsupported(f"goal '{what}' does not encode as a z3 formula (got {goal!r})")
+            raise _Unsupported(f"{what} does not encode as a z3 formula (got {goal!r})")
     ground = z3.Solver()
     ground.set("timeout", timeout_ms)
     ground.add(*r.facts)

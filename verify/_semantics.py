@@ -914,10 +914,13 @@ def evaluate_case(
     specs: dict[str, VarSpec],
     attrs: dict[str, Any],
     bk: Any,
+    gradients: bool = True,
 ) -> tuple[list[Equation] | None, CaseValues | None, str | None]:
     """Evaluate one case. Returns (equations, values, None) when the left-hand side is well formed, or
     (None, None, reason) to skip the case (the left-hand side cannot exist: e.g. a piece that does not
-    split). Raises EvalFailure when the right-hand side is ill formed (a refutation)."""
+    split). Raises EvalFailure when the right-hand side is ill formed (a refutation), or, with
+    ``gradients``, when the sides give a variable its training gradient in different placements (a caller
+    that passes False, to report a value counterexample first, must call :func:`gradient_problem` itself)."""
     case = _Case(mesh, pl, specs, attrs, bk)
     lhs_items, rhs_items = _list_items(lhs), _list_items(rhs)
     equations: list[Equation] = []
@@ -937,7 +940,7 @@ def evaluate_case(
         return None, None, str(exc)
     for eq in equations:
         eq.assume = True
-    problem = gradient_problem(lhs, rhs, pl)
+    problem = gradient_problem(lhs, rhs, pl) if gradients else None
     if problem:
         raise EvalFailure("placement", problem)
     try:
