@@ -124,6 +124,18 @@ def test_a_bounded_case_witnesses_the_premises_of_a_generic_proof(tmp_path: Path
     assert report.generic.premises == "bounded case" and report.bounded.checked > 0
 
 
+def test_the_axioms_together_are_satisfiable() -> None:
+    # an axiom that contradicts the others would make every generic proof vacuous
+    import z3
+    from unity_eq.verify._generic import _vocab
+
+    solver = z3.Solver()
+    solver.set("timeout", 20000)
+    for axioms in _vocab().axioms.values():
+        solver.add(*axioms)
+    assert solver.check() == z3.sat
+
+
 # ------------------------------------------------------------------------------ Replicate in training
 
 
