@@ -7,6 +7,8 @@ placement check); each sound look-alike must stay proven.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +29,15 @@ def verify_text(tmp_path: Path, text: str, **options: Any) -> dict[str, Any]:
 
 
 def generic_of(tmp_path: Path, text: str) -> dict[str, Any]:
-    """prove_generic alone (no bounded witness: z3 must show the premises satisfiable itself)."""
+    """prove_generic alone, told that a bounded case witnesses its premises (the most lenient setting; z3's
+    own search for a model of quantified axioms is not deterministic across a process's history). The
+    quantifier-free guards are still checked satisfiable."""
     path = tmp_path / "g.egg"
     path.write_text(text)
     program, targets = load_program([path])
     assert program.errors == []
     facts = DerivedFacts(program.analyses)
-    return {r.name: prove_generic(r, facts, 500) for r in program.rules if r.file in targets}
+    return {r.name: prove_generic(r, facts, 500, witnessed=True) for r in program.rules if r.file in targets}
 
 
 # ------------------------------------------------------------------------------ axis equalities and guards
@@ -54,7 +58,7 @@ AXIS_EQUALITY = """
 def test_axis_equality_guard_does_not_prove_unsound_rules(tmp_path: Path) -> None:
     for name, result in generic_of(tmp_path, AXIS_EQUALITY).items():
         assert not result.proven, name
-        assert result.status in ("unproven", "vacuous"), (name, result.status, result.reason)
+        assert result.status == "unproven", (name, result.status, result.reason)
     for name, report in verify_text(tmp_path, AXIS_EQUALITY, numeric=False).items():
         assert report.status != "proven", (name, report.message)
         assert not report.ok
@@ -124,16 +128,24 @@ def test_a_bounded_case_witnesses_the_premises_of_a_generic_proof(tmp_path: Path
     assert report.generic.premises == "bounded case" and report.bounded.checked > 0
 
 
-def test_the_axioms_together_are_satisfiable() -> None:
-    # an axiom that contradicts the others would make every generic proof vacuous
-    import z3
-    from unity_eq.verify._generic import _vocab
+_AXIOMS_SAT = """
+import z3
+from unity_eq.verify._generic import _vocab
+solver = z3.Solver()
+solver.set("timeout", 20000)
+for axioms in _vocab().axioms.values():
+    solver.add(*axioms)
+print(solver.check())
+"""
 
-    solver = z3.Solver()
-    solver.set("timeout", 20000)
-    for axioms in _vocab().axioms.values():
-        solver.add(*axioms)
-    assert solver.check() == z3.sat
+
+def test_the_axioms_together_are_satisfiable() -> None:
+    # an axiom that contradicts the others would make every generic proof vacuous. In a fresh process:
+    # z3's search with quantifiers depends on what the process asked it before (sat at once when fresh,
+    # a timeout after other proofs), and this test must not depend on the order tests run in
+    out = subprocess.run([sys.executable, "-c", _AXIOMS_SAT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "sat"
 
 
 # ------------------------------------------------------------------------------ Replicate in training

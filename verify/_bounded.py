@@ -435,7 +435,7 @@ def check_case(rule: Rule, case: Case, timeout_ms: int = 2000) -> CaseOutcome:
         return CaseOutcome("skipped", reason=skip or "")
     outcome = _solve(equations, values, describe, timeout_ms)
     # training (Replicate = gradient all-reduce): checked after the values, whose counterexample says more
-    problem = gradient_problem(lhs, rhs, pl) if outcome.status != "refuted" else None
+    problem = gradient_problem(lhs, rhs, pl, mesh=case.mesh) if outcome.status != "refuted" else None
     return CaseOutcome("refuted", Counterexample(describe, "placement", problem)) if problem else outcome
 
 

@@ -560,16 +560,19 @@ def gradient_problem(
     dim_of: Any = _lit_dim,
     axis_of: Any = _lit_axis,
     is_tensor_var: Any = _is_tensor_var,
+    mesh: Mesh | None = None,
 ) -> str | None:
     """Why the rule changes what training synchronizes (a variable or leaf gets its gradient in another
-    placement on one side than on the other), or None."""
+    placement on one side than on the other), or None. With a concrete ``mesh``, axes of size 1 are left
+    out: their all-reduce is the identity."""
     lhs_items, rhs_items = _list_items(lhs), _list_items(rhs)
     left_roots = lhs_items if lhs_items is not None and rhs_items is not None else [lhs]
     right_roots = rhs_items if lhs_items is not None and rhs_items is not None else [rhs]
     left = gradient_placements(left_roots, pl, dim_of, axis_of, is_tensor_var)
     right = gradient_placements(right_roots, pl, dim_of, axis_of, is_tensor_var)
+    trivial = {a for a, n in zip(mesh.axes, mesh.sizes, strict=True) if n == 1} if mesh is not None else set()
     for (term, axis), want in left.items():
-        if not (isinstance(term, Var) or (isinstance(term, App) and term.head in LEAVES)):
+        if axis in trivial or not (isinstance(term, Var) or (isinstance(term, App) and term.head in LEAVES)):
             continue
         got = right.get((term, axis))
         if got is None or got == want:
@@ -940,7 +943,7 @@ def evaluate_case(
         return None, None, str(exc)
     for eq in equations:
         eq.assume = True
-    problem = gradient_problem(lhs, rhs, pl) if gradients else None
+    problem = gradient_problem(lhs, rhs, pl, mesh=mesh) if gradients else None
     if problem:
         raise EvalFailure("placement", problem)
     try:
