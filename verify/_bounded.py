@@ -48,6 +48,7 @@ from unity_eq.verify._semantics import (
     _list_items,
     _tensor_nodes,
     evaluate_case,
+    gradient_problem,
     infer_placements,
     instantiate,
     lhs_placements,
@@ -427,12 +428,15 @@ def check_case(rule: Rule, case: Case, timeout_ms: int = 2000) -> CaseOutcome:
     bk = Z3Backend()
     attrs: dict[str, Any] = {}
     try:
-        equations, values, skip = evaluate_case(lhs, rhs, case.mesh, pl, specs, attrs, bk)
+        equations, values, skip = evaluate_case(lhs, rhs, case.mesh, pl, specs, attrs, bk, gradients=False)
     except EvalFailure as exc:
         return CaseOutcome("refuted", Counterexample(describe, exc.kind, exc.message))
     if equations is None or values is None:
         return CaseOutcome("skipped", reason=skip or "")
-    return _solve(equations, values, describe, timeout_ms)
+    outcome = _solve(equations, values, describe, timeout_ms)
+    # training (Replicate = gradient all-reduce): checked after the values, whose counterexample says more
+    problem = gradient_problem(lhs, rhs, pl, mesh=case.mesh) if outcome.status != "refuted" else None
+    return CaseOutcome("refuted", Counterexample(describe, "placement", problem)) if problem else outcome
 
 
 def _is_expr(x: Any) -> bool:

@@ -17,7 +17,14 @@ A rule is proven generically when, for every way its axis variables can coincide
    consistent with its own (``op(chunk(a, da, i, n), b) = chunk(op(a, b), d, i, n)``, or ``IsPartial`` for a
    pending sum): z3 proves it from the axioms and the guards' facts;
 4. the two sides' global values are equal (z3, with algebraic axioms: MatMul associativity and
-   distributivity, Add/Mul commutativity, Concat/Split identities).
+   distributivity, Add/Mul commutativity, Concat/Split identities);
+5. every variable gets its gradient in the same placement from both sides (training: a Replicate is the
+   gradient all-reduce; :func:`unity_eq.verify._semantics.gradient_problem`).
+
+The encoding is checked so that no proof is vacuous: axis guards (``=``/``!=`` of axes) are decided by the
+assignment being proven, never passed to z3; every other guard must become a z3 formula, or the rule is
+*unsupported* here; and the premises (the guards' facts, and with the axioms) must be shown satisfiable, by
+z3 or by a bounded case that satisfies the guards, or the proof is *vacuous* and does not count.
 
 Parallel ops need no axioms: Partition, Combine, Reduce and Replicate are typed by placements (a Combine of
 an S(d) value is its gathered value, and so on); the axioms cover regular operators only. Each axiom is an
@@ -37,7 +44,15 @@ import z3
 from unity_eq.verify._ast import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._bounded import rule_axes, unsupported_constructors
 from unity_eq.verify._guards import DerivedFacts, unsupported_relations
-from unity_eq.verify._semantics import LISTS, PARALLEL, Placements, _propagate, _tensor_nodes, state_str
+from unity_eq.verify._semantics import (
+    LISTS,
+    PARALLEL,
+    Placements,
+    _propagate,
+    _tensor_nodes,
+    gradient_problem,
+    state_str,
+)
 
 from unity_eq.ops import OPS, Family
 
@@ -46,14 +61,35 @@ __all__ = ["GenericResult", "prove_generic"]
 
 @dataclass
 class GenericResult:
+    """``status``: ``proven``; ``unsupported`` (a guard, constructor or placement the encoding cannot state
+    faithfully: no generic proof is attempted); ``unproven`` (z3 did not prove a goal from the axioms); or
+    ``vacuous`` (the premises, guards and axioms together, are not shown satisfiable: a proof from them would
+    prove anything, so it does not count). ``assignments``: the ways the axis variables can coincide that were
+    proven, each from premises z3 showed satisfiable."""
+
     proven: bool
     reason: str = ""
     goals: int = 0
     seconds: float = 0.0
+    status: str = "unproven"
+    assignments: int = 0
+    premises: str = ""  # how the premises were shown satisfiable: "z3" or "bounded case"
 
 
 class _Unsupported(Exception):
-    pass
+    """The encoding cannot state this faithfully: the generic proof is not attempted."""
+
+
+class _Unproven(Exception):
+    """z3 does not prove a goal from the axioms."""
+
+
+class _Vacuous(Exception):
+    """The premises are not shown satisfiable: a proof from them would not count."""
+
+
+class _Infeasible(Exception):
+    """An axis guard is false for this assignment of axis variables to axes: the case cannot occur."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -739,7 +775,7 @@ class _Rule:
         z = self.z
         if isinstance(term, Var):
             if term.name in self.axis_class:
-                return term.name
+                raise _Unsupported(f"axis variable {term.name} used as a value (only axis guards may name it)")
             return self.var(term.name)
         if isinstance(term, Lit):
             if term.sort == "i64":
@@ -776,8 +812,6 @@ class _Rule:
             return z.vget(self.value(args[0]), self.value(args[1]))
         if head == "%":
             return self.value(args[0]) % self.value(args[1])
-        if head in ("R", "D", "P"):
-            return (head, None)
         if head in OPS:
             return self.apply(head, [self.value(a) for a in args])
         raise _Unsupported(f"no generic semantics for {head}")
@@ -799,10 +833,39 @@ class _Rule:
 
     # --- guards
     def guard(self, fact: Term) -> None:
+        """Add the guard as z3 facts, faithfully, or raise: ``_Unsupported`` when it cannot be stated,
+        ``_Infeasible`` when an axis guard is false for this assignment of axis variables."""
+        before = len(self.facts)
+        self._guard(fact)
+        for added in self.facts[before:]:
+            if not (isinstance(added, z3.ExprRef) and z3.is_bool(added)):
+                raise _Unsupported(f"guard {fact} does not encode as a z3 formula (got {added!r})")
+
+    def is_axis(self, term: Term) -> bool:
+        return (isinstance(term, Var) and term.name in self.axis_class) or (
+            isinstance(term, Lit) and f"lit:{term.value}" in self.axis_class
+        )
+
+    def _axis_guard(self, fact: App) -> None:
+        """``=``/``!=`` between axes: decided by the assignment (axis variables name the same axis iff they
+        are in one class), never by the names' spelling."""
+        if fact.head not in ("=", "!="):
+            raise _Unsupported(f"guard {fact} compares axes with {fact.head}")
+        left, right = fact.args
+        if not (self.is_axis(left) and self.is_axis(right)):
+            raise _Unsupported(f"guard {fact} compares an axis with something that is not an axis of the rule")
+        same = self.axis(left) == self.axis(right)
+        if same != (fact.head == "="):
+            raise _Infeasible(str(fact))
+
+    def _guard(self, fact: Term) -> None:
         z = self.z
         if not isinstance(fact, App):
             raise _Unsupported(f"guard {fact}")
         head, args = fact.head, fact.args
+        if head in ("=", "!=", "<", ">", "<=", ">=") and any(self.is_axis(a) for a in args):
+            self._axis_guard(fact)
+            return
         if head == "=":
             left, right = args
             for target, other in ((left, right), (right, left)):
@@ -816,8 +879,8 @@ class _Rule:
             self.facts.append(self.value(left) == self.value(right))
             return
         if head in ("<", ">", "<=", ">=", "!="):
-            if any(isinstance(a, Var) and self.sorts.get(a.name) == "String" for a in args):
-                return  # axis (in)equalities decide the axis classes
+            if head != "!=" and any(isinstance(a, Var) and self.sorts.get(a.name) == "String" for a in args):
+                raise _Unsupported(f"guard {fact} orders strings")
             lv, rv = self.value(args[0]), self.value(args[1])
             self.facts.append({"<": lv < rv, ">": lv > rv, "<=": lv <= rv, ">=": lv >= rv, "!=": lv != rv}[head])
             return
@@ -860,16 +923,22 @@ class _Rule:
         if head in z.rel and head not in ("vec-contains",):
             self.facts.append(z.rel[head](*[self.value(a) for a in args]))
             return
-        if head == "bcast-operand" or head in self.facts_db.relations:
-            return  # declared by analysis rules: implied by the shapes the other guards constrain
+        if head in self.facts_db.relations:
+            # a relation declared by analysis rules (bcast-operand, merge-operand…): it holds, and the
+            # axioms say nothing more about it, so it is an uninterpreted predicate of its arguments
+            values = [self.value(a) for a in args]
+            sorts = [v.sort() for v in values]
+            rel = z3.Function(f"rel.{head}.{'.'.join(str(s_) for s_ in sorts)}", *sorts, z3.BoolSort())
+            self.facts.append(rel(*values))
+            return
         raise _Unsupported(f"no axiom for guard relation '{head}'")
 
     def axis(self, term: Term) -> str:
         if isinstance(term, Var) and term.name in self.axis_class:
             return self.axis_class[term.name]
-        if isinstance(term, Lit):
-            return self.axis_class.get(f"lit:{term.value}", str(term.value))
-        raise _Unsupported(f"axis {term} is not an axis variable")
+        if isinstance(term, Lit) and f"lit:{term.value}" in self.axis_class:
+            return self.axis_class[f"lit:{term.value}"]
+        raise _Unsupported(f"axis {term} is not an axis of the rule's parallel ops")
 
     # --- placements with symbolic dims
     def dim_key(self, term: Term) -> str:
@@ -900,27 +969,51 @@ def _axis_classes(rule: Rule, axis_vars: list[str], literals: list[str]) -> list
     return out
 
 
-def prove_generic(rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000) -> GenericResult:
-    """Try a shape-generic proof (see the module docstring). Never raises for unsupported rules."""
+def prove_generic(
+    rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000, witnessed: bool = False
+) -> GenericResult:
+    """Try a shape-generic proof (see the module docstring). Never raises for unsupported rules.
+
+    Premises must be satisfiable, or the proof is vacuous: for every assignment of axis variables the
+    guards' facts alone must be satisfiable (quantifier-free: z3 decides it quickly), and the guards' facts
+    together with the axioms too. ``witnessed`` says a bounded case satisfies the guards: the axioms hold for
+    real tensors (each is an identity of the tensor semantics), so that case is a model of the premises and
+    z3 need not find one (with quantified axioms it rarely can within the time limit)."""
     start = time.perf_counter()
     result = GenericResult(False)
     if unsupported_relations(rule.guards, facts) or unsupported_constructors(rule):
-        result.reason = "a guard relation or constructor has no axiom"
+        result.status, result.reason = "unsupported", "unsupported: a guard relation or constructor has no axiom"
         result.seconds = time.perf_counter() - start
         return result
     axis_vars, literals = rule_axes(rule)
     try:
         for assignment in _axis_classes(rule, axis_vars, literals):
-            _prove_one(rule, assignment, facts, timeout_ms, result)
-        result.proven = True
+            try:
+                _prove_one(rule, assignment, facts, timeout_ms, result, witnessed)
+            except _Infeasible:
+                continue  # an axis guard excludes this way of naming axes: no such case
+            result.assignments += 1
+        if result.assignments == 0:
+            raise _Vacuous("no assignment of the axis variables satisfies the axis guards")
+        result.proven, result.status = True, "proven"
+        result.premises = "bounded case" if witnessed else "z3"
     except _Unsupported as exc:
-        result.reason = str(exc)
+        result.status, result.reason = "unsupported", f"unsupported: {exc}"
+    except _Unproven as exc:
+        result.status, result.reason = "unproven", str(exc)
+    except _Vacuous as exc:
+        result.status, result.reason = "vacuous", f"vacuous: {exc}"
     result.seconds = time.perf_counter() - start
     return result
 
 
 def _prove_one(
-    rule: Rule, assignment: dict[str, str], facts_db: DerivedFacts, timeout_ms: int, result: GenericResult
+    rule: Rule,
+    assignment: dict[str, str],
+    facts_db: DerivedFacts,
+    timeout_ms: int,
+    result: GenericResult,
+    witnessed: bool,
 ) -> None:
     r = _Rule(rule, assignment, facts_db)
     z = r.z
@@ -972,6 +1065,11 @@ def _prove_one(
             if len(got) != 1:
                 states = " and ".join(state_str(s) for s in sorted(got, key=str)) or "no state"
                 raise _Unsupported(f"{t} has {states} on axis {ax}")
+
+    # training: every variable gets its gradient in one placement from both sides (Replicate = all-reduce)
+    problem = gradient_problem(lhs, rhs, pl, dim_of, axis_of, is_tensor)
+    if problem:
+        raise _Unsupported(problem)
 
     def state(t: Term, ax: str) -> tuple[str, Any]:
         got = pl.get(t, ax)
@@ -1047,12 +1145,21 @@ def _prove_one(
         if isinstance(left, App) and left.head in OPS:
             goals.append(_op_goal(r, left, state, piece, expected, axes))
     goals.append(("global values", r.value(lhs) == r.value(rhs)))
+    for what, goal in [*goals, *(("a premise", f) for f in r.facts)]:
+        if not (isinstance(goal, z3.ExprRef) and z3.is_bool(goal)):
+            raise _Unsupported(f"{what} does not encode as a z3 formula (got {goal!r})")
+    ground = z3.Solver()
+    ground.set("timeout", timeout_ms)
+    ground.add(*r.facts)
+    _check_premises(ground, assignment, "the guards")
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
     for group in sorted(r.groups | {"algebra"}):
         for axiom in z.axioms.get(group, []):
             solver.add(axiom)
     solver.add(*r.facts)
+    if not witnessed:
+        _check_premises(solver, assignment, "the guards and axioms")
     for what, goal in goals:
         if z3.is_true(z3.simplify(goal)):
             result.goals += 1
@@ -1062,8 +1169,20 @@ def _prove_one(
         answer = solver.check()
         solver.pop()
         if answer != z3.unsat:
-            raise _Unsupported(f"the axioms do not prove {what}")
+            raise _Unproven(f"the axioms do not prove {what}")
         result.goals += 1
+
+
+def _check_premises(solver: z3.Solver, assignment: dict[str, str], what: str) -> None:
+    """A proof counts only from premises that z3 shows satisfiable: from contradictory premises every goal
+    would follow. ``unknown`` does not count either."""
+    answer = solver.check()
+    if answer == z3.sat:
+        return
+    axes = ", ".join(f"{k}={v}" for k, v in sorted(assignment.items())) or "no axes"
+    if answer == z3.unsat:
+        raise _Vacuous(f"{what} contradict each other ({axes}): a proof from them proves anything")
+    raise _Vacuous(f"z3 cannot show {what} satisfiable ({axes}: {solver.reason_unknown()})")
 
 
 def _root_pairs(lhs: Term, rhs: Term) -> list[tuple[Term, Term]]:

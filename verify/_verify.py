@@ -5,7 +5,9 @@ For each rule: a shape-generic proof (:mod:`unity_eq.verify._generic`), a bounde
 
 * **refuted** when the bounded proof finds a counterexample or the numeric back-up finds a mismatch;
 * **proven** otherwise, when the generic or the bounded proof succeeds (``kind`` says which: ``generic``
-  when it holds for all shapes, ``bounded`` when for every case enumerated);
+  when it holds for all shapes, ``bounded`` when for every case enumerated). A generic proof counts only
+  from premises shown satisfiable: by a bounded case that satisfies the guards, or, when the bounded proof
+  has no such case, by z3 itself; otherwise (``vacuous``) it does not count;
 * **unknown** otherwise (z3 timed out, or a guard relation has no Python mirror); ``kind`` is ``numeric``
   when only the numeric back-up passed. Unknown fails unless the rule carries ``; verify: unknown-ok
   <reason>`` in the comment block right above it.
@@ -115,6 +117,8 @@ class RuleReport:
             out["annotation"] = self.annotation
         if self.generic is not None:
             out["generic"] = {
+                "status": self.generic.status,
+                "premises": self.generic.premises,
                 "proven": self.generic.proven,
                 "goals": self.generic.goals,
                 "reason": self.generic.reason,
@@ -252,7 +256,6 @@ def load_program(paths: Sequence[Path] | None = None) -> tuple[Program, set[str]
 
 def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Enumeration]) -> RuleReport:
     start = time.perf_counter()
-    generic = prove_generic(rule, facts, options.generic_timeout_ms) if options.generic else None
     bounded = (
         prove_bounded(
             rule,
@@ -265,6 +268,10 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
         if options.bounded
         else None
     )
+    # A generic proof counts only from satisfiable premises: a bounded case that satisfies the guards is a
+    # model of them (the axioms hold for real tensors); without one, z3 must find a model itself.
+    witnessed = bool(bounded and bounded.checked > 0)
+    generic = prove_generic(rule, facts, options.generic_timeout_ms, witnessed) if options.generic else None
     numeric = (
         check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None
     )
@@ -284,6 +291,11 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
         report.message = numeric.counterexample.message if numeric.counterexample else "numeric mismatch"
     elif generic_ok:
         report.status, report.kind = "proven", "generic"
+        if not witnessed:
+            report.message = (
+                "generic proof only: no bounded case satisfies the guards, so z3 showed the premises (guards "
+                "and axioms) satisfiable"
+            )
     elif bounded and bounded.status == "proven":
         report.status, report.kind = "proven", "bounded"
     else:
