@@ -6,6 +6,7 @@ only a bug in unity-eq itself shows a traceback. Progress goes to stderr, result
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,33 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("unity-eq")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            from unity_eq import __version__ as number
+        out.print(f"unity-eq {number}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_version, is_eager=True
+    ),
+) -> None:
+    """Decide how to run an ONNX model across many devices, with e-graphs and rules proven by Z3."""
+
+
 def _progress(quiet: bool) -> Any:
     if quiet:
         return None
 
     def say(message: str) -> None:
+        _last_step[:] = [message]
         err.print(f"[dim]… {message}[/dim]")
 
     return say
@@ -418,30 +441,77 @@ def generate_rules(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script: run the app, turn our errors into one line and an exit code."""
+    """Entry point of the console script: run the app, turn our errors into one line and an exit code.
+
+    SIGINT and SIGTERM unwind the command (temporary files and engine processes are removed on the way) and
+    end it with one line saying what was interrupted, exit 128 + the signal's number."""
+    from unity_eq.files import install_signal_handlers, received_signal
+
+    install_signal_handlers()
     try:
         rv = app(args=argv, standalone_mode=False)
+        signum = received_signal()
+        if signum is not None:  # typer ≥ 0.25 turns an interrupt into exit code 130
+            _say_interrupted(argv if argv is not None else sys.argv[1:], signum)
+            return 128 + signum
         if isinstance(rv, int) and rv:
             return rv  # a command's typer.Exit(code)
     except UnityEqError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         return exc.exit_code
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
-    except typer.Abort:
-        err.print("aborted")
-        return 1
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except _CLICK_ERROR as exc:  # usage errors: a mistyped option, a bad value, an unknown verb (exit 2)
+        _usage_error(exc)
+        return int(getattr(exc, "exit_code", 2))
+    except BaseException as exc:
+        signum = received_signal()
+        if signum is None and not isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, typer.Abort):
+                err.print("aborted")
+                return 1
+            raise
+        # click turns the interrupt into its own Abort; whichever arrives, say what stopped
+        _say_interrupted(argv if argv is not None else sys.argv[1:], signum)
+        return 128 + (signum or signal.SIGINT)
     return 0
+
+
+_last_step: list[str] = []  # the latest progress message, to say where an interrupt stopped
+
+
+def _say_interrupted(argv: list[str], signum: int | None) -> None:
+    """``interrupted by SIGINT: unity-eq optimize (at: mesh x=4: saturating); temporary files removed``."""
+    verb = next((a for a in argv if not a.startswith("-")), "")
+    name = signal.Signals(signum).name if signum else "SIGINT"
+    where = f" (at: {_last_step[-1]})" if _last_step else ""
+    err.print(
+        f"[red]interrupted[/red] by {name}: unity-eq {escape(verb)}{escape(where)}; "
+        "its temporary files are removed and nothing half-written is left"
+    )
+
+
+def _usage_error(exc: Exception) -> None:
+    """One ``error:`` line naming the command's help; no arguments at all shows the help itself."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        exc.show()  # type: ignore[attr-defined]
+        return
+    message = exc.format_message()  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    where = f"`{ctx.command_path} --help`" if ctx is not None else "`unity-eq --help`"
+    err.print(f"[red]error:[/red] {escape(message)} (see {where})")
+
+
+def _click_error_type() -> type[Exception]:
+    """The ClickException class typer raises: typer ≥ 0.25 carries its own copy of click (``typer._click``), so
+    the ``click`` package's class would never match. ``typer.BadParameter`` derives from the one in use."""
+    for cls in typer.BadParameter.__mro__:
+        if cls.__name__ == "ClickException" and issubclass(cls, Exception):
+            return cls
+    raise AssertionError("typer.BadParameter does not derive from a ClickException")  # pragma: no cover
+
+
+_CLICK_ERROR = _click_error_type()
 
 
 if __name__ == "__main__":

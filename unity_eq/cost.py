@@ -503,20 +503,21 @@ class CostModel:
             for g, start in enumerate(starts.tolist()):
                 end = start + int(m[g])
                 nodes, ranks = node[start:end].tolist(), counts[start:end].tolist()
-                local = sorted({int(link_kind[n]) for n, c in zip(nodes, ranks, strict=True) if c > 1})
-                net = sorted({int(share_kind[n]) for n in nodes})
-                found.setdefault((int(k[g]), int(m[g]), tuple(local), tuple(net)), None)
+                on_link = sorted({int(link_kind[n]) for n, c in zip(nodes, ranks, strict=True) if c > 1})
+                on_net = sorted({int(share_kind[n]) for n in nodes})
+                found.setdefault((int(k[g]), int(m[g]), tuple(on_link), tuple(on_net)), None)
             rows = list(found)
         topologies: list[GroupTopology] = []
         for kk, mm, local_kinds, net_kinds in rows:
             local = _bottleneck([link_list[i] for i in local_kinds]) if kk > 1 else None
             network = None
             if mm > 1:
-                missing = [i for i in net_kinds if share_list[i] is None]
-                if missing:
-                    name = self.machine.node(share_node[missing[0]]).name
+                net_links = [link for link in (share_list[i] for i in net_kinds) if link is not None]
+                if len(net_links) < len(net_kinds):
+                    missing = next(i for i in net_kinds if share_list[i] is None)
+                    name = self.machine.node(share_node[missing]).name
                     raise ValueError(f"node {name} has no network, but mesh axis {axis} spans nodes")
-                network = _bottleneck([share_list[i] for i in net_kinds if share_list[i] is not None])
+                network = _bottleneck(net_links)
             topologies.append(GroupTopology(width, kk, mm, local, network))
         return tuple(topologies)
 

@@ -44,6 +44,7 @@ from unity_eq.cost import Cost, CostModel, GroupTopology, Machine
 from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, encode, parse_serialized, saturate
 from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.extract import Extraction, Extractor, Restriction
+from unity_eq.files import raise_if_stopped
 from unity_eq.ir import Graph, Mesh, machine_order
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
@@ -511,6 +512,7 @@ class _Runner:
                 self._extract(trial)
 
     def _saturate(self, trial: MeshTrial) -> tuple[Encoding, SaturationResult, float]:
+        raise_if_stopped()  # SIGTERM/SIGINT: the meshes still queued are not started
         start = time.perf_counter()
         if self.split is not None:
             self.say(f"mesh {trial.label}: saturating {len(self.split.distinct)} distinct pieces")
