@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from unity_eq.errors import OptionError, UnityEqError
+from unity_eq.files import check_output_file, check_output_folder
 
 app = typer.Typer(
     name="unity-eq",
@@ -228,8 +229,8 @@ def run(
         err.print(f"[yellow]{escape(message)}[/yellow]")
 
     def check_outputs() -> None:
-        if outputs is not None and (outputs.is_dir() or not outputs.parent.is_dir()):
-            raise OptionError(f"`--outputs` {outputs}: expected a file in an existing directory.")
+        if outputs is not None:
+            check_output_file(outputs, "`--outputs`")
 
     results: dict[str, np.ndarray] | None
     if backend == "mpi":
@@ -307,6 +308,7 @@ def profile_cmd(
     target = output or model.with_suffix(".profile.json")
     if target.is_dir():
         raise OptionError(f"`-o` {target}: is a directory; pass a file name such as {target / 'profile.json'}.")
+    check_output_file(target, "`-o`", make_parents=True)
     table = profile_model(
         model,
         devices=devices,
@@ -366,6 +368,8 @@ def verify(
     from unity_eq.verify._cli import run as run_verify
 
     options = Options(generic=not no_generic, numeric=not no_numeric, budget=budget, timeout_ms=timeout, jobs=jobs)
+    if json_path and json_path != "-":
+        check_output_file(Path(json_path), "`--json`")
     code = run_verify(paths or None, rule, options, json_path, quiet, out)
     if code:
         raise typer.Exit(code)
@@ -410,6 +414,8 @@ def generate_rules(
     from unity_eq.verify._generate import generate_rules as run_generate
 
     names = check_ops(ops)
+    if output is not None:
+        check_output_folder(output, "`-o`")
     if not 1 <= max_size <= 3:
         raise OptionError(f"`--max-size`: expected 1, 2 or 3, got {max_size}. Size 4 does not finish in hours.")
     if jobs < 0:

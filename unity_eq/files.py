@@ -37,6 +37,7 @@ __all__ = [
     "Interrupted",
     "check_output_dir",
     "check_output_file",
+    "check_output_folder",
     "die_with_parent",
     "install_signal_handlers",
     "is_plan_file",
@@ -151,6 +152,13 @@ def check_output_file(path: Path, what: str, *, make_parents: bool = False) -> N
     if not make_parents:
         raise OptionError(f"{what} {path}: folder {parent} does not exist. Create it or pass another path.")
     _probe(_nearest_existing(path, f"{what} {path}"), f"{what} {path}")
+
+
+def check_output_folder(target: Path, what: str) -> None:
+    """Refuse, before any work, a folder output that cannot be written (a file, under a file, not writable)."""
+    if target.exists() and not target.is_dir():
+        raise OptionError(f"{what} {target}: is a file; pass a folder.")
+    _probe(target if target.is_dir() else _nearest_existing(target, f"{what} {target}"), f"{what} {target}")
 
 
 def check_output_dir(target: Path, what: str = "`-o`") -> None:
