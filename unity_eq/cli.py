@@ -70,18 +70,17 @@ def _input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for text in values:
         name, shape = parse_input_shape(text)
+        if name in shapes and shapes[name] != shape:
+            given = "x".join(map(str, shapes[name]))
+            raise OptionError(f"`--input-shape`: input {name!r} given twice, as {given} and as {text!r}. Pass one.")
         shapes[name] = shape
     return shapes
 
 
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    if not path.exists():
-        raise OptionError(f"{path}: inputs file not found. Pass an .npz file with one array per model input.")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
-        raise OptionError(f"{path}: not a readable .npz file ({exc}). Save inputs with numpy.savez.") from None
+    from unity_eq.runtime import load_npz
+
+    return load_npz(path)  # one loader for every verb: a .npy or a broken file is one clear error
 
 
 @app.command()
@@ -123,8 +122,10 @@ def optimize(
     from unity_eq.pipeline import optimize as run_optimize
     from unity_eq.rulesets import default_rule_files
 
-    if max_iterations < 1 or max_nodes < 1 or time_limit <= 0:
+    if max_iterations < 1 or max_nodes < 1 or not time_limit > 0:
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
+    if not memory_limit > 0:
+        raise OptionError(f"`--memory-limit`: expected a positive number of GiB, got {memory_limit:g}.")
     target = output or model.with_suffix(".plan")
     limits = Limits(
         max_iterations=max_iterations,
@@ -279,6 +280,8 @@ def check(
     from unity_eq.runtime import assert_check
     from unity_eq.runtime import check as run_check
 
+    if not tolerance >= 0:
+        raise OptionError(f"`--tolerance`: expected a relative error of 0 or more, got {tolerance:g}.")
     feeds = _load_npz(inputs) if inputs is not None else None
     result = run_check(model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device)
     for o in result.outputs:

@@ -371,6 +371,10 @@ def verify_rules(
     report = Report(analyses=0, files=sorted(targets), errors=list(program.errors))
     chosen = [r for r in program.rules if r.file in targets]
     report.analyses = sum(1 for a in program.analyses if a.pos.file in targets)
+    if not chosen and not report.analyses and not program.errors and paths:
+        report.errors.append(
+            f"nothing to verify: no rewrite, rule or analysis declaration in {', '.join(sorted(targets))}."
+        )
     if names:
         wanted = set(names)
         chosen = [r for r in program.rules if r.name in wanted]
