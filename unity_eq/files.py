@@ -42,6 +42,7 @@ __all__ = [
     "install_signal_handlers",
     "is_plan_file",
     "owned_tempdir",
+    "owner_tag",
     "raise_if_stopped",
     "replace_plan_files",
     "stop_requested",
@@ -150,7 +151,7 @@ def check_output_file(path: Path, what: str, *, make_parents: bool = False) -> N
     if parent.exists():
         raise OptionError(f"{what} {path}: {parent} is a file, not a folder. Pass another path.")
     if not make_parents:
-        raise OptionError(f"{what} {path}: folder {parent} does not exist. Create it or pass another path.")
+        raise OptionError(f"{what} {path}: expected a file in an existing directory; {parent} does not exist.")
     _probe(_nearest_existing(path, f"{what} {path}"), f"{what} {path}")
 
 
@@ -181,9 +182,14 @@ def check_output_dir(target: Path, what: str = "`-o`") -> None:
 # Temporary folders with an owner
 
 
-def _owner_tag() -> str:
+def owner_tag(pid: int | None = None) -> str:
+    """``<host>-<pid>-``: the part of a temporary name that says which process owns it."""
     host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
-    return f"{host}-{os.getpid()}-"
+    return f"{host}-{os.getpid() if pid is None else pid}-"
+
+
+def _owner_tag() -> str:
+    return owner_tag()
 
 
 def _alive(pid: int) -> bool:
