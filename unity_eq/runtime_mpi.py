@@ -148,7 +148,7 @@ def _import_mpi(finalize_at_exit: bool = False) -> tuple[Any, bool]:
     return MPI, ours
 
 
-_SUPERVISED = {"parent": 0, "fd": -1}
+_SUPERVISED = {"parent": 0, "fd": -1, "launcher": 0}
 
 
 def _launcher_rank() -> str:
@@ -189,6 +189,12 @@ def _claim_report(launcher: int) -> bool:
     except OSError:
         return True
     return True
+
+
+def _claim_job_report() -> None:
+    """Called by the rank that prints the job's error: a rank killed afterwards by mpiexec stays silent."""
+    if _SUPERVISED["launcher"]:
+        _claim_report(_SUPERVISED["launcher"])
 
 
 def _watch_supervisor(supervisor: int, launcher: int) -> None:
@@ -258,7 +264,7 @@ def _supervise() -> None:
         _watch_supervisor(parent, launcher)
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # signals reach the rank once, through the parent, even when sent to a group
-        _SUPERVISED.update(parent=parent, fd=write_fd)
+        _SUPERVISED.update(parent=parent, fd=write_fd, launcher=launcher)
         atexit.register(_tell_supervisor, "X")
         return
     os.close(write_fd)
@@ -590,6 +596,7 @@ def _fail_together(control: _Control, error: MPIRunError, reporter: int, everyon
     """Raise ``error`` on the reporter; end the other ranks quietly once it has been printed."""
     if reporter == control.rank:
         atexit.register(_release, control, everyone)
+        _claim_job_report()  # this rank's line says why the job ends: the watchdogs stay silent
         raise error
     _await_release(control, reporter, everyone, error.exit_code)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -599,6 +606,7 @@ def _interrupted(rank: int) -> None:
     """Ctrl-C (mpiexec forwards it to every rank): no status round, every rank stops now; rank 0 re-raises
     (the CLI prints ``interrupted``), the others leave quietly."""
     if rank == 0:
+        _claim_job_report()
         raise KeyboardInterrupt
     sys.stdout.flush()
     sys.stderr.flush()
