@@ -395,6 +395,45 @@ def test_sigterm_while_writing_leaves_no_temporary_plan(examples: Path, tmp_path
     assert [p.name for p in tmp_path.iterdir()] == []  # neither the hidden temporary plan nor a half plan
 
 
+def _session_processes(sid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[3]) == sid:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_sigterm_stops_verify_and_its_worker_processes() -> None:
+    """`with ProcessPoolExecutor` waits for all queued proofs: an interrupt must kill the workers instead."""
+    proc = subprocess.Popen(
+        [_console_script(), "verify", "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(4)  # the workers are proving (all rules take minutes)
+        assert len(_session_processes(proc.pid)) >= 2
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - start < 10
+        assert proc.returncode == 143, err
+        assert "Traceback" not in err and "interrupted by SIGTERM: unity-eq verify" in err
+        time.sleep(0.5)
+        assert _session_processes(proc.pid) == []
+    finally:
+        if proc.poll() is None or _session_processes(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def test_stale_folders_of_live_runs_are_kept(tmp_path: Path) -> None:
     from unity_eq.files import owner_tag, sweep_stale
 

@@ -28,8 +28,10 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from unity_eq.errors import OptionError, PlanError
 
@@ -47,6 +49,7 @@ __all__ = [
     "replace_plan_files",
     "stop_requested",
     "sweep_stale",
+    "worker_pool",
 ]
 
 JOB_PREFIX = "unity-eq-"  # the engine's job folders in the system temp folder
@@ -113,6 +116,29 @@ def die_with_parent(parent: int | None) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(1)
+
+
+def _worker_signals() -> None:
+    """In a pool's worker process: Ctrl-C is the parent's to handle (it reaches the whole process group), and
+    SIGTERM ends the worker at once, without a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def worker_pool(max_workers: int, mp_context: Any) -> Iterator[ProcessPoolExecutor]:
+    """A ProcessPoolExecutor that an interrupt (or any error) stops at once: its workers are killed and its
+    queued work dropped, where leaving ``with ProcessPoolExecutor`` would wait for all of it."""
+    pool = ProcessPoolExecutor(max_workers=max_workers, mp_context=mp_context, initializer=_worker_signals)
+    try:
+        yield pool
+    except BaseException:
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError, ValueError):
+                process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 # ----------------------------------------------------------------------------------------------------------

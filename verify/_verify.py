@@ -21,7 +21,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
@@ -41,6 +40,7 @@ from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._parse import Program, RuleSource, parse_program
 
 from unity_eq.errors import RuleError
+from unity_eq.files import worker_pool
 from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 
 __all__ = [
@@ -345,7 +345,7 @@ def verify_program(
     results: dict[int, RuleReport] = {}
     # fork is cheap (no re-import) and safe while this process runs no other thread; spawn otherwise
     method = "fork" if "fork" in get_all_start_methods() and threading.active_count() == 1 else "spawn"
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context(method)) as pool:
+    with worker_pool(jobs, get_context(method)) as pool:  # an interrupt stops the workers at once
         futures = [
             (bucket, pool.submit(_worker, ([rules[i] for i in bucket], program, options)))
             for bucket in buckets
