@@ -6,6 +6,7 @@ only a bug in unity-eq itself shows a traceback. Progress goes to stderr, result
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -258,10 +259,14 @@ def run(
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:
+        partial = outputs.with_name(f".{outputs.name}.tmp-{os.getpid()}.npz")
         try:
-            np.savez(outputs, **results)  # type: ignore[arg-type]
+            np.savez(partial, **results)  # type: ignore[arg-type]
+            partial.replace(outputs)  # an interrupt never leaves a half-written file under the user's name
         except OSError as exc:
             raise OptionError(f"`--outputs` {outputs}: cannot write ({exc.strerror or exc}).") from None
+        finally:
+            partial.unlink(missing_ok=True)
         out.print(f"wrote {len(results)} output(s) to {outputs}")
     for name, value in results.items():
         out.print(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.6g}")
@@ -496,7 +501,7 @@ def _say_interrupted(argv: list[str], signum: int | None) -> None:
     where = f" (at: {_last_step[-1]})" if _last_step else ""
     err.print(
         f"[red]interrupted[/red] by {name}: unity-eq {escape(verb)}{escape(where)}; "
-        "its temporary files are removed and nothing half-written is left"
+        "its temporary files are removed"
     )
 
 
