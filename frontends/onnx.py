@@ -390,6 +390,12 @@ def _check_override(name: str, declared: list[int | str] | None, dims: tuple[int
         )
     if not all(isinstance(d, (int, np.integer)) and d > 0 for d in dims):
         raise OptionError(f"{option}: every dimension must be a positive integer, got {list(dims)}.")
+    for axis, (old, new) in enumerate(zip(declared or [], dims, strict=False)):
+        if isinstance(old, int) and old != new:  # the model's weights and reshapes were built for `old`
+            raise OptionError(
+                f"{option}: input {name!r} dim {axis} is static ({old}) in the model (shape "
+                f"{_format_dims(declared or [])}), got {new}. Only dynamic dims can be set; give {old} there."
+            )
 
 
 def _static_dims(name: str, declared: list[int | str] | None, where: str) -> tuple[int, ...]:

@@ -206,12 +206,16 @@ def test_weight_is_not_an_input(light_dir: Path) -> None:
         load_onnx(randomized_light_model(path, light_dir / "weights"), {"conv1_w_0": (64, 3, 3, 3)})
 
 
-def test_input_shape_overrides_a_static_shape(tmp_path: Path) -> None:
+def test_input_shape_cannot_change_a_static_dim(tmp_path: Path) -> None:
+    """A static dim is part of the model (onnxruntime runs the original with it: `check` would crash), so
+    `--input-shape` may only fix dynamic dims; repeating the static value is fine."""
     path = write_model(
         tmp_path,
         '<ir_version: 8, opset_import: ["" : 18]> g (float[1, 16] x) => (float[1, 16] y) { y = Relu(x) }',
     )
-    assert load_onnx(path, {"x": [4, 16]}).types["y"].shape == (4, 16)
+    with pytest.raises(OptionError, match=r"input 'x' dim 0 is static \(1\) in the model \(shape \[1, 16\]\), got 4"):
+        load_onnx(path, {"x": [4, 16]})
+    assert load_onnx(path, {"x": [1, 16]}).types["y"].shape == (1, 16)
 
 
 def test_parse_input_shape() -> None:

@@ -243,3 +243,50 @@ def test_ctrl_c_stops_every_rank(plans: dict[str, Path]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _started_by_mpiexec(rank: int, needle: str) -> int:
+    """The pid of the process mpiexec started for ``rank`` (the supervisor, not the rank it forked)."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if needle.encode() in cmdline and f"PMI_RANK={rank}".encode() in environ:
+            found[int(entry.name)] = ppid
+    outer = [pid for pid, ppid in found.items() if ppid not in found]
+    assert len(outer) == 1, found
+    return outer[0]
+
+
+def test_killing_the_process_mpiexec_started_says_so(plans: dict[str, Path]) -> None:
+    """SIGKILL to the process mpiexec started for rank 1: MPICH kills the others with SIGKILL and prints its
+    banner; rank 1 itself (forked below that process) prints one error: line for the job."""
+    import signal
+
+    command = [_mpiexec(), "-n", "2", sys.executable, str(DRIVER), "hang", str(plans["mlp-2"]), "60"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        assert "random inputs" in proc.stderr.readline()  # setup is done: rank 1 is hanging
+        time.sleep(0.5)
+        target = _started_by_mpiexec(1, str(plans["mlp-2"]))
+        start = time.monotonic()
+        import os
+
+        os.kill(target, signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - start < 15
+        assert proc.returncode != 0
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1, err
+        assert "rank 1" in lines[0] and f"pid {target}" in lines[0] and "killed" in lines[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -291,7 +291,7 @@ def test_run_outputs_path_errors_are_one_line(examples: Path, tmp_path: Path) ->
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
-        f"error: `--outputs` {target}: expected a file in an existing directory."
+        f"error: `--outputs` {target}: expected a file in an existing directory; {target.parent} does not exist."
     ]
 
 

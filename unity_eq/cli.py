@@ -6,6 +6,8 @@ only a bug in unity-eq itself shows a traceback. Progress goes to stderr, result
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from unity_eq.errors import OptionError, UnityEqError
+from unity_eq.files import check_output_file, check_output_folder
 
 app = typer.Typer(
     name="unity-eq",
@@ -30,11 +33,33 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("unity-eq")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            from unity_eq import __version__ as number
+        out.print(f"unity-eq {number}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_version, is_eager=True
+    ),
+) -> None:
+    """Decide how to run an ONNX model across many devices, with e-graphs and rules proven by Z3."""
+
+
 def _progress(quiet: bool) -> Any:
     if quiet:
         return None
 
     def say(message: str) -> None:
+        _last_step[:] = [message]
         err.print(f"[dim]… {message}[/dim]")
 
     return say
@@ -46,18 +71,17 @@ def _input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for text in values:
         name, shape = parse_input_shape(text)
+        if name in shapes and shapes[name] != shape:
+            given = "x".join(map(str, shapes[name]))
+            raise OptionError(f"`--input-shape`: input {name!r} given twice, as {given} and as {text!r}. Pass one.")
         shapes[name] = shape
     return shapes
 
 
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    if not path.exists():
-        raise OptionError(f"{path}: inputs file not found. Pass an .npz file with one array per model input.")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
-        raise OptionError(f"{path}: not a readable .npz file ({exc}). Save inputs with numpy.savez.") from None
+    from unity_eq.runtime import load_npz
+
+    return load_npz(path)  # one loader for every verb: a .npy or a broken file is one clear error
 
 
 @app.command()
@@ -99,8 +123,10 @@ def optimize(
     from unity_eq.pipeline import optimize as run_optimize
     from unity_eq.rulesets import default_rule_files
 
-    if max_iterations < 1 or max_nodes < 1 or time_limit <= 0:
+    if max_iterations < 1 or max_nodes < 1 or not time_limit > 0:
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
+    if not memory_limit > 0:
+        raise OptionError(f"`--memory-limit`: expected a positive number of GiB, got {memory_limit:g}.")
     target = output or model.with_suffix(".plan")
     limits = Limits(
         max_iterations=max_iterations,
@@ -205,8 +231,8 @@ def run(
         err.print(f"[yellow]{escape(message)}[/yellow]")
 
     def check_outputs() -> None:
-        if outputs is not None and (outputs.is_dir() or not outputs.parent.is_dir()):
-            raise OptionError(f"`--outputs` {outputs}: expected a file in an existing directory.")
+        if outputs is not None:
+            check_output_file(outputs, "`--outputs`")
 
     results: dict[str, np.ndarray] | None
     if backend == "mpi":
@@ -233,10 +259,14 @@ def run(
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:
+        partial = outputs.with_name(f".{outputs.name}.tmp-{os.getpid()}.npz")
         try:
-            np.savez(outputs, **results)  # type: ignore[arg-type]
+            np.savez(partial, **results)  # type: ignore[arg-type]
+            partial.replace(outputs)  # an interrupt never leaves a half-written file under the user's name
         except OSError as exc:
             raise OptionError(f"`--outputs` {outputs}: cannot write ({exc.strerror or exc}).") from None
+        finally:
+            partial.unlink(missing_ok=True)
         out.print(f"wrote {len(results)} output(s) to {outputs}")
     for name, value in results.items():
         out.print(f"{name}: {value.dtype}{list(value.shape)} mean {float(np.mean(value)):.6g}")
@@ -255,6 +285,8 @@ def check(
     from unity_eq.runtime import assert_check
     from unity_eq.runtime import check as run_check
 
+    if not tolerance >= 0:
+        raise OptionError(f"`--tolerance`: expected a relative error of 0 or more, got {tolerance:g}.")
     feeds = _load_npz(inputs) if inputs is not None else None
     result = run_check(model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device)
     for o in result.outputs:
@@ -284,6 +316,7 @@ def profile_cmd(
     target = output or model.with_suffix(".profile.json")
     if target.is_dir():
         raise OptionError(f"`-o` {target}: is a directory; pass a file name such as {target / 'profile.json'}.")
+    check_output_file(target, "`-o`", make_parents=True)
     table = profile_model(
         model,
         devices=devices,
@@ -343,6 +376,8 @@ def verify(
     from unity_eq.verify._cli import run as run_verify
 
     options = Options(generic=not no_generic, numeric=not no_numeric, budget=budget, timeout_ms=timeout, jobs=jobs)
+    if json_path and json_path != "-":
+        check_output_file(Path(json_path), "`--json`")
     code = run_verify(paths or None, rule, options, json_path, quiet, out)
     if code:
         raise typer.Exit(code)
@@ -387,6 +422,8 @@ def generate_rules(
     from unity_eq.verify._generate import generate_rules as run_generate
 
     names = check_ops(ops)
+    if output is not None:
+        check_output_folder(output, "`-o`")
     if not 1 <= max_size <= 3:
         raise OptionError(f"`--max-size`: expected 1, 2 or 3, got {max_size}. Size 4 does not finish in hours.")
     if jobs < 0:
@@ -418,30 +455,77 @@ def generate_rules(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script: run the app, turn our errors into one line and an exit code."""
+    """Entry point of the console script: run the app, turn our errors into one line and an exit code.
+
+    SIGINT and SIGTERM unwind the command (temporary files and engine processes are removed on the way) and
+    end it with one line saying what was interrupted, exit 128 + the signal's number."""
+    from unity_eq.files import install_signal_handlers, received_signal
+
+    install_signal_handlers()
     try:
         rv = app(args=argv, standalone_mode=False)
+        signum = received_signal()
+        if signum is not None:  # typer ≥ 0.25 turns an interrupt into exit code 130
+            _say_interrupted(argv if argv is not None else sys.argv[1:], signum)
+            return 128 + signum
         if isinstance(rv, int) and rv:
             return rv  # a command's typer.Exit(code)
     except UnityEqError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         return exc.exit_code
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
-    except typer.Abort:
-        err.print("aborted")
-        return 1
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except _CLICK_ERROR as exc:  # usage errors: a mistyped option, a bad value, an unknown verb (exit 2)
+        _usage_error(exc)
+        return int(getattr(exc, "exit_code", 2))
+    except BaseException as exc:
+        signum = received_signal()
+        if signum is None and not isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, typer.Abort):
+                err.print("aborted")
+                return 1
+            raise
+        # click turns the interrupt into its own Abort; whichever arrives, say what stopped
+        _say_interrupted(argv if argv is not None else sys.argv[1:], signum)
+        return 128 + (signum or signal.SIGINT)
     return 0
+
+
+_last_step: list[str] = []  # the latest progress message, to say where an interrupt stopped
+
+
+def _say_interrupted(argv: list[str], signum: int | None) -> None:
+    """``interrupted by SIGINT: unity-eq optimize (at: mesh x=4: saturating); temporary files removed``."""
+    verb = next((a for a in argv if not a.startswith("-")), "")
+    name = signal.Signals(signum).name if signum else "SIGINT"
+    where = f" (at: {_last_step[-1]})" if _last_step else ""
+    err.print(
+        f"[red]interrupted[/red] by {name}: unity-eq {escape(verb)}{escape(where)}; "
+        "its temporary files are removed"
+    )
+
+
+def _usage_error(exc: Exception) -> None:
+    """One ``error:`` line naming the command's help; no arguments at all shows the help itself."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        exc.show()  # type: ignore[attr-defined]
+        return
+    message = exc.format_message()  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    where = f"`{ctx.command_path} --help`" if ctx is not None else "`unity-eq --help`"
+    err.print(f"[red]error:[/red] {escape(message)} (see {where})")
+
+
+def _click_error_type() -> type[Exception]:
+    """The ClickException class typer raises: typer ≥ 0.25 carries its own copy of click (``typer._click``), so
+    the ``click`` package's class would never match. ``typer.BadParameter`` derives from the one in use."""
+    for cls in typer.BadParameter.__mro__:
+        if cls.__name__ == "ClickException" and issubclass(cls, Exception):
+            return cls
+    raise AssertionError("typer.BadParameter does not derive from a ClickException")  # pragma: no cover
+
+
+_CLICK_ERROR = _click_error_type()
 
 
 if __name__ == "__main__":

@@ -37,13 +37,17 @@ forward + backward as three times the forward. The formulas, with examples, are 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from unity_eq.ir import Mesh
+import numpy as np
+
+from unity_eq.errors import OptionError
+from unity_eq.ir import Mesh, machine_order
 from unity_eq.ops import Family, spec_for
 
 if TYPE_CHECKING:
@@ -58,10 +62,15 @@ __all__ = [
     "LinkSpec",
     "Machine",
     "NodeSpec",
+    "check_device_count",
     "default_machine",
 ]
 
 OBJECTIVES = ("inference", "training")
+# The most devices a plan may have: above the largest machines built (about 100k GPUs), and a plan directory holds
+# one ONNX file per device. Beyond it a plan is for one replica of the model, replicated by the user.
+MAX_DEVICES = 131_072
+MASK_KINDS = 62  # kinds of node link / network share told apart with int64 bit masks (more: a slower path)
 
 
 @dataclass(frozen=True)
@@ -128,10 +137,42 @@ class Machine:
     def node_count(self) -> int:
         return len(set(self.node_of))
 
+    @functools.cached_property
+    def node_array(self) -> np.ndarray:
+        """``node_of`` as an array (computed once: a machine may have 100k devices)."""
+        return np.asarray(self.node_of, dtype=np.int64)
+
+    @functools.cached_property
+    def _devices_per_node(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in np.bincount(self.node_array)) if self.node_of else ()
+
+    @functools.cached_property
+    def axis_topologies(self) -> dict[tuple[int, int, int], tuple[GroupTopology, ...]]:
+        """Group topologies of mesh axes laid on the devices in order, by (ranks, size, stride): filled by
+        CostModel, shared by the meshes of a search."""
+        return {}
+
+    @functools.cached_property
+    def node_kinds(self) -> tuple[np.ndarray, tuple[NodeSpec, ...]]:
+        """Every node's kind (same link, network and NICs) and one node of each kind, found once: the mesh
+        search prices hundreds of meshes over the same, maybe 10k, nodes."""
+        kinds: dict[tuple[LinkSpec, LinkSpec | None, int], int] = {}
+        examples: list[NodeSpec] = []
+        kind_of = np.zeros(len(self._devices_per_node), dtype=np.int64)
+        for i in range(len(kind_of)):
+            spec = self.node(i)
+            key = (spec.link, spec.network, spec.nics)
+            if key not in kinds:
+                kinds[key] = len(examples)
+                examples.append(spec)
+            kind_of[i] = kinds[key]
+        return kind_of, tuple(examples)
+
     def node(self, index: int) -> NodeSpec:
         if self.nodes:
             return self.nodes[index]
-        per_node = sum(1 for n in self.node_of if n == index)
+        counts = self._devices_per_node
+        per_node = counts[index] if 0 <= index < len(counts) else 0
         return NodeSpec(f"node{index}", self.intra_link, self.inter_link, max(per_node, 1))
 
     def usable_memory(self, device: int) -> float:
@@ -152,8 +193,18 @@ A100_80G = DeviceSpec(
 NVLINK3 = LinkSpec(bandwidth=300e9, latency=2e-6, name="nvlink3")
 
 
+def check_device_count(devices: int, what: str) -> None:
+    """Refuse more than MAX_DEVICES devices before building anything of that size."""
+    if devices > MAX_DEVICES:
+        raise OptionError(
+            f"{what}: expected at most {MAX_DEVICES} devices, got {devices}. A plan holds one ONNX file per device; "
+            "plan one replica of the model (e.g. `--devices 1024`) and run copies of it data parallel."
+        )
+
+
 def default_machine(devices: int) -> Machine:
     """``--devices N``: N A100-80G GPUs in one node on NVLink."""
+    check_device_count(devices, "`--devices`")
     return Machine(f"{devices}xA100-SXM-80G", (A100_80G,) * devices, (0,) * devices, NVLINK3, source="--devices")
 
 
@@ -221,6 +272,20 @@ class GroupTopology:
         return self.m > 1
 
 
+def _kinds_of(mask: int) -> tuple[int, ...]:
+    """The kind indices set in a bit mask."""
+    return tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
+
+
+def _bottleneck(links: Sequence[LinkSpec]) -> LinkSpec:
+    """One link standing for several: the smallest bandwidth, the largest latency, every name."""
+    return LinkSpec(
+        min(link.bandwidth for link in links),
+        max(link.latency for link in links),
+        "/".join(sorted({link.name for link in links if link.name})),
+    )
+
+
 @dataclass(frozen=True)
 class AlphaBeta:
     """A collective's time as latency + bandwidth terms (seconds), kept apart so gradients can bucket."""
@@ -255,22 +320,37 @@ class CostModel:
     # pays min(1, S / bucket) of a collective's latency; 0 disables bucketing.
     gradient_bucket_bytes: float = 25 * 2**20
     _topology: dict[str, tuple[GroupTopology, ...]] = field(default_factory=dict, repr=False)
+    _uneven: dict[str, bool] = field(default_factory=dict, repr=False)
+    _slowest: DeviceSpec | None = field(default=None, repr=False)
+    _capacity: float | None = field(default=None, repr=False)
+    _rank_node_array: np.ndarray | None = field(default=None, repr=False)
+    _kinds: tuple[np.ndarray, np.ndarray, list[LinkSpec], list[LinkSpec | None], dict[int, int]] | None = field(
+        default=None, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective: expected inference or training, got {self.objective!r}")
-        if any(d >= self.machine.device_count for d in self.mesh.devices):
-            raise ValueError(f"mesh uses device {max(self.mesh.devices)}; the machine has {self.machine.device_count}")
+        devices = self.mesh.devices
+        highest = len(devices) - 1 if devices is machine_order(len(devices)) else max(devices, default=-1)
+        if highest >= self.machine.device_count:
+            raise ValueError(f"mesh uses device {highest}; the machine has {self.machine.device_count}")
 
     # --- devices -----------------------------------------------------------------------------------------
     def _device(self) -> DeviceSpec:
-        """The slowest device of the mesh: SPMD steps wait for it."""
-        devices = [self.machine.devices[d] for d in self.mesh.devices]
-        return min(devices, key=lambda d: (d.peak("float32"), d.memory_bandwidth))
+        """The slowest device of the mesh: SPMD steps wait for it (found once: every op's price asks)."""
+        if self._slowest is None:
+            kinds = {id(self.machine.devices[d]): self.machine.devices[d] for d in self.mesh.devices}
+            # min() keeps the first of equal keys: scan the distinct kinds in the mesh's device order
+            self._slowest = min(kinds.values(), key=lambda d: (d.peak("float32"), d.memory_bandwidth))
+        return self._slowest
 
     def memory_capacity(self) -> float:
         """Usable bytes per device: the smallest device of the mesh (every rank holds the same shapes)."""
-        return min(self.machine.usable_memory(d) for d in self.mesh.devices)
+        if self._capacity is None:
+            kinds = {id(self.machine.devices[d]): d for d in self.mesh.devices}
+            self._capacity = min(self.machine.usable_memory(d) for d in kinds.values())
+        return self._capacity
 
     def compute(
         self,
@@ -308,46 +388,138 @@ class CostModel:
         return Cost(compute=seconds + self.machine.launch_overhead)
 
     # --- topology ----------------------------------------------------------------------------------------
-    def _ranks_on_node(self) -> Counter[int]:
-        return Counter(self.machine.node_of[d] for d in self.mesh.devices)
+    # Everything below works on arrays of node ids, one row per communication group, and on the few kinds of
+    # node (link, network share): never rank by rank in Python, so a 100k-device mesh takes milliseconds.
+
+    def _rank_nodes(self) -> np.ndarray:
+        """The node of every mesh rank."""
+        if self._rank_node_array is None:
+            devices = self.mesh.devices
+            if devices is machine_order(len(devices)):  # the search's meshes: machine order
+                self._rank_node_array = self.machine.node_array[: len(devices)]
+            else:
+                self._rank_node_array = self.machine.node_array[np.asarray(devices, dtype=np.int64)]
+        return self._rank_node_array
+
+    def _group_nodes(self, axis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``axis``'s groups as (group, node) pairs sorted by group then node: (group, node, ranks of the group
+        on that node, index of each group's first pair). Linear in the ranks when the devices are in machine
+        order (each group's nodes are then already sorted)."""
+        rows = self._rank_nodes()[self.mesh.group_matrix(axis)]
+        if rows.shape[1] > 1 and not bool(np.all(rows[:, 1:] >= rows[:, :-1])):
+            rows = np.sort(rows, axis=1)
+        flat = rows.ravel()
+        new_pair = np.ones(flat.shape, dtype=bool)
+        new_pair[1:] = flat[1:] != flat[:-1]
+        new_pair[:: rows.shape[1]] = True  # every group starts a pair
+        first = np.flatnonzero(new_pair)
+        counts = np.diff(np.r_[first, flat.size])
+        group = first // rows.shape[1]
+        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        return group, flat[first], counts, starts
+
+    def _link_kinds(self) -> tuple[np.ndarray, np.ndarray, list[LinkSpec], list[LinkSpec | None], dict[int, int]]:
+        """The kinds of link a group can meet on each node: (node link kind per node, network share kind per node
+        (the share depends on the mesh's ranks on the node), the links, the shares (None: no network), a node of
+        each share kind). Computed per kind of node, not per node."""
+        if self._kinds is None:
+            per_node = np.bincount(self._rank_nodes())
+            kind_of, examples = self.machine.node_kinds
+            present = np.flatnonzero(per_node)
+            span = int(per_node.max(initial=0)) + 1
+            pairs, first, inverse = np.unique(
+                kind_of[present] * span + per_node[present], return_index=True, return_inverse=True
+            )
+            links: dict[LinkSpec, int] = {}
+            shares: dict[LinkSpec | None, int] = {}
+            pair_link, pair_share = np.zeros(len(pairs), np.int64), np.zeros(len(pairs), np.int64)
+            share_node: dict[int, int] = {}
+            for j, pair in enumerate(pairs.tolist()):
+                spec, ranks = examples[pair // span], pair % span
+                pair_link[j] = links.setdefault(spec.link, len(links))
+                share = None
+                if spec.network is not None:
+                    network = spec.network
+                    share = LinkSpec(spec.nics * network.bandwidth / ranks, network.latency, network.name)
+                pair_share[j] = shares.setdefault(share, len(shares))
+                share_node.setdefault(int(pair_share[j]), int(present[first[j]]))
+            link_kind = np.zeros(len(per_node), np.int64)
+            share_kind = np.zeros(len(per_node), np.int64)
+            link_kind[present], share_kind[present] = pair_link[inverse], pair_share[inverse]
+            self._kinds = (link_kind, share_kind, list(links), list(shares), share_node)
+        return self._kinds
+
+    def uneven_groups(self, axis: str) -> bool:
+        """Whether some group of ``axis`` holds an unequal number of ranks on its nodes."""
+        if axis not in self._uneven:
+            _, _, counts, starts = self._group_nodes(axis)
+            most, least = np.maximum.reduceat(counts, starts), np.minimum.reduceat(counts, starts)
+            self._uneven[axis] = bool(np.any(most != least))
+        return self._uneven[axis]
 
     def group_topologies(self, axis: str) -> tuple[GroupTopology, ...]:
-        """The distinct placements of ``axis``'s communication groups on the machine."""
+        """The distinct placements of ``axis``'s communication groups on the machine, in the order of the
+        first group (by rank) that has each."""
         if axis in self._topology:
             return self._topology[axis]
-        per_node = self._ranks_on_node()
-        found: dict[GroupTopology, None] = {}
-        for group in self.mesh.groups(axis):
-            nodes = Counter(self.machine.node_of[self.mesh.devices[r]] for r in group)
-            k, m = max(nodes.values()), len(nodes)
-            local = None
-            if k > 1:
-                links = [self.machine.node(i).link for i, c in nodes.items() if c > 1]
-                local = LinkSpec(
-                    min(link.bandwidth for link in links),
-                    max(link.latency for link in links),
-                    "/".join(sorted({link.name for link in links if link.name})),
-                )
-            network = None
-            if m > 1:
-                shares = []
-                for i in nodes:
-                    spec = self.machine.node(i)
-                    if spec.network is None:
-                        raise ValueError(f"node {spec.name} has no network, but mesh axis {axis} spans nodes")
-                    shares.append(
-                        LinkSpec(
-                            spec.nics * spec.network.bandwidth / per_node[i], spec.network.latency, spec.network.name
-                        )
-                    )
-                network = LinkSpec(
-                    min(s.bandwidth for s in shares),
-                    max(s.latency for s in shares),
-                    "/".join(sorted({s.name for s in shares if s.name})),
-                )
-            found.setdefault(GroupTopology(len(group), k, m, local, network), None)
-        self._topology[axis] = tuple(found)
+        shared = self._shared_key(axis)
+        if shared is not None and shared in self.machine.axis_topologies:
+            self._topology[axis] = self.machine.axis_topologies[shared]
+            return self._topology[axis]
+        self._topology[axis] = self._find_topologies(axis)
+        if shared is not None:
+            self.machine.axis_topologies[shared] = self._topology[axis]
         return self._topology[axis]
+
+    def _shared_key(self, axis: str) -> tuple[int, int, int] | None:
+        """(ranks, axis size, stride) when the mesh lies on the machine's devices in order: an axis's groups
+        then depend on nothing else (the other axes' split does not matter), so meshes share them."""
+        devices = self.mesh.devices
+        if devices is not machine_order(len(devices)):
+            return None
+        i = self.mesh.axes.index(axis)
+        return len(devices), self.mesh.sizes[i], math.prod(self.mesh.sizes[i + 1 :])
+
+    def _find_topologies(self, axis: str) -> tuple[GroupTopology, ...]:
+        group, node, counts, starts = self._group_nodes(axis)
+        link_kind, share_kind, link_list, share_list, share_node = self._link_kinds()
+        width = self.mesh.axis_size(axis)
+        k = np.maximum.reduceat(counts, starts)
+        m = np.diff(np.r_[starts, len(group)])
+        if max(len(link_list), len(share_list)) <= MASK_KINDS:
+            one = np.int64(1)
+            local_bits = np.where(counts > 1, np.left_shift(one, link_kind[node]), 0)
+            local_mask = np.bitwise_or.reduceat(local_bits, starts)
+            net_mask = np.bitwise_or.reduceat(np.left_shift(one, share_kind[node]), starts)
+            signature = np.stack([k, m, local_mask, net_mask], axis=1)
+            if bool(np.all(signature == signature[0])):  # every group alike: the usual case, no sort
+                distinct = signature[:1]
+            else:
+                distinct, first = np.unique(signature, axis=0, return_index=True)
+                distinct = distinct[np.argsort(first)]
+            rows = [(int(kk), int(mm), _kinds_of(int(lm)), _kinds_of(int(nm))) for kk, mm, lm, nm in distinct.tolist()]
+        else:  # more kinds than bits: the same per group, in Python
+            found: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], None] = {}
+            for g, start in enumerate(starts.tolist()):
+                end = start + int(m[g])
+                nodes, ranks = node[start:end].tolist(), counts[start:end].tolist()
+                on_link = sorted({int(link_kind[n]) for n, c in zip(nodes, ranks, strict=True) if c > 1})
+                on_net = sorted({int(share_kind[n]) for n in nodes})
+                found.setdefault((int(k[g]), int(m[g]), tuple(on_link), tuple(on_net)), None)
+            rows = list(found)
+        topologies: list[GroupTopology] = []
+        for kk, mm, local_kinds, net_kinds in rows:
+            local = _bottleneck([link_list[i] for i in local_kinds]) if kk > 1 else None
+            network = None
+            if mm > 1:
+                net_links = [link for link in (share_list[i] for i in net_kinds) if link is not None]
+                if len(net_links) < len(net_kinds):
+                    missing = next(i for i in net_kinds if share_list[i] is None)
+                    name = self.machine.node(share_node[missing]).name
+                    raise ValueError(f"node {name} has no network, but mesh axis {axis} spans nodes")
+                network = _bottleneck(net_links)
+            topologies.append(GroupTopology(width, kk, mm, local, network))
+        return tuple(topologies)
 
     def spans_nodes(self, axis: str) -> bool:
         return any(t.spans_nodes for t in self.group_topologies(axis))

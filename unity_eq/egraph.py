@@ -23,10 +23,10 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import selectors
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.errors import RuleError, SaturationError
+from unity_eq.files import die_with_parent, owned_tempdir, raise_if_stopped
 from unity_eq.ir import Graph, Mesh, Node
 from unity_eq.ops import Family, OpSpec, spec_for
 from unity_eq.rulesets import RuleFile
@@ -474,6 +475,7 @@ def _worker_main(job_path: str) -> int:
     Progress and the final status go to stdout as JSON lines; the serialized e-graph goes to a file.
     """
     job = json.loads(Path(job_path).read_text())
+    die_with_parent(job.get("parent"))  # a killed unity-eq leaves no engine running on
     limits = Limits(**job["limits"])
 
     def send(*item: Any) -> None:
@@ -588,13 +590,14 @@ def saturate(
 ) -> SaturationResult:
     """Run equality saturation for ``encoding`` in a worker process and return the serialized e-graph."""
     limits = limits or Limits()
-    with tempfile.TemporaryDirectory(prefix="unity-eq-") as tmp:
+    with owned_tempdir() as tmp:  # removed on SIGTERM too; a killed run's is swept by the next run
         out_path = Path(tmp) / "egraph.json"
         job = {
             "files": [(f.text, f.display) for f in rule_files],
             "program": encoding.program,
             "limits": dataclasses.asdict(limits),
             "out": str(out_path),
+            "parent": os.getpid(),
         }
         job_path = str(Path(tmp) / "job.json")
         Path(job_path).write_text(json.dumps(job))
@@ -620,6 +623,7 @@ def _supervise(
     """Run the worker, relay its progress, kill it past the hard deadline. Returns (final message, last
     progress, exit code)."""
     cmd = [sys.executable, "-m", "unity_eq.egraph", job_path]
+    raise_if_stopped()  # a signal arrived while this mesh waited for a worker thread
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + limits.time_limit_s * 1.5 + 60
     last: tuple[str, int, int, float] | None = None
@@ -629,6 +633,7 @@ def _supervise(
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
             while message is None:
+                raise_if_stopped()  # SIGTERM/SIGINT: the finally below kills the engine
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     proc.kill()

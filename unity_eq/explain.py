@@ -9,12 +9,12 @@ replicated. :func:`explain` returns it as plain data (``--json`` prints that); :
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from unity_eq.errors import PlanError
 from unity_eq.ops import Family, spec_for
+from unity_eq.planfile import read_plan_json
 
 __all__ = ["explain", "load_plan_json", "render"]
 
@@ -36,13 +36,7 @@ def load_plan_json(plan_dir: str | Path) -> dict[str, Any]:
     path = root / "plan.json" if root.is_dir() else root
     if not path.exists():
         raise PlanError(f"{root}: no plan.json. Pass the directory written by `unity-eq optimize`.")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"{path}: unreadable plan.json ({exc}). Re-run `unity-eq optimize`.") from None
-    if not isinstance(meta, dict) or "steps" not in meta or "tensors" not in meta:
-        raise PlanError(f"{path}: not a unity-eq plan.json (no steps or tensors). Re-run `unity-eq optimize`.")
-    return meta
+    return read_plan_json(path, need=("steps", "tensors"))  # the checks `run` makes too
 
 
 def _kinds(steps: list[dict[str, Any]]) -> dict[str, str]:

@@ -19,6 +19,7 @@ The short form is the one used in ``.egg`` rules, ``plan.json``, logs and error 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -194,6 +195,13 @@ class Graph:
         )
 
 
+@functools.lru_cache(maxsize=8)
+def machine_order(n: int) -> tuple[int, ...]:
+    """``(0, 1, …, n-1)``: ranks on the machine's devices in order. One shared tuple per size, so the many meshes
+    of a search over 100k devices share it (and cost models recognise it by identity)."""
+    return tuple(range(n))
+
+
 @dataclass(frozen=True)
 class Mesh:
     """A logical device mesh: named axes with sizes, laid over machine devices.
@@ -215,7 +223,7 @@ class Mesh:
         if any(n < 1 for n in self.sizes):
             raise ValueError(f"mesh: axis sizes must be positive, got {self.sizes}")
         if not self.devices:
-            object.__setattr__(self, "devices", tuple(range(math.prod(self.sizes))))
+            object.__setattr__(self, "devices", machine_order(math.prod(self.sizes)))
         if len(self.devices) != math.prod(self.sizes):
             raise ValueError(f"mesh: {len(self.devices)} devices for a mesh of {math.prod(self.sizes)} ranks")
 
@@ -242,19 +250,20 @@ class Mesh:
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
         """The ranks that share every coordinate with ``rank`` except along ``axis``, in axis order."""
         i = self.axes.index(axis)
-        base = list(self.coords(rank))
-        members = []
-        for c in range(self.sizes[i]):
-            base[i] = c
-            members.append(self.rank_of(tuple(base)))
-        return tuple(members)
+        stride = math.prod(self.sizes[i + 1 :])
+        base = rank - self.coords(rank)[i] * stride
+        return tuple(base + c * stride for c in range(self.sizes[i]))
+
+    def group_matrix(self, axis: str) -> np.ndarray:
+        """Every communication group along ``axis`` as one row of ranks (in axis order), rows in the order of
+        their first rank: O(ranks) whatever the mesh, so 100k-device meshes stay cheap."""
+        i = self.axes.index(axis)
+        ranks = np.arange(self.size, dtype=np.int64).reshape(self.sizes)
+        return np.moveaxis(ranks, i, -1).reshape(-1, self.sizes[i])
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
-        """Every communication group along ``axis`` (a partition of all ranks)."""
-        seen: dict[tuple[int, ...], None] = {}
-        for rank in range(self.size):
-            seen.setdefault(self.group(rank, axis), None)
-        return list(seen)
+        """Every communication group along ``axis`` (a partition of all ranks), in the order of their first rank."""
+        return [tuple(row) for row in self.group_matrix(axis).tolist()]
 
     def __str__(self) -> str:
         return " × ".join(f"{a}={n}" for a, n in zip(self.axes, self.sizes, strict=True))

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 import unity_eq
 from unity_eq.cost import Cost
 from unity_eq.errors import PlanError
+from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph, Shard
 from unity_eq.plan import (
     PLAN_FORMAT_VERSION,
@@ -488,7 +487,7 @@ def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
     target = Path(out_dir)
     check_output_dir(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = plan_tempdir(target)
     try:
         weight_bytes: list[int] = []
         collectives: list[dict[str, Any]] = []
@@ -506,7 +505,7 @@ def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
         metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)
         metadata["memory"] = {**lowered.plan.report.get("memory", {}), "weight_bytes_per_rank": weight_bytes}
         (tmp / "plan.json").write_text(json.dumps(metadata, indent=1, default=_json_default))
-        _replace_dir(tmp, target)
+        replace_plan_files(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -519,27 +518,3 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     return str(value)
-
-
-def check_output_dir(target: Path) -> None:
-    """Refuse an output path we must not overwrite (a file, or a non-empty directory that is not a plan)."""
-    if target.exists() and not target.is_dir():
-        raise PlanError(f"{target}: output path is a file. Pass a directory to `-o`.")
-    if target.is_dir() and any(target.iterdir()) and not (target / "plan.json").exists():
-        raise PlanError(
-            f"{target}: directory is not empty and holds no plan.json; refusing to overwrite it. Pass another `-o`."
-        )
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    if not target.exists():
-        new.replace(target)
-        return
-    backup = target.with_name(f".{target.name}.old-{os.getpid()}")
-    target.replace(backup)
-    try:
-        new.replace(target)
-    except BaseException:
-        backup.replace(target)
-        raise
-    shutil.rmtree(backup, ignore_errors=True)

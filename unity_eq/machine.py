@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unity_eq.cost import DeviceSpec, LinkSpec, Machine, NodeSpec
+from unity_eq.cost import DeviceSpec, LinkSpec, Machine, NodeSpec, check_device_count
 from unity_eq.errors import MachineError
 
 if sys.version_info >= (3, 11):
@@ -250,6 +250,7 @@ def machine_from_toml(
             network = _ref(r, table, "network", f"{field}.network", links, "link of [links]")
         nics = r.integer(table, "nics", f"{field}.nics", len(node_devices))
         count = nodes if nodes is not None else r.integer(table, "count", f"{field}.count", 1)
+        check_device_count(len(devices) + count * len(node_devices), f"{source}" + (" with `--nodes`" if nodes else ""))
         base = r.string(table, "name", f"{field}.name", f"node{i}" if len(raw_nodes) > 1 else "node")
         for c in range(count):
             index = len(node_specs)

@@ -15,14 +15,14 @@ from typing import Any
 
 from unity_eq.cost import Machine, default_machine
 from unity_eq.egraph import Limits, SaturationResult
-from unity_eq.errors import OptionError
+from unity_eq.errors import OptionError, RuleError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
 from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
 from unity_eq.profile import ProfileTable, load_profile
 from unity_eq.report import cost_breakdown
-from unity_eq.rulesets import default_rule_files, load_rule_files
+from unity_eq.rulesets import default_rule_files, load_rule_files, rules_dir
 from unity_eq.search import SearchResult, search
 
 __all__ = ["OptimizeResult", "optimize", "parse_mesh"]
@@ -154,6 +154,8 @@ def optimize(
         forced = mesh
     elif mesh is not None:
         forced = parse_mesh(mesh, chosen_machine.device_count)
+    if rule_files is not None:
+        check_rule_files(rule_files)
     rules = load_rule_files(list(rule_files) if rule_files is not None else default_rule_files(generated_rules))
     table = load_profile(profile) if isinstance(profile, str | Path) else profile
     if table is not None:
@@ -214,6 +216,22 @@ def optimize(
         timings["lower_s"] = time.perf_counter() - start
         plan.stats["timings"] = dict(timings)
     return OptimizeResult(plan, graph, lowered, plan_dir, trial.saturation, timings, result)
+
+
+def check_rule_files(paths: Sequence[Path]) -> None:
+    """Parse and check the user's rule files once, before any search, with the parser `unity-eq verify` uses:
+    an error is ``file:line:col: …`` here, not a failure inside every mesh's engine worker."""
+    shipped = rules_dir().resolve()
+    extra = [Path(p) for p in paths if not Path(p).resolve().is_relative_to(shipped)]
+    if not extra:
+        return
+    from unity_eq.verify._verify import load_program
+
+    program, _ = load_program(extra)  # raises RuleError on a syntax error, with file:line:col
+    if program.errors:
+        more = len(program.errors) - 1
+        tail = f" ({more} more: run `unity-eq verify {' '.join(map(str, extra))}`)" if more else ""
+        raise RuleError(program.errors[0] + tail)
 
 
 def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> dict[str, Any]:

@@ -29,7 +29,6 @@ Plans written today use only ``all_gather`` and ``all_reduce``; the runtime acce
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sys
@@ -47,7 +46,7 @@ import onnx
 from onnx import helper
 
 from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError, UnityEqError
-from unity_eq.plan import PLAN_FORMAT_VERSION
+from unity_eq.planfile import read_plan_json
 
 __all__ = [
     "CheckResult",
@@ -115,19 +114,7 @@ def load_plan_dir(path: str | Path, check_files: bool = True) -> PlanDir:
     meta_path = root / "plan.json"
     if not meta_path.exists():
         raise PlanError(f"{root}: no plan.json. Pass the directory written by `unity-eq optimize`.")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError(f"{meta_path}: unreadable plan.json ({exc}). Re-run `unity-eq optimize`.") from None
-    version = meta.get("format_version") if isinstance(meta, dict) else None
-    if version != PLAN_FORMAT_VERSION:
-        raise PlanError(
-            f"{meta_path}: plan format version {version!r}, this unity-eq reads {PLAN_FORMAT_VERSION}. "
-            "Re-run `unity-eq optimize`."
-        )
-    for key in ("model", "mesh", "files", "collectives"):
-        if key not in meta:
-            raise PlanError(f"{meta_path}: missing field {key!r}. Re-run `unity-eq optimize`.")
+    meta = read_plan_json(meta_path, need=("collectives",))
     plan = PlanDir(root, meta)
     for rank in range(plan.world_size if check_files else 0):
         check_rank_file(plan, rank)
@@ -626,9 +613,18 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         raise OptionError(f"{path}: inputs file not found. Pass an .npz file with one array per model input.")
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise OptionError(f"{path}: not a readable .npz file ({exc}). Save inputs with numpy.savez.") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy file holds one array with no input name
+        raise OptionError(
+            f"{path}: expected an .npz file with one named array per model input, got a single array (.npy). "
+            "Save inputs with numpy.savez(path, NAME=array, ...)."
+        )
+    try:
+        with data:
             return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise OptionError(f"{path}: not a readable .npz file ({exc}). Save inputs with numpy.savez.") from None
 
 

@@ -49,6 +49,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from unity_eq.errors import OptionError, RuntimeBackendError, UnityEqError
+from unity_eq.files import owner_tag, sweep_stale
 from unity_eq.runtime import (
     COLLECTIVE_TIMEOUT_S,
     DeviceChoice,
@@ -146,7 +148,7 @@ def _import_mpi(finalize_at_exit: bool = False) -> tuple[Any, bool]:
     return MPI, ours
 
 
-_SUPERVISED = {"parent": 0, "fd": -1}
+_SUPERVISED = {"parent": 0, "fd": -1, "launcher": 0}
 
 
 def _launcher_rank() -> str:
@@ -164,13 +166,73 @@ def _tell_supervisor(text: str) -> None:
 
 
 def _set_parent_death_signal() -> None:
-    """Linux: die with SIGKILL when the supervisor dies (``mpiexec`` killed it), instead of lingering."""
+    """Linux: get SIGTERM when the supervisor dies (``mpiexec`` or a user killed it), instead of lingering.
+    The rank's watchdog (:func:`_watch_supervisor`) says why before the process ends."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+REPORT_PREFIX = "unity-eq-mpi-"  # one folder per job and host: whoever makes it prints why the job ended
+
+
+def _claim_report(launcher: int) -> bool:
+    """Whether this process is the first of its job (on this host) to explain the job's end: ``mkdir`` is
+    atomic. The folder is named after mpiexec's process, so the next job sweeps it once that is gone."""
+    try:
+        (Path(tempfile.gettempdir()) / f"{REPORT_PREFIX}{owner_tag(launcher)}report").mkdir()
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _claim_job_report() -> None:
+    """Called by the rank that prints the job's error: a rank killed afterwards by mpiexec stays silent."""
+    if _SUPERVISED["launcher"]:
+        _claim_report(_SUPERVISED["launcher"])
+
+
+def _watch_supervisor(supervisor: int, launcher: int) -> None:
+    """In the rank: when the process mpiexec started for it dies (killed from outside, or by mpiexec's clean-up
+    after another rank was), print one ``error:`` line for the whole job and exit. A thread, so a rank busy in
+    native code still answers; SIGTERM (the parent-death signal) unwinds Python meanwhile."""
+    import threading
+
+    def report_and_exit() -> None:
+        if _claim_report(launcher):
+            rank = _launcher_rank()
+            with contextlib.suppress(OSError):
+                os.write(
+                    2,
+                    f"error: the MPI job stopped: the process mpiexec started for rank {rank} (pid {supervisor}) "
+                    "was killed from outside unity-eq\n".encode(),
+                )
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == supervisor:
+            time.sleep(0.1)
+        report_and_exit()
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: Any) -> None:
+        if os.getppid() != supervisor:  # the parent-death signal
+            report_and_exit()
+        if callable(previous):  # a SIGTERM the supervisor forwarded: as before
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, on_term)
+    threading.Thread(target=watch, name="unity-eq-supervisor-watch", daemon=True).start()
 
 
 def _supervise() -> None:
@@ -189,6 +251,8 @@ def _supervise() -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
+    launcher = os.getppid()  # mpiexec's process on this host (hydra_pmi_proxy for MPICH)
+    sweep_stale(Path(tempfile.gettempdir()), REPORT_PREFIX)
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -197,9 +261,10 @@ def _supervise() -> None:
         _set_parent_death_signal()
         if os.getppid() != parent:  # the parent died before the death signal was set
             os._exit(1)
+        _watch_supervisor(parent, launcher)
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # signals reach the rank once, through the parent, even when sent to a group
-        _SUPERVISED.update(parent=parent, fd=write_fd)
+        _SUPERVISED.update(parent=parent, fd=write_fd, launcher=launcher)
         atexit.register(_tell_supervisor, "X")
         return
     os.close(write_fd)
@@ -227,6 +292,7 @@ def _supervise() -> None:
             cause = f"killed by signal {name}{hint}"
         else:
             cause = f"exited with code {code} without reporting an error"
+        _claim_report(launcher)  # the other ranks' watchdogs stay silent: this line says why the job ended
         sys.stderr.write(f"error: rank {rank} died: {cause}; the other ranks are stopped\n")
         sys.stderr.flush()
         os._exit(1)
@@ -530,6 +596,7 @@ def _fail_together(control: _Control, error: MPIRunError, reporter: int, everyon
     """Raise ``error`` on the reporter; end the other ranks quietly once it has been printed."""
     if reporter == control.rank:
         atexit.register(_release, control, everyone)
+        _claim_job_report()  # this rank's line says why the job ends: the watchdogs stay silent
         raise error
     _await_release(control, reporter, everyone, error.exit_code)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -539,6 +606,7 @@ def _interrupted(rank: int) -> None:
     """Ctrl-C (mpiexec forwards it to every rank): no status round, every rank stops now; rank 0 re-raises
     (the CLI prints ``interrupted``), the others leave quietly."""
     if rank == 0:
+        _claim_job_report()
         raise KeyboardInterrupt
     sys.stdout.flush()
     sys.stderr.flush()

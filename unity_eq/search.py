@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,7 +44,8 @@ from unity_eq.cost import Cost, CostModel, GroupTopology, Machine
 from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, encode, parse_serialized, saturate
 from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.extract import Extraction, Extractor, Restriction
-from unity_eq.ir import Graph, Mesh
+from unity_eq.files import raise_if_stopped
+from unity_eq.ir import Graph, Mesh, machine_order
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
 from unity_eq.profile import ProfileTable
@@ -67,9 +67,12 @@ Say = Callable[[str], None]
 
 
 def _factorizations(n: int, max_axes: int) -> list[tuple[int, ...]]:
-    """Ordered factorizations of n into 1..max_axes factors, each at least 2 (n itself when n < 2)."""
+    """Ordered factorizations of n into 1..max_axes factors, each at least 2 (n itself when n < 2).
+
+    Walks n's divisors (at most a few hundred below 2**20), not every integer up to n."""
     if n < 2:
         return [(max(n, 1),)]
+    divisors = _divisors(n)
     found: list[tuple[int, ...]] = []
 
     def rec(rest: int, prefix: tuple[int, ...]) -> None:
@@ -79,12 +82,20 @@ def _factorizations(n: int, max_axes: int) -> list[tuple[int, ...]]:
             return
         if len(prefix) == max_axes:
             return
-        for f in range(2, rest + 1):
-            if rest % f == 0:
+        for f in divisors:
+            if f > rest:
+                break
+            if f >= 2 and rest % f == 0:
                 rec(rest // f, (*prefix, f))
 
     rec(n, ())
     return sorted(found, key=lambda sizes: (len(sizes), sizes))
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n in increasing order."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def axis_info(model: CostModel, axis: str) -> dict[str, Any]:
@@ -108,21 +119,19 @@ def _mesh_key(model: CostModel) -> tuple[Any, ...]:
 
 
 def _misaligned(model: CostModel) -> str | None:
-    machine, mesh = model.machine, model.mesh
-    for axis in mesh.axes:
+    for axis in model.mesh.axes:
         tops: set[GroupTopology] = set(model.group_topologies(axis))
         if len({(t.k, t.m) for t in tops}) > 1:
             return f"axis {axis}'s groups sit differently on the nodes"
-        for group in mesh.groups(axis):
-            counts = Counter(machine.node_of[mesh.devices[r]] for r in group)
-            if len(set(counts.values())) > 1:
-                return f"axis {axis} holds an unequal number of ranks on its nodes"
+        if model.uneven_groups(axis):
+            return f"axis {axis} holds an unequal number of ranks on its nodes"
     return None
 
 
 def _usable_sizes(graph: Graph) -> set[int]:
+    """Every axis size that divides some tensor dimension (the divisors ≥ 2 of the dimensions)."""
     dims = {d for t in graph.types.values() for d in t.shape if d > 1}
-    return {n for n in range(2, max(dims, default=1) + 1) if any(d % n == 0 for d in dims)}
+    return {n for d in dims for n in _divisors(d) if n >= 2}
 
 
 @dataclass
@@ -188,7 +197,7 @@ def candidate_meshes(
     trials: list[MeshTrial] = []
     seen: dict[tuple[Any, ...], str] = {}
     for sizes in _factorizations(n, max_axes):
-        mesh = Mesh(AXIS_NAMES[: len(sizes)], sizes, tuple(range(n)))
+        mesh = Mesh(AXIS_NAMES[: len(sizes)], sizes, machine_order(n))
         model = CostModel(machine, mesh, objective)
         trial = MeshTrial(mesh, [axis_info(model, a) for a in mesh.axes])
         trials.append(trial)
@@ -503,6 +512,7 @@ class _Runner:
                 self._extract(trial)
 
     def _saturate(self, trial: MeshTrial) -> tuple[Encoding, SaturationResult, float]:
+        raise_if_stopped()  # SIGTERM/SIGINT: the meshes still queued are not started
         start = time.perf_counter()
         if self.split is not None:
             self.say(f"mesh {trial.label}: saturating {len(self.split.distinct)} distinct pieces")

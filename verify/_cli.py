@@ -116,7 +116,12 @@ def run(
         if json_path == "-":
             sys.stdout.write(text + "\n")
         else:
-            Path(json_path).write_text(text + "\n")
+            try:
+                Path(json_path).write_text(text + "\n")
+            except OSError as exc:
+                from unity_eq.errors import OptionError
+
+                raise OptionError(f"`--json` {json_path}: cannot write ({exc.strerror or exc}).") from None
     if report.errors:
         return 2
     return 0 if report.ok else 1

@@ -34,7 +34,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
@@ -61,6 +60,7 @@ from unity_eq.verify._prune import Pruner
 from unity_eq.verify._verify import Options, _decide_rule
 
 from unity_eq.errors import OptionError
+from unity_eq.files import worker_pool
 from unity_eq.rulesets import BASE_FILES, HAND_WRITTEN_RULE_FILES, rules_dir
 
 __all__ = ["GenerateReport", "GeneratedRule", "check_ops", "generate_rules", "render_report"]
@@ -495,7 +495,7 @@ def _prove_all(
         return out
     _base()  # parsed once here, inherited by forked workers
     method = "fork" if "fork" in get_all_start_methods() and threading.active_count() == 1 else "spawn"
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context(method)) as pool:
+    with worker_pool(workers, get_context(method)) as pool:  # an interrupt stops the workers at once
         futures = [pool.submit(_prove, (job, options)) for job in jobs]
         results = []
         for future in futures:

@@ -23,7 +23,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
@@ -43,6 +42,7 @@ from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._parse import Program, RuleSource, parse_program
 
 from unity_eq.errors import RuleError
+from unity_eq.files import worker_pool
 from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 
 __all__ = [
@@ -357,7 +357,7 @@ def verify_program(
     results: dict[int, RuleReport] = {}
     # fork is cheap (no re-import) and safe while this process runs no other thread; spawn otherwise
     method = "fork" if "fork" in get_all_start_methods() and threading.active_count() == 1 else "spawn"
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context(method)) as pool:
+    with worker_pool(jobs, get_context(method)) as pool:  # an interrupt stops the workers at once
         futures = [
             (bucket, pool.submit(_worker, ([rules[i] for i in bucket], program, options)))
             for bucket in buckets
@@ -383,6 +383,10 @@ def verify_rules(
     report = Report(analyses=0, files=sorted(targets), errors=list(program.errors))
     chosen = [r for r in program.rules if r.file in targets]
     report.analyses = sum(1 for a in program.analyses if a.pos.file in targets)
+    if not chosen and not report.analyses and not program.errors and paths:
+        report.errors.append(
+            f"nothing to verify: no rewrite, rule or analysis declaration in {', '.join(sorted(targets))}."
+        )
     if names:
         wanted = set(names)
         chosen = [r for r in program.rules if r.name in wanted]

@@ -1,0 +1,336 @@
+"""The files unity-eq writes, made safe to stop at any moment.
+
+* **Outputs are checked before the work** (:func:`check_output_file`, :func:`check_output_dir`): a path that
+  cannot be written is an error before a search of minutes, not a traceback after it. The check creates and
+  removes a probe file in the nearest existing folder, because permission bits do not tell (``/proc`` looks
+  writable to root).
+* **A plan replaces only its own files** (:func:`replace_plan_files`): re-optimizing into a plan folder keeps
+  the user's notes and ``out.npz``, and the folder's permissions. The plan is still replaced atomically: the
+  new folder is built aside (the user's files hard-linked into it) and swapped in by rename.
+* **Temporary folders record their owner** (:func:`owned_tempdir`, :func:`sweep_stale`): their names carry the
+  pid of the process that made them, so a later run removes those of runs that died (SIGKILL, power loss)
+  and never those of a live one.
+* **SIGTERM and SIGINT unwind** (:func:`install_signal_handlers`): both raise :class:`Interrupted` in the main
+  thread, so every ``finally`` and context manager removes its temporary files, and :func:`stop_requested`
+  tells worker threads to stop their engine processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from unity_eq.errors import OptionError, PlanError
+
+__all__ = [
+    "Interrupted",
+    "check_output_dir",
+    "check_output_file",
+    "check_output_folder",
+    "die_with_parent",
+    "install_signal_handlers",
+    "is_plan_file",
+    "owned_tempdir",
+    "owner_tag",
+    "raise_if_stopped",
+    "replace_plan_files",
+    "stop_requested",
+    "sweep_stale",
+    "worker_pool",
+]
+
+JOB_PREFIX = "unity-eq-"  # the engine's job folders in the system temp folder
+_OWNER = re.compile(r"-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-")
+_PLAN_FILE = re.compile(r"device_\d+\.onnx(\.data)?")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Signals
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; ``signum`` says which. A KeyboardInterrupt, so code that already cleans up
+    after Ctrl-C does the same after SIGTERM, and ``except Exception`` never swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_stop = threading.Event()
+_received: list[int] = []
+
+
+def install_signal_handlers() -> None:
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread and ask worker threads to stop."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        _stop.set()
+        first = not _received
+        _received.append(signum)
+        if first:  # a second signal while cleaning up must not interrupt the clean-up
+            raise Interrupted(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def received_signal() -> int | None:
+    """The first signal that interrupted this process, if any."""
+    return _received[0] if _received else None
+
+
+def stop_requested() -> bool:
+    """Whether a signal asked the process to stop (worker threads poll this)."""
+    return _stop.is_set()
+
+
+def raise_if_stopped() -> None:
+    """For worker threads: raise :class:`Interrupted` once a signal arrived."""
+    if _stop.is_set():
+        raise Interrupted(_received[0] if _received else signal.SIGINT)
+
+
+def die_with_parent(parent: int | None) -> None:
+    """In a worker process: be killed (SIGKILL) when ``parent`` dies, so a unity-eq killed with SIGKILL leaves
+    no engine running on (Linux; elsewhere a no-op). Exits at once when the parent is already gone."""
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _worker_signals() -> None:
+    """In a pool's worker process: Ctrl-C is the parent's to handle (it reaches the whole process group), and
+    SIGTERM ends the worker at once, without a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def worker_pool(max_workers: int, mp_context: Any) -> Iterator[ProcessPoolExecutor]:
+    """A ProcessPoolExecutor that an interrupt (or any error) stops at once: its workers are killed and its
+    queued work dropped, where leaving ``with ProcessPoolExecutor`` would wait for all of it."""
+    pool = ProcessPoolExecutor(max_workers=max_workers, mp_context=mp_context, initializer=_worker_signals)
+    try:
+        yield pool
+    except BaseException:
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError, ValueError):
+                process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Output checks
+
+
+def _probe(folder: Path, what: str) -> None:
+    """Create and remove a file in ``folder``: the only sure test that we may write there."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".unity-eq-probe-", dir=folder)
+    except OSError as exc:
+        raise OptionError(f"{what}: cannot write in {folder} ({exc.strerror or exc}). Pass another path.") from None
+    os.close(fd)
+    Path(name).unlink()
+
+
+def _nearest_existing(path: Path, what: str) -> Path:
+    """The nearest existing ancestor of ``path``; it must be a folder (``file/sub`` is refused here)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OptionError(f"{what}: {parent} is a file, not a folder. Pass another path.")
+            return parent
+    raise OptionError(f"{what}: no folder of {path} exists.")  # pragma: no cover - / always exists
+
+
+def check_output_file(path: Path, what: str, *, make_parents: bool = False) -> None:
+    """Refuse, before any work, a file output that cannot be written: a folder, a parent that is a file or
+    (unless ``make_parents``) missing, or a folder we may not write in. ``what`` names the option."""
+    if path.is_dir():
+        raise OptionError(f"{what} {path}: is a folder; pass a file name such as {path / 'out'}.")
+    parent = path.absolute().parent
+    if parent.is_dir():
+        _probe(parent, f"{what} {path}")
+        return
+    if parent.exists():
+        raise OptionError(f"{what} {path}: {parent} is a file, not a folder. Pass another path.")
+    if not make_parents:
+        raise OptionError(f"{what} {path}: expected a file in an existing directory; {parent} does not exist.")
+    _probe(_nearest_existing(path, f"{what} {path}"), f"{what} {path}")
+
+
+def check_output_folder(target: Path, what: str) -> None:
+    """Refuse, before any work, a folder output that cannot be written (a file, under a file, not writable)."""
+    if target.exists() and not target.is_dir():
+        raise OptionError(f"{what} {target}: is a file; pass a folder.")
+    _probe(target if target.is_dir() else _nearest_existing(target, f"{what} {target}"), f"{what} {target}")
+
+
+def check_output_dir(target: Path, what: str = "`-o`") -> None:
+    """Refuse, before any work, a plan folder we must not or cannot write: a file, a non-empty folder that is
+    not a plan, a path under a file, a place we may not write in."""
+    if target.exists() and not target.is_dir():
+        raise PlanError(f"{target}: output path is a file. Pass a directory to {what}.")
+    if target.is_dir():
+        if any(target.iterdir()) and not (target / "plan.json").exists():
+            raise PlanError(
+                f"{target}: directory is not empty and holds no plan.json; refusing to overwrite it. "
+                f"Pass another {what}."
+            )
+        _probe(target, f"{what} {target}")
+    folder = _nearest_existing(target, f"{what} {target}")
+    _probe(folder, f"{what} {target}")  # the plan is built beside the target, then renamed
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Temporary folders with an owner
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """``<host>-<pid>-``: the part of a temporary name that says which process owns it."""
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+    return f"{host}-{os.getpid() if pid is None else pid}-"
+
+
+def _owner_tag() -> str:
+    return owner_tag()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_stale(folder: Path, prefix: str) -> list[Path]:
+    """Remove the folders ``prefix<host>-<pid>-*`` in ``folder`` left by dead runs on this host: the pid is
+    gone. A live pid (even reused by another program) keeps its folder. Returns what was removed."""
+    host = _owner_tag().rsplit("-", 2)[0]
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        match = _OWNER.match(entry.name[len(prefix) - 1 :])
+        if match is None or match["host"] != host or _alive(int(match["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+                removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def owned_tempdir(prefix: str = JOB_PREFIX, folder: Path | None = None) -> Iterator[Path]:
+    """A temporary folder ``prefix<host>-<pid>-XXXX`` removed on exit (also on SIGTERM, through
+    :class:`Interrupted`); stale ones of dead runs in the same folder are swept first."""
+    where = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    sweep_stale(where, prefix)
+    path = Path(tempfile.mkdtemp(prefix=prefix + _owner_tag(), dir=where))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Replacing a plan's files
+
+
+def is_plan_file(name: str) -> bool:
+    """Whether a file name in a plan folder belongs to the plan (``plan.json``, ``device_<r>.onnx[.data]``)."""
+    return name == "plan.json" or _PLAN_FILE.fullmatch(name) is not None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Put the user's entry ``src`` at ``dst`` without copying bytes when the filesystem allows."""
+    if src.is_symlink():
+        dst.symlink_to(src.readlink())
+    elif src.is_dir():
+        dst.mkdir()
+        shutil.copystat(src, dst)
+        for child in src.iterdir():
+            _link_or_copy(child, dst / child.name)
+    else:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+
+def replace_plan_files(new: Path, target: Path) -> None:
+    """Make ``target`` hold the plan built in ``new`` (a sibling folder) and the user's other files.
+
+    The plan's files (:func:`is_plan_file`) of an earlier plan go; every other entry of ``target`` stays, with
+    the folder's permissions. Files get the permissions the umask gives (onnx writes external data 0600).
+    Atomic as far as a filesystem allows: ``new`` is completed aside, then two renames swap it in, and a
+    failure between them puts the old folder back."""
+    mask = _umask()
+    for path in new.iterdir():
+        path.chmod(0o666 & ~mask)
+    if not target.exists():
+        new.chmod(0o777 & ~mask)
+        new.replace(target)
+        return
+    shutil.copystat(target, new)
+    for entry in target.iterdir():
+        if not is_plan_file(entry.name):
+            _link_or_copy(entry, new / entry.name)
+    backup = target.with_name(f".{target.name}.old-{_owner_tag()}swap")
+    target.replace(backup)
+    try:
+        new.replace(target)
+    except BaseException:
+        backup.replace(target)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def plan_tempdir(target: Path) -> Path:
+    """The folder a plan is built in beside ``target``: ``.NAME.tmp-<host>-<pid>-XXXX`` (swept when its
+    run is dead, see :func:`sweep_stale`)."""
+    prefix = f".{target.name}.tmp-"
+    sweep_stale(target.parent, prefix)
+    sweep_stale(target.parent, f".{target.name}.old-")
+    return Path(tempfile.mkdtemp(prefix=prefix + _owner_tag(), dir=target.parent))
+
+
+def file_mode(path: Path) -> int:
+    """Permission bits of ``path`` (for tests and messages)."""
+    return stat.S_IMODE(path.stat().st_mode)
