@@ -22,7 +22,7 @@ typed graph inputs). That keeps models over protobuf's 2 GB limit working and th
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,9 +139,51 @@ def _read_model(path: Path, where: str) -> tuple[onnx.ModelProto, dict[str, np.n
         raise ModelError(
             f"{where}: not an ONNX model (no graph or opset found). Pass a model saved with `onnx.save`."
         )
+    _check_external_locations(model, path.parent, where)
     uses_external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
     external = _map_external_data(model, path, where) if uses_external else {}
     return model, external
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor a graph stores: initializers, sparse initializers, and node attributes, subgraphs too."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield attr.sparse_tensor.values
+                yield attr.sparse_tensor.indices
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensors(sub)
+
+
+def _check_external_locations(model: onnx.ModelProto, base: Path, where: str) -> None:
+    """Refuse external data that lies outside the model's folder, as onnx and onnxruntime do.
+
+    A location is a path relative to the model's folder; an absolute path, a ``..`` that climbs out, or a
+    symlink that resolves outside would let a model file make unity-eq read (and copy into a plan) any file
+    the user can read.
+    """
+    root = base.resolve()
+    for t in _all_tensors(model.graph):
+        if not external_data_helper.uses_external_data(t):
+            continue
+        location = external_data_helper.ExternalDataInfo(t).location
+        resolved = (root / location).resolve()
+        if Path(location).is_absolute() or not location or not resolved.is_relative_to(root):
+            raise ModelError(
+                f"{where}: external tensor {t.name!r} points outside the model's folder ({location!r} is "
+                f"{resolved}, not inside {root}). External data must be a relative path inside the model's "
+                "folder; move the weight file next to the model and re-save it."
+            )
 
 
 def _check(work: _Work, where: str) -> None:

@@ -289,6 +289,55 @@ def test_external_data(tmp_path: Path) -> None:
         load_onnx(path)
 
 
+def _matmul_model_with_external_weight(folder: Path, location: str) -> Path:
+    """A MatMul model whose weight ``w`` is stored at ``location`` (as written in the model, not checked)."""
+    weight = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    weight.ClearField("raw_data")
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(4 * 4 * 4))):
+        weight.external_data.add(key=key, value=value)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])],
+        [weight],
+    )
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(body, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["relative", "absolute", "symlink", "constant"])
+def test_external_data_outside_the_model_folder_is_refused(tmp_path: Path, kind: str) -> None:
+    """A model may not make unity-eq read (and copy into a plan) a file outside its folder."""
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.arange(16, dtype=np.float32).tobytes())
+    folder = tmp_path / "models" / "m"
+    folder.mkdir(parents=True)
+    if kind == "symlink":
+        (folder / "w.bin").symlink_to(secret)
+        location = "w.bin"
+    else:
+        location = {"relative": "../../secret.bin", "absolute": str(secret), "constant": "../../secret.bin"}[kind]
+    path = _matmul_model_with_external_weight(folder, location)
+    if kind == "constant":  # the same location on a Constant node's value instead of an initializer
+        model = onnx.load(path, load_external_data=False)
+        weight = model.graph.initializer.pop()
+        model.graph.node.insert(0, helper.make_node("Constant", [], ["w"], value=weight))
+        onnx.save(model, path)
+    with pytest.raises(ModelError, match=r"'w' points outside the model's folder") as error:
+        load_onnx(path)
+    assert "\n" not in str(error.value)
+
+
+def test_external_data_in_a_subfolder_of_the_model_folder_loads(tmp_path: Path) -> None:
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "w.bin").write_bytes(np.eye(4, dtype=np.float32).tobytes())
+    path = _matmul_model_with_external_weight(tmp_path, "weights/w.bin")
+    np.testing.assert_array_equal(load_onnx(path).initializers["w"], np.eye(4, dtype=np.float32))
+
+
 def test_old_opset_is_upgraded(tmp_path: Path) -> None:
     path = write_model(
         tmp_path,
