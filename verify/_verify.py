@@ -56,13 +56,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Options:
-    """How hard to try. ``budget``: cases checked per rule beyond one per guard binding; ``timeout_ms``: z3
-    per case; ``jobs``: worker processes (0: one per CPU)."""
+    """How hard to try. ``budget``: at most this many bounded cases per rule (``None``: every case of the
+    ranges, the only setting that proves; a budget that stops early makes the rule ``partial``);
+    ``timeout_ms``: z3 per case; ``jobs``: worker processes (0: one per CPU)."""
 
     generic: bool = True
     bounded: bool = True
     numeric: bool = True
-    budget: int = 64
+    budget: int | None = None
     sizes: tuple[int, ...] = (1, 2, 3, 4)
     timeout_ms: int = 2000
     generic_timeout_ms: int = 500
@@ -77,7 +78,7 @@ class RuleReport:
     name: str
     file: str
     line: int
-    status: str  # proven | refuted | unknown
+    status: str  # proven | refuted | partial | unknown
     kind: str  # generic | bounded | numeric | none
     seconds: float
     generic: GenericResult | None = None
@@ -89,7 +90,7 @@ class RuleReport:
 
     @property
     def ok(self) -> bool:
-        return self.status == "proven" or (self.status == "unknown" and bool(self.annotation))
+        return self.status == "proven" or (self.status in ("unknown", "partial") and bool(self.annotation))
 
     @property
     def counterexample(self) -> Counterexample | None:
@@ -176,6 +177,7 @@ class Report:
                 "proven": self.count("proven"),
                 "proven_by_kind": kinds,
                 "refuted": self.count("refuted"),
+                "partial": self.count("partial"),
                 "unknown": self.count("unknown"),
                 "analysis_declarations": self.analyses,
                 "seconds": round(self.seconds, 3),
@@ -286,6 +288,8 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
         report.status, report.kind = "proven", "generic"
     elif bounded and bounded.status == "proven":
         report.status, report.kind = "proven", "bounded"
+    elif bounded and bounded.status == "partial":
+        report.status, report.kind, report.message = "partial", "bounded", bounded.reason
     else:
         report.kind = "numeric" if numeric and numeric.status == "passed" else "none"
         reasons = [r for r in (bounded.reason if bounded else "", generic.reason if generic else "") if r]
@@ -308,7 +312,7 @@ def _decide_rule(
     if rule.bidirectional:
         back = _decide(rule.reversed(), facts, options, cache)
         back.name, back.direction = rule.name, "right to left"
-        order = {"refuted": 0, "unknown": 1, "proven": 2}
+        order = {"refuted": 0, "unknown": 1, "partial": 2, "proven": 3}
         if order[back.status] < order[report.status]:
             back.seconds += report.seconds
             return back
