@@ -332,7 +332,9 @@ def verify(
     rule: list[str] = typer.Option([], "--rule", "-r", help="Verify only this rule (repeatable)."),
     json_path: str = typer.Option(None, "--json", help="Write a JSON report to this file (`-` for stdout)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (default: one per CPU)."),
-    budget: int = typer.Option(0, "--budget", help="At most this many cases per rule (0: every case; early stop is `partial`)."),
+    budget: int = typer.Option(
+        0, "--budget", help="At most this many cases per rule (0: every case; stopping early is `partial`)."
+    ),
     timeout: int = typer.Option(2000, "--timeout", help="z3 timeout per case, in milliseconds."),
     no_generic: bool = typer.Option(False, "--no-generic", help="Skip the shape-generic proofs."),
     no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up."),
