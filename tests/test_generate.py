@@ -233,3 +233,17 @@ def test_default_rules_keep_the_split_models_right(tmp_path: Path, kind: str) ->
     # `check` in a child process: an onnxruntime crash must fail this test, not end the test run
     proc = run_cli("check", str(model), str(tmp_path / "plan"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_unsound_generated_rules_of_issue_12_are_refuted() -> None:
+    """The 19 generated rules the budgeted check once reported proven (dropped Transposes and Relus,
+    sides of different shapes under broadcasting…) are each refuted by the exhaustive bounded check, with a
+    counterexample; none of them ships any more."""
+    path = Path(__file__).parent / "data" / "issue12-unsound-generated.egg"
+    result = verify_rules([path], options=Options(jobs=1, generic=False, numeric=False))
+    assert len(result.rules) == 19 and not result.errors
+    for r in result.rules:
+        assert r.status == "refuted" and r.counterexample is not None, (r.name, r.status, r.message)
+    files = [*BASE_FILES, *HAND_WRITTEN_RULE_FILES, *GENERATED_RULE_FILES]
+    shipped = {r.name for r in parse_program([], [RuleSource(n, (rules_dir() / n).read_text()) for n in files]).rules}
+    assert not {r.name.removeprefix("issue12-") for r in result.rules} & shipped

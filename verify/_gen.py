@@ -11,8 +11,8 @@ set (the numeric back-up, which only wants a few large cases, samples rank 3-4 f
   each position (rank <= 3; at rank 4 the dims are ``rank4_dims``, 1, 2 and 4);
 * MatMul: every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every broadcast pattern (rank-4
   pairs: m, k, n and batch dims in ``rank4_dims``);
-* Concat: 1-3 operands, every axis, every size of every operand along it; Split: every composition of the
-  dim into 1-3 parts; Transpose: every permutation.
+* Concat (rank 1-4): 1-2 operands (3 up to rank 2), every axis, every size of every operand along it;
+  Split (rank 1-4): every composition of the dim into 1-3 parts; Transpose (rank 1-4): every permutation.
 
 ``SYMBOLIC`` stands for a float attribute (alpha, epsilon…): it is a free symbol in the proof.
 """
@@ -449,7 +449,7 @@ def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out = []
-    for shape in _other(cfg):
+    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
         for perm in itertools.permutations(range(len(shape))):
             inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, perm=perm))
             if inst:
@@ -460,12 +460,12 @@ def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 def _concat(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it."""
     out: list[Instance] = []
-    for shape in _other(cfg):
+    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
             if shape[axis] != cfg.dims[0]:
                 continue  # the other dims range over every shape; the axis dim is each operand's own
             for count in (1, 2, 3) if len(shape) <= 2 else (1, 2):
-                for sizes in itertools.product(cfg.dims, repeat=count):
+                for sizes in itertools.product(_rank_dims(cfg, len(shape)), repeat=count):
                     items = [VarSpec((*shape[:axis], n, *shape[axis + 1 :])) for n in sizes]
                     inst = _make(spec, {"inputs": items}, _attrs(spec, axis=axis))
                     if inst:
@@ -481,7 +481,7 @@ def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
 
 def _split(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    for i, shape in enumerate(_other(cfg)):
+    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
         for axis in range(len(shape)):
             options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
             for j, sizes in enumerate(options):
