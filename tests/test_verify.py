@@ -531,3 +531,19 @@ def test_a_filter_number_used_outside_the_filter_is_a_load_error(tmp_path: Path)
         '(rule ((= r0 (Split a s k i)) (merge-operand a lo hi)) ((union r0 (Split a s k lo))) :name "leak")\n',
     )
     assert any("lo" in e and "applicability filter" in e for e in errors), errors
+
+
+def test_a_proof_with_uninterpreted_functions_serves_its_instances_only(tmp_path: Path) -> None:
+    """pow-split proves add-split (Pow is an uninterpreted function: the rule holds for every function, so
+    for +); a rule that needs a property of Add (commutativity) is refuted for Pow and proven on its own."""
+    text = """
+(rewrite (Pow a b) (Pow b a) :ruleset algebra :name "pow-comm")
+(rewrite (Add a b) (Add b a) :ruleset algebra :name "add-comm")
+(rewrite (Pow (Relu a) (Relu b)) (Relu (Pow a b)) :ruleset algebra :name "pow-relu-wrong")
+(rewrite (Add (Relu a) (Relu b)) (Relu (Add a b)) :ruleset algebra :name "add-relu-wrong")
+"""
+    report = verify_text(tmp_path, text, generic=False, numeric=False)
+    by = {r.name: r for r in report.rules}
+    assert by["pow-comm"].status == "refuted" and by["add-comm"].status == "proven"
+    assert by["add-comm"].bounded is not None and "instance" not in by["add-comm"].bounded.reason
+    assert by["pow-relu-wrong"].status == "refuted" and by["add-relu-wrong"].status == "refuted"
