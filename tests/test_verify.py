@@ -547,3 +547,19 @@ def test_a_proof_with_uninterpreted_functions_serves_its_instances_only(tmp_path
     assert by["pow-comm"].status == "refuted" and by["add-comm"].status == "proven"
     assert by["add-comm"].bounded is not None and "instance" not in by["add-comm"].bounded.reason
     assert by["pow-relu-wrong"].status == "refuted" and by["add-relu-wrong"].status == "refuted"
+
+
+def test_a_budget_that_stops_early_is_partial_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bounded check cut off by `--budget` is not a proof: `partial`, exit 1, unless a reviewer annotated
+    the rule; without a budget the same rule is proven on every case."""
+    rule = '(rewrite (Relu (Transpose a p)) (Transpose (Relu a) p) :ruleset algebra :name "relu-transpose")\n'
+    path = write(tmp_path, rule)
+    assert cli_main(["verify", str(path), "--jobs", "1", "--budget", "5", "--no-generic", "--no-numeric"]) == 1
+    assert "partial" in capsys.readouterr().out
+    report = verify_text(tmp_path, rule, generic=False, numeric=False)
+    (r,) = report.rules
+    assert r.status == "proven" and r.bounded is not None and r.bounded.checked == r.bounded.enumerated > 5
+    write(tmp_path, "; verify: unknown-ok reviewed: cut short on purpose\n" + rule, "annotated.egg")
+    args = ["verify", str(tmp_path / "annotated.egg"), "--jobs", "1", "--budget", "5", "--no-generic", "--no-numeric"]
+    assert cli_main(args) == 0
+    assert "partial*" in capsys.readouterr().out
