@@ -365,7 +365,9 @@ def verify(
     rule: list[str] = typer.Option([], "--rule", "-r", help="Verify only this rule (repeatable)."),
     json_path: str = typer.Option(None, "--json", help="Write a JSON report to this file (`-` for stdout)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (default: one per CPU)."),
-    budget: int = typer.Option(64, "--budget", help="Cases z3 checks per rule (every guard binding once)."),
+    budget: int = typer.Option(
+        0, "--budget", help="At most this many cases per rule (0: every case; stopping early is `partial`)."
+    ),
     timeout: int = typer.Option(2000, "--timeout", help="z3 timeout per case, in milliseconds."),
     no_generic: bool = typer.Option(False, "--no-generic", help="Skip the shape-generic proofs."),
     no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up."),
@@ -375,7 +377,9 @@ def verify(
     from unity_eq.verify import Options
     from unity_eq.verify._cli import run as run_verify
 
-    options = Options(generic=not no_generic, numeric=not no_numeric, budget=budget, timeout_ms=timeout, jobs=jobs)
+    options = Options(
+        generic=not no_generic, numeric=not no_numeric, budget=budget or None, timeout_ms=timeout, jobs=jobs
+    )
     if json_path and json_path != "-":
         check_output_file(Path(json_path), "`--json`")
     code = run_verify(paths or None, rule, options, json_path, quiet, out)

@@ -132,7 +132,10 @@ class Counterexample:
 
 @dataclass
 class BoundedResult:
-    status: str  # proven | refuted | unknown
+    """``partial``: every case checked holds but a budget stopped the check before the last one (not a
+    proof)."""
+
+    status: str  # proven | refuted | unknown | partial
     enumerated: int = 0
     classes: int = 0
     checked: int = 0
@@ -223,6 +226,17 @@ def _feasible(pl: Placements, specs: dict[str, Any], lists: dict[str, Any], mesh
     return True
 
 
+def _identity(case: Case) -> Any:
+    """Two enumerated cases with equal identities are the same case (the same shapes, values and placements
+    reached along two paths of the generator): checking one checks both."""
+    return (
+        case.mesh.axes,
+        case.mesh.sizes,
+        tuple(sorted((k, repr(v)) for k, v in case.binding.items())),
+        tuple(sorted((k, repr(v)) for k, v in case.placed.items())),
+    )
+
+
 @dataclass
 class Enumeration:
     cases: list[Case]
@@ -278,10 +292,11 @@ def enumerate_cases(
     facts: DerivedFacts,
     cfg: GenConfig = GenConfig(),
     sizes: Sequence[int] = (1, 2, 3, 4),
-    budget: int = 64,
+    budget: int | None = None,
     placement_cases: bool = True,
 ) -> Enumeration:
-    """The cases to check: one per signature, smallest first, at most ``budget`` (see module docstring).
+    """The cases to check. ``budget=None`` (a proof): every distinct case, smallest first. A number (the
+    numeric back-up's sample): one per signature, at most ``budget`` (see module docstring).
     ``placement_cases``: every value of a placement dim variable is a signature of its own (the proof needs
     them; the numeric back-up, which wants the largest cases, does not)."""
     sorts = rule.var_sorts
@@ -302,6 +317,7 @@ def enumerate_cases(
     list_vars = [v for v, s in sorts.items() if s == "TList"]
     best: dict[Any, tuple[int, Case]] = {}
     primaries: dict[Any, list[Any]] = {}
+    every: dict[Any, Case] = {}
     enumerated = 0
     prepared: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
@@ -341,6 +357,9 @@ def enumerate_cases(
                     enumerated += 1
                     binding = {**solution, **specs, **lists}
                     case = Case(mesh, binding, dict(ctx.placed))
+                    if budget is None:
+                        every.setdefault(_identity(case), case)
+                        continue
                     primary, sig = _signature(case, sorts, guard_vars)
                     size = case.elements()
                     if sig not in best or size < best[sig][0]:
@@ -350,6 +369,10 @@ def enumerate_cases(
     except GuardError as exc:
         return Enumeration([], enumerated, 0, str(exc))
     chosen: list[Case] = []
+    if budget is None:
+        chosen = list(every.values())
+        chosen.sort(key=lambda c: (c.elements(), c.mesh.sizes))
+        return Enumeration(chosen, enumerated, len(chosen))
     if len(best) <= budget:
         chosen = [best[s][1] for s in best]
     else:
@@ -570,17 +593,18 @@ def prove_bounded(
     facts: DerivedFacts,
     cfg: GenConfig = GenConfig(),
     sizes: Sequence[int] = (1, 2, 3, 4),
-    budget: int = 64,
+    budget: int | None = None,
     timeout_ms: int = 2000,
     cache: dict[Any, Enumeration] | None = None,
 ) -> BoundedResult:
-    """Check every selected case; stop at the first counterexample. ``cache`` shares enumerations
-    between rules with the same structure."""
+    """Check every case of the ranges (``budget``: at most that many, and the result is then ``partial``
+    when cases were left); stop at the first counterexample. ``cache`` shares enumerations between rules
+    with the same structure."""
     start = time.perf_counter()
-    key = enumeration_key(rule, facts, cfg, tuple(sizes), budget) if cache is not None else None
+    key = enumeration_key(rule, facts, cfg, tuple(sizes)) if cache is not None else None
     enum = cache.get(key) if cache is not None else None
     if enum is None:
-        enum = enumerate_cases(rule, facts, cfg, sizes, budget)
+        enum = enumerate_cases(rule, facts, cfg, sizes, None)
         if cache is not None:
             cache[key] = enum
     result = BoundedResult("proven", enum.enumerated, enum.classes)
@@ -590,7 +614,8 @@ def prove_bounded(
         return result
     unknown = ""
     search = 0  # after a shape refutation, look a little further for input values that show it too
-    for case in enum.cases:
+    cases = enum.cases if budget is None else enum.cases[:budget]
+    for case in cases:
         if result.status == "refuted":
             search -= 1
             if search < 0:
@@ -616,6 +641,12 @@ def prove_bounded(
     if result.status == "proven":
         if unknown:
             result.status, result.reason = "unknown", unknown
+        elif len(cases) < len(enum.cases):
+            result.status = "partial"
+            result.reason = (
+                f"partial: the budget stopped the check after {len(cases)} of {len(enum.cases)} cases "
+                "(run without `--budget` for a proof)"
+            )
         elif result.checked == 0:
             result.status = "unknown"
             result.reason = (

@@ -21,7 +21,7 @@ from unity_eq.verify._verify import Options, Report, RuleReport, verify_rules
 
 __all__ = ["main", "render", "run"]
 
-_STYLE = {"proven": "green", "refuted": "bold red", "unknown": "yellow"}
+_STYLE = {"proven": "green", "refuted": "bold red", "partial": "yellow", "unknown": "yellow"}
 
 
 def _n(count: int, noun: str) -> str:
@@ -35,7 +35,8 @@ def _value(x: Any, limit: int = 300) -> str:
 
 def _details(r: RuleReport, out: Console) -> None:
     where = f"{r.file}:{r.line}"
-    label = r.status.upper() if r.status != "unknown" or not r.annotation else "UNKNOWN (accepted)"
+    accepted = r.status in ("unknown", "partial") and r.annotation
+    label = f"{r.status.upper()} (accepted)" if accepted else r.status.upper()
     direction = f", {r.direction}" if r.direction else ""
     out.print(f"[{_STYLE[r.status]}]{label}[/] [bold]{escape(r.name)}[/] ({escape(where)}{direction})")
     if r.annotation:
@@ -73,7 +74,7 @@ def render(report: Report, out: Console, quiet: bool = False) -> None:
         width = max(len(r.name) for r in report.rules)
         out.print(f"[bold]{'status':<9} {'proof':<8} {'time':>7}  {'rule':<{width}}  where[/bold]")
         for r in report.rules:
-            status = r.status if not (r.status == "unknown" and r.annotation) else "unknown*"
+            status = r.status if not (r.status in ("unknown", "partial") and r.annotation) else f"{r.status}*"
             name, where = escape(r.name), escape(f"{r.file}:{r.line}")
             style = _STYLE[r.status]
             out.print(f"[{style}]{status:<9}[/] {r.kind:<8} {r.seconds:>5.2f} s  {name:<{width}}  {where}")
@@ -91,7 +92,7 @@ def render(report: Report, out: Console, quiet: bool = False) -> None:
     proven = f"{report.count('proven')} proven" + (f" ({by_kind})" if by_kind else "")
     out.print(
         f"{verdict}: {_n(len(report.rules), 'rule')} in {_n(len(report.files), 'file')}: {proven}, "
-        f"{report.count('refuted')} refuted, {report.count('unknown')} unknown; "
+        f"{report.count('refuted')} refuted, {report.count('partial')} partial, {report.count('unknown')} unknown; "
         f"{report.analyses} analysis declarations (facts only, nothing to prove); "
         f"{report.seconds:.1f} s, median {report.median_seconds():.3f} s per rule"
     )
@@ -142,8 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--budget",
         type=int,
-        default=Options.budget,
-        help="cases z3 checks per rule (each guard binding at least once)",
+        default=0,
+        help="at most this many cases per rule (0: every case, the default; a budget that stops early "
+        "makes the rule partial, which fails)",
     )
     parser.add_argument("--timeout", type=int, default=Options.timeout_ms, help="z3 timeout per case, ms")
     parser.add_argument("--no-generic", action="store_true", help="skip shape-generic proofs")
@@ -153,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = Options(
         generic=not args.no_generic,
         numeric=not args.no_numeric,
-        budget=args.budget,
+        budget=args.budget or None,
         timeout_ms=args.timeout,
         jobs=args.jobs,
     )

@@ -1,11 +1,18 @@
 """Small instances of left-hand sides: shapes of the pattern variables and values of the attributes.
 
-Dims range over 1-4. Tensors of rank <= 2 take every shape; rank 3 and 4 take the 16 rows of an orthogonal
-array OA(16, 5, 4, 2) over {1, 2, 3, 4}, so every dim takes every value and every pair of dims every pair of
-values. Elementwise ops with broadcasting cover, at every output position, every combination of (size,
-which operands are full there, which are broadcast): strength-1 over those composite levels, with operands
-of full rank, one rank less, rank 0, or absent when optional. Each operator family has its generator below;
-the attribute values they try are listed there. Instances are what the guards then filter.
+These instances *are* the ranges of a bounded proof (docs/verify.md, "Ranges"): the proof is exhaustive over
+them, so every generator below enumerates its range completely (no sampling) unless ``GenConfig.sample`` is
+set (the numeric back-up, which only wants a few large cases, samples rank 3-4 from an orthogonal array).
+
+* every dim of every tensor of a left-hand side (variables and intermediate results) is in ``dims`` (1-4);
+* free tensors (a variable no operator constrains) and unary/normalization operands: every shape of rank
+  0-4 (``max_rank``); other families (conv, pool, reshape, slice, gather, reduce…): rank <= ``other_rank``;
+* broadcasting ops: every output shape and every pattern of which operands are full, size 1 or missing at
+  each position (rank <= 3; at rank 4 the dims are ``rank4_dims``, 1, 2 and 4);
+* MatMul: every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every broadcast pattern (rank-4
+  pairs: m, k, n and batch dims in ``rank4_dims``);
+* Concat (rank 1-4): 1-2 operands (3 up to rank 2), every axis, every size of every operand along it;
+  Split (rank 1-4): every composition of the dim into 1-3 parts; Transpose (rank 1-4): every permutation.
 
 ``SYMBOLIC`` stands for a float attribute (alpha, epsilon…): it is a free symbol in the proof.
 """
@@ -31,12 +38,17 @@ NONE = "<none>"  # a wanted NoneT
 
 @dataclass(frozen=True)
 class GenConfig:
-    """``dims``: the sizes every dimension takes (4 values: OA levels); ``max_rank`` of free tensors;
-    ``stride``: keep every stride-th instance of each operator (the numeric back-up samples)."""
+    """``dims``: the sizes every dimension takes; ``max_rank`` of free tensors and of the elementwise, MatMul
+    and layout families; ``other_rank`` of the other families; ``rank4_dims``: the dims of rank-4 broadcast
+    and batched MatMul instances; ``sample``: rank 3-4 shapes from an orthogonal array (4 dims needed) and
+    every ``stride``-th instance (the numeric back-up; never a proof)."""
 
     dims: tuple[int, ...] = (1, 2, 3, 4)
-    max_rank: int = 3
+    max_rank: int = 4
+    other_rank: int = 3
+    rank4_dims: tuple[int, ...] = (1, 2, 4)
     stride: int = 1
+    sample: bool = False
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -62,9 +74,11 @@ def _oa16() -> tuple[tuple[int, ...], ...]:
 
 
 @cache
-def shapes_of_rank(rank: int, dims: tuple[int, ...] = (1, 2, 3, 4)) -> tuple[tuple[int, ...], ...]:
-    """Every shape of rank <= 2 over ``dims``; the OA(16) rows for ranks 3 to 5."""
-    if rank <= 2:
+def shapes_of_rank(
+    rank: int, dims: tuple[int, ...] = (1, 2, 3, 4), sample: bool = False
+) -> tuple[tuple[int, ...], ...]:
+    """Every shape of ``rank`` over ``dims``; with ``sample``, the OA(16) rows for ranks 3 to 5."""
+    if rank <= 2 or not sample:
         return tuple(itertools.product(dims, repeat=rank))
     assert len(dims) == 4 and rank <= 5
     return tuple(tuple(dims[row[i]] for i in range(rank)) for row in _oa16())
@@ -72,7 +86,17 @@ def shapes_of_rank(rank: int, dims: tuple[int, ...] = (1, 2, 3, 4)) -> tuple[tup
 
 def _pool(cfg: GenConfig, ranks: Sequence[int] | None = None) -> list[tuple[int, ...]]:
     ranks = range(cfg.max_rank + 1) if ranks is None else ranks
-    return [s for r in ranks for s in shapes_of_rank(r, cfg.dims)]
+    return [s for r in ranks for s in shapes_of_rank(r, _rank_dims(cfg, r), cfg.sample)]
+
+
+def _rank_dims(cfg: GenConfig, rank: int) -> tuple[int, ...]:
+    """The dims of tensors of ``rank``: ``dims`` up to rank 3, ``rank4_dims`` beyond."""
+    return cfg.dims if rank <= 3 or cfg.sample else cfg.rank4_dims
+
+
+def _other(cfg: GenConfig) -> list[tuple[int, ...]]:
+    """Shapes of rank 1 to ``other_rank`` (the families whose rules do not need rank 4)."""
+    return _pool(cfg, range(1, min(cfg.other_rank, cfg.max_rank) + 1))
 
 
 _LIST_POOL = [(2,), (4,), (1, 2), (2, 2), (4, 2)]
@@ -130,55 +154,94 @@ def _unary(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     return out
 
 
-def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    tensors = [a for a in spec.args if a.sort == "T"]
-    k = len(tensors)
-    levels = len(cfg.dims) * 2**k
-    out: list[Instance] = []
-    for r in range(cfg.max_rank + 1):
-        patterns: list[tuple[int | None, ...]] = [(r,) * k]
-        if r >= 1:
-            for i in range(k):
-                patterns.append(tuple(r - 1 if j == i else r for j in range(k)))
-                patterns.append(tuple(0 if j == i else r for j in range(k)))
-        for i, t in enumerate(tensors):
-            if t.optional:
-                patterns.append(tuple(None if j == i else r for j in range(k)))
-        if sum(t.optional for t in tensors) > 1:
-            patterns.append(tuple(None if t.optional else r for t in tensors))
-        runs = levels if r else 1
-        for pattern in patterns:
-            for run in range(runs):
-                dims, states = [], []
-                for p in range(r):
-                    lvl = (run + p * 5) % levels
-                    dims.append(cfg.dims[lvl % len(cfg.dims)])
-                    states.append(lvl // len(cfg.dims))
-                specs: dict[str, Any] = {}
-                for i, arg in enumerate(tensors):
-                    rank = pattern[i]
-                    if rank is None:
-                        specs[arg.name] = None
-                        continue
-                    shape = tuple(dims[p] if not (states[p] >> i) & 1 else 1 for p in range(r - rank, r))
-                    specs[arg.name] = VarSpec(shape)
-                inst = _make(spec, specs, _attrs(spec))
-                if inst:
-                    out.append(inst)
+def _broadcast_positions(k: int, dims: Sequence[int]) -> list[tuple[int, tuple[bool, ...]]]:
+    """Every (output size, which of the ``k`` operands are size 1 there) at one position: size 1 makes
+    every operand 1 (one pattern); a larger size any pattern that leaves one operand full."""
+    out: list[tuple[int, tuple[bool, ...]]] = []
+    for n in dims:
+        for ones in itertools.product((False, True), repeat=k):
+            if (n == 1 and any(ones)) or (n > 1 and all(ones)):
+                continue
+            out.append((n, ones))
     return out
 
 
-def _matmul(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    """Every output shape and, at every position, every pattern of full / size-1 operands; an operand may
+    also lack leading dims where it is size 1 (every rank deficit), and an optional one be absent."""
+    tensors = [a for a in spec.args if a.sort == "T"]
+    k = len(tensors)
     out: list[Instance] = []
-    d = cfg.dims
-    for ra, rb in itertools.product((1, 2, 3), repeat=2):
-        if (ra, rb) == (2, 2):
-            rows = [(m, k, n, 1, 0) for m, k, n in itertools.product(d, repeat=3)]
-        else:
-            rows = [(d[row[0]], d[row[1]], d[row[2]], d[row[3]], row[4]) for row in _oa16()]
-        for m, k, n, batch, state in rows:
-            a = (k,) if ra == 1 else (m, k) if ra == 2 else (batch if state & 1 == 0 else 1, m, k)
-            b = (k,) if rb == 1 else (k, n) if rb == 2 else (batch if state & 2 == 0 else 1, k, n)
+    for r in range(min(cfg.other_rank, cfg.max_rank) + 1):
+        dims = _broadcast_dims(cfg, r, k)
+        positions = _broadcast_positions(k, dims)
+        rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
+        if cfg.sample and r >= 3:
+            rows = rows[:: max(1, len(rows) // 32)]
+        for row in rows:
+            # how many leading dims each operand may lack: a prefix of positions where it is size 1
+            lack = []
+            for i in range(k):
+                j = 0
+                while j < r and (row[j][1][i] or row[j][0] == 1):
+                    j += 1
+                lack.append(j)
+            deficits = [range(lack[i] + 1) for i in range(k)]
+            for cut in itertools.product(*deficits):
+                for absent in _absent_options(tensors):
+                    specs: dict[str, Any] = {}
+                    for i, arg in enumerate(tensors):
+                        if i in absent:
+                            specs[arg.name] = None
+                            continue
+                        shape = tuple(1 if row[p][1][i] else row[p][0] for p in range(cut[i], r))
+                        specs[arg.name] = VarSpec(shape)
+                    inst = _make(spec, specs, _attrs(spec))
+                    if inst:
+                        out.append(inst)
+    return out
+
+
+def _broadcast_dims(cfg: GenConfig, rank: int, k: int) -> Sequence[int]:
+    """``dims`` up to rank 2; at rank 3 ``rank4_dims`` (two operands) or 1-2 (three: Where, Clip). Every
+    pattern of three operands at rank 3 over 1-4 is over 10^5 instances, and each nested operator multiplies
+    them."""
+    if cfg.sample or rank <= 2:
+        return cfg.dims
+    return cfg.rank4_dims if k <= 2 else cfg.dims[:2]
+
+
+def _absent_options(tensors: Sequence[Any]) -> list[frozenset[int]]:
+    """Which optional operands are absent: none, each alone, all together."""
+    optional = [i for i, t in enumerate(tensors) if t.optional]
+    options = [frozenset[int]()] + [frozenset([i]) for i in optional]
+    if len(optional) > 1:
+        options.append(frozenset(optional))
+    return options
+
+
+def _matmul(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    """Every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every pattern of which operand is
+    size 1 or lacks it (rank-4 pairs: dims ``rank4_dims``)."""
+    out: list[Instance] = []
+    top = max(2, min(4, cfg.max_rank))
+    for ra, rb in itertools.product(range(1, top + 1), repeat=2):
+        batch = max(ra, rb) - 2
+        dims = cfg.dims if max(ra, rb) <= 3 or cfg.sample else cfg.rank4_dims
+        mkn = list(itertools.product(dims, repeat=3))
+        positions = list(itertools.product(_broadcast_positions(2, dims), repeat=max(0, batch)))
+        if cfg.sample and max(ra, rb) >= 3:
+            mkn, positions = mkn[::7], positions[::5]
+        for (m, k, n), row in itertools.product(mkn, positions):
+            ba = [1 if ones[0] else size for size, ones in row][max(0, batch - (ra - 2)) :] if ra > 2 else []
+            bb = [1 if ones[1] else size for size, ones in row][max(0, batch - (rb - 2)) :] if rb > 2 else []
+            if ra > 2 and rb > 2 and ra != rb:
+                # the shorter operand lacks leading batch dims: only where the longer one is full
+                lacking = row[: batch - (min(ra, rb) - 2)]
+                if any(ones[0 if ra > rb else 1] for _size, ones in lacking):
+                    continue
+            a = (k,) if ra == 1 else (*ba, m, k)
+            b = (k,) if rb == 1 else (*bb, k, n)
             inst = _make(spec, {"A": VarSpec(a), "B": VarSpec(b)}, {})
             if inst:
                 out.append(inst)
@@ -208,7 +271,7 @@ def _gemm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _softmax(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out = []
-    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
+    for shape in _other(cfg):
         for axis in range(len(shape)):
             inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec, axis=axis))
             if inst:
@@ -218,7 +281,7 @@ def _softmax(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _layernorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out = []
-    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+    for i, shape in enumerate(_other(cfg)):
         for axis in range(len(shape)):
             norm = shape[axis:]
             bias = VarSpec(norm) if (i + axis) % 2 == 0 else None
@@ -348,13 +411,13 @@ def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ..
 
 def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    pool = _pool(cfg, range(1, cfg.max_rank + 1))
+    pool = _other(cfg)
     for i, shape in enumerate(pool):
         if spec.name == "Reshape":
             total = 1
             for n in shape:
                 total *= n
-            targets = [t for r in range(1, cfg.max_rank + 1) for t in _factorizations(total, r)]
+            targets = [t for r in range(1, cfg.other_rank + 1) for t in _factorizations(total, r)]
             targets = targets[i % 2 :: 2] if len(targets) > 8 else targets
             for target in targets:
                 inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, shape=target, allowzero=0))
@@ -395,25 +458,19 @@ def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 
 def _concat(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    """Lists of 1-3 tensors equal outside ``axis``; along it, the sizes are the shape's own (so every
-    element splits wherever the shape does) or a mix."""
+    """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it."""
     out: list[Instance] = []
-    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
-            other = cfg.dims[(i + axis) % len(cfg.dims)]
-            for sizes in (
-                (shape[axis],),
-                (shape[axis], shape[axis]),
-                (shape[axis], other),
-                (other, shape[axis], other),
-            ):
-                if len(sizes) == 3 and (i + axis) % 3:
-                    continue
-                items = [VarSpec((*shape[:axis], s, *shape[axis + 1 :])) for s in sizes]
-                inst = _make(spec, {"inputs": items}, _attrs(spec, axis=axis))
-                if inst:
-                    out.append(inst)
-    return out
+            if shape[axis] != cfg.dims[0]:
+                continue  # the other dims range over every shape; the axis dim is each operand's own
+            for count in (1, 2, 3) if len(shape) <= 2 else (1, 2):
+                for sizes in itertools.product(_rank_dims(cfg, len(shape)), repeat=count):
+                    items = [VarSpec((*shape[:axis], n, *shape[axis + 1 :])) for n in sizes]
+                    inst = _make(spec, {"inputs": items}, _attrs(spec, axis=axis))
+                    if inst:
+                        out.append(inst)
+    return out[:: 5 if cfg.sample else 1]
 
 
 def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
@@ -428,7 +485,7 @@ def _split(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
         for axis in range(len(shape)):
             options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
             for j, sizes in enumerate(options):
-                if len(options) > 3 and (i + j) % 2:
+                if cfg.sample and len(options) > 3 and (i + j) % 2:
                     continue
                 for index in range(len(sizes)):
                     inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, split=sizes, axis=axis), index)
@@ -439,7 +496,7 @@ def _split(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _slice(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+    for i, shape in enumerate(_other(cfg)):
         rank = len(shape)
         choices = [(a,) for a in range(rank)] + ([(0, rank - 1)] if rank > 1 else [])
         for j, axes in enumerate(choices):
@@ -460,9 +517,9 @@ def _slice(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    for i, shape in enumerate(_pool(cfg, range(0, cfg.max_rank + 1))):
+    for i, shape in enumerate(_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1))):
         for extra in (0, 1):
-            if len(shape) + extra > cfg.max_rank + 1 or (extra and i % 2):
+            if len(shape) + extra > cfg.other_rank + 1 or (extra and i % 2):
                 continue
             target = [cfg.dims[(i + j) % len(cfg.dims)] for j in range(extra)]
             for j, n in enumerate(shape):
@@ -480,7 +537,7 @@ def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
     idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
-    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+    for i, shape in enumerate(_other(cfg)):
         for axis in range(len(shape)):
             for idx in (
                 idx_shapes[(i + axis) % len(idx_shapes)],
@@ -495,7 +552,7 @@ def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _reduce(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+    for i, shape in enumerate(_other(cfg)):
         rank = len(shape)
         for size in range(1, rank + 1):
             for axes in itertools.combinations(range(rank), size):
@@ -542,6 +599,15 @@ def op_instances(op: str, cfg: GenConfig = GenConfig()) -> tuple[Instance, ...]:
     for inst in _GENERATORS[spec.family](spec, cfg):
         seen.setdefault(_key(inst[0]), inst)
     return tuple(seen.values())[:: cfg.stride]
+
+
+@cache
+def _by_output(op: str, cfg: GenConfig) -> dict[Any, tuple[Instance, ...]]:
+    """The instances of ``op`` grouped by output shape (a nested operator must produce its parent's input)."""
+    groups: dict[Any, list[Instance]] = {}
+    for inst in op_instances(op, cfg):
+        groups.setdefault(inst[1], []).append(inst)
+    return {out: tuple(items) for out, items in groups.items()}
 
 
 def _key(args: Sequence[Any]) -> Any:
@@ -614,9 +680,8 @@ class _Gen:
         spec = OPS.get(head)
         if spec is None:
             return  # Input/Weight/Opaque leaves in a pattern: not generated
-        for args, out in op_instances(head, self.cfg):
-            if want is not None and want != out:
-                continue
+        instances = op_instances(head, self.cfg) if want is None else _by_output(head, self.cfg).get(want, ())
+        for args, out in instances:
             yield from self._unify(spec, term.args, args, binding, out)
 
     def _parallel(

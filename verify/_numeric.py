@@ -30,7 +30,7 @@ from unity_eq.verify._tensor import NumpyBackend
 
 __all__ = ["NUMERIC_CONFIG", "NumericResult", "check_numeric"]
 
-NUMERIC_CONFIG = GenConfig(dims=(1, 3, 6, 8), max_rank=3, stride=3)
+NUMERIC_CONFIG = GenConfig(dims=(1, 3, 6, 8), max_rank=3, rank4_dims=(1, 3, 6), stride=3, sample=True)
 
 
 @dataclass

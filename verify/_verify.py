@@ -23,16 +23,17 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
-from unity_eq.verify._ast import Rule
+from unity_eq.verify._ast import App, Rule, Term, walk
 from unity_eq.verify._bounded import (
     BoundedResult,
     Counterexample,
-    Enumeration,
+    _token,
     enumeration_key,
     prove_bounded,
 )
@@ -43,6 +44,7 @@ from unity_eq.verify._parse import Program, RuleSource, parse_program
 
 from unity_eq.errors import RuleError
 from unity_eq.files import worker_pool
+from unity_eq.ops import OPS, Family
 from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 
 __all__ = [
@@ -58,13 +60,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Options:
-    """How hard to try. ``budget``: cases checked per rule beyond one per guard binding; ``timeout_ms``: z3
-    per case; ``jobs``: worker processes (0: one per CPU)."""
+    """How hard to try. ``budget``: at most this many bounded cases per rule (``None``: every case of the
+    ranges, the only setting that proves; a budget that stops early makes the rule ``partial``);
+    ``timeout_ms``: z3 per case; ``jobs``: worker processes (0: one per CPU)."""
 
     generic: bool = True
     bounded: bool = True
     numeric: bool = True
-    budget: int = 64
+    budget: int | None = None
     sizes: tuple[int, ...] = (1, 2, 3, 4)
     timeout_ms: int = 2000
     generic_timeout_ms: int = 500
@@ -79,7 +82,7 @@ class RuleReport:
     name: str
     file: str
     line: int
-    status: str  # proven | refuted | unknown
+    status: str  # proven | refuted | partial | unknown
     kind: str  # generic | bounded | numeric | none
     seconds: float
     generic: GenericResult | None = None
@@ -91,7 +94,7 @@ class RuleReport:
 
     @property
     def ok(self) -> bool:
-        return self.status == "proven" or (self.status == "unknown" and bool(self.annotation))
+        return self.status == "proven" or (self.status in ("unknown", "partial") and bool(self.annotation))
 
     @property
     def counterexample(self) -> Counterexample | None:
@@ -180,6 +183,7 @@ class Report:
                 "proven": self.count("proven"),
                 "proven_by_kind": kinds,
                 "refuted": self.count("refuted"),
+                "partial": self.count("partial"),
                 "unknown": self.count("unknown"),
                 "analysis_declarations": self.analyses,
                 "seconds": round(self.seconds, 3),
@@ -251,23 +255,62 @@ def load_program(paths: Sequence[Path] | None = None) -> tuple[Program, set[str]
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Instances of a rule over uninterpreted functions
+
+# elementwise ops the verifier models as an uninterpreted scalar function (verify/_tensor.py): a rule proven
+# with them holds for every function, so for every elementwise op put in their place
+_ELEMENTWISE = (Family.UNARY, Family.BROADCAST)
+_INTERPRETED = {"Neg", "Identity", "Add", "Sub", "Mul", "Div", "Max", "Min", "Where", "Clip", "PRelu"}
+_INTERPRETED |= {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
+
+
+def _elementwise(head: str) -> bool:
+    spec = OPS.get(head)
+    return spec is not None and spec.family in _ELEMENTWISE
+
+
+def _uninterpreted(head: str) -> bool:
+    return _elementwise(head) and head not in _INTERPRETED
+
+
+def instance_key(rule: Rule) -> Any:
+    """Rules with equal keys differ only in which elementwise ops of one argument layout they apply, with
+    the same pattern of equal and distinct ops. A rule of the key whose elementwise ops are all
+    uninterpreted (Relu, Pow…) and is proven bounded proves every other rule of the key over the same cases:
+    each of them is an instance of it (substitute each uninterpreted function by the op in its place; the
+    ranges, guards and shapes are the same, since ops of one layout share them)."""
+    order: dict[str, int] = {}
+
+    def canon(term: Term) -> Any:
+        if isinstance(term, App):
+            head: Any = term.head
+            if _elementwise(term.head):
+                head = (_token(term.head), order.setdefault(term.head, len(order)))
+            return (head, tuple(canon(a) for a in term.args))
+        return term
+
+    own = rule.name if any(isinstance(t, App) and t.head == "dtype" for g in rule.guards for t in walk(g)) else ""
+    # a guard on dtypes may tell ops apart (a comparison yields bool): such a rule is its own class
+    return (canon(rule.lhs), canon(rule.rhs), tuple(canon(g) for g in rule.guards), rule.sorts, own)
+
+
+def _is_template(rule: Rule) -> bool:
+    heads = [t.head for term in (rule.lhs, rule.rhs, *rule.guards) for t in walk(term) if isinstance(t, App)]
+    return any(_elementwise(h) for h in heads) and all(_uninterpreted(h) for h in heads if _elementwise(h))
+
+
+def _templates_first(rules: Sequence[Rule]) -> list[int]:
+    """Rule indices with the uninterpreted templates first (their proofs then serve the other rules)."""
+    return sorted(range(len(rules)), key=lambda i: not _is_template(rules[i]))
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Deciding
 
 
-def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Enumeration]) -> RuleReport:
+def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     start = time.perf_counter()
-    bounded = (
-        prove_bounded(
-            rule,
-            facts,
-            budget=options.budget,
-            sizes=options.sizes,
-            timeout_ms=options.timeout_ms,
-            cache=cache,
-        )
-        if options.bounded
-        else None
-    )
+    bounded = _bounded(rule, facts, options, cache) if options.bounded else None
     # A generic proof counts only from satisfiable premises: a bounded case that satisfies the guards is a
     # model of them (the axioms hold for real tensors); without one, z3 must find a model itself.
     witnessed = bool(bounded and bounded.checked > 0)
@@ -298,6 +341,8 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
             )
     elif bounded and bounded.status == "proven":
         report.status, report.kind = "proven", "bounded"
+    elif bounded and bounded.status == "partial":
+        report.status, report.kind, report.message = "partial", "bounded", bounded.reason
     else:
         report.kind = "numeric" if numeric and numeric.status == "passed" else "none"
         reasons = [r for r in (bounded.reason if bounded else "", generic.reason if generic else "") if r]
@@ -306,21 +351,37 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
     return report
 
 
+def _bounded(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> BoundedResult:
+    """The bounded proof, or the proof of an uninterpreted template this rule is an instance of."""
+    key = ("template", instance_key(rule), options.budget, options.sizes)
+    template = cache.get(key)
+    if template is not None and not _is_template(rule):
+        name, proof = template
+        return replace(proof, reason=f"an instance of {name}, proven bounded with uninterpreted functions", seconds=0.0)
+    result = prove_bounded(
+        rule, facts, budget=options.budget, sizes=options.sizes, timeout_ms=options.timeout_ms, cache=cache
+    )
+    if result.status == "proven" and _is_template(rule):
+        cache.setdefault(key, (rule.name, result))
+    return result
+
+
 def _worker(args: tuple[list[Rule], Program, Options]) -> list[RuleReport]:
     rules, program, options = args
     facts = DerivedFacts(program.analyses)
-    cache: dict[Any, Enumeration] = {}
-    return [_decide_rule(rule, facts, options, cache) for rule in rules]
+    cache: dict[Any, Any] = {}
+    out: dict[int, RuleReport] = {}
+    for i in _templates_first(rules):
+        out[i] = _decide_rule(rules[i], facts, options, cache)
+    return [out[i] for i in range(len(rules))]
 
 
-def _decide_rule(
-    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Enumeration]
-) -> RuleReport:
+def _decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     report = _decide(rule, facts, options, cache)
     if rule.bidirectional:
         back = _decide(rule.reversed(), facts, options, cache)
         back.name, back.direction = rule.name, "right to left"
-        order = {"refuted": 0, "unknown": 1, "proven": 2}
+        order = {"refuted": 0, "unknown": 1, "partial": 2, "proven": 3}
         if order[back.status] < order[report.status]:
             back.seconds += report.seconds
             return back
@@ -339,18 +400,18 @@ def verify_program(
     jobs = max(1, min(jobs, len(rules)))
     facts = DerivedFacts(program.analyses)
     if jobs == 1 or len(rules) < 8:
-        cache: dict[Any, Enumeration] = {}
-        out = []
-        for rule in rules:
-            report = _decide_rule(rule, facts, options, cache)
+        cache: dict[Any, Any] = {}
+        done: dict[int, RuleReport] = {}
+        for i in _templates_first(rules):
+            report = _decide_rule(rules[i], facts, options, cache)
             if progress:
                 progress(report)
-            out.append(report)
-        return out
+            done[i] = report
+        return [done[i] for i in range(len(rules))]
     # rules that share an enumeration go to the same worker; groups are dealt largest first
     groups: dict[Any, list[int]] = {}
     for i, rule in enumerate(rules):
-        groups.setdefault(enumeration_key(rule, facts), []).append(i)
+        groups.setdefault((enumeration_key(rule, facts), instance_key(rule)), []).append(i)
     buckets: list[list[int]] = [[] for _ in range(jobs * 2)]
     for members in sorted(groups.values(), key=len, reverse=True):
         min(buckets, key=len).extend(members)
