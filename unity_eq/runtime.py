@@ -399,6 +399,7 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
         model = onnx.load(str(path))
     except Exception as exc:  # protobuf/IO errors of a damaged plan file
         raise PlanError(f"{path}: cannot load device model ({exc}). Re-run `unity-eq optimize`.") from None
+    check_identity(plan, rank, model, path)
     collectives = plan.meta["collectives"]
     segment_models = _segment_models(model, collectives)
     segments: list[Segment] = []
@@ -419,6 +420,29 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
     for c in collectives:
         after[c["stage"]].append(c)
     return RankProgram(rank, segments, after, plan.output_names, in_use)
+
+
+def check_identity(plan: PlanDir, rank: int, model: onnx.ModelProto, path: Path) -> None:
+    """Refuse a device file that belongs to another rank or another plan (its metadata_props, written by
+    lowering, name its rank and the plan's hash; see ``unity_eq.lower.identity_props``)."""
+    from unity_eq.lower import META_PLAN_HASH, META_RANK
+
+    props = {p.key: p.value for p in model.metadata_props}
+    expected_hash = plan.meta.get("plan_hash")
+    if not expected_hash:
+        raise PlanError(f"{plan.path / 'plan.json'}: no plan_hash (an older unity-eq wrote it). Re-run `unity-eq optimize`.")
+    if META_RANK not in props or META_PLAN_HASH not in props:
+        raise PlanError(f"{path}: no unity-eq identity in its metadata; it was not written for this plan. Re-run `unity-eq optimize`.")
+    if props[META_PLAN_HASH] != expected_hash:
+        raise PlanError(
+            f"{path}: belongs to another plan (plan hash {props[META_PLAN_HASH][:12]}…, plan.json has "
+            f"{expected_hash[:12]}…). Restore this plan's own file or re-run `unity-eq optimize`."
+        )
+    if props[META_RANK] != str(rank):
+        raise PlanError(
+            f"{path}: is the device file of rank {props[META_RANK]}, expected rank {rank}. "
+            "The plan's files were swapped or renamed; restore them or re-run `unity-eq optimize`."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
