@@ -207,9 +207,12 @@ class _DeviceGraphBuilder:
         self.initializers[name] = numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
         return name
 
-    def node_name(self, step_outputs: tuple[str, ...] | list[str], op_type: str) -> str:
+    def node_name(self, step_outputs: tuple[str, ...] | list[str], op_type: str, node: str = "") -> str:
         """The source model's node name for the node computing ``step_outputs`` (``attn.q.matmul``), with the
-        op appended when lowering computes it with another op (``attn.q.matmul/Slice``); unique per graph."""
+        op appended when lowering computes it with another op (``attn.q.matmul/Slice``); unique per graph.
+        ``node`` is the original node's name when the plan step knows it."""
+        if node:
+            return self.node_names.fresh(node)
         for out in step_outputs:
             t = self.plan.tensors.get(out) if out else None
             value = (t.value or t.source) if t is not None else None
@@ -262,7 +265,7 @@ class _DeviceGraphBuilder:
     def _compute(self, step: Compute) -> None:
         if self._fold(step):
             return
-        node = self.node_name(step.outputs, step.op_type)
+        node = self.node_name(step.outputs, step.op_type, step.node)
         inputs: list[str] = []
         for position, ref in enumerate(step.inputs):
             if ref is None:
