@@ -185,9 +185,10 @@ def _arithmetic(op: str, node: Node, ins: list[Interval | None], graph: Graph) -
         count = _cumsum_count(shape_in, ins) if op == "CumSum" else _reduced_count(shape_in, shape_out)
         return _accumulate(a, max(count, 1))
     if op == "Clip" and a:
-        low = ins[1] if len(ins) > 1 and ins[1] is not None else (-math.inf, -math.inf)
-        high = ins[2] if len(ins) > 2 and ins[2] is not None else (math.inf, math.inf)
-        return max(a[0], low[0]), min(a[1], high[1])
+        # min(max(x, lo), hi) with lo and hi themselves intervals (absent bounds are unbounded)
+        lo = ins[1] if len(ins) > 1 and ins[1] is not None else (-math.inf, -math.inf)
+        hi = ins[2] if len(ins) > 2 and ins[2] is not None else (math.inf, math.inf)
+        return min(max(a[0], lo[0]), hi[0]), min(max(a[1], lo[1]), hi[1])
     if op == "Range" and ins[0] is not None and ins[1] is not None:
         return min(ins[0][0], ins[1][0]), max(ins[0][1], ins[1][1])
     return None
@@ -253,8 +254,7 @@ def integer_input_ranges(graph: Graph, where: str = "model") -> dict[str, tuple[
     sites = index_sites(graph)
     deps = _dependents(graph, names)
     candidates = {
-        name: _candidates(name, sites, [s for s in sites if name in deps.get(s.tensor, frozenset())])
-        for name in names
+        name: _candidates(name, sites, [s for s in sites if name in deps.get(s.tensor, frozenset())]) for name in names
     }
     choice = dict.fromkeys(names, 0)
     for _ in range(sum(len(c) for c in candidates.values()) + 1):

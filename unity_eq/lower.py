@@ -432,7 +432,7 @@ def plan_hash(plan: Plan, graph: Graph) -> str:
         if array.dtype.kind == "O":  # string tensors
             digest.update(repr(array.tolist()).encode())
         elif array.size:
-            digest.update(memoryview(_contiguous(array.reshape(-1))).cast("B"))
+            digest.update(_contiguous(array.reshape(-1)).data)
     return digest.hexdigest()
 
 

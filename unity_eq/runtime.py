@@ -971,10 +971,7 @@ def check(
         trials = [("the inputs given", lambda: given)]
     else:
         ranges = default_int_ranges(model_path, plan)
-        trials = [
-            (d.describe(), lambda d=d: check_inputs(plan, random_inputs(plan.input_specs, draw=d, int_ranges=ranges)))
-            for d in (draws or default_draws(seed))
-        ]
+        trials = [(d.describe(), _drawer(plan, d, ranges)) for d in (draws or default_draws(seed))]
     original = _original_session(model_path)
     world = plan.world_size
     choices = [choose_device(device, rank) for rank in range(world)]
@@ -995,6 +992,13 @@ def check(
             if old is None or (not o.passed, o.relative_error) > (not old.passed, old.relative_error):
                 worst[o.name] = o
     return CheckResult([worst[name] for name in plan.output_names], tolerance, [what for what, _ in trials])
+
+
+def _drawer(
+    plan: PlanDir, draw: InputDraw, ranges: Mapping[str, tuple[int, int]]
+) -> Callable[[], dict[str, np.ndarray]]:
+    """Inputs of one draw, made when needed (one draw's inputs in memory at a time)."""
+    return lambda: check_inputs(plan, random_inputs(plan.input_specs, draw=draw, int_ranges=ranges))
 
 
 def default_int_ranges(model_path: str | Path, plan: PlanDir) -> dict[str, tuple[int, int]]:
