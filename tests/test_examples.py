@@ -87,7 +87,7 @@ def test_weights_are_sliced_per_rank(examples: Path, tmp_path: Path) -> None:
         inits = {
             t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(str(out / f"device_{rank}.onnx")).graph.initializer
         }
-        pieces.append(inits["fc1.weight"])
+        pieces.append(inits["fc1.weight[S(1)]"])  # a piece is named after its weight and its placement
     full = onnx.numpy_helper.to_array(original["fc1.weight"])
     assert all(p.shape == (full.shape[0], full.shape[1] // 4) for p in pieces)
     np.testing.assert_array_equal(np.concatenate(pieces, axis=1), full)

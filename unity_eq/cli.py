@@ -117,6 +117,9 @@ def optimize(
     ),
     extractor: str = typer.Option("greedy", "--extractor", help="greedy, or ilp (exact, seeded with greedy)."),
     ilp_time_limit: float = typer.Option(60.0, "--ilp-time-limit", help="Seconds for the ILP extraction."),
+    check_plan: bool = typer.Option(
+        False, "--check", help="Then run `unity-eq check` on the plan written (exit 1 when it does not match)."
+    ),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
@@ -158,6 +161,8 @@ def optimize(
         ilp_time_limit=ilp_time_limit,
     )
     _print_plan_summary(result)
+    if check_plan and result.plan_dir is not None:
+        _check_plan(model, result.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
 
 
 def _print_plan_summary(result: Any) -> None:
@@ -277,22 +282,34 @@ def check(
     model: Path = typer.Argument(..., help="The original ONNX model."),
     plan_dir: Path = typer.Argument(..., help="The plan directory made from it."),
     inputs: Path = typer.Option(None, "--inputs", "-i", help=".npz inputs (default: random, seeded)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    seed: int = typer.Option(0, "--seed", help="First seed of the random inputs."),
     tolerance: float = typer.Option(1e-4, "--tolerance", help="Largest relative error accepted for float32."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto for the plan's ranks."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
 ) -> None:
-    """Run the original model and the plan on the same inputs; exit 0 iff every output matches."""
+    """Run the original model and the plan on the same inputs (without --inputs: several seeds, scales and
+    distributions); exit 0 when every output matches, 1 on a mismatch, 2 on bad input."""
+    feeds = _load_npz(inputs) if inputs is not None else None
+    _check_plan(model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device, quiet=quiet)
+
+
+def _check_plan(model: Path, plan_dir: Path, feeds: Any, seed: int, tolerance: float, device: str, quiet: bool) -> None:
+    """Print the worst error of every output over every input set, then raise CheckFailed on a mismatch."""
     from unity_eq.runtime import assert_check
     from unity_eq.runtime import check as run_check
 
     if not tolerance >= 0:
         raise OptionError(f"`--tolerance`: expected a relative error of 0 or more, got {tolerance:g}.")
-    feeds = _load_npz(inputs) if inputs is not None else None
-    result = run_check(model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device)
+    result = run_check(
+        model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device, on_progress=_progress(quiet)
+    )
     for o in result.outputs:
         mark = "[green]ok[/green]" if o.passed else "[red]MISMATCH[/red]"
-        out.print(f"{mark} {o.name}: relative error {o.relative_error:.2e}, max abs error {o.max_abs_error:.3g}")
-    out.print(result.describe())
+        out.print(
+            f"{mark} {escape(o.name)}: worst relative error {o.relative_error:.2e}, max abs error "
+            f"{o.max_abs_error:.3g} ({escape(o.inputs)})"
+        )
+    out.print(escape(result.describe()))
     assert_check(result)
 
 

@@ -14,6 +14,7 @@ and communication. See docs/plan-format.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -30,7 +31,7 @@ import unity_eq
 from unity_eq.cost import Cost
 from unity_eq.errors import PlanError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
-from unity_eq.ir import Graph, Shard
+from unity_eq.ir import Graph, Replicate, Shard
 from unity_eq.plan import (
     PLAN_FORMAT_VERSION,
     AllGather,
@@ -66,6 +67,7 @@ class LoweredPlan:
     stages: dict[str, int]
     opsets: list[onnx.OperatorSetIdProto]
     ir_version: int
+    plan_hash: str = ""
 
     @property
     def world_size(self) -> int:
@@ -78,6 +80,7 @@ class LoweredPlan:
         for step in self.plan.steps:
             builder.add(step, collectives)
         model = builder.finish(self.opsets, self.ir_version)
+        onnx.helper.set_model_props(model, identity_props(self.plan, rank, self.plan_hash, builder.cuts))
         weight_bytes = sum(int(np.prod(t.dims)) * _itemsize(t.data_type) for t in builder.initializers.values())
         return model, collectives, weight_bytes
 
@@ -115,6 +118,22 @@ def collective_stages(plan: Plan) -> dict[str, int]:
     return result
 
 
+class _Names:
+    """Unique names in one graph: the first request for a base gets it, later ones ``base.1``, ``base.2``…"""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = set(taken)
+
+    def fresh(self, base: str) -> str:
+        base = base or "unnamed"
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}.{k}"
+        self.taken.add(name)
+        return name
+
+
 class _DeviceGraphBuilder:
     """Builds one rank's ONNX graph, step by step."""
 
@@ -133,7 +152,17 @@ class _DeviceGraphBuilder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
-        self.const_counter = 0
+        self.names = _Names(self._reserved())
+        self.node_names = _Names(set())
+        self.tensor_names: dict[str, str] = {}  # plan tensor (non-constant) -> its ONNX name on this rank
+        self.producer = {out: node for node in graph.nodes for out in node.outputs if out and node.name}
+        self.cuts: list[dict[str, Any]] = []  # collective cuts, described in the model's metadata
+
+    def _reserved(self) -> set[str]:
+        """Names fixed by the original model: its inputs and outputs keep them on every rank."""
+        names = set(self.plan.outputs)
+        names.update(s.name for s in self.plan.steps if isinstance(s, LoadInput))
+        return names
 
     # --- names and values ----------------------------------------------------------------------------
     def local_shape(self, tid: str) -> tuple[int, ...]:
@@ -143,33 +172,63 @@ class _DeviceGraphBuilder:
         t = self.plan.tensors[tid]
         return helper.make_tensor_value_info(name or tid, _tensor_type(t.dtype), list(self.local_shape(tid)))
 
+    def readable(self, tid: str) -> str:
+        """A name that says what ``tid`` holds on this rank: the original tensor (or weight) it is, with its
+        placement when it is a piece of it (``attn.q.matmul[S(2)]``); the plan's id when it is neither."""
+        t = self.plan.tensors.get(tid)
+        value = (t.value or t.source) if t is not None else None
+        value = value or self.weight_of.get(tid)
+        if not value:
+            return tid
+        if t is not None and any(not isinstance(p, Replicate) for p in t.placement):
+            return f"{value}[{','.join(t.placement_str())}]"
+        return value
+
     def value(self, tid: str) -> str:
-        """The ONNX name holding tensor ``tid`` on this rank; constants become initializers on first use,
-        named after the weight they are (a piece of) so that device models read like the original."""
+        """The ONNX name holding tensor ``tid`` on this rank; constants become initializers on first use.
+
+        Distinct local values get distinct names (a weight kept whole for one consumer and sliced for another
+        is two initializers), and every name is chosen from the plan alone, so all ranks agree on them (the
+        collectives in plan.json name the cut tensors once for every rank)."""
         tid = self.alias.get(tid, tid)
         if tid not in self.consts:
-            return tid
+            if tid not in self.tensor_names:
+                self.tensor_names[tid] = self.names.fresh(self.readable(tid))
+            return self.tensor_names[tid]
         if tid not in self.const_names:
-            name = self.weight_of.get(tid, tid)
-            if name in self.initializers:
-                name = tid
+            name = self.names.fresh(self.readable(tid))
             self.const_names[tid] = name
             self.initializers[name] = numpy_helper.from_array(_contiguous(self.consts[tid]), name)
         return self.const_names[tid]
 
-    def literal(self, values: tuple[int, ...]) -> str:
-        name = f"uq.const.{self.const_counter}"
-        self.const_counter += 1
+    def literal(self, values: tuple[int, ...], base: str = "const") -> str:
+        name = self.names.fresh(base)
         self.initializers[name] = numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
         return name
+
+    def node_name(self, step_outputs: tuple[str, ...] | list[str], op_type: str, node: str = "") -> str:
+        """The source model's node name for the node computing ``step_outputs`` (``attn.q.matmul``), with the
+        op appended when lowering computes it with another op (``attn.q.matmul/Slice``); unique per graph.
+        ``node`` is the original node's name when the plan step knows it."""
+        if node:
+            return self.node_names.fresh(node)
+        for out in step_outputs:
+            t = self.plan.tensors.get(out) if out else None
+            value = (t.value or t.source) if t is not None else None
+            if value and value in self.producer:
+                source = self.producer[value]
+                same = source.op_type == op_type
+                return self.node_names.fresh(source.name if same else f"{source.name}/{op_type}")
+            if value:  # a model input or a weight
+                return self.node_names.fresh(f"{value}/{op_type}")
+        return self.node_names.fresh(op_type)
 
     # --- steps -------------------------------------------------------------------------------------------
     def add(self, step: Step, collectives: list[dict[str, Any]]) -> None:
         match step:
             case LoadInput(out=out, name=name):
                 self.inputs.append(self.info(out, name))
-                if out != name:
-                    self.alias[out] = name
+                self.tensor_names[out] = name
             case LoadWeight(out=out, name=name):
                 self.consts[out] = self.graph.initializers[name]
                 self.weight_of[out] = name
@@ -194,13 +253,18 @@ class _DeviceGraphBuilder:
                 self.weight_of[out] = self.weight_of[src]
             return
         size = self.local_shape(out)[dim]
-        starts, ends, axes = self.literal((c * size,)), self.literal(((c + 1) * size,)), self.literal((dim,))
-        self.nodes.append(helper.make_node("Slice", [self.value(src), starts, ends, axes], [out], name=f"slice.{out}"))
-        self.value_info[out] = self.info(out)
+        node = self.node_name([out], "Slice")
+        starts = self.literal((c * size,), f"{node}.starts")
+        ends, axes = self.literal(((c + 1) * size,), f"{node}.ends"), self.literal((dim,), f"{node}.axes")
+        name = self.value(out)
+        self.nodes.append(helper.make_node("Slice", [self.value(src), starts, ends, axes], [name], name=node))
+        self.nodes[-1].doc_string = f"this rank's chunk {c} of {n} along dim {dim} (mesh axis {axis})"
+        self.value_info[name] = self.info(out, name)
 
     def _compute(self, step: Compute) -> None:
         if self._fold(step):
             return
+        node = self.node_name(step.outputs, step.op_type, step.node)
         inputs: list[str] = []
         for position, ref in enumerate(step.inputs):
             if ref is None:
@@ -209,17 +273,18 @@ class _DeviceGraphBuilder:
                 values = ref.values
                 if step.op_type in ("Reshape", "Expand") and position == 1:
                     values = self.local_shape(step.outputs[0])  # global target shape -> this rank's piece
-                inputs.append(self.literal(values))
+                inputs.append(self.literal(values, f"{node}.const"))
             else:
                 inputs.append(self.value(ref))
         attrs = {k: v for k, v in step.attrs.items() if not (isinstance(v, list) and not v)}
-        name = f"{step.op_type}.{len(self.nodes)}"
+        # An omitted output ('') gets a name of its own: onnxruntime crashes on some ops (Split) without one.
+        outputs = [self.value(o) if o else self.names.fresh(f"{node}.unused") for o in step.outputs]
         self.nodes.append(
-            helper.make_node(step.op_type, inputs, list(step.outputs), name=name, domain=step.domain or None, **attrs)
+            helper.make_node(step.op_type, inputs, outputs, name=node, domain=step.domain or None, **attrs)
         )
-        for out in step.outputs:
+        for out, name in zip(step.outputs, outputs, strict=True):
             if out:
-                self.value_info[out] = self.info(out)
+                self.value_info[name] = self.info(out, name)
 
     def _fold(self, step: Compute) -> bool:
         """Evaluate data movement over weights now (the generated rules split and concatenate weights:
@@ -258,27 +323,42 @@ class _DeviceGraphBuilder:
         tensor just reduced on another)."""
         name = self.value(tid)
         if name in self.initializers or name in {v.name for v in self.inputs}:
-            produced = f"{name}.out"
-            self.nodes.append(helper.make_node("Identity", [name], [produced], name=f"identity.{tid}"))
+            produced = self.names.fresh(f"{name}.copy")
+            self.nodes.append(
+                helper.make_node("Identity", [name], [produced], name=self.node_names.fresh(f"{name}/Identity"))
+            )
             return produced
         return name
 
     def _collective(self, out: str, src: str, collectives: list[dict[str, Any]]) -> None:
         """Cut the graph: the source leaves as a graph output, the result comes back as a graph input."""
         src_name = self._materialize(src)
+        cut = self.describe_cut(len(collectives), out)
         if src_name not in {v.name for v in self.outputs}:
             self.outputs.append(self.info(src, src_name))  # src may alias another name; its shape is its own
+            self.outputs[-1].doc_string = f"sent to {cut}"
         self.value_info.pop(src_name, None)
-        dst_name = f"cc{len(collectives)}.{out}"
+        dst_name = self.names.fresh(self.readable(out))
         self.inputs.append(self.info(out, dst_name))
-        self.alias[out] = dst_name
+        self.inputs[-1].doc_string = f"result of {cut}"
+        self.tensor_names[out] = dst_name
         collectives.append({"src": src_name, "dst": dst_name})
+        self.cuts.append({"id": len(self.cuts), "src": src_name, "dst": dst_name, "what": cut})
+
+    def describe_cut(self, index: int, out: str) -> str:
+        """``collective 0: all_gather on mesh axis x (dim 2) with ranks [0, 1]`` for Netron and for users."""
+        step = next(s for s in self.plan.steps if isinstance(s, AllGather | AllReduce) and s.out == out)
+        group = list(self.mesh.group(self.rank, step.axis))
+        if isinstance(step, AllGather):
+            return f"collective {index}: all_gather on mesh axis {step.axis} (dim {step.dim}) with ranks {group}"
+        return f"collective {index}: all_reduce (sum) on mesh axis {step.axis} with ranks {group}"
 
     def finish(self, opset_imports: list[onnx.OperatorSetIdProto], ir_version: int) -> onnx.ModelProto:
         for model_out, tid in self.plan.outputs.items():
             name = self.value(tid)
             if name != model_out:
-                self.nodes.append(helper.make_node("Identity", [name], [model_out], name=f"output.{model_out}"))
+                node = self.node_names.fresh(f"{model_out}/Identity")
+                self.nodes.append(helper.make_node("Identity", [name], [model_out], name=node))
             self.outputs.append(self.info(tid, model_out))
             self.value_info.pop(model_out, None)
         io = {v.name for v in self.inputs} | {v.name for v in self.outputs}
@@ -291,7 +371,13 @@ class _DeviceGraphBuilder:
             initializer=list(self.initializers.values()),
             value_info=value_info,
         )
-        return helper.make_model(graph, opset_imports=opset_imports, ir_version=ir_version, producer_name="unity-eq")
+        model = helper.make_model(graph, opset_imports=opset_imports, ir_version=ir_version, producer_name="unity-eq")
+        model.doc_string = (
+            f"unity-eq plan for {self.plan.model}: rank {self.rank} of {self.mesh.size}, mesh {self.mesh}, "
+            f"coordinates {list(self.coords)}. Collectives cut this graph: each one's source is a graph output and "
+            "its result a graph input (see their doc strings and plan.json)."
+        )
+        return model
 
 
 def lower(plan: Plan, graph: Graph) -> LoweredPlan:
@@ -300,7 +386,53 @@ def lower(plan: Plan, graph: Graph) -> LoweredPlan:
     if problems:
         raise PlanError("internal error: the extracted plan is inconsistent: " + "; ".join(problems[:3]))
     opsets = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
-    return LoweredPlan(plan, graph, collective_stages(plan), opsets, min(max(graph.ir_version, 8), 10))
+    ir_version = min(max(graph.ir_version, 8), 10)
+    return LoweredPlan(plan, graph, collective_stages(plan), opsets, ir_version, plan_hash(plan, graph))
+
+
+#: metadata_props keys of every device file (``run`` refuses a file whose identity is not the plan's).
+META_RANK = "unity_eq.rank"
+META_PLAN_HASH = "unity_eq.plan_hash"
+META_COORDS = "unity_eq.mesh_coords"
+META_MESH = "unity_eq.mesh"
+META_COLLECTIVES = "unity_eq.collectives"
+
+
+def identity_props(plan: Plan, rank: int, digest: str, cuts: list[dict[str, Any]]) -> dict[str, str]:
+    """Who a device file is: its rank, mesh coordinates, the plan's hash, and the collectives cutting it."""
+    mesh = plan.mesh
+    return {
+        META_RANK: str(rank),
+        META_PLAN_HASH: digest,
+        META_COORDS: json.dumps(dict(zip(mesh.axes, mesh.coords(rank), strict=True))),
+        META_MESH: json.dumps(dict(zip(mesh.axes, mesh.sizes, strict=True))),
+        META_COLLECTIVES: json.dumps(cuts),
+    }
+
+
+def plan_hash(plan: Plan, graph: Graph) -> str:
+    """A digest of what a plan computes: its steps, tensors, mesh and outputs, and the model's weights.
+
+    Two plans share it only when their device files are interchangeable; ``run`` compares it between
+    plan.json and every device file. Weights are hashed in place (no copy), one tensor at a time."""
+    digest = hashlib.blake2b(digest_size=16)
+    structure = {
+        "model": plan.model,
+        "mesh": [list(plan.mesh.axes), list(plan.mesh.sizes), list(plan.mesh.devices)],
+        "steps": [_step_fields(s) for s in plan.steps],
+        "tensors": {tid: [list(t.shape), t.dtype, t.placement_str()] for tid, t in plan.tensors.items()},
+        "outputs": plan.outputs,
+        "inputs": {n: [list(t.shape), t.dtype] for n, t in graph.inputs.items()},
+    }
+    digest.update(json.dumps(structure, sort_keys=True, default=_json_default).encode())
+    for name in sorted(graph.initializers):
+        array = np.asarray(graph.initializers[name])
+        digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        if array.dtype.kind == "O":  # string tensors
+            digest.update(repr(array.tolist()).encode())
+        elif array.size:
+            digest.update(_contiguous(array.reshape(-1)).data)
+    return digest.hexdigest()
 
 
 def _itemsize(data_type: int) -> int:
@@ -499,10 +631,12 @@ def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
             else:
                 onnx.save_model(model, path)
             del model
+            validate_device_file(path, target / path.name)
             weight_bytes.append(nbytes)
             if rank == 0:
                 collectives = names
         metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)
+        metadata["plan_hash"] = lowered.plan_hash
         metadata["memory"] = {**lowered.plan.report.get("memory", {}), "weight_bytes_per_rank": weight_bytes}
         (tmp / "plan.json").write_text(json.dumps(metadata, indent=1, default=_json_default))
         replace_plan_files(tmp, target)
@@ -510,6 +644,28 @@ def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def validate_device_file(path: Path, shown: Path) -> None:
+    """Refuse a device file that fails ``onnx.checker`` (full check, with shape inference) or that onnxruntime
+    does not open: ``optimize`` never reports success for a plan that cannot run. ``shown`` is the path named in
+    the error (the file's final place; nothing is written there when this fails)."""
+    from unity_eq.runtime import make_session
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # onnx raises ValidationError, InferenceError and others
+        problem = f"onnx.checker: {str(exc).strip().splitlines()[0][:400]}"
+    else:
+        try:
+            make_session(str(path), ["CPUExecutionProvider"])
+            return
+        except Exception as exc:  # onnxruntime refuses the model
+            problem = f"onnxruntime: {str(exc).strip().splitlines()[0][:400]}"
+    raise PlanError(
+        f"{shown}: the lowered device model is invalid ({problem}); no plan was written. "
+        "This is a bug in unity-eq's lowering: please report it with the model and options."
+    )
 
 
 def _json_default(value: Any) -> Any:

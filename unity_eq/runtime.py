@@ -52,12 +52,14 @@ __all__ = [
     "CheckResult",
     "Communicator",
     "DeviceChoice",
+    "InputDraw",
     "LocalCommunicator",
     "PlanDir",
     "RankProgram",
     "check",
     "choose_device",
     "cuda_problem",
+    "default_draws",
     "load_plan_dir",
     "make_session",
     "random_inputs",
@@ -386,6 +388,7 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
         model = onnx.load(str(path))
     except Exception as exc:  # protobuf/IO errors of a damaged plan file
         raise PlanError(f"{path}: cannot load device model ({exc}). Re-run `unity-eq optimize`.") from None
+    check_identity(plan, rank, model, path)
     collectives = plan.meta["collectives"]
     segment_models = _segment_models(model, collectives)
     segments: list[Segment] = []
@@ -406,6 +409,34 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
     for c in collectives:
         after[c["stage"]].append(c)
     return RankProgram(rank, segments, after, plan.output_names, in_use)
+
+
+def check_identity(plan: PlanDir, rank: int, model: onnx.ModelProto, path: Path) -> None:
+    """Refuse a device file that belongs to another rank or another plan (its metadata_props, written by
+    lowering, name its rank and the plan's hash; see ``unity_eq.lower.identity_props``)."""
+    from unity_eq.lower import META_PLAN_HASH, META_RANK
+
+    props = {p.key: p.value for p in model.metadata_props}
+    expected_hash = plan.meta.get("plan_hash")
+    if not expected_hash:
+        raise PlanError(
+            f"{plan.path / 'plan.json'}: no plan_hash (an older unity-eq wrote it). Re-run `unity-eq optimize`."
+        )
+    if META_RANK not in props or META_PLAN_HASH not in props:
+        raise PlanError(
+            f"{path}: no unity-eq identity in its metadata; it was not written for this plan. "
+            "Re-run `unity-eq optimize`."
+        )
+    if props[META_PLAN_HASH] != expected_hash:
+        raise PlanError(
+            f"{path}: belongs to another plan (plan hash {props[META_PLAN_HASH][:12]}…, plan.json has "
+            f"{expected_hash[:12]}…). Restore this plan's own file or re-run `unity-eq optimize`."
+        )
+    if props[META_RANK] != str(rank):
+        raise PlanError(
+            f"{path}: is the device file of rank {props[META_RANK]}, expected rank {rank}. "
+            "The plan's files were swapped or renamed; restore them or re-run `unity-eq optimize`."
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -674,6 +705,14 @@ def run_plan(
         if any(c.cuda for c in choices):
             on_note(describe_devices(choices))
     programs = [build_rank_program(plan, rank, choices[rank].providers, threads) for rank in range(world)]
+    return execute_local(programs, feeds, timeout)
+
+
+def execute_local(
+    programs: Sequence[RankProgram], feeds: Mapping[str, np.ndarray], timeout: float | None = None
+) -> dict[str, np.ndarray]:
+    """Run loaded rank programs once, one thread per rank (``check`` runs the same programs on many inputs)."""
+    world = len(programs)
     board = _Board(world, COLLECTIVE_TIMEOUT_S if timeout is None else timeout)
     results: list[dict[str, np.ndarray] | None] = [None] * world
     errors: list[BaseException | None] = [None] * world
@@ -717,19 +756,58 @@ def _is_secondary(exc: BaseException) -> bool:
 # Checking a plan against the original model
 
 
+@dataclass(frozen=True)
+class InputDraw:
+    """One set of random inputs for ``check``: how float inputs are drawn, and the seed.
+
+    ``normal``: N(0, scale²); ``uniform``: U(−scale, scale); ``integers``: whole numbers in [−scale, scale]
+    (exact in float, so a plan that loses or adds a term shows as an exact error). Integer inputs always take
+    values in the ranges that keep the model valid (:mod:`unity_eq.input_ranges`); booleans are fair coins.
+    """
+
+    kind: str
+    scale: float
+    seed: int
+
+    def describe(self) -> str:
+        what = {"normal": f"normal σ={self.scale:g}", "uniform": f"uniform ±{self.scale:g}"}
+        return f"{what.get(self.kind, f'integers ±{self.scale:g}')}, seed {self.seed}"
+
+
+def default_draws(seed: int = 0) -> list[InputDraw]:
+    """What ``check`` tries by default: several seeds at unit scale, large scales (a rank that clips or
+    saturates large values fails), a wide uniform and integer values."""
+    return [
+        InputDraw("normal", 1.0, seed),
+        InputDraw("normal", 1.0, seed + 1),
+        InputDraw("normal", 10.0, seed + 2),
+        InputDraw("normal", 1000.0, seed + 3),
+        InputDraw("uniform", 100.0, seed + 4),
+        InputDraw("integers", 8.0, seed + 5),
+    ]
+
+
 def random_inputs(
-    specs: Mapping[str, Mapping[str, Any]], seed: int = 0, int_bounds: Mapping[str, int] | None = None
+    specs: Mapping[str, Mapping[str, Any]],
+    seed: int = 0,
+    int_bounds: Mapping[str, int] | None = None,
+    draw: InputDraw | None = None,
+    int_ranges: Mapping[str, tuple[int, int]] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Deterministic random inputs: normal floats, integers in [0, bound), booleans."""
-    rng = np.random.default_rng(seed)
+    """Deterministic random inputs: floats as ``draw`` says (default N(0, 1) with ``seed``), integers in
+    ``int_ranges`` (inclusive) or [0, ``int_bounds``) or [0, 10), booleans.
+
+    ``draw``'s seed replaces ``seed`` when given."""
+    draw = draw or InputDraw("normal", 1.0, seed)
+    rng = np.random.default_rng(draw.seed)
     out = {}
     for name, spec in specs.items():
         shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
         if dtype.kind == "f":
-            out[name] = rng.standard_normal(shape).astype(dtype)
+            out[name] = _floats(rng, draw, shape).astype(dtype)
         elif dtype.kind in "iu":
-            high = (int_bounds or {}).get(name, 10)
-            out[name] = rng.integers(0, max(high, 1), size=shape).astype(dtype)
+            low, high = (int_ranges or {}).get(name, (0, max((int_bounds or {}).get(name, 10), 1) - 1))
+            out[name] = rng.integers(low, high, size=shape, endpoint=True).astype(dtype)
         elif dtype.kind == "b":
             out[name] = rng.random(shape) < 0.5
         else:
@@ -737,6 +815,16 @@ def random_inputs(
                 f"inputs: cannot make random values of dtype {dtype} for {name!r}; pass `--inputs`"
             )
     return out
+
+
+def _floats(rng: np.random.Generator, draw: InputDraw, shape: tuple[int, ...]) -> np.ndarray:
+    if draw.kind == "normal":
+        return rng.standard_normal(shape) * draw.scale
+    if draw.kind == "uniform":
+        return rng.uniform(-draw.scale, draw.scale, shape)
+    if draw.kind == "integers":
+        return rng.integers(-int(draw.scale), int(draw.scale), size=shape, endpoint=True).astype(np.float64)
+    raise OptionError(f"input draw: expected normal, uniform or integers, got {draw.kind!r}")
 
 
 @dataclass
@@ -748,12 +836,16 @@ class OutputComparison:
     index: tuple[int, ...]
     expected: float
     got: float
+    inputs: str = ""  # which inputs gave this (the worst) error
 
 
 @dataclass
 class CheckResult:
+    """The worst error of every output of the original model over every set of inputs tried."""
+
     outputs: list[OutputComparison]
     tolerance: float
+    draws: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -766,17 +858,20 @@ class CheckResult:
     def describe(self) -> str:
         w = self.worst
         verdict = "match" if self.passed else "MISMATCH"
+        tried = f" over {len(self.draws)} input sets" if len(self.draws) > 1 else ""
+        where = f" ({w.inputs})" if w.inputs else ""
         return (
-            f"{verdict}: {len(self.outputs)} output(s); worst {w.name!r} relative error {w.relative_error:.2e} "
-            f"(tolerance {self.tolerance:g}), max abs error {w.max_abs_error:.3g} at {list(w.index)}: "
-            f"expected {w.expected:.6g}, got {w.got:.6g}"
+            f"{verdict}: {len(self.outputs)} output(s){tried}; worst {w.name!r} relative error "
+            f"{w.relative_error:.2e} (tolerance {self.tolerance:g}){where}, max abs error {w.max_abs_error:.3g} "
+            f"at {list(w.index)}: expected {w.expected:.6g}, got {w.got:.6g}"
         )
 
 
 def compare_outputs(
     expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tolerance: float = 1e-4
 ) -> CheckResult:
-    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly."""
+    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly;
+    equal values (infinities included) and NaN against NaN count as equal."""
     results = []
     for name, ref in expected.items():
         ref = np.asarray(ref)
@@ -787,11 +882,14 @@ def compare_outputs(
         if ref.size == 0:
             results.append(OutputComparison(name, True, 0.0, 0.0, (), 0.0, 0.0))
             continue
-        diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
-        diff = np.where(np.isnan(ref) & np.isnan(out), 0.0, diff)
-        index = np.unravel_index(int(np.nanargmax(np.nan_to_num(diff, nan=np.inf))), ref.shape)
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
+        same = (ref == out) | (np.isnan(ref) & np.isnan(out)) if ref.dtype.kind == "f" else ref == out
+        diff = np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf))
+        index = np.unravel_index(int(np.argmax(diff)), ref.shape)
         max_abs = float(diff[index])
-        scale = float(np.max(np.abs(ref[np.isfinite(ref)]))) if np.isfinite(ref).any() else 1.0
+        finite = np.isfinite(ref) if ref.dtype.kind == "f" else np.ones(ref.shape, bool)
+        scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 1.0
         relative = max_abs / max(scale, 1e-30)
         exact = ref.dtype.kind in "iub"
         passed = max_abs == 0.0 if exact else relative <= _tolerance_for(ref.dtype, tolerance)
@@ -813,16 +911,37 @@ def _tolerance_for(dtype: np.dtype, tolerance: float) -> float:
     return max(tolerance, 1e-2) if dtype.itemsize <= 2 else tolerance
 
 
+def _original_session(model_path: str | Path) -> Any:
+    try:
+        return make_session(str(model_path), ["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime refuses the model
+        raise RuntimeBackendError(
+            f"{model_path}: onnxruntime cannot load the original model: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:500] if lines else type(exc).__name__
+
+
+def _run_original(
+    session: Any, model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str], what: str
+) -> dict[str, np.ndarray]:
+    try:
+        values = session.run(output_names, dict(inputs))
+    except Exception as exc:  # the original model fails on these inputs: a problem of the inputs, not the plan
+        raise RuntimeBackendError(
+            f"{model_path}: the original model fails on {what}: {_first_line(exc)}. Pass valid inputs with `--inputs`."
+        ) from None
+    return dict(zip(output_names, values, strict=True))
+
+
 def run_original(
     model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str]
 ) -> dict[str, np.ndarray]:
     """The reference: the original model in onnxruntime on the CPU."""
-    try:
-        session = make_session(str(model_path), ["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime refuses the model
-        raise RuntimeBackendError(f"{model_path}: onnxruntime cannot run the original model: {exc}") from None
-    values = session.run(output_names, dict(inputs))
-    return dict(zip(output_names, values, strict=True))
+    return _run_original(_original_session(model_path), model_path, inputs, output_names, "the inputs given")
 
 
 def check(
@@ -832,31 +951,62 @@ def check(
     seed: int = 0,
     tolerance: float = 1e-4,
     device: str = "cpu",
+    draws: Sequence[InputDraw] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> CheckResult:
-    """Run the original model and the plan on the same inputs and compare every output."""
+    """Run the original model and the plan on the same inputs and compare every output.
+
+    Without ``inputs``, every draw of ``draws`` (default :func:`default_draws` from ``seed``) is tried and the
+    worst error of each output is kept. Raises :class:`RuntimeBackendError` (exit 2) when the original model
+    fails on the inputs, and :class:`CheckFailed` (exit 1) when the plan fails to run on inputs the original
+    accepts."""
     plan = load_plan_dir(plan_dir)
-    if inputs is None:
-        inputs = random_inputs(plan.input_specs, seed, _index_bounds(model_path, plan))
-    feeds = check_inputs(plan, inputs)
-    expected = run_original(model_path, feeds, plan.output_names)
-    got = run_plan(plan, feeds, device=device)
-    return compare_outputs(expected, got, tolerance)
+    trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
+    if inputs is not None:
+        given = check_inputs(plan, inputs)
+        trials = [("the inputs given", lambda: given)]
+    else:
+        ranges = default_int_ranges(model_path, plan)
+        trials = [(d.describe(), _drawer(plan, d, ranges)) for d in (draws or default_draws(seed))]
+    original = _original_session(model_path)
+    world = plan.world_size
+    choices = [choose_device(device, rank) for rank in range(world)]
+    programs = [build_rank_program(plan, r, choices[r].providers, threads_per_rank(world)) for r in range(world)]
+    worst: dict[str, OutputComparison] = {}
+    for what, make in trials:
+        if on_progress:
+            on_progress(f"checking on {what}")
+        feeds = make()
+        expected = _run_original(original, model_path, feeds, plan.output_names, what)
+        try:
+            got = execute_local(programs, feeds)
+        except RuntimeBackendError as exc:
+            raise CheckFailed(f"{plan.path}: the plan fails on {what}, where the original model runs: {exc}") from None
+        for o in compare_outputs(expected, got, tolerance).outputs:
+            o.inputs = what
+            old = worst.get(o.name)
+            if old is None or (not o.passed, o.relative_error) > (not old.passed, old.relative_error):
+                worst[o.name] = o
+    return CheckResult([worst[name] for name in plan.output_names], tolerance, [what for what, _ in trials])
 
 
-def _index_bounds(model_path: str | Path, plan: PlanDir) -> dict[str, int]:
-    """Integer inputs that index something (Gather, embedding lookups) get values in range."""
+def _drawer(
+    plan: PlanDir, draw: InputDraw, ranges: Mapping[str, tuple[int, int]]
+) -> Callable[[], dict[str, np.ndarray]]:
+    """Inputs of one draw, made when needed (one draw's inputs in memory at a time)."""
+    return lambda: check_inputs(plan, random_inputs(plan.input_specs, draw=draw, int_ranges=ranges))
+
+
+def default_int_ranges(model_path: str | Path, plan: PlanDir) -> dict[str, tuple[int, int]]:
+    """Integer ranges that keep the original model valid (see :mod:`unity_eq.input_ranges`)."""
+    specs = plan.input_specs
+    if not any(np.dtype(spec["dtype"]).kind in "iu" for spec in specs.values()):
+        return {}
     from unity_eq.frontends.onnx import load_onnx
+    from unity_eq.input_ranges import integer_input_ranges
 
-    shapes = {name: tuple(spec["shape"]) for name, spec in plan.input_specs.items()}
-    graph = load_onnx(model_path, shapes)
-    bounds: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.op_type in ("Gather", "GatherElements") and len(node.inputs) > 1 and node.inputs[1] in graph.inputs:
-            data = graph.types[node.inputs[0]]
-            axis = int(node.attrs.get("axis", 0))
-            size = data.shape[axis]
-            bounds[node.inputs[1]] = min(bounds.get(node.inputs[1], size), size)
-    return bounds
+    graph = load_onnx(model_path, {name: tuple(spec["shape"]) for name, spec in specs.items()})
+    return integer_input_ranges(graph, str(model_path))
 
 
 def assert_check(result: CheckResult) -> None:

@@ -23,7 +23,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
