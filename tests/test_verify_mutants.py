@@ -24,6 +24,11 @@ from typing import Any
 import pytest
 from unity_eq.verify import Options, Report, verify_rules
 
+# Since the bounded proof checks every case of the ranges (no budget), verifying the 93-rule corpus takes
+# longer than 8 minutes on 2 cores; it is a slow test until the prover is faster (see the closing note of
+# issue 12). The strict xfails below were measured before the exhaustive check landed and must be re-checked.
+pytestmark = pytest.mark.slow
+
 CORPUS = Path(__file__).parent / "data" / "mutants_corpus.egg"
 NAMES = re.findall(r':name "([^"]+)"', CORPUS.read_text())
 MUTANTS = [n for n in NAMES if n.startswith("mx-")]
