@@ -113,6 +113,7 @@ def test_generated_files_are_in_the_manifest() -> None:
     assert len(names) >= 50
 
 
+@pytest.mark.slow  # ~15 min on every case of the ranges; CI's `unity-eq verify` step proves merge.egg too
 def test_shipped_merge_rules_verify() -> None:
     root = rules_dir()
     result = verify_rules([root / "generated/merge.egg"], options=Options(jobs=1, numeric=False))
