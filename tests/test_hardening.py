@@ -377,7 +377,8 @@ def test_sigkill_leaves_folders_that_the_next_run_sweeps(examples: Path, tmp_pat
     again = _start(["optimize", str(examples / "mlp.onnx"), "-n", "2", "-q", "-o", str(tmp_path / "q")], jobs)
     _, err = again.communicate(timeout=120)
     assert again.returncode == 0, err
-    assert list(jobs.iterdir()) == []  # …and the next run sweeps those of the dead run
+    # …and the next run sweeps those of the dead run (a dependency may leave its own session-id file there)
+    assert [p for p in jobs.iterdir() if "unity-eq" in p.name] == []
 
 
 def test_sigterm_while_writing_leaves_no_temporary_plan(examples: Path, tmp_path: Path) -> None:
