@@ -3,6 +3,7 @@ every collective of the MPI communicator, and failures that end every rank quick
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -164,7 +165,8 @@ def _break_rank_at_run_time(plan: Path, rank: int) -> None:
     path = plan / f"device_{rank}.onnx"
     model = onnx.load(str(path))
     graph = model.graph
-    cut = next(i for i in graph.input if i.name.startswith("cc"))
+    first = json.loads((plan / "plan.json").read_text())["collectives"][0]["dst"]  # stage 1 reads it as an input
+    cut = next(i for i in graph.input if i.name == first)
     rows = cut.type.tensor_type.shape.dim[0].dim_value
     graph.initializer.append(numpy_helper.from_array(np.arange(rows, dtype=np.int64) + 1000, "broken.indices"))
     for node in graph.node:
