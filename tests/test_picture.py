@@ -14,6 +14,7 @@ import struct
 import subprocess
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def plan_dir(examples: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def meta(plan_dir: Path) -> dict:  # type: ignore[type-arg]
+def meta(plan_dir: Path) -> dict[str, Any]:
     return json.loads((plan_dir / "plan.json").read_text())
 
 
@@ -54,7 +55,7 @@ def _fill(attrs: str) -> str:
     return found[1]
 
 
-def test_every_op_is_a_node_filled_by_its_placement(meta: dict) -> None:  # type: ignore[type-arg]
+def test_every_op_is_a_node_filled_by_its_placement(meta: dict[str, Any]) -> None:
     report = report_of(meta)
     nodes = _nodes(pcg_dot(meta))
     colours = placement_colours(report["ops"])
@@ -71,14 +72,14 @@ def test_every_op_is_a_node_filled_by_its_placement(meta: dict) -> None:  # type
     assert len(set(sharded.values())) == len(sharded) and REPLICATED not in sharded.values()
 
 
-def test_the_legend_names_every_placement_with_its_colour(meta: dict) -> None:  # type: ignore[type-arg]
+def test_the_legend_names_every_placement_with_its_colour(meta: dict[str, Any]) -> None:
     dot = pcg_dot(meta)
     legend = next(line for line in dot.splitlines() if line.strip().startswith("legend ["))
     for key, colour in placement_colours(report_of(meta)["ops"]).items():
         assert f'BGCOLOR="{colour}"' in legend and key in legend
 
 
-def test_every_collective_is_a_marked_edge_with_kind_axis_bytes_and_time(meta: dict) -> None:  # type: ignore[type-arg]
+def test_every_collective_is_a_marked_edge_with_kind_axis_bytes_and_time(meta: dict[str, Any]) -> None:
     edges = _edges(pcg_dot(meta))
     forward = [attrs for _, _, attrs in edges if f'color="{FORWARD}"' in attrs]
     steps = [s for s in meta["steps"] if s["kind"] in ("combine", "reduce")]
@@ -92,7 +93,7 @@ def test_every_collective_is_a_marked_edge_with_kind_axis_bytes_and_time(meta: d
     assert backward and all("gradient all-reduce on y" in attrs and "style=dashed" in attrs for attrs in backward)
 
 
-def test_edges_follow_the_plan_from_input_to_output(meta: dict) -> None:  # type: ignore[type-arg]
+def test_edges_follow_the_plan_from_input_to_output(meta: dict[str, Any]) -> None:
     edges = _edges(pcg_dot(meta))
     ends = {(a, b) for a, b, _ in edges}
     first = next(i for i, s in enumerate(meta["steps"]) if s["kind"] == "compute" and s["op"] == "LayerNormalization")
@@ -104,7 +105,8 @@ def test_edges_follow_the_plan_from_input_to_output(meta: dict) -> None:  # type
 
 
 @pytest.mark.skipif(DOT is None, reason="graphviz's `dot` is not installed")
-def test_dot_parses_the_graph_with_every_op_and_the_mesh(meta: dict) -> None:  # type: ignore[type-arg]
+def test_dot_parses_the_graph_with_every_op_and_the_mesh(meta: dict[str, Any]) -> None:
+    assert DOT is not None
     drawn = json.loads(subprocess.run([DOT, "-Tjson"], input=pcg_dot(meta), capture_output=True, text=True).stdout)
     names = {o["name"] for o in drawn["objects"]}
     assert {f"op{op['step']}" for op in report_of(meta)["ops"]} <= names
@@ -113,14 +115,14 @@ def test_dot_parses_the_graph_with_every_op_and_the_mesh(meta: dict) -> None:  #
     assert all(f"rank {r}" in mesh["label"] for r in range(8, 16))
 
 
-def test_large_graphs_are_capped_with_a_note(meta: dict) -> None:  # type: ignore[type-arg]
+def test_large_graphs_are_capped_with_a_note(meta: dict[str, Any]) -> None:
     dot = pcg_dot(meta, max_ops=5)
     assert sum(1 for n in _nodes(dot) if n.startswith("op")) == 5
     total = len(report_of(meta)["ops"])
     assert f"… {total - 5} more ops not drawn" in dot and f"--max-ops {total}" in dot
 
 
-def test_the_html_page_is_self_contained(meta: dict) -> None:  # type: ignore[type-arg]
+def test_the_html_page_is_self_contained(meta: dict[str, Any]) -> None:
     page, drawn = html_page(meta)
     assert drawn == (DOT is not None)
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)

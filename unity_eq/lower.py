@@ -140,7 +140,7 @@ def derived_names(plan: Plan) -> dict[str, str]:
     and v weights concatenated: ``attn.q.weight+attn.k.weight+attn.v.weight``); one that feeds named values is
     named after those (the one MatMul for q, k and v, whose result is split into them:
     ``attn.q.matmul+attn.k.matmul+attn.v.matmul``). Chosen from the plan alone, so every rank agrees."""
-    names: dict[str, str] = {tid: t.value or t.source for tid, t in plan.tensors.items() if t.value or t.source}
+    names = {tid: name for tid, t in plan.tensors.items() if (name := t.value or t.source)}
     made: dict[str, str] = {}
     for step in plan.steps:  # forward, through data movement only: pieces -> what they make
         if isinstance(step, Compute) and step.op_type not in _FOLDABLE:

@@ -454,13 +454,15 @@ def mesh_svg(meta: dict[str, Any]) -> str:
             body.append(_text(cx + cell / 2, cy + 18, f"rank {rank['rank']}", anchor="middle", size=11))
             body.append(_text(cx + cell / 2, cy + 36, coords, anchor="middle", size=10))
         y += height + gap
+    body.append(_text(gap, y + 14, f"ranks filled by their coordinate on axis {axes[0]}; on each axis:"))
+    y += 18
     for axis in machine.get("mesh_axes", []):
         if "size" not in axis:
             continue
         where = f"across {axis['nodes']} nodes" if axis.get("spans_nodes") else "inside a node"
         bandwidth = f", {axis['bandwidth_gbs']:g} GB/s" if axis.get("bandwidth_gbs") else ""
         body.append(
-            _text(gap, y + 14, f"axis {axis['name']}: {axis['size']} devices {where} ({axis['link']}{bandwidth})")
+            _text(3 * gap, y + 14, f"axis {axis['name']}: {axis['size']} devices {where} ({axis['link']}{bandwidth})")
         )
         y += 18
     return _svg(width, y + gap, body, f"mesh {_mesh_label(meta)} on the machine's nodes")
@@ -636,13 +638,13 @@ predicted {_ms(cost.get("total_s"))} per step = compute {_ms(cost.get("compute_s
 <div class="figure">{cost_chart_svg(report)}</div>
 <h2>Baselines (same model, same cost model)</h2>
 {_baseline_table(report)}
+<h2>Mesh on the machine</h2>
+<div class="figure">{mesh_svg(meta)}</div>
 <h2>Parallel computation graph</h2>
 <p class="note">One box per op, filled by its placement on each mesh axis (S(d): split along dim d, R: whole,
 P: partial sums). Red edges cross a forward collective, blue dashed ones a collective of the backward pass;
 labels give the kind, mesh axis, bytes per rank and predicted time.</p>
 <div class="figure">{pcg}</div>
-<h2>Mesh on the machine</h2>
-<div class="figure">{mesh_svg(meta)}</div>
 {f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
 <h2>Full report</h2>
 <details><summary>text of <code>unity-eq explain</code></summary><pre>{html.escape(render(report))}</pre></details>
