@@ -21,7 +21,7 @@ import pytest
 from unity_eq import optimize
 from unity_eq.cli import main
 from unity_eq.explain import report_of, tensor_bytes
-from unity_eq.picture import BACKWARD, FORWARD, REPLICATED, html_page, pcg_dot, placement_colours
+from unity_eq.picture import BACKWARD, FORWARD, REPLICATED, cost_chart_svg, html_page, pcg_dot, placement_colours
 
 DOT = shutil.which("dot")
 CHROMIUM = shutil.which("chromium")
@@ -135,6 +135,24 @@ def test_the_html_page_is_self_contained(meta: dict[str, Any]) -> None:
     assert "x=2,y=2,z=4" in page and "dgx0" in page and "dgx1" in page
 
 
+def test_the_cost_chart_draws_every_time_to_one_scale(meta: dict[str, Any]) -> None:
+    chart = cost_chart_svg(report_of(meta))
+    bars = {m[2]: float(m[1]) for m in re.finditer(r'<rect [^>]*width="([\d.]+)"[^>]*><title>([^<]*)</title>', chart)}
+    compute = {name: width for name, width in bars.items() if name.startswith("compute: ")}
+    assert len(compute) == 1 + len(meta["baselines"])  # this plan and each baseline
+    seconds = [meta["cost"]["compute_s"]] + [b["compute_s"] for b in meta["baselines"].values()]
+    widths = [bars[f"compute: {s * 1e3:.3f} ms"] for s in seconds]
+    for s, w in zip(seconds, widths, strict=True):
+        assert w / widths[0] == pytest.approx(s / seconds[0], rel=0.01)
+    by_axis = meta["cost"]["communication_by_axis"]
+    for axis, parts in by_axis.items():
+        for phase in ("forward", "backward", "gradient"):
+            if parts[f"{phase}_s"] > 0:
+                assert f"{phase} communication on {axis}: {parts[f'{phase}_s'] * 1e3:.3f} ms" in bars
+    memory = meta["memory"]
+    assert f"usable capacity {memory['capacity_bytes'] / 2**30:.2f} GiB" in bars
+
+
 def test_cli_writes_each_format_in_the_plan_folder(
     plan_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -187,6 +205,14 @@ def test_bad_options_are_one_error_line_exit_2(
     assert main(["explain", str(plan_dir), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and needle in err[0], err
+
+
+def test_a_missing_plan_is_named_before_the_default_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no" / "such" / "plan"
+    assert main(["explain", str(missing), "--format", "html"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{missing}: no plan.json" in err[0], err
+    assert not (tmp_path / "no").exists()
 
 
 def test_text_and_json_keep_their_behaviour(plan_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -677,14 +677,15 @@ def check_format(fmt: str) -> None:
 
 def write_picture(plan_dir: Path, fmt: str, output: Path | None = None, *, max_ops: int = 150) -> Picture:
     """Draw the plan in ``plan_dir`` as ``fmt`` (dot, svg or html) into ``output`` (default: ``plan.<fmt>`` in
-    the plan folder), atomically. The output is checked before the plan is read. Without ``dot``, ``svg``
-    writes the DOT text to ``<output>.dot`` instead and the returned note says so."""
+    the plan folder), atomically. The plan is read and the output checked before anything is drawn (a missing
+    plan is named as such, not as an unwritable default output). Without ``dot``, ``svg`` writes the DOT text
+    to ``<output>.dot`` instead and the returned note says so."""
     check_format(fmt)
     if max_ops < 1:
         raise OptionError(f"`--max-ops`: expected 1 or more, got {max_ops}.")
+    meta = load_plan_json(plan_dir)
     target = output if output is not None else default_output(plan_dir, fmt)
     check_output_file(target, "`-o`")
-    meta = load_plan_json(plan_dir)
     if fmt == "html":
         page, drawn = html_page(meta, max_ops=max_ops)
         write_file_atomic(target, page, "`-o`")
