@@ -187,8 +187,10 @@ def _op_label(op: dict[str, Any], step: dict[str, Any], tensors: dict[str, Any],
 
 
 def _edge(graph: graphviz.Digraph, src: _Source, dst: str) -> None:
-    if src.forward:
-        graph.edge(src.node, dst, label=" \\n".join(src.forward), color=FORWARD, fontcolor=FORWARD, penwidth="2.5")
+    """An activation edge, marked by the collectives it crosses: the reader sees where data moves."""
+    if src.forward:  # the backward ones it also crosses are listed after
+        label = " \\n".join([*src.forward, *(f"⇐ {b}" for b in src.backward)])
+        graph.edge(src.node, dst, label=label, color=FORWARD, fontcolor=FORWARD, penwidth="2.5")
     elif src.backward:
         graph.edge(
             src.node,
