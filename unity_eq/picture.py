@@ -209,7 +209,7 @@ def _edge(graph: graphviz.Digraph, src: _Source, dst: str) -> None:
 def _legend(graph: graphviz.Digraph, colours: dict[str, str], counts: dict[str, int]) -> None:
     rows = "".join(
         f'<TR><TD BGCOLOR="{colour}" WIDTH="24"> </TD><TD ALIGN="LEFT">{html.escape(key or "-")}'
-        f" ({counts.get(key, 0)} ops)</TD></TR>"
+        f" ({counts.get(key, 0)} op{'' if counts.get(key, 0) == 1 else 's'})</TD></TR>"
         for key, colour in colours.items()
     )
     edges = (
