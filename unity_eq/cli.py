@@ -407,20 +407,50 @@ def verify(
 @app.command()
 def explain(
     plan_dir: Path = typer.Argument(..., help="A plan directory written by `unity-eq optimize`."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    max_ops: int = typer.Option(60, "--max-ops", help="Ops and PCG lines to show in the text report."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (same as `--format json`)."),
+    fmt: str = typer.Option(
+        "text", "--format", "-f", help="text or json (printed), or a picture: dot, svg or html (written to a file)."
+    ),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="File to write (default for a picture: plan.FORMAT in the plan directory)."
+    ),
+    max_ops: int = typer.Option(
+        None, "--max-ops", help="Ops to show: text report 60 (PCG lines twice that), pictures 150 (the rest noted)."
+    ),
 ) -> None:
-    """Explain a plan: shardings, cost split, memory, baselines with their ratio to the plan, and the PCG."""
+    """Explain a plan: shardings, cost split, memory, baselines with their ratio to the plan, and the PCG.
+
+    `--format svg|html|dot` draws it: the parallel computation graph coloured by placement, the mesh on the
+    machine's nodes and the cost split as a chart."""
     import json
 
     from unity_eq.explain import explain as build_report
     from unity_eq.explain import render
 
+    if as_json and fmt not in ("text", "json"):
+        raise OptionError(f"`--json` and `--format {fmt}` disagree: pass one of them.")
+    fmt = "json" if as_json else fmt
+    if fmt in ("dot", "svg", "html"):
+        from unity_eq.picture import write_picture
+
+        picture = write_picture(plan_dir, fmt, output, max_ops=150 if max_ops is None else max_ops)
+        if picture.note:
+            err.print(f"[yellow]{escape(picture.note)}[/yellow]")
+        out.print(f"wrote {picture.path}", markup=False)
+        return
+    if fmt not in ("text", "json"):
+        raise OptionError(f"`--format`: expected text, json, dot, svg or html; got {fmt!r}.")
+    if output is not None:
+        check_output_file(output, "`-o`")
     report = build_report(plan_dir)
-    if as_json:
-        out.print(json.dumps(report, indent=1), markup=False)
-    else:
-        out.print(render(report, max_ops=max_ops), markup=False)
+    text = json.dumps(report, indent=1) if fmt == "json" else render(report, max_ops=60 if max_ops is None else max_ops)
+    if output is None:
+        out.print(text, markup=False)
+        return
+    from unity_eq.files import write_file_atomic
+
+    write_file_atomic(output, text + "\n", "`-o`")
+    out.print(f"wrote {output}", markup=False)
 
 
 @app.command("generate-rules")
@@ -521,8 +551,7 @@ def _say_interrupted(argv: list[str], signum: int | None) -> None:
     name = signal.Signals(signum).name if signum else "SIGINT"
     where = f" (at: {_last_step[-1]})" if _last_step else ""
     err.print(
-        f"[red]interrupted[/red] by {name}: unity-eq {escape(verb)}{escape(where)}; "
-        "its temporary files are removed"
+        f"[red]interrupted[/red] by {name}: unity-eq {escape(verb)}{escape(where)}; its temporary files are removed"
     )
 
 

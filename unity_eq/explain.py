@@ -16,7 +16,7 @@ from unity_eq.errors import PlanError
 from unity_eq.ops import Family, spec_for
 from unity_eq.planfile import read_plan_json
 
-__all__ = ["explain", "load_plan_json", "render"]
+__all__ = ["explain", "load_plan_json", "render", "report_of", "tensor_bytes"]
 
 BASELINE_ORDER = ("one_device", "data_parallel", "tensor_parallel")
 _RULE_FILES = {
@@ -60,7 +60,11 @@ def _kinds(steps: list[dict[str, Any]]) -> dict[str, str]:
 
 def explain(plan_dir: str | Path) -> dict[str, Any]:
     """The explain report of a plan directory (or a plan.json) as plain data."""
-    meta = load_plan_json(plan_dir)
+    return report_of(load_plan_json(plan_dir))
+
+
+def report_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """The explain report of a plan.json already read (``explain --format html`` draws from both)."""
     axes = meta["mesh"]["axes"]
     tensors = meta["tensors"]
     steps = meta["steps"]
@@ -239,7 +243,7 @@ def pcg_lines(meta: dict[str, Any], kinds: dict[str, str] | None = None) -> list
                 summed.add(step["out"])
                 entry = gradients.setdefault(step["axis"], [0, 0.0, 0.0])
                 entry[0] += 1
-                entry[1] += _bytes(tensors[step["src"]])
+                entry[1] += tensor_bytes(tensors[step["src"]])
                 entry[2] += step.get("communication_s") or 0.0
             else:
                 lines.append(
@@ -254,7 +258,8 @@ def pcg_lines(meta: dict[str, Any], kinds: dict[str, str] | None = None) -> list
     return lines
 
 
-def _bytes(t: dict[str, Any]) -> float:
+def tensor_bytes(t: dict[str, Any]) -> float:
+    """Bytes of one rank's piece of a plan.json tensor (its local shape)."""
     numel = 1
     for d in t.get("local_shape", []):
         numel *= d
@@ -263,7 +268,7 @@ def _bytes(t: dict[str, Any]) -> float:
 
 
 def _mib(t: dict[str, Any]) -> str:
-    return f"{_bytes(t) / 2**20:.2f} MiB"
+    return f"{tensor_bytes(t) / 2**20:.2f} MiB"
 
 
 def _us(step: dict[str, Any]) -> str:

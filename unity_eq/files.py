@@ -50,6 +50,7 @@ __all__ = [
     "stop_requested",
     "sweep_stale",
     "worker_pool",
+    "write_file_atomic",
 ]
 
 JOB_PREFIX = "unity-eq-"  # the engine's job folders in the system temp folder
@@ -202,6 +203,23 @@ def check_output_dir(target: Path, what: str = "`-o`") -> None:
         _probe(target, f"{what} {target}")
     folder = _nearest_existing(target, f"{what} {target}")
     _probe(folder, f"{what} {target}")  # the plan is built beside the target, then renamed
+
+
+def write_file_atomic(target: Path, data: str | bytes, what: str) -> None:
+    """Write ``target`` whole or not at all: the bytes go to a hidden sibling renamed over it, so a stop or a
+    full disk never leaves half a file under the user's name. ``what`` names the option in errors."""
+    partial = target.with_name(f".{target.name}.tmp-{_owner_tag()}part")
+    try:
+        if isinstance(data, str):
+            partial.write_text(data, encoding="utf-8")
+        else:
+            partial.write_bytes(data)
+        partial.chmod(0o666 & ~_umask())
+        partial.replace(target)
+    except OSError as exc:
+        raise OptionError(f"{what} {target}: cannot write ({exc.strerror or exc}). Pass another path.") from None
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------------------

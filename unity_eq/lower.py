@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,39 @@ class _Names:
         return name
 
 
+def derived_names(plan: Plan) -> dict[str, str]:
+    """Names from the source model for the tensors the rewrites made, which have none (``uq.35``), so that a
+    user finds them in Netron: a tensor made of named pieces alone is named after them, ``+``-joined (the q, k
+    and v weights concatenated: ``attn.q.weight+attn.k.weight+attn.v.weight``); one that feeds named values is
+    named after those (the one MatMul for q, k and v, whose result is split into them:
+    ``attn.q.matmul+attn.k.matmul+attn.v.matmul``). Chosen from the plan alone, so every rank agrees."""
+    names = {tid: name for tid, t in plan.tensors.items() if (name := t.value or t.source)}
+    made: dict[str, str] = {}
+    for step in plan.steps:  # forward, through data movement only: pieces -> what they make
+        if isinstance(step, Compute) and step.op_type not in _FOLDABLE:
+            continue
+        ins = [names.get(i) or made.get(i) for i in step_inputs(step)]
+        if ins and all(ins):
+            for out in step_outputs(step):
+                if out not in names:
+                    made[out] = _joined(n for n in ins if n)
+    feeds: dict[str, str] = {}
+    for step in reversed(plan.steps):  # backward: what a nameless tensor becomes
+        known = _joined(n for n in (names.get(o) or feeds.get(o) for o in step_outputs(step)) if n)
+        for tid in step_inputs(step):
+            if known and tid not in names and tid not in made and tid not in feeds:
+                feeds[tid] = known
+    return {**feeds, **made}
+
+
+def _joined(names: Iterable[str], most: int = 4) -> str:
+    """``a+b+c``, each name once; past ``most`` names, ``a+b+c+5 more`` (a name is for finding, not listing)."""
+    unique = list(dict.fromkeys(part for name in names for part in name.split("+")))
+    if len(unique) > most:
+        return "+".join(unique[: most - 1]) + f"+{len(unique) - most + 1} more"
+    return "+".join(unique)
+
+
 class _DeviceGraphBuilder:
     """Builds one rank's ONNX graph, step by step."""
 
@@ -157,6 +190,7 @@ class _DeviceGraphBuilder:
         self.tensor_names: dict[str, str] = {}  # plan tensor (non-constant) -> its ONNX name on this rank
         self.producer = {out: node for node in graph.nodes for out in node.outputs if out and node.name}
         self.cuts: list[dict[str, Any]] = []  # collective cuts, described in the model's metadata
+        self.derived = derived_names(plan)  # source-model names for tensors the rewrites made
 
     def _reserved(self) -> set[str]:
         """Names fixed by the original model: its inputs and outputs keep them on every rank."""
@@ -177,7 +211,7 @@ class _DeviceGraphBuilder:
         placement when it is a piece of it (``attn.q.matmul[S(2)]``); the plan's id when it is neither."""
         t = self.plan.tensors.get(tid)
         value = (t.value or t.source) if t is not None else None
-        value = value or self.weight_of.get(tid)
+        value = value or self.weight_of.get(tid) or self.derived.get(tid)
         if not value:
             return tid
         if t is not None and any(not isinstance(p, Replicate) for p in t.placement):
@@ -214,7 +248,7 @@ class _DeviceGraphBuilder:
             return self.node_names.fresh(node)
         for out in step_outputs:
             t = self.plan.tensors.get(out) if out else None
-            value = (t.value or t.source) if t is not None else None
+            value = ((t.value or t.source) if t is not None else None) or self.derived.get(out)
             if value and value in self.producer:
                 source = self.producer[value]
                 same = source.op_type == op_type
@@ -343,15 +377,30 @@ class _DeviceGraphBuilder:
         self.inputs[-1].doc_string = f"result of {cut}"
         self.tensor_names[out] = dst_name
         collectives.append({"src": src_name, "dst": dst_name})
-        self.cuts.append({"id": len(self.cuts), "src": src_name, "dst": dst_name, "what": cut})
+        self.cuts.append({"id": len(self.cuts), "src": src_name, "dst": dst_name, **self.cut_fields(out), "what": cut})
+
+    def cut_fields(self, out: str) -> dict[str, Any]:
+        """A collective as data for the model's metadata: kind, mesh axis, dim, this rank's peers (the ranks it
+        runs with, itself included) and the bytes of its result on each rank."""
+        step = next(s for s in self.plan.steps if isinstance(s, AllGather | AllReduce) and s.out == out)
+        return {
+            "kind": "all_gather" if isinstance(step, AllGather) else "all_reduce",
+            "axis": step.axis,
+            "dim": step.dim if isinstance(step, AllGather) else None,
+            "peers": list(self.mesh.group(self.rank, step.axis)),
+            "bytes": self.plan.tensors[out].local_bytes(self.mesh),
+        }
 
     def describe_cut(self, index: int, out: str) -> str:
-        """``collective 0: all_gather on mesh axis x (dim 2) with ranks [0, 1]`` for Netron and for users."""
-        step = next(s for s in self.plan.steps if isinstance(s, AllGather | AllReduce) and s.out == out)
-        group = list(self.mesh.group(self.rank, step.axis))
-        if isinstance(step, AllGather):
-            return f"collective {index}: all_gather on mesh axis {step.axis} (dim {step.dim}) with ranks {group}"
-        return f"collective {index}: all_reduce (sum) on mesh axis {step.axis} with ranks {group}"
+        """``collective 0: all_gather on mesh axis x (dim 2) with ranks [0, 1], 4096 bytes per rank`` for Netron
+        and for users."""
+        fields = self.cut_fields(out)
+        what = "all_gather" if fields["kind"] == "all_gather" else "all_reduce (sum)"
+        dim = f" (dim {fields['dim']})" if fields["dim"] is not None else ""
+        return (
+            f"collective {index}: {what} on mesh axis {fields['axis']}{dim} with ranks {fields['peers']}, "
+            f"{fields['bytes']} bytes per rank"
+        )
 
     def finish(self, opset_imports: list[onnx.OperatorSetIdProto], ir_version: int) -> onnx.ModelProto:
         for model_out, tid in self.plan.outputs.items():
