@@ -70,14 +70,15 @@ def _remember(message: str) -> None:
     _last_step[:] = [message]
 
 
-def _live(quiet: bool) -> Any:
+def _live(quiet: bool, transient: bool = False) -> Any:
     """A live display of the progress rows on stderr when it is a terminal and not ``-q``; else None (then
-    progress, if any, is plain lines: a log or a pipe gets no redrawn display)."""
+    progress, if any, is plain lines: a log or a pipe gets no redrawn display). ``transient``: it goes away
+    when done (run and check print their results next)."""
     if quiet or not err.is_terminal:
         return None
     from unity_eq.progress import LiveTracker
 
-    return LiveTracker(err, on_step=_remember)
+    return LiveTracker(err, on_step=_remember, transient=transient)
 
 
 def _input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
@@ -279,6 +280,7 @@ def run(
     timeout: float = typer.Option(
         None, "--timeout", help="Seconds a rank waits for the others in one collective before failing (default 300)."
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages (notes and warnings stay)."),
 ) -> None:
     """Run every shard of a plan and write the model's outputs."""
     from unity_eq.runtime import load_plan_dir, random_inputs, run_plan
@@ -308,10 +310,13 @@ def run(
         plan = load_plan_dir(plan_dir)
         if inputs is None:
             feeds = random_inputs(plan.input_specs, seed)
-            err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
+            if not quiet:
+                err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
         else:
             feeds = _load_npz(inputs)
-        results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout)
+        live = _live(quiet, transient=True)
+        with live or contextlib.nullcontext():
+            results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout, tracker=live)
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:
@@ -351,9 +356,18 @@ def _check_plan(model: Path, plan_dir: Path, feeds: Any, seed: int, tolerance: f
 
     if not tolerance >= 0:
         raise OptionError(f"`--tolerance`: expected a relative error of 0 or more, got {tolerance:g}.")
-    result = run_check(
-        model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device, on_progress=_progress(quiet)
-    )
+    live = _live(quiet, transient=True)
+    with live or contextlib.nullcontext():
+        result = run_check(
+            model,
+            plan_dir,
+            feeds,
+            seed=seed,
+            tolerance=tolerance,
+            device=device,
+            on_progress=None if live else _progress(quiet),
+            tracker=live,
+        )
     for o in result.outputs:
         mark = "[green]ok[/green]" if o.passed else "[red]MISMATCH[/red]"
         out.print(

@@ -63,17 +63,17 @@ class LineTracker(Tracker):
 class LiveTracker(Tracker):
     """A rich display on ``console`` with one row per ``row``: name, what it is doing, elapsed time.
 
-    Use it as a context manager; messages printed on the same console appear above the display.
-    ``on_step`` hears every change as ``row: text`` (the CLI keeps the last one to say where an interrupt
-    stopped)."""
+    Use it as a context manager; messages printed on the same console appear above the display, which stays
+    when done unless ``transient`` (when the results printed next say it all). ``on_step`` hears every change
+    as ``row: text`` (the CLI keeps the last one to say where an interrupt stopped)."""
 
-    def __init__(self, console: Console, on_step: Callable[[str], None] | None = None) -> None:
+    def __init__(self, console: Console, on_step: Callable[[str], None] | None = None, transient: bool = False) -> None:
         self.progress = Progress(
             TextColumn("{task.description}", style="bold"),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             console=console,
-            transient=False,
+            transient=transient,
         )
         self.on_step = on_step or (lambda _m: None)
         self.rows: dict[str, TaskID] = {}
