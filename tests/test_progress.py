@@ -162,3 +162,18 @@ def test_plan_never_costs_more_than_a_baseline_it_reports(examples: Path, model:
     if choice["baseline"] is not None:  # the plan is a baseline's own extraction: said so
         assert report["baselines"][choice["baseline"]]["total_s"] == result.plan.cost.total
         assert choice["baseline"] in choice["note"]
+
+
+def test_a_cheaper_baseline_the_search_cannot_return_is_named(examples: Path) -> None:
+    """4 H100 + 4 A100 PCIe (examples/machines/mixed.toml): every plan over the 8 devices runs at the A100s'
+    pace, so the small MLP on one H100 alone is cheaper than any of them. No plan of the machine's mesh can
+    be that baseline, so the plan comes with a note naming it and what to do."""
+    result = optimize(examples / "mlp.onnx", machine=examples / "machines" / "mixed.toml", max_axes=1)
+    report = result.plan.report
+    one = report["baselines"]["one_device"]
+    assert one["fits"] and one["total_s"] < result.plan.cost.total  # the case this test is about
+    cheaper = report["extraction"]["plan_choice"]["cheaper_baseline"]
+    assert cheaper["name"] == "one_device" and cheaper["total_s"] == one["total_s"]
+    assert "H100" in cheaper["note"] and "alone" in cheaper["note"]
+    others = {k: b for k, b in report["baselines"].items() if k != "one_device"}
+    _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": others})

@@ -494,15 +494,18 @@ def _plan_choice(result: SearchResult) -> dict[str, Any]:
     if cheaper:
         name, b = min(cheaper, key=lambda item: item[1].cost.total)
         if name == "one_device":
-            why = "no plan found over this machine's devices is as cheap as the model on one device"
-            todo = "run it on one device"
+            why = (
+                f"no plan over all {plan.mesh.size} devices is as cheap (an SPMD plan runs at the pace of its "
+                "slowest device and link)"
+            )
+            todo = "run the model on that device alone (a machine file with only it)"
         else:
-            why = f"it runs on mesh {b.mesh}, not the forced mesh {result.trial.label}"
+            why = f"it runs on mesh {b.mesh}, which the search did not consider: `--mesh` forced {result.trial.label}"
             todo = "drop `--mesh` to let the search return it"
         choice["cheaper_baseline"] = {
             "name": name,
             "total_s": b.cost.total,
-            "note": f"the {name} baseline costs {b.cost.total / plan.cost.total:.2f}× this plan: {why}; {todo}",
+            "note": f"{name} ({b.description}) costs {b.cost.total / plan.cost.total:.2f}× this plan: {why}; {todo}",
         }
     return choice
 
