@@ -20,9 +20,11 @@ Each remaining mesh is saturated (up to two at a time, in worker processes) and 
 unrestricted greedy extraction, and the same e-graph restricted to the baselines' e-nodes (data parallel
 on the 1-axis mesh, tensor parallel on each axis). Every one of these is a valid plan of the mesh and the
 cheapest that fits in memory is the mesh's plan, so a plan never costs more than a baseline found on the same
-e-graphs. When no extraction of a mesh fits, extraction is repeated with a growing penalty on per-device
-bytes (``penalty_rounds``). The search keeps the cheapest mesh; plan.json lists every mesh with its cost and
-time, and why the others were skipped.
+e-graphs (a tie-break between plans within TIE_TOLERANCE never picks one dearer than such a baseline; plan.json's
+``extraction.plan_choice`` names a cheaper baseline the search cannot return: one device, or under ``--mesh``
+a baseline on another mesh). When no extraction of a mesh fits, extraction is repeated with a growing penalty
+on per-device bytes (``penalty_rounds``). The search keeps the cheapest mesh; plan.json lists every mesh with
+its cost and time, and why the others were skipped.
 
 Baselines (same model, same cost model): ``one_device`` is the original graph on the fastest device;
 ``data_parallel`` keeps every weight whole on all N devices (one mesh axis) and splits work only along
