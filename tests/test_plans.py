@@ -20,9 +20,7 @@ from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import load_machine
 from unity_eq.memory import tensor_kinds
 from unity_eq.plan import Plan, Replicated, Slice
-from unity_eq.search import TIE_TOLERANCE, candidate_meshes
-
-TIE = 1 + TIE_TOLERANCE  # plans within 1% are ties, which go to the one that communicates less
+from unity_eq.search import candidate_meshes
 
 H, FFN = 4096, 16384
 
@@ -59,7 +57,7 @@ def test_megatron_sizes_train_with_no_more_communication_than_megatron(blocks: s
     assert plan.cost.comm < dp_gradients / 5, (plan.cost.comm, dp_gradients)
     baselines = plan.report["baselines"]
     assert baselines["data_parallel"]["communication_s"] > 5 * plan.cost.comm
-    assert plan.cost.total <= baselines["tensor_parallel"]["total_s"] * TIE
+    assert plan.cost.total <= baselines["tensor_parallel"]["total_s"] * (1 + 1e-9)
     assert baselines["tensor_parallel"]["communication_s"] <= megatron * (1 + 1e-9)  # the TP baseline is Megatron
     assert _weight_axes(plan), "the plan shards weights"
 
@@ -72,7 +70,7 @@ def test_many_samples_and_small_weights_choose_data_parallel_or_better(blocks: s
     baselines = plan.report["baselines"]
     dp = baselines["data_parallel"]
     assert dp["sharded"] and dp["fits"]
-    assert plan.cost.total <= dp["total_s"] * TIE
+    assert plan.cost.total <= dp["total_s"] * (1 + 1e-9)  # a tie never goes to a plan dearer than a baseline
     assert dp["total_s"] < baselines["tensor_parallel"]["total_s"]
     assert dp["total_s"] < baselines["one_device"]["total_s"]
     kinds = tensor_kinds(plan)
@@ -233,7 +231,7 @@ def test_optimize_with_a_preset_then_explain(examples: Path, tmp_path: Path) -> 
     assert "baselines" in proc.stdout and "mesh search" in proc.stdout
     meta = json.loads((plan_dir / "plan.json").read_text())
     for name in ("one_device", "data_parallel", "tensor_parallel"):
-        assert meta["baselines"][name]["ratio"] * TIE >= 1
+        assert meta["baselines"][name]["ratio"] >= 1 - 1e-9  # never dearer than a baseline it reports
     assert meta["cost"]["overlap"]["overlappable_s"] >= 0
     assert meta["memory"]["fits"] and meta["extraction"]["memory_penalty_rounds"] == 0
     assert meta["machine"]["device_kinds"]["H100-SXM-80G"]["memory_bytes"] == 80 * 2**30
@@ -248,7 +246,7 @@ def test_optimize_with_a_preset_then_explain(examples: Path, tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert {b["name"] for b in report["baselines"]} == {"one_device", "data_parallel", "tensor_parallel"}
-    assert all(b["ratio"] * TIE >= 1 for b in report["baselines"])
+    assert all(b["ratio"] >= 1 - 1e-9 for b in report["baselines"])
     assert report["ops"] and all("placement" in op for op in report["ops"])
     assert report["pcg"] and report["cost"]["total_s"] == meta["cost"]["total_s"]
 

@@ -6,6 +6,7 @@ only a bug in unity-eq itself shows a traceback. Progress goes to stderr, result
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -59,10 +60,25 @@ def _progress(quiet: bool) -> Any:
         return None
 
     def say(message: str) -> None:
-        _last_step[:] = [message]
-        err.print(f"[dim]… {message}[/dim]")
+        _remember(message)
+        err.print(f"[dim]… {escape(message)}[/dim]")
 
     return say
+
+
+def _remember(message: str) -> None:
+    _last_step[:] = [message]
+
+
+def _live(quiet: bool, transient: bool = False) -> Any:
+    """A live display of the progress rows on stderr when it is a terminal and not ``-q``; else None (then
+    progress, if any, is plain lines: a log or a pipe gets no redrawn display). ``transient``: it goes away
+    when done (run and check print their results next)."""
+    if quiet or not err.is_terminal:
+        return None
+    from unity_eq.progress import LiveTracker
+
+    return LiveTracker(err, on_step=_remember, transient=transient)
 
 
 def _input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
@@ -140,26 +156,29 @@ def optimize(
     rule_files = None
     if rules:
         rule_files = default_rule_files(not no_generated_rules) + list(rules)
-    result = run_optimize(
-        model,
-        devices=devices,
-        machine=machine,
-        nodes=nodes,
-        interconnect=interconnect,
-        max_axes=max_axes,
-        output_dir=target,
-        input_shapes=_input_shapes(input_shape),
-        objective=objective,
-        mesh=mesh,
-        limits=limits,
-        rule_files=rule_files,
-        generated_rules=not no_generated_rules,
-        progress=_progress(quiet),
-        profile=profile,
-        blocks=blocks,
-        extractor=extractor,
-        ilp_time_limit=ilp_time_limit,
-    )
+    live = _live(quiet)
+    with live or contextlib.nullcontext():
+        result = run_optimize(
+            model,
+            devices=devices,
+            machine=machine,
+            nodes=nodes,
+            interconnect=interconnect,
+            max_axes=max_axes,
+            output_dir=target,
+            input_shapes=_input_shapes(input_shape),
+            objective=objective,
+            mesh=mesh,
+            limits=limits,
+            rule_files=rule_files,
+            generated_rules=not no_generated_rules,
+            progress=_progress(quiet),
+            profile=profile,
+            blocks=blocks,
+            extractor=extractor,
+            ilp_time_limit=ilp_time_limit,
+            tracker=live,
+        )
     _print_plan_summary(result)
     if check_plan and result.plan_dir is not None:
         _check_plan(model, result.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
@@ -172,7 +191,12 @@ def _print_plan_summary(result: Any) -> None:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("machine", plan.machine.describe())
-    table.add_row("mesh", str(plan.mesh))
+    usage = plan.report.get("parallelism", {})
+    unused = usage.get("unused_axes", [])
+    table.add_row("mesh", str(plan.mesh) + (f" (unused: {', '.join(unused)})" if unused else ""))
+    if usage:
+        devices = f"{usage['devices_used']} of {usage['devices']}"
+        table.add_row("devices used", devices + (f": {usage['note']}" if unused else ", every one doing distinct work"))
     table.add_row("objective", plan.objective)
     cost = plan.cost
     table.add_row(
@@ -193,10 +217,11 @@ def _print_plan_summary(result: Any) -> None:
         )
     baselines = plan.report.get("baselines", {})
     if baselines:
-        table.add_row(
-            "baselines (×plan)",
-            ", ".join(f"{name} {b['ratio']:.2f}" for name, b in baselines.items() if b.get("ratio") is not None),
-        )
+        table.add_row("baselines (×plan)", ", ".join(_baseline_text(name, b) for name, b in baselines.items()))
+    choice = plan.report.get("extraction", {}).get("plan_choice") or {}
+    for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note")):
+        if note:
+            table.add_row("note", note)
     search = plan.report.get("mesh_search")
     if search:
         runner = search.get("runner_up")
@@ -210,11 +235,38 @@ def _print_plan_summary(result: Any) -> None:
     table.add_row(
         "search",
         f"{sat.get('enodes')} e-nodes, {sat.get('iterations')} iterations ({sat.get('stop_reason')}), "
-        f"{sum(result.timings.values()):.2f} s",
+        + _search_time(result.timings),
     )
     if result.plan_dir is not None:
         table.add_row("written to", str(result.plan_dir))
     out.print(table)
+
+
+def _baseline_text(name: str, baseline: dict[str, Any]) -> str:
+    """``data_parallel 1.24 (x=16, 16 devices)``: the ratio to the plan, the mesh it ran on, how many devices
+    did distinct work, and whether it fits: a ratio means little without what it compares."""
+    ratio = "-" if baseline.get("ratio") is None else f"{baseline['ratio']:.2f}"
+    devices, used = baseline.get("devices", 1), baseline.get("devices_used", 1)
+    if devices == 1:
+        where = "1 device"
+    else:
+        where = f"on {baseline.get('mesh', '?')}, " + (
+            f"{devices} devices" if used == devices else f"{used} of {devices} devices do distinct work"
+        )
+    fits = "" if baseline.get("fits", True) else ", does not fit"
+    return f"{name} {ratio} ({where}{fits})"
+
+
+def _search_time(timings: dict[str, float]) -> str:
+    """The search's wall time, and the meshes' time summed over the workers that ran side by side."""
+    text = f"{timings.get('search_s', 0.0):.2f} s"
+    worker = timings.get("worker_s")
+    if worker is not None:
+        text += f" (meshes' time summed over parallel workers: {worker:.2f} s)"
+    wall = timings.get("wall_s")
+    if wall is not None:
+        text += f"; {wall:.2f} s in all"
+    return text
 
 
 @app.command()
@@ -228,6 +280,7 @@ def run(
     timeout: float = typer.Option(
         None, "--timeout", help="Seconds a rank waits for the others in one collective before failing (default 300)."
     ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages (notes and warnings stay)."),
 ) -> None:
     """Run every shard of a plan and write the model's outputs."""
     from unity_eq.runtime import load_plan_dir, random_inputs, run_plan
@@ -257,10 +310,13 @@ def run(
         plan = load_plan_dir(plan_dir)
         if inputs is None:
             feeds = random_inputs(plan.input_specs, seed)
-            err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
+            if not quiet:
+                err.print(f"[dim]… no --inputs: using random inputs (seed {seed})[/dim]")
         else:
             feeds = _load_npz(inputs)
-        results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout)
+        live = _live(quiet, transient=True)
+        with live or contextlib.nullcontext():
+            results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout, tracker=live)
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:
@@ -300,9 +356,18 @@ def _check_plan(model: Path, plan_dir: Path, feeds: Any, seed: int, tolerance: f
 
     if not tolerance >= 0:
         raise OptionError(f"`--tolerance`: expected a relative error of 0 or more, got {tolerance:g}.")
-    result = run_check(
-        model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device, on_progress=_progress(quiet)
-    )
+    live = _live(quiet, transient=True)
+    with live or contextlib.nullcontext():
+        result = run_check(
+            model,
+            plan_dir,
+            feeds,
+            seed=seed,
+            tolerance=tolerance,
+            device=device,
+            on_progress=None if live else _progress(quiet),
+            tracker=live,
+        )
     for o in result.outputs:
         mark = "[green]ok[/green]" if o.passed else "[red]MISMATCH[/red]"
         out.print(

@@ -141,6 +141,7 @@ def report_of(meta: dict[str, Any]) -> dict[str, Any]:
         "baselines": baselines,
         "plan_vs_baselines": {b["name"]: b.get("ratio") for b in baselines},
         "mesh_search": meta.get("mesh_search", {}),
+        "parallelism": meta.get("parallelism", {}),
         "extraction": meta.get("extraction", {}),
         "ops": ops,
         "communication": communication,
@@ -298,6 +299,12 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
         )
         bandwidth = f", {axis['bandwidth_gbs']:g} GB/s" if axis.get("bandwidth_gbs") else ""
         out.append(f"  axis {axis['name']}: {axis['size']} devices, {where} ({axis['link']}{bandwidth})")
+    usage = report.get("parallelism") or {}
+    if usage:
+        out.append(
+            f"devices used: {usage['devices_used']} of {usage['devices']}"
+            + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
+        )
 
     cost = report["cost"]
     out.append("")
@@ -327,6 +334,10 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
     extraction = report.get("extraction", {})
     if extraction:
         out.append(f"extraction: {extraction.get('method')}; memory: {extraction.get('memory_handling')}")
+        choice = extraction.get("plan_choice") or {}
+        for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note")):
+            if note:
+                out.append(f"note: {note}")
 
     if report["baselines"]:
         out.append("")
@@ -343,7 +354,9 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
                 f"{_ms(b['communication_s']):>11} {_gib(b['memory_bytes']):>9}  "
                 f"{'-' if ratio is None else f'{ratio:.2f}'}{flag}"
             )
-            out.append(f"      {b['description']}")
+            used, devices = b.get("devices_used"), b.get("devices")
+            share = f" ({used} of {devices} devices do distinct work)" if used and devices and used < devices else ""
+            out.append(f"      {b['description']}{share}")
 
     search = report.get("mesh_search") or {}
     if search.get("tried"):

@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -596,7 +596,7 @@ def plan_metadata(
         },
         **{
             key: plan.report[key]
-            for key in ("mesh_search", "baselines", "extraction", "blocks")
+            for key in ("mesh_search", "baselines", "extraction", "blocks", "parallelism")
             if plan.report.get(key)
         },
         "stats": plan.stats,
@@ -661,10 +661,12 @@ def machine_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
+def write_plan_dir(
+    lowered: LoweredPlan, out_dir: str | Path, on_rank: Callable[[int, int], None] | None = None
+) -> Path:
     """Write the plan directory atomically: everything goes to a temporary sibling that replaces ``out_dir``
     only when complete, so a failure never leaves a half-written plan. Ranks are built, saved and dropped
-    one at a time."""
+    one at a time; ``on_rank(done, total)`` hears each one written (a large model takes a while per rank)."""
     target = Path(out_dir)
     check_output_dir(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -682,6 +684,8 @@ def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
             del model
             validate_device_file(path, target / path.name)
             weight_bytes.append(nbytes)
+            if on_rank is not None:
+                on_rank(rank + 1, lowered.world_size)
             if rank == 0:
                 collectives = names
         metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)

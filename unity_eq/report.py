@@ -22,13 +22,15 @@ bound by up to ``overlappable_s``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from unity_eq.cost import ZERO, Cost, CostModel
+from unity_eq.ir import Replicate
 from unity_eq.memory import tensor_kinds
 from unity_eq.plan import AllGather, AllReduce, Compute, LoadInput, LoadWeight, Plan, Replicated, Slice, Step
 
-__all__ = ["cost_breakdown", "gradient_overlap", "price_plan", "step_phase"]
+__all__ = ["cost_breakdown", "gradient_overlap", "parallelism", "price_plan", "step_phase"]
 
 
 def step_phase(step: Step, kinds: dict[str, str]) -> str | None:
@@ -135,3 +137,41 @@ def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
             case _:
                 raise AssertionError(step)
     return costs
+
+
+def parallelism(plan: Plan) -> dict[str, Any]:
+    """Which mesh axes the plan really uses, and how many devices do distinct work (plan.json ``parallelism``).
+
+    An axis along which every tensor is replicated (``R``) is unused: the ranks along it hold the same values
+    and run the same ops, so all but one of them repeat the others' work. A cost ratio against a baseline on
+    all devices means something else when the plan runs on a fraction of them, so the summary says so.
+    """
+    mesh = plan.mesh
+    used = [
+        axis
+        for i, axis in enumerate(mesh.axes)
+        if any(not isinstance(t.placement[i], Replicate) for t in plan.tensors.values())
+    ]
+    unused = [axis for axis in mesh.axes if axis not in used]
+    distinct = math.prod(mesh.axis_size(axis) for axis in used)
+    out: dict[str, Any] = {
+        "used_axes": used,
+        "unused_axes": unused,
+        "devices": mesh.size,
+        "devices_used": distinct,
+        "copies": mesh.size // distinct,
+    }
+    if unused:
+        out["note"] = usage_note(out, {axis: mesh.axis_size(axis) for axis in unused})
+    return out
+
+
+def usage_note(usage: dict[str, Any], unused_sizes: dict[str, int]) -> str:
+    """``axis x (2 ranks) unused, every tensor replicated along it; the other 8 devices repeat the work of 8``"""
+    axes = ", ".join(f"{axis} ({size} ranks)" for axis, size in unused_sizes.items())
+    word = "axes" if len(unused_sizes) > 1 else "axis"
+    devices, distinct = usage["devices"], usage["devices_used"]
+    return (
+        f"{word} {axes} unused, every tensor replicated along it; "
+        f"the other {devices - distinct} devices repeat the work of {distinct}"
+    )

@@ -47,6 +47,7 @@ from onnx import helper
 
 from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError, UnityEqError
 from unity_eq.planfile import read_plan_json
+from unity_eq.progress import Tracker
 
 __all__ = [
     "CheckResult",
@@ -595,11 +596,18 @@ class RankTimes:
 
 
 def execute_rank(
-    program: RankProgram, inputs: Mapping[str, np.ndarray], comm: Communicator, times: RankTimes | None = None
+    program: RankProgram,
+    inputs: Mapping[str, np.ndarray],
+    comm: Communicator,
+    times: RankTimes | None = None,
+    on_stage: Callable[[int, int], None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run one rank's segments and collectives; returns the model outputs as this rank holds them."""
+    """Run one rank's segments and collectives; returns the model outputs as this rank holds them.
+
+    ``on_stage(done, total)`` hears each stage (a segment and the collectives after it) finished."""
     env: dict[str, np.ndarray] = dict(inputs)
-    for segment, collectives in zip(program.segments, program.collectives_after, strict=True):
+    stages = len(program.segments)
+    for index, (segment, collectives) in enumerate(zip(program.segments, program.collectives_after, strict=True)):
         if segment.session is not None:
             start = time.perf_counter()
             feeds = {name: env[name] for name in segment.inputs}
@@ -612,6 +620,8 @@ def execute_rank(
             env[c["dst"]] = run_collective(comm, c, env[c["src"]], _group_of(c, program.rank))
             if times is not None:
                 times.collectives_s += time.perf_counter() - start
+        if on_stage is not None:
+            on_stage(index + 1, stages)
     return {name: env[name] for name in program.outputs}
 
 
@@ -686,12 +696,15 @@ def run_plan(
     device: str = "cpu",
     on_note: Callable[[str], None] | None = None,
     timeout: float | None = None,
+    tracker: Tracker | None = None,
 ) -> dict[str, np.ndarray]:
     """Run every rank of a plan in this process (``local`` backend) and return rank 0's outputs.
 
     All ranks must agree on every (replicated) output; a disagreement is an error, not a silent choice.
     ``timeout`` bounds the wait of one collective (default ``UNITY_EQ_COLLECTIVE_TIMEOUT``, 300 s).
+    ``tracker`` (unity_eq.progress) hears the device files loaded and rank 0's stages run (row ``run``).
     """
+    tracker = tracker or Tracker()
     plan = plan_dir if isinstance(plan_dir, PlanDir) else load_plan_dir(plan_dir)
     if backend != "local":
         raise RuntimeBackendError(f"backend: `run_plan` runs the local backend; got {backend!r}")
@@ -704,14 +717,30 @@ def run_plan(
             on_note(note)
         if any(c.cuda for c in choices):
             on_note(describe_devices(choices))
-    programs = [build_rank_program(plan, rank, choices[rank].providers, threads) for rank in range(world)]
-    return execute_local(programs, feeds, timeout)
+    tracker.start("run", f"loading {world} device files")
+    programs = []
+    for rank in range(world):
+        programs.append(build_rank_program(plan, rank, choices[rank].providers, threads))
+        tracker.count("run", rank + 1, world, "device files loaded")
+
+    def stage(done: int, total: int) -> None:
+        tracker.count("run", done, total, "stages run (rank 0)")
+
+    outputs = execute_local(programs, feeds, timeout, stage)
+    tracker.finish("run", f"{world} ranks run")
+    return outputs
 
 
 def execute_local(
-    programs: Sequence[RankProgram], feeds: Mapping[str, np.ndarray], timeout: float | None = None
+    programs: Sequence[RankProgram],
+    feeds: Mapping[str, np.ndarray],
+    timeout: float | None = None,
+    on_stage: Callable[[int, int], None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run loaded rank programs once, one thread per rank (``check`` runs the same programs on many inputs)."""
+    """Run loaded rank programs once, one thread per rank (``check`` runs the same programs on many inputs).
+
+    ``on_stage(done, total)`` hears rank 0's stages: the ranks wait for each other in every collective, so
+    rank 0's progress is the run's."""
     world = len(programs)
     board = _Board(world, COLLECTIVE_TIMEOUT_S if timeout is None else timeout)
     results: list[dict[str, np.ndarray] | None] = [None] * world
@@ -719,7 +748,8 @@ def execute_local(
 
     def work(rank: int) -> None:
         try:
-            results[rank] = execute_rank(programs[rank], feeds, LocalCommunicator(rank, board))
+            progress = on_stage if rank == 0 else None
+            results[rank] = execute_rank(programs[rank], feeds, LocalCommunicator(rank, board), on_stage=progress)
         except BaseException as exc:  # recorded and re-raised in the caller's thread
             errors[rank] = exc
             board.fail(f"rank {rank} failed: {exc}")
@@ -953,13 +983,16 @@ def check(
     device: str = "cpu",
     draws: Sequence[InputDraw] | None = None,
     on_progress: Callable[[str], None] | None = None,
+    tracker: Tracker | None = None,
 ) -> CheckResult:
     """Run the original model and the plan on the same inputs and compare every output.
 
     Without ``inputs``, every draw of ``draws`` (default :func:`default_draws` from ``seed``) is tried and the
     worst error of each output is kept. Raises :class:`RuntimeBackendError` (exit 2) when the original model
     fails on the inputs, and :class:`CheckFailed` (exit 1) when the plan fails to run on inputs the original
-    accepts."""
+    accepts. ``on_progress`` hears a line per input set; ``tracker`` (unity_eq.progress) counts them (row
+    ``check``)."""
+    tracker = tracker or Tracker()
     plan = load_plan_dir(plan_dir)
     trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
     if inputs is not None:
@@ -973,9 +1006,11 @@ def check(
     choices = [choose_device(device, rank) for rank in range(world)]
     programs = [build_rank_program(plan, r, choices[r].providers, threads_per_rank(world)) for r in range(world)]
     worst: dict[str, OutputComparison] = {}
-    for what, make in trials:
+    tracker.start("check", f"{len(trials)} input set(s) on {world} rank(s)")
+    for done, (what, make) in enumerate(trials):
         if on_progress:
             on_progress(f"checking on {what}")
+        tracker.update("check", f"{done} of {len(trials)} input sets checked; now {what}")
         feeds = make()
         expected = _run_original(original, model_path, feeds, plan.output_names, what)
         try:
@@ -987,6 +1022,7 @@ def check(
             old = worst.get(o.name)
             if old is None or (not o.passed, o.relative_error) > (not old.passed, old.relative_error):
                 worst[o.name] = o
+    tracker.finish("check", f"{len(trials)} input set(s) checked")
     return CheckResult([worst[name] for name in plan.output_names], tolerance, [what for what, _ in trials])
 
 

@@ -20,9 +20,11 @@ Each remaining mesh is saturated (up to two at a time, in worker processes) and 
 unrestricted greedy extraction, and the same e-graph restricted to the baselines' e-nodes (data parallel
 on the 1-axis mesh, tensor parallel on each axis). Every one of these is a valid plan of the mesh and the
 cheapest that fits in memory is the mesh's plan, so a plan never costs more than a baseline found on the same
-e-graphs. When no extraction of a mesh fits, extraction is repeated with a growing penalty on per-device
-bytes (``penalty_rounds``). The search keeps the cheapest mesh; plan.json lists every mesh with its cost and
-time, and why the others were skipped.
+e-graphs (a tie-break between plans within TIE_TOLERANCE never picks one dearer than such a baseline; plan.json's
+``extraction.plan_choice`` names a cheaper baseline the search cannot return: one device, or under ``--mesh``
+a baseline on another mesh). When no extraction of a mesh fits, extraction is repeated with a growing penalty
+on per-device bytes (``penalty_rounds``). The search keeps the cheapest mesh; plan.json lists every mesh with
+its cost and time, and why the others were skipped.
 
 Baselines (same model, same cost model): ``one_device`` is the original graph on the fastest device;
 ``data_parallel`` keeps every weight whole on all N devices (one mesh axis) and splits work only along
@@ -49,6 +51,8 @@ from unity_eq.ir import Graph, Mesh, machine_order
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
 from unity_eq.profile import ProfileTable
+from unity_eq.progress import LineTracker, Tracker
+from unity_eq.report import parallelism
 from unity_eq.rulesets import RuleFile
 
 __all__ = ["Baseline", "MeshTrial", "SearchResult", "axis_info", "candidate_meshes", "search"]
@@ -233,11 +237,17 @@ class Baseline:
     cost: Cost
     memory: MemoryUsage
     sharded: bool  # False when the restriction left nothing to shard (it is the one-device plan)
+    devices_used: int = 1  # devices doing distinct work (the rest repeat them)
+    devices: int = 1  # devices of its mesh
+    trial: MeshTrial | None = None  # the mesh whose e-graph it was extracted from (None: one device)
+    extraction: Extraction | None = None
 
     def to_json(self, plan_cost: float) -> dict[str, Any]:
         return {
             "description": self.description,
             "mesh": self.mesh,
+            "devices": self.devices,
+            "devices_used": self.devices_used,
             "total_s": self.cost.total,
             "compute_s": self.cost.compute,
             "communication_s": self.cost.comm,
@@ -255,6 +265,25 @@ def _is_sharded(plan: Plan) -> bool:
 def uses_axes(plan: Plan) -> set[str]:
     """The mesh axes the plan's parallel steps use."""
     return {s.axis for s in plan.steps if isinstance(s, Slice | AllGather | AllReduce | Replicated)}
+
+
+def _baseline_of(
+    name: str, description: str, mesh: str, trial: MeshTrial, extraction: Extraction, usage: MemoryUsage
+) -> Baseline:
+    """A baseline extracted from ``trial``'s e-graph, with how many of its devices do distinct work."""
+    plan = extraction.plan
+    return Baseline(
+        name,
+        description,
+        mesh,
+        plan.cost,
+        usage,
+        _is_sharded(plan),
+        devices_used=parallelism(plan)["devices_used"],
+        devices=plan.mesh.size,
+        trial=trial,
+        extraction=extraction,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -290,7 +319,9 @@ class SearchResult:
                 "memory_penalty_s_per_byte": self.trial.penalty,
                 "memory_handling": _memory_handling(self.trial),
                 "tie_break": self.tie_break,
+                "plan_choice": _plan_choice(self),
             },
+            "parallelism": parallelism(self.plan),
         }
 
 
@@ -345,14 +376,18 @@ def search(
     workers: int = 2,
     profile: ProfileTable | None = None,
     blocks: str = "auto",
+    tracker: Tracker | None = None,
 ) -> SearchResult:
     """Find the cheapest plan that fits over the candidate meshes (or the one forced ``mesh``).
 
     ``profile`` (a table from ``unity-eq profile``) prices the ops it measured with their measured times.
     ``blocks`` (``auto``, ``on``, ``off``): optimize the model piece by piece (see unity_eq.blocks); ``auto``
     does so when it has at least BLOCK_MIN_NODES nodes and repeated pieces.
+    ``tracker`` hears each mesh's progress (row ``mesh x=2,y=4``: saturation iterations, extraction, the
+    result) and the baselines' (row ``baselines``); without one, ``say`` gets a line when a mesh starts and ends.
     """
     say = say or (lambda _m: None)
+    tracker = tracker or LineTracker(say)
     split = choose_split(graph, blocks)
     if split is not None:
         say(f"optimizing block by block: {split.summary()}")
@@ -368,7 +403,7 @@ def search(
     else:
         trials = candidate_meshes(machine, graph, objective, max_axes)
 
-    runner = _Runner(graph, machine, objective, rules, limits, say, workers, profile, split)
+    runner = _Runner(graph, machine, objective, rules, limits, say, tracker, workers, profile, split)
     first = [t for t in trials if t.status == "pending" and len(t.mesh.axes) <= 2]
     runner.run(first)
     deeper = [t for t in trials if t.status == "pending" and len(t.mesh.axes) == 3]
@@ -389,18 +424,32 @@ def search(
         if failed and not any(t.status == "infeasible" for t in trials):
             raise ExtractionError(f"no mesh produced a plan: {failed[0].label}: {failed[0].reason}")
         raise InfeasiblePlanError(_infeasible_message(trials, machine))
-    best, tie_break = _choose(candidates)
-    assert best.plan is not None
+    tracker.start("baselines", "pricing one device, data parallel, tensor parallel")
     baselines = _baselines(trials, runner, machine, objective)
+    tracker.finish("baselines", ", ".join(f"{name} {b.cost.total * 1e3:.3f} ms" for name, b in baselines.items()))
+    best, tie_break = _choose(candidates, _ceiling(baselines))
+    assert best.plan is not None
     return SearchResult(best.plan, best, trials, baselines, runner.extractors, tie_break, split)
 
 
-def _choose(candidates: list[MeshTrial]) -> tuple[MeshTrial, dict[str, Any] | None]:
+def _ceiling(baselines: dict[str, Baseline]) -> float:
+    """The cost the plan may not exceed: the cheapest baseline that fits and that the search could return
+    itself (one extracted from a candidate mesh's e-graph)."""
+    returnable = [
+        b.cost.total
+        for b in baselines.values()
+        if b.memory.fits and b.extraction is not None and b.trial is not None and b.trial.candidate
+    ]
+    return min(returnable, default=math.inf)
+
+
+def _choose(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[MeshTrial, dict[str, Any] | None]:
     """The cheapest plan that fits over all meshes and extractions; plans within TIE_TOLERANCE of it are ties,
-    and among ties the one with the least communication wins (the least certain part of the model)."""
+    and among ties the one with the least communication wins (the least certain part of the model) — but
+    never one that costs more than ``ceiling``: a plan reported next to a cheaper baseline would be a lie."""
     options = [(t, e, m) for t in candidates for e, m in t.extractions if m.fits]
     cheapest = min(options, key=lambda o: (o[1].plan.cost.total, len(o[0].mesh.axes)))
-    limit = cheapest[1].plan.cost.total * (1 + TIE_TOLERANCE)
+    limit = min(cheapest[1].plan.cost.total * (1 + TIE_TOLERANCE), max(ceiling, cheapest[1].plan.cost.total))
     ties = [o for o in options if o[1].plan.cost.total <= limit]
     trial, extraction, memory = min(
         ties, key=lambda o: (o[1].plan.cost.comm, o[1].plan.cost.total, len(o[0].mesh.axes))
@@ -422,6 +471,45 @@ def _choose(candidates: list[MeshTrial]) -> tuple[MeshTrial, dict[str, Any] | No
             f"({extraction.plan.cost.comm * 1e3:.3f} ms instead of {cheapest[1].plan.cost.comm * 1e3:.3f} ms)"
         ),
     }
+
+
+def _plan_choice(result: SearchResult) -> dict[str, Any]:
+    """How the returned plan relates to the baselines (plan.json ``extraction.plan_choice``).
+
+    The baselines' own extractions are among the search's options, so a returnable baseline is never
+    cheaper than the plan; when the plan *is* a baseline (no other extraction was cheaper) it says so, and a
+    baseline the search could not return (one device; a mesh other than the forced one) that is cheaper is
+    named with what to do.
+    """
+    plan = result.plan
+    same = next(
+        (name for name, b in result.baselines.items() if b.extraction is not None and b.extraction.plan is plan), None
+    )
+    choice: dict[str, Any] = {"baseline": same}
+    if same is not None:
+        choice["note"] = f"the plan is the {same} baseline: no other extraction was cheaper"
+    cheaper = [
+        (name, b)
+        for name, b in result.baselines.items()
+        if b.memory.fits and b.cost.total < plan.cost.total * (1 - 1e-9)
+    ]
+    if cheaper:
+        name, b = min(cheaper, key=lambda item: item[1].cost.total)
+        if name == "one_device":
+            why = (
+                f"no plan over all {plan.mesh.size} devices is as cheap (an SPMD plan runs at the pace of its "
+                "slowest device and link)"
+            )
+            todo = "run the model on that device alone (a machine file with only it)"
+        else:
+            why = f"it runs on mesh {b.mesh}, which the search did not consider: `--mesh` forced {result.trial.label}"
+            todo = "drop `--mesh` to let the search return it"
+        choice["cheaper_baseline"] = {
+            "name": name,
+            "total_s": b.cost.total,
+            "note": f"{name} ({b.description}) costs {b.cost.total / plan.cost.total:.2f}× this plan: {why}; {todo}",
+        }
+    return choice
 
 
 def _skip_deeper(trials: list[MeshTrial]) -> str | None:
@@ -473,6 +561,7 @@ class _Runner:
         rules: list[RuleFile],
         limits: Limits,
         say: Say,
+        tracker: Tracker,
         workers: int,
         profile: ProfileTable | None = None,
         split: BlockSplit | None = None,
@@ -486,6 +575,7 @@ class _Runner:
         self.rules = rules
         self.limits = limits
         self.say = say
+        self.tracker = tracker
         self.workers = max(1, workers)
         self.extractors: dict[str, Extractor | BlockExtractor] = {}
         self.data: dict[str, EGraphData] = {}
@@ -493,6 +583,8 @@ class _Runner:
     def run(self, trials: Sequence[MeshTrial]) -> None:
         if not trials:
             return
+        for trial in trials:
+            self.tracker.queue(_row(trial))
         with ThreadPoolExecutor(max_workers=min(self.workers, len(trials))) as pool:
             futures: list[tuple[MeshTrial, Future[tuple[Encoding, SaturationResult, float]]]] = [
                 (t, pool.submit(self._saturate, t)) for t in trials
@@ -506,6 +598,7 @@ class _Runner:
                     if not isinstance(exc, UnityEqError):
                         raise
                     trial.status, trial.reason = "failed", str(exc)
+                    self.tracker.finish(_row(trial), f"failed: {exc}")
                     continue
                 trial.encoding, trial.saturation, trial.saturate_s = encoding, saturation, seconds
                 trial.enodes, trial.stop_reason = saturation.enodes, saturation.stop_reason.value
@@ -514,14 +607,25 @@ class _Runner:
     def _saturate(self, trial: MeshTrial) -> tuple[Encoding, SaturationResult, float]:
         raise_if_stopped()  # SIGTERM/SIGINT: the meshes still queued are not started
         start = time.perf_counter()
+        row = _row(trial)
         if self.split is not None:
-            self.say(f"mesh {trial.label}: saturating {len(self.split.distinct)} distinct pieces")
-            blocks = saturate_pieces(self.split, trial.mesh, self.rules, self.limits)
+            self.tracker.start(row, f"saturating {len(self.split.distinct)} distinct pieces")
+            pieces = len(self.split.distinct)
+            done = iter(range(1, pieces + 1))
+
+            def piece_done(message: str) -> None:
+                self.tracker.update(row, f"saturated {next(done)} of {pieces} pieces ({message})")
+
+            blocks = saturate_pieces(self.split, trial.mesh, self.rules, self.limits, piece_done)
             self.blocks[trial.label] = blocks
             return blocks.solutions[next(iter(blocks.solutions))].encoding, blocks.total, time.perf_counter() - start
         encoding = encode(self.graph, trial.mesh)
-        self.say(f"mesh {trial.label}: saturating")
-        result = saturate(self.rules, encoding, self.limits)
+        self.tracker.start(row, "saturating")
+
+        def iteration(phase: str, number: int, enodes: int, _seconds: float) -> None:
+            self.tracker.update(row, f"saturating: {phase} iteration {number}, {enodes} e-nodes")
+
+        result = saturate(self.rules, encoding, self.limits, iteration)
         return encoding, result, time.perf_counter() - start
 
     def _extract(self, trial: MeshTrial) -> None:
@@ -541,6 +645,7 @@ class _Runner:
             variants += [Restriction.data_parallel(), Restriction.data_parallel(strict=False)]
         variants += [Restriction.tensor_parallel(a) for a in trial.mesh.axes]
         for restriction in variants:
+            self.tracker.update(_row(trial), f"extracting ({restriction.name}), {trial.enodes} e-nodes")
             try:
                 extraction = extractor.extract(restriction)
             except ExtractionError:
@@ -564,7 +669,7 @@ class _Runner:
         trial.min_memory = min(everything, key=lambda m: m.total) if everything else None
         trial.extract_s = time.perf_counter() - start
         cost = f"{trial.plan.cost.total * 1e3:.3f} ms" if trial.plan else "does not fit"
-        self.say(f"mesh {trial.label}: {trial.enodes} e-nodes, {cost} ({trial.saturate_s + trial.extract_s:.1f} s)")
+        self.tracker.finish(_row(trial), f"{trial.enodes} e-nodes, {cost} ({trial.saturate_s + trial.extract_s:.1f} s)")
 
     def _penalize(
         self, trial: MeshTrial, extractor: Extractor | BlockExtractor, cheapest: tuple[Extraction, MemoryUsage]
@@ -593,6 +698,11 @@ class _Runner:
                 stalled = 0
             previous = usage.total
             penalty *= PENALTY_GROWTH
+
+
+def _row(trial: MeshTrial) -> str:
+    """The progress row of a mesh (``mesh x=2,y=4``)."""
+    return f"mesh {trial.label}"
 
 
 def _baselines(trials: list[MeshTrial], runner: _Runner, machine: Machine, objective: str) -> dict[str, Baseline]:
@@ -627,9 +737,7 @@ def _baselines(trials: list[MeshTrial], runner: _Runner, machine: Machine, objec
                 f"whole on all {flat.mesh.size} devices"
             )
         if "data_parallel" in dp or "weights_whole" in dp:
-            found["data_parallel"] = Baseline(
-                "data_parallel", description, flat.label, extraction.plan.cost, usage, _is_sharded(extraction.plan)
-            )
+            found["data_parallel"] = _baseline_of("data_parallel", description, flat.label, flat, extraction, usage)
     tp: list[tuple[MeshTrial, str, Extraction, MemoryUsage]] = []
     for trial in done:
         for extraction, usage in trial.extractions:
@@ -642,12 +750,12 @@ def _baselines(trials: list[MeshTrial], runner: _Runner, machine: Machine, objec
         size = trial.mesh.axis_size(axis)
         where = next(a for a in trial.axes if a["name"] == axis)
         span = "across nodes" if where["spans_nodes"] else "inside a node"
-        found["tensor_parallel"] = Baseline(
+        found["tensor_parallel"] = _baseline_of(
             "tensor_parallel",
             f"tensor parallel over {size} devices ({span}, axis {axis} of mesh {trial.label})",
             f"{trial.label} (axis {axis})",
-            extraction.plan.cost,
+            trial,
+            extraction,
             usage,
-            _is_sharded(extraction.plan),
         )
     return found
