@@ -4,8 +4,7 @@
 A plain module, imported by tests and the benchmark; nothing here is collected by pytest.
 
 The models are written one weight at a time straight into the external data file, so making a 1 GiB model
-never holds more than one weight in memory (the measurement would otherwise start from a warm, large heap
-in the parent, and the test machine has little memory to spare).
+never holds more than one weight in memory (test machines have little memory to spare).
 """
 
 from __future__ import annotations
@@ -23,8 +22,9 @@ from onnx import TensorProto, helper
 __all__ = ["MlpModel", "Peak", "peak_rss_bytes", "write_external_mlp"]
 
 # Runs the unity-eq CLI in this fresh interpreter (arguments as given) and prints its peak RSS: the process's
-# own (RUSAGE_SELF: reading, lowering, writing, running) and its children's (the e-graph worker). One
-# interpreter per measurement: a peak is a maximum over the process's life.
+# own (reading, lowering, writing, running) and its children's (the e-graph worker). The own peak is VmHWM,
+# the high-water mark of the process's memory since exec: ru_maxrss would also count the RSS of the parent
+# it was forked from (Linux keeps it across exec), so a large parent would raise every measurement.
 _MEASURE = """
 import json, resource, sys
 from unity_eq.cli import main
@@ -32,8 +32,10 @@ try:
     rc = main(sys.argv[1:])
 except SystemExit as exc:
     rc = exc.code
-peak = {who: resource.getrusage(getattr(resource, who)).ru_maxrss * 1024 for who in ("RUSAGE_SELF", "RUSAGE_CHILDREN")}
-print(json.dumps({"rc": rc, "self": peak["RUSAGE_SELF"], "children": peak["RUSAGE_CHILDREN"]}))
+with open("/proc/self/status") as status:
+    hwm = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+print(json.dumps({"rc": rc, "self": hwm * 1024, "children": children * 1024}))
 """
 
 
@@ -102,7 +104,8 @@ class Peak:
 
 
 def peak_rss_bytes(args: list[str], timeout: float = 600) -> Peak:
-    """Run ``unity-eq ARGS`` in a fresh interpreter and return its peak RSS (Linux's ``ru_maxrss``).
+    """Run ``unity-eq ARGS`` in a fresh interpreter and return its peak RSS (Linux only: ``VmHWM`` and
+    ``ru_maxrss``).
     Raises ``AssertionError`` with its output when the command fails."""
     proc = subprocess.run(
         [sys.executable, "-c", _MEASURE, *args], capture_output=True, text=True, timeout=timeout, check=False

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 import unity_eq
 from unity_eq.cost import Cost
@@ -47,14 +47,16 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
+from unity_eq.weightfile import ExternalWeights, embedded, release_pages
 
 __all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
 
 #: Data-movement ops that lowering evaluates when every tensor input is a weight (or a piece of one).
 _FOLDABLE = frozenset({"Split", "Concat", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
-# Device models whose weights exceed this are saved with external data (protobuf's 2 GiB limit).
-EXTERNAL_DATA_BYTES = 1 << 30
+# A rank whose weights exceed this writes them to ``device_<rank>.onnx.data`` one tensor at a time (streamed:
+# memory holds one tensor, not the rank); smaller ranks stay one self-contained file.
+EXTERNAL_DATA_BYTES = 16 << 20
 
 
 @dataclass
@@ -74,15 +76,39 @@ class LoweredPlan:
         return self.plan.mesh.size
 
     def build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], int]:
-        """Rank ``rank``'s model, its collectives' tensor names, and its weight bytes."""
+        """Rank ``rank``'s model with its weights inside, its collectives' tensor names, and its weight bytes."""
+        model, collectives, weights = self._build_rank(rank)
+        model.graph.initializer.extend(embedded(name, array) for name, array in weights.items())
+        return model, collectives, _weight_bytes(weights)
+
+    def write_rank(self, rank: int, folder: Path) -> tuple[list[dict[str, Any]], int]:
+        """Write ``device_<rank>.onnx`` to ``folder``; return its collectives' tensor names and weight bytes.
+
+        The weights are views of the source model's (memory-mapped) weights until written. Over
+        ``EXTERNAL_DATA_BYTES`` they are streamed: each is sliced, appended to ``device_<rank>.onnx.data`` and
+        dropped before the next, so memory holds one tensor of the rank, never the rank."""
+        model, collectives, weights = self._build_rank(rank)
+        nbytes = _weight_bytes(weights)
+        if nbytes > EXTERNAL_DATA_BYTES:
+            with ExternalWeights(folder / f"device_{rank}.onnx.data") as data:
+                for name in list(weights):
+                    model.graph.initializer.append(data.add(name, weights.pop(name)))
+        else:
+            model.graph.initializer.extend(embedded(name, array) for name, array in weights.items())
+        del weights
+        onnx.save_model(model, folder / f"device_{rank}.onnx")
+        return collectives, nbytes
+
+    def _build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], dict[str, np.ndarray]]:
+        """Rank ``rank``'s model without initializers, its collectives, and its initializers' values in graph
+        order (mostly views of the source weights: nothing is copied yet)."""
         builder = _DeviceGraphBuilder(self.plan, self.graph, rank)
         collectives: list[dict[str, Any]] = []
         for step in self.plan.steps:
             builder.add(step, collectives)
         model = builder.finish(self.opsets, self.ir_version)
         onnx.helper.set_model_props(model, identity_props(self.plan, rank, self.plan_hash, builder.cuts))
-        weight_bytes = sum(int(np.prod(t.dims)) * _itemsize(t.data_type) for t in builder.initializers.values())
-        return model, collectives, weight_bytes
+        return model, collectives, builder.initializers
 
     def models(self) -> Iterator[onnx.ModelProto]:
         for rank in range(self.world_size):
@@ -100,8 +126,11 @@ def _tensor_type(dtype: str) -> int:
 
 
 def _chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
+    """Chunk ``index`` of ``parts`` along ``dim``: a view (of a memory-mapped weight, nothing is read yet)."""
     size = array.shape[dim] // parts
-    return np.take(array, range(index * size, (index + 1) * size), axis=dim)
+    where = [slice(None)] * array.ndim
+    where[dim] = slice(index * size, (index + 1) * size)
+    return array[tuple(where)]
 
 
 def collective_stages(plan: Plan) -> dict[str, int]:
@@ -148,7 +177,7 @@ class _DeviceGraphBuilder:
         self.const_names: dict[str, str] = {}  # constant tensor -> its initializer's name
         self.alias: dict[str, str] = {}
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: dict[str, TensorProto] = {}
+        self.initializers: dict[str, np.ndarray] = {}  # values, written when the model is saved
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
@@ -198,12 +227,12 @@ class _DeviceGraphBuilder:
         if tid not in self.const_names:
             name = self.names.fresh(self.readable(tid))
             self.const_names[tid] = name
-            self.initializers[name] = numpy_helper.from_array(_contiguous(self.consts[tid]), name)
+            self.initializers[name] = self.consts[tid]
         return self.const_names[tid]
 
     def literal(self, values: tuple[int, ...], base: str = "const") -> str:
         name = self.names.fresh(base)
-        self.initializers[name] = numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+        self.initializers[name] = np.asarray(values, dtype=np.int64)
         return name
 
     def node_name(self, step_outputs: tuple[str, ...] | list[str], op_type: str, node: str = "") -> str:
@@ -368,7 +397,6 @@ class _DeviceGraphBuilder:
             f"{self.plan.model}.rank{self.rank}",
             self.inputs,
             self.outputs,
-            initializer=list(self.initializers.values()),
             value_info=value_info,
         )
         model = helper.make_model(graph, opset_imports=opset_imports, ir_version=ir_version, producer_name="unity-eq")
@@ -432,11 +460,12 @@ def plan_hash(plan: Plan, graph: Graph) -> str:
             digest.update(repr(array.tolist()).encode())
         elif array.size:
             digest.update(_contiguous(array.reshape(-1)).data)
+            release_pages(array)
     return digest.hexdigest()
 
 
-def _itemsize(data_type: int) -> int:
-    return int(np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize)
+def _weight_bytes(weights: dict[str, np.ndarray]) -> int:
+    return sum(int(np.asarray(array).nbytes) for array in weights.values())
 
 
 def _step_json(step: Step, cost: Cost | None = None) -> dict[str, Any]:
@@ -624,13 +653,8 @@ def write_plan_dir(lowered: LoweredPlan, out_dir: str | Path) -> Path:
         weight_bytes: list[int] = []
         collectives: list[dict[str, Any]] = []
         for rank in range(lowered.world_size):
-            model, names, nbytes = lowered.build_rank(rank)
+            names, nbytes = lowered.write_rank(rank, tmp)
             path = tmp / f"device_{rank}.onnx"
-            if nbytes > EXTERNAL_DATA_BYTES:
-                onnx.save_model(model, path, save_as_external_data=True, location=f"device_{rank}.onnx.data")
-            else:
-                onnx.save_model(model, path)
-            del model
             validate_device_file(path, target / path.name)
             weight_bytes.append(nbytes)
             if rank == 0:
@@ -658,7 +682,7 @@ def validate_device_file(path: Path, shown: Path) -> None:
         problem = f"onnx.checker: {str(exc).strip().splitlines()[0][:400]}"
     else:
         try:
-            make_session(str(path), ["CPUExecutionProvider"])
+            make_session(str(path), ["CPUExecutionProvider"], prepack=False)  # loads; weights stay on disk
             return
         except Exception as exc:  # onnxruntime refuses the model
             problem = f"onnxruntime: {str(exc).strip().splitlines()[0][:400]}"
