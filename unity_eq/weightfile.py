@@ -113,7 +113,7 @@ class ExternalWeights:
         if raw.nbytes >= _ALIGN_FROM_BYTES:
             offset = -(-offset // ALIGN_BYTES) * ALIGN_BYTES
         self._file.seek(offset)
-        self._file.write(raw)
+        self._file.write(raw.data)
         self.bytes_written = offset + raw.nbytes
         return offset
 
