@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["MlpModel", "Peak", "peak_rss_bytes", "write_external_mlp"]
+__all__ = ["MlpModel", "Peak", "peak_rss_bytes", "write_external_fanout", "write_external_mlp"]
 
 # Runs the unity-eq CLI in this fresh interpreter (arguments as given) and prints its peak RSS: the process's
 # own (reading, lowering, writing, running) and its children's (the e-graph worker). The own peak is VmHWM,
@@ -84,6 +84,32 @@ def write_external_mlp(folder: Path, hidden: int, ffn: int, pairs: int, batch: i
     path = folder / "model.onnx"
     onnx.save_model(model, path)  # the initializers already point into model.onnx.data
     return MlpModel(path, offset, largest)
+
+
+def write_external_fanout(folder: Path, hidden: int, width: int, branches: int, batch: int = 8) -> MlpModel:
+    """``y_i = MatMul(x, w_i)`` for ``branches`` weights of ``hidden × width`` (float32, external data): the
+    shape of q, k and v projections, which the shipped merge rules turn into one MatMul over
+    ``Concat(w_0, w_1, …)``: a weight that lowering computes, not slices."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    initializers, nodes, offset = [], [], 0
+    with (folder / "model.onnx.data").open("wb") as data:
+        for i in range(branches):
+            weight = (rng.standard_normal((hidden, width), dtype=np.float32) / np.sqrt(hidden)).astype("<f4")
+            data.write(weight.tobytes())
+            initializers.append(_external_tensor(f"w{i}", (hidden, width), "model.onnx.data", offset, weight.nbytes))
+            offset += weight.nbytes
+            nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"proj{i}"))
+    graph = helper.make_graph(
+        nodes,
+        "external_fanout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, hidden])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [batch, width]) for i in range(branches)],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.save_model(model, folder / "model.onnx")
+    return MlpModel(folder / "model.onnx", offset, offset // branches)
 
 
 def _external_tensor(name: str, dims: tuple[int, int], location: str, offset: int, length: int) -> TensorProto:

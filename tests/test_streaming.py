@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from big_models import MlpModel, Peak, peak_rss_bytes, write_external_mlp
+from big_models import MlpModel, Peak, peak_rss_bytes, write_external_fanout, write_external_mlp
 from onnx import numpy_helper
 
 from unity_eq import optimize
 from unity_eq.cli import main
 from unity_eq.lower import EXTERNAL_DATA_BYTES
-from unity_eq.runtime import random_inputs, run_plan
+from unity_eq.runtime import check, random_inputs, run_plan
 
 MIB = 1 << 20
 DEVICES = 4
@@ -93,10 +93,18 @@ def test_run_and_check_hold_the_weights_once(measured: Measured) -> None:
     assert checked - check_floor < 1.5 * held, f"check grew {(checked - check_floor) / MIB:.0f} MiB"
 
 
-def test_streamed_plan_equals_the_in_memory_one_bit_for_bit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["mlp", "fanout"])
+def test_streamed_plan_equals_the_in_memory_one_bit_for_bit(tmp_path: Path, kind: str) -> None:
     """The streamed files hold the same weights as the in-memory build (``LoweredPlan.build_rank``), and
-    running them gives the same outputs bit for bit."""
-    model = write_external_mlp(tmp_path / "model", hidden=1024, ffn=8192, pairs=1)  # 2 × 32 MiB, 2 ranks
+    running them gives the same outputs bit for bit: for sliced weights (the MLP: column and row pieces)
+    and for a weight lowering computes (the fan-out's three projections merged into one MatMul over their
+    Concat, made only when written)."""
+    if kind == "mlp":
+        model = write_external_mlp(tmp_path / "model", hidden=1024, ffn=8192, pairs=1)  # 2 × 32 MiB
+        inputs = {"x": {"shape": [8, 1024], "dtype": "float32"}}
+    else:
+        model = write_external_fanout(tmp_path / "model", hidden=2048, width=2048, branches=3)  # 3 × 16 MiB
+        inputs = {"x": {"shape": [8, 2048], "dtype": "float32"}}
     streamed = tmp_path / "streamed"
     result = optimize(model.path, devices=2, mesh="2", output_dir=streamed)
     assert result.lowered is not None
@@ -114,10 +122,14 @@ def test_streamed_plan_equals_the_in_memory_one_bit_for_bit(tmp_path: Path) -> N
         assert expected.keys() == got.keys()
         for name, value in expected.items():
             assert value.dtype == got[name].dtype and value.tobytes() == got[name].tobytes(), name
-    inputs = random_inputs({"x": {"shape": [8, 1024], "dtype": "float32"}}, seed=3)
-    a, b = run_plan(streamed, inputs)["y"], run_plan(embedded, inputs)["y"]
-    assert a.tobytes() == b.tobytes()
-    assert np.abs(a).max() > 0  # a real result, not an empty or all-zero one
+        if kind == "fanout":  # the case under test: one weight wider than any source weight, i.e. a Concat
+            assert max(t.dims[-1] for t in pointers if len(t.dims) == 2) > 2048
+    feeds = random_inputs(inputs, seed=3)
+    a, b = run_plan(streamed, feeds), run_plan(embedded, feeds)
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+    assert np.abs(a["y" if kind == "mlp" else "y0"]).max() > 0  # a real result, not an empty or zero one
+    assert check(model.path, streamed).passed  # and the original model's
 
 
 @pytest.mark.parametrize("damage", ["elsewhere", "missing"])

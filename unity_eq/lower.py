@@ -47,7 +47,7 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
-from unity_eq.weightfile import ExternalWeights, embedded, release_pages
+from unity_eq.weightfile import Deferred, ExternalWeights, embedded, release_pages, value_of
 
 __all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
 
@@ -78,7 +78,7 @@ class LoweredPlan:
     def build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], int]:
         """Rank ``rank``'s model with its weights inside, its collectives' tensor names, and its weight bytes."""
         model, collectives, weights = self._build_rank(rank)
-        model.graph.initializer.extend(embedded(name, array) for name, array in weights.items())
+        model.graph.initializer.extend(embedded(name, value_of(array)) for name, array in weights.items())
         return model, collectives, _weight_bytes(weights)
 
     def write_rank(self, rank: int, folder: Path) -> tuple[list[dict[str, Any]], int]:
@@ -92,14 +92,14 @@ class LoweredPlan:
         if nbytes > EXTERNAL_DATA_BYTES:
             with ExternalWeights(folder / f"device_{rank}.onnx.data") as data:
                 for name in list(weights):
-                    model.graph.initializer.append(data.add(name, weights.pop(name)))
+                    model.graph.initializer.append(data.add(name, value_of(weights.pop(name))))
         else:
-            model.graph.initializer.extend(embedded(name, array) for name, array in weights.items())
+            model.graph.initializer.extend(embedded(name, value_of(array)) for name, array in weights.items())
         del weights
         onnx.save_model(model, folder / f"device_{rank}.onnx")
         return collectives, nbytes
 
-    def _build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], dict[str, np.ndarray]]:
+    def _build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], dict[str, np.ndarray | Deferred]]:
         """Rank ``rank``'s model without initializers, its collectives, and its initializers' values in graph
         order (mostly views of the source weights: nothing is copied yet)."""
         builder = _DeviceGraphBuilder(self.plan, self.graph, rank)
@@ -125,8 +125,16 @@ def _tensor_type(dtype: str) -> int:
     return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
 
-def _chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
-    """Chunk ``index`` of ``parts`` along ``dim``: a view (of a memory-mapped weight, nothing is read yet)."""
+def _chunk(array: np.ndarray | Deferred, dim: int, index: int, parts: int) -> np.ndarray | Deferred:
+    """Chunk ``index`` of ``parts`` along ``dim``: a view (of a memory-mapped weight, nothing is read yet),
+    or, of a deferred constant, a deferred chunk."""
+    if isinstance(array, Deferred):
+        shape = (*array.shape[:dim], array.shape[dim] // parts, *array.shape[dim + 1 :])
+        return Deferred(shape, array.dtype, lambda: _view_chunk(array.make(), dim, index, parts))
+    return _view_chunk(array, dim, index, parts)
+
+
+def _view_chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
     size = array.shape[dim] // parts
     where = [slice(None)] * array.ndim
     where[dim] = slice(index * size, (index + 1) * size)
@@ -172,12 +180,12 @@ class _DeviceGraphBuilder:
         self.rank = rank
         self.mesh = plan.mesh
         self.coords = plan.mesh.coords(rank)
-        self.consts: dict[str, np.ndarray] = {}  # tensors known at lowering time (weights and slices)
+        self.consts: dict[str, np.ndarray | Deferred] = {}  # tensors known at lowering time (weights and slices)
         self.weight_of: dict[str, str] = {}  # constant tensor -> the weight it is a piece of
         self.const_names: dict[str, str] = {}  # constant tensor -> its initializer's name
         self.alias: dict[str, str] = {}
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: dict[str, np.ndarray] = {}  # values, written when the model is saved
+        self.initializers: dict[str, np.ndarray | Deferred] = {}  # values, written when the model is saved
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
@@ -323,9 +331,20 @@ class _DeviceGraphBuilder:
         refs = [r for r in step.inputs if isinstance(r, str)]
         if not refs or any(self.alias.get(r, r) not in self.consts for r in refs):
             return False
-        values = [self.consts[self.alias.get(r, r)] for r in refs]
+        consts = [self.consts[self.alias.get(r, r)] for r in refs]
         outs = [o for o in step.outputs if o]
         axis = int(step.attrs.get("axis", 0))
+        if step.op_type == "Concat":  # a copy: made when written (see Deferred)
+            shape = list(consts[0].shape)
+            shape[axis] = sum(c.shape[axis] for c in consts)
+            concat = Deferred(
+                tuple(shape), consts[0].dtype, lambda: np.concatenate([value_of(c) for c in consts], axis=axis)
+            )
+            if concat.shape != self.local_shape(outs[0]):
+                return False
+            self.consts[outs[0]] = concat
+            return True
+        values = [value_of(c) for c in consts]  # views, except of a deferred Concat (rare: made now)
         if step.op_type == "Split":
             given = step.inputs[1] if len(step.inputs) > 1 else None
             sizes = (
@@ -333,8 +352,6 @@ class _DeviceGraphBuilder:
             )
             parts = np.split(values[0], np.cumsum(sizes)[:-1], axis=axis)
             results = {o: p for o, p in zip(step.outputs, parts, strict=True) if o}
-        elif step.op_type == "Concat":
-            results = {outs[0]: np.concatenate(values, axis=axis)}
         elif step.op_type == "Transpose":
             perm = step.attrs.get("perm") or list(reversed(range(values[0].ndim)))
             results = {outs[0]: np.transpose(values[0], perm)}
@@ -464,8 +481,8 @@ def plan_hash(plan: Plan, graph: Graph) -> str:
     return digest.hexdigest()
 
 
-def _weight_bytes(weights: dict[str, np.ndarray]) -> int:
-    return sum(int(np.asarray(array).nbytes) for array in weights.values())
+def _weight_bytes(weights: dict[str, np.ndarray | Deferred]) -> int:
+    return sum(int(array.nbytes) for array in weights.values())
 
 
 def _step_json(step: Step, cost: Cost | None = None) -> dict[str, Any]:

@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+import math
 import mmap
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -19,7 +22,7 @@ from typing import BinaryIO
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["ALIGN_BYTES", "EMBED_BYTES", "ExternalWeights", "embedded", "release_pages"]
+__all__ = ["ALIGN_BYTES", "EMBED_BYTES", "Deferred", "ExternalWeights", "embedded", "release_pages", "value_of"]
 
 #: Tensors smaller than this stay inside the model file (as ``onnx.save_model`` does by default).
 EMBED_BYTES = 1024
@@ -27,6 +30,30 @@ EMBED_BYTES = 1024
 #: (64 KiB is the allocation granularity on Windows; a multiple of the page size everywhere).
 ALIGN_BYTES = 1 << 16
 _ALIGN_FROM_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A constant that lowering computes from weights only when it writes it: a ``Concat`` of weights is a
+    copy, and a rank may hold many (fused q, k, v projections in every layer), so it is made when written,
+    one at a time, instead of held for the whole rank."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    make: Callable[[], np.ndarray]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def value_of(value: np.ndarray | Deferred) -> np.ndarray:
+    """The array itself, or the deferred one made now."""
+    return value.make() if isinstance(value, Deferred) else value
 
 
 def _mapping_of(array: np.ndarray) -> mmap.mmap | None:
