@@ -132,7 +132,7 @@ def test_streamed_plan_equals_the_in_memory_one_bit_for_bit(tmp_path: Path, kind
     assert check(model.path, streamed).passed  # and the original model's
 
 
-@pytest.mark.parametrize("damage", ["elsewhere", "missing"])
+@pytest.mark.parametrize("damage", ["elsewhere", "missing", "short"])
 def test_run_refuses_weights_outside_the_ranks_own_file(
     measured: Measured, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -142,6 +142,11 @@ def test_run_refuses_weights_outside_the_ranks_own_file(
     if damage == "missing":
         (plan / "device_1.onnx.data").unlink()
         expected = "weight file device_1.onnx.data is missing"
+    elif damage == "short":
+        data = plan / "device_1.onnx.data"
+        data.unlink()
+        data.write_bytes((measured.plan / data.name).read_bytes()[: 5 * MIB])  # an interrupted copy
+        expected = "is cut short"
     else:
         model = onnx.load(str(device), load_external_data=False)
         tensor = next(t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)

@@ -436,21 +436,31 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
 
 def check_external_data(model: onnx.ModelProto, path: Path) -> None:
     """Refuse external weights anywhere but the rank's own data file (``device_<rank>.onnx.data`` beside
-    it, as ``optimize`` writes them): a plan must not make ``run`` read other files."""
+    it, as ``optimize`` writes them): a plan must not make ``run`` read other files. A missing or short
+    data file (a partial copy) is refused here too, with what to do, before onnxruntime reads it."""
     from onnx import external_data_helper
 
     own = f"{path.name}.data"
+    size: int | None = None
     for tensor in model.graph.initializer:
         if not external_data_helper.uses_external_data(tensor):
             continue
-        location = external_data_helper.ExternalDataInfo(tensor).location
-        if location != own:
+        info = external_data_helper.ExternalDataInfo(tensor)
+        if info.location != own:
             raise PlanError(
-                f"{path}: weight {tensor.name!r} is stored in {location!r}; a device file keeps its weights in "
-                f"itself or in {own!r} beside it. Re-run `unity-eq optimize`."
+                f"{path}: weight {tensor.name!r} is stored in {info.location!r}; a device file keeps its weights "
+                f"in itself or in {own!r} beside it. Re-run `unity-eq optimize`."
             )
-        if not (path.parent / own).is_file():
-            raise PlanError(f"{path}: its weight file {own} is missing. Re-run `unity-eq optimize`.")
+        if size is None:
+            if not (path.parent / own).is_file():
+                raise PlanError(f"{path}: its weight file {own} is missing. Re-run `unity-eq optimize`.")
+            size = (path.parent / own).stat().st_size
+        end = int(info.offset or 0) + int(info.length or 0)
+        if end > size:
+            raise PlanError(
+                f"{path}: its weight file {own} has {size} bytes, weight {tensor.name!r} needs {end}; the file "
+                "is cut short (an incomplete copy?). Copy it again or re-run `unity-eq optimize`."
+            )
 
 
 def check_identity(plan: PlanDir, rank: int, model: onnx.ModelProto, path: Path) -> None:
