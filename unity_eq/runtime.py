@@ -1020,6 +1020,8 @@ def check(
     else:
         ranges = default_int_ranges(model_path, plan)
         trials = [(d.describe(), _drawer(plan, d, ranges)) for d in (draws or default_draws(seed))]
+    if on_progress:
+        on_progress(f"running the original model on {len(trials)} set(s) of inputs")
     expected_by_trial = _expected_outputs(model_path, plan.output_names, trials)
     world = plan.world_size
     choices = [choose_device(device, rank) for rank in range(world)]
