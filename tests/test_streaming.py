@@ -25,6 +25,7 @@ from unity_eq import optimize
 from unity_eq.cli import main
 from unity_eq.lower import EXTERNAL_DATA_BYTES
 from unity_eq.runtime import check, random_inputs, run_plan
+from unity_eq.weightfile import release_pages
 
 MIB = 1 << 20
 DEVICES = 4
@@ -157,3 +158,28 @@ def test_run_refuses_weights_outside_the_ranks_own_file(
     assert main(["run", str(plan)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "device_1.onnx" in lines[0] and expected in lines[0], lines
+
+
+def _resident_file_bytes() -> int:
+    with Path("/proc/self/status").open() as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc/self/status")
+def test_release_pages_gives_a_read_weight_back_and_keeps_its_values(tmp_path: Path) -> None:
+    """Reading a memory-mapped weight makes it resident; ``release_pages`` drops it from this process (the
+    values stay readable); a copy-on-write map is left alone, since dropping its pages would lose edits."""
+    values = np.arange(16 * MIB // 4, dtype=np.float32)
+    values.tofile(tmp_path / "w.bin")
+    weight = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="r", shape=values.shape)
+    before = _resident_file_bytes()
+    assert float(weight.sum(dtype=np.float64)) == float(values.sum(dtype=np.float64))  # reads every page
+    read = _resident_file_bytes()
+    assert read - before > 12 * MIB
+    release_pages(weight[3:])  # a view, as lowering holds them
+    assert read - _resident_file_bytes() > 12 * MIB
+    assert weight[-1] == values[-1]
+    edited = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="c", shape=values.shape)
+    edited[0] = -1.0
+    release_pages(edited)
+    assert edited[0] == -1.0

@@ -56,19 +56,26 @@ def value_of(value: np.ndarray | Deferred) -> np.ndarray:
     return value.make() if isinstance(value, Deferred) else value
 
 
-def _mapping_of(array: np.ndarray) -> mmap.mmap | None:
-    """The memory map that ``array`` (or the array it is a view of) lives in, if any."""
+def _read_only_mapping_of(array: np.ndarray) -> mmap.mmap | None:
+    """The memory map that ``array`` (or the array it is a view of) lives in, when a ``numpy.memmap`` opened
+    it read-only (as the frontend does); None otherwise. Only those are safe to drop pages of: dropping
+    pages of a copy-on-write map (``mode="c"``) would lose the changes made to it."""
     base: object = array
+    read_only = False
     while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap):
+            if base.mode != "r":
+                return None
+            read_only = True
         base = base.base
-    return base if isinstance(base, mmap.mmap) else None
+    return base if read_only and isinstance(base, mmap.mmap) else None
 
 
 def release_pages(array: np.ndarray) -> None:
     """Drop the resident pages of the read-only file mapping ``array`` is a view of; no-op for other
     arrays and where ``madvise`` is missing. Safe because the mapping is read-only and backed by a file:
     the next read faults the same bytes back in from the page cache."""
-    mapping = _mapping_of(array)
+    mapping = _read_only_mapping_of(array)
     if mapping is None or not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
         return
     if not mapping.closed:
