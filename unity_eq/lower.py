@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 import unity_eq
 from unity_eq.cost import Cost
@@ -47,14 +47,16 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
+from unity_eq.weightfile import Deferred, ExternalWeights, embedded, release_pages, value_of
 
 __all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
 
 #: Data-movement ops that lowering evaluates when every tensor input is a weight (or a piece of one).
 _FOLDABLE = frozenset({"Split", "Concat", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
-# Device models whose weights exceed this are saved with external data (protobuf's 2 GiB limit).
-EXTERNAL_DATA_BYTES = 1 << 30
+# A rank whose weights exceed this writes them to ``device_<rank>.onnx.data`` one tensor at a time (streamed:
+# memory holds one tensor, not the rank); smaller ranks stay one self-contained file.
+EXTERNAL_DATA_BYTES = 16 << 20
 
 
 @dataclass
@@ -74,15 +76,39 @@ class LoweredPlan:
         return self.plan.mesh.size
 
     def build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], int]:
-        """Rank ``rank``'s model, its collectives' tensor names, and its weight bytes."""
+        """Rank ``rank``'s model with its weights inside, its collectives' tensor names, and its weight bytes."""
+        model, collectives, weights = self._build_rank(rank)
+        model.graph.initializer.extend(embedded(name, value_of(array)) for name, array in weights.items())
+        return model, collectives, _weight_bytes(weights)
+
+    def write_rank(self, rank: int, folder: Path) -> tuple[list[dict[str, Any]], int]:
+        """Write ``device_<rank>.onnx`` to ``folder``; return its collectives' tensor names and weight bytes.
+
+        The weights are views of the source model's (memory-mapped) weights until written. Over
+        ``EXTERNAL_DATA_BYTES`` they are streamed: each is sliced, appended to ``device_<rank>.onnx.data`` and
+        dropped before the next, so memory holds one tensor of the rank, never the rank."""
+        model, collectives, weights = self._build_rank(rank)
+        nbytes = _weight_bytes(weights)
+        if nbytes > EXTERNAL_DATA_BYTES:
+            with ExternalWeights(folder / f"device_{rank}.onnx.data") as data:
+                for name in list(weights):
+                    model.graph.initializer.append(data.add(name, value_of(weights.pop(name))))
+        else:
+            model.graph.initializer.extend(embedded(name, value_of(array)) for name, array in weights.items())
+        del weights
+        onnx.save_model(model, folder / f"device_{rank}.onnx")
+        return collectives, nbytes
+
+    def _build_rank(self, rank: int) -> tuple[onnx.ModelProto, list[dict[str, Any]], dict[str, np.ndarray | Deferred]]:
+        """Rank ``rank``'s model without initializers, its collectives, and its initializers' values in graph
+        order (mostly views of the source weights: nothing is copied yet)."""
         builder = _DeviceGraphBuilder(self.plan, self.graph, rank)
         collectives: list[dict[str, Any]] = []
         for step in self.plan.steps:
             builder.add(step, collectives)
         model = builder.finish(self.opsets, self.ir_version)
         onnx.helper.set_model_props(model, identity_props(self.plan, rank, self.plan_hash, builder.cuts))
-        weight_bytes = sum(int(np.prod(t.dims)) * _itemsize(t.data_type) for t in builder.initializers.values())
-        return model, collectives, weight_bytes
+        return model, collectives, builder.initializers
 
     def models(self) -> Iterator[onnx.ModelProto]:
         for rank in range(self.world_size):
@@ -99,9 +125,20 @@ def _tensor_type(dtype: str) -> int:
     return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
 
-def _chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
+def _chunk(array: np.ndarray | Deferred, dim: int, index: int, parts: int) -> np.ndarray | Deferred:
+    """Chunk ``index`` of ``parts`` along ``dim``: a view (of a memory-mapped weight, nothing is read yet),
+    or, of a deferred constant, a deferred chunk."""
+    if isinstance(array, Deferred):
+        shape = (*array.shape[:dim], array.shape[dim] // parts, *array.shape[dim + 1 :])
+        return Deferred(shape, array.dtype, lambda: _view_chunk(array.make(), dim, index, parts))
+    return _view_chunk(array, dim, index, parts)
+
+
+def _view_chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
     size = array.shape[dim] // parts
-    return np.take(array, range(index * size, (index + 1) * size), axis=dim)
+    where = [slice(None)] * array.ndim
+    where[dim] = slice(index * size, (index + 1) * size)
+    return array[tuple(where)]
 
 
 def collective_stages(plan: Plan) -> dict[str, int]:
@@ -176,12 +213,12 @@ class _DeviceGraphBuilder:
         self.rank = rank
         self.mesh = plan.mesh
         self.coords = plan.mesh.coords(rank)
-        self.consts: dict[str, np.ndarray] = {}  # tensors known at lowering time (weights and slices)
+        self.consts: dict[str, np.ndarray | Deferred] = {}  # tensors known at lowering time (weights and slices)
         self.weight_of: dict[str, str] = {}  # constant tensor -> the weight it is a piece of
         self.const_names: dict[str, str] = {}  # constant tensor -> its initializer's name
         self.alias: dict[str, str] = {}
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: dict[str, TensorProto] = {}
+        self.initializers: dict[str, np.ndarray | Deferred] = {}  # values, written when the model is saved
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
@@ -232,12 +269,12 @@ class _DeviceGraphBuilder:
         if tid not in self.const_names:
             name = self.names.fresh(self.readable(tid))
             self.const_names[tid] = name
-            self.initializers[name] = numpy_helper.from_array(_contiguous(self.consts[tid]), name)
+            self.initializers[name] = self.consts[tid]
         return self.const_names[tid]
 
     def literal(self, values: tuple[int, ...], base: str = "const") -> str:
         name = self.names.fresh(base)
-        self.initializers[name] = numpy_helper.from_array(np.asarray(values, dtype=np.int64), name)
+        self.initializers[name] = np.asarray(values, dtype=np.int64)
         return name
 
     def node_name(self, step_outputs: tuple[str, ...] | list[str], op_type: str, node: str = "") -> str:
@@ -328,9 +365,20 @@ class _DeviceGraphBuilder:
         refs = [r for r in step.inputs if isinstance(r, str)]
         if not refs or any(self.alias.get(r, r) not in self.consts for r in refs):
             return False
-        values = [self.consts[self.alias.get(r, r)] for r in refs]
+        consts = [self.consts[self.alias.get(r, r)] for r in refs]
         outs = [o for o in step.outputs if o]
         axis = int(step.attrs.get("axis", 0))
+        if step.op_type == "Concat":  # a copy: made when written (see Deferred)
+            shape = list(consts[0].shape)
+            shape[axis] = sum(c.shape[axis] for c in consts)
+            concat = Deferred(
+                tuple(shape), consts[0].dtype, lambda: np.concatenate([value_of(c) for c in consts], axis=axis)
+            )
+            if concat.shape != self.local_shape(outs[0]):
+                return False
+            self.consts[outs[0]] = concat
+            return True
+        values = [value_of(c) for c in consts]  # views, except of a deferred Concat (rare: made now)
         if step.op_type == "Split":
             given = step.inputs[1] if len(step.inputs) > 1 else None
             sizes = (
@@ -338,8 +386,6 @@ class _DeviceGraphBuilder:
             )
             parts = np.split(values[0], np.cumsum(sizes)[:-1], axis=axis)
             results = {o: p for o, p in zip(step.outputs, parts, strict=True) if o}
-        elif step.op_type == "Concat":
-            results = {outs[0]: np.concatenate(values, axis=axis)}
         elif step.op_type == "Transpose":
             perm = step.attrs.get("perm") or list(reversed(range(values[0].ndim)))
             results = {outs[0]: np.transpose(values[0], perm)}
@@ -417,7 +463,6 @@ class _DeviceGraphBuilder:
             f"{self.plan.model}.rank{self.rank}",
             self.inputs,
             self.outputs,
-            initializer=list(self.initializers.values()),
             value_info=value_info,
         )
         model = helper.make_model(graph, opset_imports=opset_imports, ir_version=ir_version, producer_name="unity-eq")
@@ -481,11 +526,12 @@ def plan_hash(plan: Plan, graph: Graph) -> str:
             digest.update(repr(array.tolist()).encode())
         elif array.size:
             digest.update(_contiguous(array.reshape(-1)).data)
+            release_pages(array)
     return digest.hexdigest()
 
 
-def _itemsize(data_type: int) -> int:
-    return int(np.dtype(helper.tensor_dtype_to_np_dtype(data_type)).itemsize)
+def _weight_bytes(weights: dict[str, np.ndarray | Deferred]) -> int:
+    return sum(int(array.nbytes) for array in weights.values())
 
 
 def _step_json(step: Step, cost: Cost | None = None) -> dict[str, Any]:
@@ -675,13 +721,8 @@ def write_plan_dir(
         weight_bytes: list[int] = []
         collectives: list[dict[str, Any]] = []
         for rank in range(lowered.world_size):
-            model, names, nbytes = lowered.build_rank(rank)
+            names, nbytes = lowered.write_rank(rank, tmp)
             path = tmp / f"device_{rank}.onnx"
-            if nbytes > EXTERNAL_DATA_BYTES:
-                onnx.save_model(model, path, save_as_external_data=True, location=f"device_{rank}.onnx.data")
-            else:
-                onnx.save_model(model, path)
-            del model
             validate_device_file(path, target / path.name)
             weight_bytes.append(nbytes)
             if on_rank is not None:
@@ -711,7 +752,7 @@ def validate_device_file(path: Path, shown: Path) -> None:
         problem = f"onnx.checker: {str(exc).strip().splitlines()[0][:400]}"
     else:
         try:
-            make_session(str(path), ["CPUExecutionProvider"])
+            make_session(str(path), ["CPUExecutionProvider"], prepack=False)  # loads; weights stay on disk
             return
         except Exception as exc:  # onnxruntime refuses the model
             problem = f"onnxruntime: {str(exc).strip().splitlines()[0][:400]}"

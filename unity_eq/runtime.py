@@ -296,7 +296,22 @@ def device_notes(choices: Sequence[DeviceChoice]) -> list[str]:
     return out
 
 
-def make_session(model: onnx.ModelProto | bytes | str, providers: list[Any], threads: int = 0) -> Any:
+#: onnxruntime's session option naming the folder of a model's external data when the model comes as bytes.
+_EXTERNAL_FOLDER_KEY = "session.model_external_initializers_file_folder_path"
+
+
+def make_session(
+    model: onnx.ModelProto | bytes | str,
+    providers: list[Any],
+    threads: int = 0,
+    external_folder: Path | None = None,
+    prepack: bool = True,
+) -> Any:
+    """An onnxruntime session of a model (a proto, its bytes or a path). A model given in memory whose
+    weights are external data reads them from ``external_folder`` (its files are read by onnxruntime, never
+    copied through Python). ``prepack=False`` keeps onnxruntime from copying weights into its packed
+    layouts: external weights then stay memory-mapped and unread, for a session that only checks a model
+    loads (a 256 MiB device file costs 8 MiB instead of 300)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -304,6 +319,10 @@ def make_session(model: onnx.ModelProto | bytes | str, providers: list[Any], thr
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+    if external_folder is not None:
+        options.add_session_config_entry(_EXTERNAL_FOLDER_KEY, str(external_folder))
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     payload = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     return ort.InferenceSession(payload, options, providers=providers)
 
@@ -383,13 +402,17 @@ def _segment_models(model: onnx.ModelProto, collectives: list[dict[str, Any]]) -
 
 
 def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: int = 0) -> RankProgram:
-    """Load a rank's device model and open one onnxruntime session per segment."""
+    """Load a rank's device model and open one onnxruntime session per segment.
+
+    External weights (``device_<rank>.onnx.data``) are not loaded here: the segments point at them and
+    onnxruntime reads them from the plan folder, so no copy of a weight passes through Python."""
     path = plan.model_path(rank)
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf/IO errors of a damaged plan file
         raise PlanError(f"{path}: cannot load device model ({exc}). Re-run `unity-eq optimize`.") from None
     check_identity(plan, rank, model, path)
+    check_external_data(model, path)
     collectives = plan.meta["collectives"]
     segment_models = _segment_models(model, collectives)
     segments: list[Segment] = []
@@ -399,7 +422,7 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
             segments.append(Segment([], []))
             continue
         try:
-            session = make_session(seg_model, providers, threads)
+            session = make_session(seg_model, providers, threads, external_folder=path.parent)
         except Exception as exc:  # onnxruntime rejects the segment
             raise RuntimeBackendError(f"rank {rank}: onnxruntime cannot load {path.name}: {exc}") from None
         in_use = session.get_providers()
@@ -410,6 +433,35 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
     for c in collectives:
         after[c["stage"]].append(c)
     return RankProgram(rank, segments, after, plan.output_names, in_use)
+
+
+def check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse external weights anywhere but the rank's own data file (``device_<rank>.onnx.data`` beside
+    it, as ``optimize`` writes them): a plan must not make ``run`` read other files. A missing or short
+    data file (a partial copy) is refused here too, with what to do, before onnxruntime reads it."""
+    from onnx import external_data_helper
+
+    own = f"{path.name}.data"
+    size: int | None = None
+    for tensor in model.graph.initializer:
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = external_data_helper.ExternalDataInfo(tensor)
+        if info.location != own:
+            raise PlanError(
+                f"{path}: weight {tensor.name!r} is stored in {info.location!r}; a device file keeps its weights "
+                f"in itself or in {own!r} beside it. Re-run `unity-eq optimize`."
+            )
+        if size is None:
+            if not (path.parent / own).is_file():
+                raise PlanError(f"{path}: its weight file {own} is missing. Re-run `unity-eq optimize`.")
+            size = (path.parent / own).stat().st_size
+        end = int(info.offset or 0) + int(info.length or 0)
+        if end > size:
+            raise PlanError(
+                f"{path}: its weight file {own} has {size} bytes, weight {tensor.name!r} needs {end}; the file "
+                "is cut short (an incomplete copy?). Copy it again or re-run `unity-eq optimize`."
+            )
 
 
 def check_identity(plan: PlanDir, rank: int, model: onnx.ModelProto, path: Path) -> None:
@@ -1001,18 +1053,19 @@ def check(
     else:
         ranges = default_int_ranges(model_path, plan)
         trials = [(d.describe(), _drawer(plan, d, ranges)) for d in (draws or default_draws(seed))]
-    original = _original_session(model_path)
+    if on_progress:
+        on_progress(f"running the original model on {len(trials)} set(s) of inputs")
+    expected_by_trial = _expected_outputs(model_path, plan.output_names, trials)
     world = plan.world_size
     choices = [choose_device(device, rank) for rank in range(world)]
     programs = [build_rank_program(plan, r, choices[r].providers, threads_per_rank(world)) for r in range(world)]
     worst: dict[str, OutputComparison] = {}
     tracker.start("check", f"{len(trials)} input set(s) on {world} rank(s)")
-    for done, (what, make) in enumerate(trials):
+    for done, ((what, make), expected) in enumerate(zip(trials, expected_by_trial, strict=True)):
         if on_progress:
             on_progress(f"checking on {what}")
         tracker.update("check", f"{done} of {len(trials)} input sets checked; now {what}")
         feeds = make()
-        expected = _run_original(original, model_path, feeds, plan.output_names, what)
         try:
             got = execute_local(programs, feeds)
         except RuntimeBackendError as exc:
@@ -1024,6 +1077,18 @@ def check(
                 worst[o.name] = o
     tracker.finish("check", f"{len(trials)} input set(s) checked")
     return CheckResult([worst[name] for name in plan.output_names], tolerance, [what for what, _ in trials])
+
+
+def _expected_outputs(
+    model_path: str | Path, output_names: list[str], trials: Sequence[tuple[str, Callable[[], dict[str, np.ndarray]]]]
+) -> list[dict[str, np.ndarray]]:
+    """The original model's outputs on every trial's inputs. Its session is closed before the plan's ranks
+    load, so ``check`` holds the model's weights once (the original's, then the plan's), not twice; only
+    the outputs are kept, and each trial's inputs are made again (deterministically) for the plan."""
+    original = _original_session(model_path)
+    expected = [_run_original(original, model_path, make(), output_names, what) for what, make in trials]
+    del original
+    return expected
 
 
 def _drawer(
