@@ -130,15 +130,12 @@ def _read_model(path: Path, where: str) -> tuple[onnx.ModelProto, dict[str, np.n
         raise ModelError(f"{where}: cannot read the file ({e.strerror}). Check its permissions.") from e
     except Exception as e:  # protobuf/text parsers raise several unrelated types; all mean "not ONNX"
         raise ModelError(
-            f"{where}: not an ONNX model ({_one_line(e)}). "
-            "Pass a model saved with `onnx.save` or an exporter."
+            f"{where}: not an ONNX model ({_one_line(e)}). Pass a model saved with `onnx.save` or an exporter."
         ) from e
     if empty:
         raise ModelError(f"{where}: the file is empty, expected an ONNX model. Re-export the model.")
     if not model.HasField("graph") or not model.opset_import:
-        raise ModelError(
-            f"{where}: not an ONNX model (no graph or opset found). Pass a model saved with `onnx.save`."
-        )
+        raise ModelError(f"{where}: not an ONNX model (no graph or opset found). Pass a model saved with `onnx.save`.")
     _check_external_locations(model, path.parent, where)
     uses_external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
     external = _map_external_data(model, path, where) if uses_external else {}
@@ -195,9 +192,7 @@ def _check(work: _Work, where: str) -> None:
     try:
         onnx.checker.check_model(work.as_model(declared_outputs=True))
     except onnx.checker.ValidationError as e:
-        raise ModelError(
-            f"{where}: fails the ONNX checker: {_one_line(e)}. Fix the model or re-export it."
-        ) from e
+        raise ModelError(f"{where}: fails the ONNX checker: {_one_line(e)}. Fix the model or re-export it.") from e
 
 
 _MAPPABLE_TYPES = frozenset(
@@ -337,9 +332,7 @@ class _Work:
             self.nodes, self.name, [*self.inputs, *large], outputs, small, value_info=self.value_info
         )
         opsets = [helper.make_opsetid(d, v) for d, v in self.opsets.items()]
-        return helper.make_model(
-            graph, opset_imports=opsets, ir_version=self.ir_version, functions=self.functions
-        )
+        return helper.make_model(graph, opset_imports=opsets, ir_version=self.ir_version, functions=self.functions)
 
     def take_model(self, model: onnx.ModelProto) -> None:
         """Adopt the nodes, new constants and opsets of a model produced by ``as_model`` and an onnx tool."""
@@ -392,15 +385,12 @@ def _fix_input_shapes(
     unknown = [n for n in overrides if n not in by_name]
     if unknown:
         raise OptionError(
-            f"`--input-shape {unknown[0]}=...`: the model has no input {unknown[0]!r}; "
-            f"its inputs are {valid}."
+            f"`--input-shape {unknown[0]}=...`: the model has no input {unknown[0]!r}; its inputs are {valid}."
         )
     fixed = []
     for value in inputs:
         if not value.type.HasField("tensor_type"):
-            raise ModelError(
-                f"{where}: input {value.name!r} is not a tensor; only tensor inputs are supported."
-            )
+            raise ModelError(f"{where}: input {value.name!r} is not a tensor; only tensor inputs are supported.")
         declared = _declared_dims(value)
         if value.name in overrides:
             dims = tuple(overrides[value.name])

@@ -156,9 +156,10 @@ def test_merged_qkv_makes_the_transformer_plan_cheaper(tmp_path: Path) -> None:
     steps = [s for s in with_rules.plan.steps if getattr(s, "op_type", "") in ("MatMul", "Split")]
     splits = [s for s in steps if s.op_type == "Split"]
     assert any(len([o for o in s.outputs if o]) == 3 for s in splits), splits
-    assert sum(1 for s in steps if s.op_type == "MatMul") == sum(
-        1 for s in without.plan.steps if getattr(s, "op_type", "") == "MatMul"
-    ) - 2
+    assert (
+        sum(1 for s in steps if s.op_type == "MatMul")
+        == sum(1 for s in without.plan.steps if getattr(s, "op_type", "") == "MatMul") - 2
+    )
     outcome = check(model, tmp_path / "plan")
     assert outcome.passed, outcome.describe()
 

@@ -160,8 +160,9 @@ def _reference_topologies(machine: Machine, mesh: Mesh, axis: str) -> tuple[Grou
             for n in nodes:
                 spec = machine.node(n)
                 assert spec.network is not None
-                shares.append(LinkSpec(spec.nics * spec.network.bandwidth / per_node[n], spec.network.latency,
-                                       spec.network.name))
+                shares.append(
+                    LinkSpec(spec.nics * spec.network.bandwidth / per_node[n], spec.network.latency, spec.network.name)
+                )
             names = "/".join(sorted({s.name for s in shares if s.name}))
             network = LinkSpec(min(s.bandwidth for s in shares), max(s.latency for s in shares), names)
         found.setdefault(GroupTopology(len(group), k, m, local, network), None)
@@ -222,6 +223,7 @@ def test_factorizations_match_the_definition() -> None:
     def brute(n: int, most: int) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []
         for k in range(1, most + 1):
+
             def rec(rest: int, prefix: tuple[int, ...], k: int = k) -> None:
                 if len(prefix) == k:
                     if rest == 1:
@@ -230,6 +232,7 @@ def test_factorizations_match_the_definition() -> None:
                 for f in range(2, rest + 1):
                     if rest % f == 0:
                         rec(rest // f, (*prefix, f))
+
             rec(n, ())
         return sorted(out, key=lambda s: (len(s), s))
 
@@ -340,9 +343,7 @@ def _engines(tmpdir: Path) -> list[int]:
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_during_the_search_cleans_up_and_says_so(
-    examples: Path, tmp_path: Path, signum: int, code: int
-) -> None:
+def test_signal_during_the_search_cleans_up_and_says_so(examples: Path, tmp_path: Path, signum: int, code: int) -> None:
     jobs = tmp_path / "tmp"
     jobs.mkdir()
     proc = _start(["optimize", str(examples / "transformer.onnx"), "-n", "16", "-o", str(tmp_path / "p")], jobs)

@@ -53,8 +53,7 @@ RTOL, ATOL = 2e-4, 2e-5  # float32 in onnxruntime against float64 in the verifie
 UNINTERPRETED = sorted(
     name
     for name, spec in OPS.items()
-    if (spec.family is Family.UNARY and name not in ("Neg", "Identity"))
-    or name in ("Pow", "And", "Or", "Xor")
+    if (spec.family is Family.UNARY and name not in ("Neg", "Identity")) or name in ("Pow", "And", "Or", "Xor")
 )
 
 
@@ -701,8 +700,7 @@ def _check_instance(inst: Instance, folder: Path, shape_only: bool, tally: Tally
         return
     typed = _constructor(model, folder)
     shown = [
-        None if i is None else i.value.tolist() if isinstance(i, Const) else list(i.value.shape)
-        for i in inst.inputs
+        None if i is None else i.value.tolist() if isinstance(i, Const) else list(i.value.shape) for i in inst.inputs
     ]
     where = f"{inst.op} {inst.attrs} inputs {shown}"
     if typed is None:
@@ -772,19 +770,34 @@ def test_uninterpreted_operators_have_onnxruntime_shapes(op: str) -> None:
 REGRESSIONS = [
     # ceil_mode with asymmetric pads: the last window starts in the right padding and is dropped (the
     # verifier once compared with size + (head + tail) // 2 instead of size + head)
-    Instance("MaxPool", [Inp(np.arange(8, dtype=np.float32).reshape(2, 2, 2))],
-             {"kernel_shape": [2], "strides": [2], "pads": [0, 1], "ceil_mode": 1}),
-    Instance("AveragePool", [Inp(np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3))],
-             {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 2], "ceil_mode": 1}),
+    Instance(
+        "MaxPool",
+        [Inp(np.arange(8, dtype=np.float32).reshape(2, 2, 2))],
+        {"kernel_shape": [2], "strides": [2], "pads": [0, 1], "ceil_mode": 1},
+    ),
+    Instance(
+        "AveragePool",
+        [Inp(np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3))],
+        {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 2], "ceil_mode": 1},
+    ),
     # ... and, with more padding at the head, the verifier once dropped a window ONNX keeps (one output short)
-    Instance("MaxPool", [Inp(np.arange(4, dtype=np.float32).reshape(1, 2, 2))],
-             {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1}),
-    Instance("AveragePool", [Inp(np.arange(10, dtype=np.float32).reshape(1, 2, 5))],
-             {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1, "count_include_pad": 1}),
+    Instance(
+        "MaxPool",
+        [Inp(np.arange(4, dtype=np.float32).reshape(1, 2, 2))],
+        {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1},
+    ),
+    Instance(
+        "AveragePool",
+        [Inp(np.arange(10, dtype=np.float32).reshape(1, 2, 5))],
+        {"kernel_shape": [3], "strides": [3], "pads": [2, 0], "ceil_mode": 1, "count_include_pad": 1},
+    ),
     # auto_pad SAME with dilations: onnxruntime pads for the undilated kernel, so it is left opaque
-    Instance("AveragePool", [Inp(np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3))],
-             {"kernel_shape": [2, 1], "strides": [1, 2], "dilations": [2, 1], "auto_pad": "SAME_UPPER"},
-             expect_opaque=True),
+    Instance(
+        "AveragePool",
+        [Inp(np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3))],
+        {"kernel_shape": [2, 1], "strides": [1, 2], "dilations": [2, 1], "auto_pad": "SAME_UPPER"},
+        expect_opaque=True,
+    ),
 ]
 
 

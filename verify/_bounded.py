@@ -277,12 +277,7 @@ def _canonical(term: Term) -> Term:
 
 def enumeration_key(rule: Rule, facts: DerivedFacts, *extra: Any) -> Any:
     """Rules with equal keys have the same cases (e.g. add-split-a and mul-split-a)."""
-    heads = {
-        t.head
-        for term in (rule.lhs, *rule.guards)
-        for t in walk(term)
-        if isinstance(t, App) and t.head in OPS
-    }
+    heads = {t.head for term in (rule.lhs, *rule.guards) for t in walk(term) if isinstance(t, App) and t.head in OPS}
     decls = tuple(sorted((_token(h), facts.signature(h, _token(h))) for h in heads))
     return (_canonical(rule.lhs), tuple(_canonical(g) for g in rule.guards), rule.sorts, decls, extra)
 
@@ -331,9 +326,7 @@ def enumerate_cases(
                     elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
                     # without parallel ops in the left-hand side every variable is R: nothing to infer
                     pl = (
-                        lhs_placements(
-                            instantiate(rule.lhs, inst, sorts), mesh.axes, {}, elem_vars, defaults=False
-                        )
+                        lhs_placements(instantiate(rule.lhs, inst, sorts), mesh.axes, {}, elem_vars, defaults=False)
                         if structural
                         else Placements(mesh.axes)
                     )
@@ -411,9 +404,7 @@ def concrete_rule(rule: Rule, case: Case) -> tuple[Term, Term, list[str], dict[s
     return lhs, rhs, list(specs), specs
 
 
-def placement_problem(
-    lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, tensor_vars: list[str]
-) -> str | None:
+def placement_problem(lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, tensor_vars: list[str]) -> str | None:
     """A reason the rule breaks "one placement per e-class", or None."""
     rhs_nodes = _tensor_nodes(rhs)
     items = _list_items(lhs)
@@ -482,9 +473,7 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
                 continue
             both = _is_expr(a) and _is_expr(b)
             # z3 hash-conses terms: equal terms are one AST, so comparing pointers is exact
-            if (both and a.ast.value == b.ast.value) or (
-                not both and not _is_expr(a) and not _is_expr(b) and a == b
-            ):
+            if (both and a.ast.value == b.ast.value) or (not both and not _is_expr(a) and not _is_expr(b) and a == b):
                 continue
             hard.append((eq, i, a, b))
     remaining = []
@@ -553,9 +542,7 @@ def _counterexample(model: z3.ModelRef, eq: Any, values: Any, describe: str) -> 
     for name, value in values.inputs.items():
         inputs[name] = _array(model, value)
         pieces = values.pieces_of_inputs.get(name)
-        if pieces is not None and any(
-            ".part" in str(x) for x in np.asarray(pieces[0], dtype=object).reshape(-1)[:1]
-        ):
+        if pieces is not None and any(".part" in str(x) for x in np.asarray(pieces[0], dtype=object).reshape(-1)[:1]):
             inputs[f"{name} (pieces)"] = [_array(model, p) for p in pieces]
     functions = {}
     for decl in model.decls():

@@ -135,9 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Prove rewrite rules sound with z3 (default: every rule shipped in rules/).",
     )
     parser.add_argument("paths", nargs="*", type=Path, help=".egg files to verify (with the shipped schema)")
-    parser.add_argument(
-        "--rule", "-r", action="append", default=[], help="verify only this rule (repeatable)"
-    )
+    parser.add_argument("--rule", "-r", action="append", default=[], help="verify only this rule (repeatable)")
     parser.add_argument("--json", dest="json_path", help="write a JSON report to this file (- for stdout)")
     parser.add_argument("--jobs", "-j", type=int, default=0, help="worker processes (default: one per CPU)")
     parser.add_argument(

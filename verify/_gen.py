@@ -126,17 +126,14 @@ def _attrs(spec: OpSpec, **given: Any) -> dict[str, Any]:
     return out
 
 
-def _make(
-    spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: int | None = None
-) -> Instance | None:
+def _make(spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: int | None = None) -> Instance | None:
     args = []
     for arg in spec.args:
         args.append(tensors[arg.name] if arg.sort in ("T", "TList") else attrs[arg.name])
     if spec.multi_output:
         args.append(index)
     shape_args = [
-        (a.shape if isinstance(a, VarSpec) else [x.shape for x in a] if isinstance(a, list) else a)
-        for a in args
+        (a.shape if isinstance(a, VarSpec) else [x.shape for x in a] if isinstance(a, list) else a) for a in args
     ]
     try:
         out = infer_shape(spec.name, shape_args)
@@ -285,9 +282,7 @@ def _layernorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
         for axis in range(len(shape)):
             norm = shape[axis:]
             bias = VarSpec(norm) if (i + axis) % 2 == 0 else None
-            inst = _make(
-                spec, {"X": VarSpec(shape), "Scale": VarSpec(norm), "B": bias}, _attrs(spec, axis=axis)
-            )
+            inst = _make(spec, {"X": VarSpec(shape), "Scale": VarSpec(norm), "B": bias}, _attrs(spec, axis=axis))
             if inst:
                 out.append(inst)
     return out
@@ -313,9 +308,7 @@ def _conv(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     d = cfg.dims
     for i, row in enumerate(_oa16()):
         n, c, m = d[row[0]], d[row[1]], d[row[2]]
-        configs: list[
-            tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-        ] = []
+        configs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
         h, k, pads, s, dil = _CONV_1D[i % len(_CONV_1D)]
         configs.append(((h,), (k,), pads, (s,), (dil,)))
         if i % 2 == 0:
@@ -684,9 +677,7 @@ class _Gen:
         for args, out in instances:
             yield from self._unify(spec, term.args, args, binding, out)
 
-    def _parallel(
-        self, term: App, want: Any, binding: dict[str, Any]
-    ) -> Iterator[tuple[dict[str, Any], Any]]:
+    def _parallel(self, term: App, want: Any, binding: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Any]]:
         x, axis_arg = term.args[0], term.args[-1]
         for b1, _axis in self._value(axis_arg, list(self.axes), binding):
             for b2, shape in self.tensor(x, want, b1, False):

@@ -290,9 +290,7 @@ def _strategies(enum: Enumeration, inputs: dict[str, InputSpec]) -> dict[Term, l
     return out
 
 
-def _parallel_forms(
-    enum: Enumeration, multi: RuleCandidate, strategies: dict[Term, list[Term]]
-) -> list[RuleCandidate]:
+def _parallel_forms(enum: Enumeration, multi: RuleCandidate, strategies: dict[Term, list[Term]]) -> list[RuleCandidate]:
     """The merge ``op(x, w), op(x, v) → Split(op(x, Concat(w, v)))`` under each parallel strategy of ``op``:
     both roots and the merged op take the same strategy (rows, columns, the contracted dim: one collective
     for both outputs where the roots need two). A form whose pieces do not divide is not valid and skipped;

@@ -969,9 +969,7 @@ def _axis_classes(rule: Rule, axis_vars: list[str], literals: list[str]) -> list
     return out
 
 
-def prove_generic(
-    rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000, witnessed: bool = False
-) -> GenericResult:
+def prove_generic(rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000, witnessed: bool = False) -> GenericResult:
     """Try a shape-generic proof (see the module docstring). Never raises for unsupported rules.
 
     Premises must be satisfiable, or the proof is vacuous: for every assignment of axis variables the

@@ -75,9 +75,7 @@ class DerivedFacts:
                 and isinstance(fact.args[0], Var)
                 and isinstance(fact.args[1], App)
             ):
-                self.by_head.setdefault(fact.args[1].head, []).append(
-                    (fact.args[0].name, fact.args[1], decl.actions)
-                )
+                self.by_head.setdefault(fact.args[1].head, []).append((fact.args[0].name, fact.args[1], decl.actions))
 
     def derived(self, relation: str, e: Term) -> list[tuple[Term, ...]]:
         key = (relation, e)
@@ -139,9 +137,7 @@ class GuardContext:
         if attr_vars is None:
             attr_vars = tuple(
                 dict.fromkeys(
-                    t.name
-                    for t in _walk(term)
-                    if isinstance(t, Var) and sorts.get(t.name) not in ("T", "TList")
+                    t.name for t in _walk(term) if isinstance(t, Var) and sorts.get(t.name) not in ("T", "TList")
                 )
             )
             self.memo[("vars", term)] = attr_vars
@@ -234,11 +230,7 @@ def _value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
     if head == "dtype":
         t = ctx.tensor(term.args[0], binding)
         spec = ctx.specs.get(t.name) if isinstance(t, Var) else None
-        return (
-            "none"
-            if isinstance(t, App) and t.head == "NoneT"
-            else ("int64" if spec and spec.integer else "float32")
-        )
+        return "none" if isinstance(t, App) and t.head == "NoneT" else ("int64" if spec and spec.integer else "float32")
     if head == "vec-get":
         vec, i = _value(term.args[0], binding, ctx), _value(term.args[1], binding, ctx)
         if not 0 <= i < len(vec):
@@ -579,16 +571,12 @@ def unsupported_relations(guards: Sequence[Term], facts: DerivedFacts) -> list[s
     return out
 
 
-def solve_guards(
-    guards: Sequence[Term], binding: dict[str, Any], ctx: GuardContext
-) -> Iterator[dict[str, Any]]:
+def solve_guards(guards: Sequence[Term], binding: dict[str, Any], ctx: GuardContext) -> Iterator[dict[str, Any]]:
     """Every extension of ``binding`` under which all guards hold."""
     yield from _solve(list(guards), dict(binding), ctx, 0)
 
 
-def _solve(
-    pending: list[Term], binding: dict[str, Any], ctx: GuardContext, stalled: int
-) -> Iterator[dict[str, Any]]:
+def _solve(pending: list[Term], binding: dict[str, Any], ctx: GuardContext, stalled: int) -> Iterator[dict[str, Any]]:
     if not pending:
         yield binding
         return

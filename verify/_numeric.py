@@ -83,11 +83,7 @@ def check_numeric(
             continue
         result.cases += 1
         result.status = "passed" if result.status != "failed" else "failed"
-        if any(
-            not np.allclose(np.asarray(e.left, float), np.asarray(e.right, float))
-            for e in equations
-            if e.assume
-        ):
+        if any(not np.allclose(np.asarray(e.left, float), np.asarray(e.right, float)) for e in equations if e.assume):
             continue  # these random inputs make the left-hand side itself inconsistent: not a case
         for eq in equations:
             if eq.assume:

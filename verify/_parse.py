@@ -456,8 +456,7 @@ class _Checker:
         if sig is None:
             hint = _suggest(term.head, self.env.signatures)
             self.fail(
-                f"uses unknown {'relation or function' if context == 'guard' else 'constructor'} "
-                f"'{term.head}'{hint}"
+                f"uses unknown {'relation or function' if context == 'guard' else 'constructor'} '{term.head}'{hint}"
             )
             for arg in term.args:
                 self.infer(arg, None, context)
@@ -502,9 +501,7 @@ class _Checker:
         for guard in rule.guards:
             for var in term_vars(guard):
                 if var not in bound:
-                    self.fail(
-                        f"refers to unbound var {var} in :when; bind it in a relation or with (= {var} ...)"
-                    )
+                    self.fail(f"refers to unbound var {var} in :when; bind it in a relation or with (= {var} ...)")
         for var in term_vars(rule.rhs):
             if var not in bound:
                 self.fail(f"refers to unbound var {var}")
@@ -589,9 +586,7 @@ def _check_analysis(env: Env, decl: AnalysisDecl) -> list[str]:
             if isinstance(t, App) and t.head not in ("union", "set", "delete", "subsume", "let", "panic"):
                 sig = env.get(t.head)
                 if sig is None:
-                    errors.append(
-                        f"analysis rule ({decl.pos}) uses unknown relation or constructor '{t.head}'"
-                    )
+                    errors.append(f"analysis rule ({decl.pos}) uses unknown relation or constructor '{t.head}'")
                 elif not sig.variadic and len(t.args) != len(sig.args):
                     errors.append(
                         f"analysis rule ({decl.pos}) calls '{t.head}' with {len(t.args)} arguments, "
@@ -602,9 +597,7 @@ def _check_analysis(env: Env, decl: AnalysisDecl) -> list[str]:
     return errors
 
 
-def parse_program(
-    sources: Sequence[RuleSource], base: Sequence[RuleSource] = (), env: Env | None = None
-) -> Program:
+def parse_program(sources: Sequence[RuleSource], base: Sequence[RuleSource] = (), env: Env | None = None) -> Program:
     """Parse ``base`` (schema, analyses) and then ``sources``; rules of both are collected and checked.
 
     Errors are collected in ``Program.errors`` (one line each) rather than raised: the caller decides.
@@ -631,9 +624,7 @@ def parse_program(
                 _declare(program.env, cmd)
                 item = _rule_from_command(cmd, lines)
             except _Bad as exc:
-                program.errors.append(
-                    f"{exc.pos.file or cmd.pos.file}:{exc.pos.line}:{exc.pos.column}: {exc.message}"
-                )
+                program.errors.append(f"{exc.pos.file or cmd.pos.file}:{exc.pos.line}:{exc.pos.column}: {exc.message}")
                 continue
             if isinstance(item, Rule):
                 pending.append(item)

@@ -229,9 +229,7 @@ def _tensor_nodes(term: Term, is_tensor_var: Any = _is_tensor_var) -> list[Term]
     out = []
     for t in walk(term):
         if (isinstance(t, Var) and is_tensor_var(t)) or (
-            isinstance(t, App)
-            and t.head not in LISTS
-            and (t.head in OPS or t.head in PARALLEL or t.head in LEAVES)
+            isinstance(t, App) and t.head not in LISTS and (t.head in OPS or t.head in PARALLEL or t.head in LEAVES)
         ):
             out.append(t)
     return out
@@ -626,9 +624,7 @@ def _chunk(x: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
 class _Case:
     """Evaluates the terms of one concrete case on one backend."""
 
-    def __init__(
-        self, mesh: Mesh, pl: Placements, specs: dict[str, VarSpec], attrs: dict[str, Any], bk: Any
-    ) -> None:
+    def __init__(self, mesh: Mesh, pl: Placements, specs: dict[str, VarSpec], attrs: dict[str, Any], bk: Any) -> None:
         self.mesh = mesh
         self.pl = pl
         self.specs = specs
@@ -876,14 +872,10 @@ def _consistency(case: _Case, term: Term, label: str, equations: list[Equation])
         if key in seen:
             continue
         seen.add(key)
-        equations.append(
-            Equation(f"{label} on device {rank} ({_coord_str(case.mesh, rank)})", got, want, str(term))
-        )
+        equations.append(Equation(f"{label} on device {rank} ({_coord_str(case.mesh, rank)})", got, want, str(term)))
 
 
-def _check_shape(
-    got: Any, want: np.ndarray, label: str, term: Term, placement: dict[str, State], rank: int
-) -> None:
+def _check_shape(got: Any, want: np.ndarray, label: str, term: Term, placement: dict[str, State], rank: int) -> None:
     shape = _shape_of(got)
     if shape != want.shape:
         raise EvalFailure(
@@ -952,9 +944,7 @@ def evaluate_case(
         raise EvalFailure("shape", f"the right-hand side cannot be evaluated: {exc}") from None
     if lhs_items is not None and rhs_items is not None:
         if len(lhs_items) != len(rhs_items):
-            raise EvalFailure(
-                "shape", f"the two sides are lists of {len(lhs_items)} and {len(rhs_items)} tensors"
-            )
+            raise EvalFailure("shape", f"the two sides are lists of {len(lhs_items)} and {len(rhs_items)} tensors")
         roots = list(zip(lhs_items, rhs_items, strict=True))
     else:
         roots = [(lhs, rhs)]

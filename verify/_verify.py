@@ -314,9 +314,7 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
     # model of them (the axioms hold for real tensors); without one, z3 must find a model itself.
     witnessed = bool(bounded and bounded.checked > 0)
     generic = prove_generic(rule, facts, options.generic_timeout_ms, witnessed) if options.generic else None
-    numeric = (
-        check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None
-    )
+    numeric = check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None
     report = RuleReport(
         rule.name, rule.file, rule.line, "unknown", "none", 0.0, generic, bounded, numeric, rule.annotation
     )
