@@ -436,18 +436,65 @@ def placement_problem(
     return None
 
 
-def check_case(rule: Rule, case: Case, timeout_ms: int = 2000) -> CaseOutcome:
-    """Prove or refute a rule in one case (see the module docstring)."""
-    describe = case.describe(rule.var_sorts)
-    lhs, rhs, tensor_vars, specs = concrete_rule(rule, case)
+@dataclass
+class _Structure:
+    """What a case's concrete terms imply before any shape is known: its placements, or why it is skipped
+    (``skip``) or refuted (``problem``)."""
+
+    pl: Placements | None
+    skip: str = ""
+    problem: str = ""
+    gradients: dict[tuple[int, ...], str | None] = field(default_factory=dict)
+
+
+StructureCache = dict[Any, _Structure]
+
+
+def _structure(
+    lhs: Term, rhs: Term, case: Case, tensor_vars: list[str], cache: StructureCache | None
+) -> _Structure:
+    """Placement inference reads the concrete terms, the mesh's axis names and the ``placed`` guards, never
+    the shapes or axis sizes: the thousands of cases of a rule that differ only in those share one result
+    (``cache``, kept by :func:`prove_bounded`)."""
     axes = case.mesh.axes
+    key = (lhs, rhs, axes, tuple(sorted(case.placed.items())), tuple(tensor_vars))
+    got = cache.get(key) if cache is not None else None
+    if got is not None:
+        return got
     pl_lhs = lhs_placements(lhs, axes, case.placed, tensor_vars)
     if any(len(s) > 1 for s in pl_lhs.states.values()):
-        return CaseOutcome("skipped", reason="the left-hand side has conflicting placements")
-    pl = infer_placements(lhs, rhs, axes, case.placed, tensor_vars)
-    problem = placement_problem(lhs, rhs, pl_lhs, pl, tensor_vars)
-    if problem:
-        return CaseOutcome("refuted", Counterexample(describe, "placement", problem))
+        got = _Structure(None, skip="the left-hand side has conflicting placements")
+    else:
+        pl = infer_placements(lhs, rhs, axes, case.placed, tensor_vars)
+        got = _Structure(pl, problem=placement_problem(lhs, rhs, pl_lhs, pl, tensor_vars) or "")
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
+def _gradient_problem(lhs: Term, rhs: Term, structure: _Structure, mesh: Mesh) -> str | None:
+    """:func:`gradient_problem`, which reads the mesh only for which axes have size 1, cached per pattern."""
+    assert structure.pl is not None
+    trivial = tuple(i for i, n in enumerate(mesh.sizes) if n == 1)
+    if trivial not in structure.gradients:
+        structure.gradients[trivial] = gradient_problem(lhs, rhs, structure.pl, mesh=mesh)
+    return structure.gradients[trivial]
+
+
+def check_case(
+    rule: Rule, case: Case, timeout_ms: int = 2000, structures: StructureCache | None = None
+) -> CaseOutcome:
+    """Prove or refute a rule in one case (see the module docstring). ``structures`` shares placement
+    inference between the cases of one rule."""
+    describe = case.describe(rule.var_sorts)
+    lhs, rhs, tensor_vars, specs = concrete_rule(rule, case)
+    structure = _structure(lhs, rhs, case, tensor_vars, structures)
+    if structure.skip:
+        return CaseOutcome("skipped", reason=structure.skip)
+    if structure.problem:
+        return CaseOutcome("refuted", Counterexample(describe, "placement", structure.problem))
+    pl = structure.pl
+    assert pl is not None
     bk = Z3Backend()
     attrs: dict[str, Any] = {}
     try:
@@ -458,7 +505,7 @@ def check_case(rule: Rule, case: Case, timeout_ms: int = 2000) -> CaseOutcome:
         return CaseOutcome("skipped", reason=skip or "")
     outcome = _solve(equations, values, describe, timeout_ms)
     # training (Replicate = gradient all-reduce): checked after the values, whose counterexample says more
-    problem = gradient_problem(lhs, rhs, pl, mesh=case.mesh) if outcome.status != "refuted" else None
+    problem = _gradient_problem(lhs, rhs, structure, case.mesh) if outcome.status != "refuted" else None
     return CaseOutcome("refuted", Counterexample(describe, "placement", problem)) if problem else outcome
 
 
@@ -615,12 +662,13 @@ def prove_bounded(
     unknown = ""
     search = 0  # after a shape refutation, look a little further for input values that show it too
     cases = enum.cases if budget is None else enum.cases[:budget]
+    structures: StructureCache = {}
     for case in cases:
         if result.status == "refuted":
             search -= 1
             if search < 0:
                 break
-        outcome = check_case(rule, case, timeout_ms)
+        outcome = check_case(rule, case, timeout_ms, structures)
         if outcome.status == "skipped":
             continue
         result.checked += 1
