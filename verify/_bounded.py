@@ -54,7 +54,7 @@ from unity_eq.verify._semantics import (
     lhs_placements,
     state_str,
 )
-from unity_eq.verify._tensor import Z3Backend
+from unity_eq.verify._tensor import Z3Backend, same_polynomial
 
 from unity_eq.ir import Mesh
 from unity_eq.ops import OPS
@@ -536,6 +536,8 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
             hard.append((eq, i, a, b))
     remaining = []
     for eq, i, a, b in hard:
+        if same_polynomial(a, b):
+            continue
         cond = _to_z3(a) == _to_z3(b)
         if z3.is_true(z3.simplify(cond)):
             continue

@@ -121,6 +121,29 @@ def _memo_binary(kind: str, build: Callable[[Any, Any], Any]) -> Callable[[Any, 
     return make
 
 
+_SOM = z3.ParamsRef()
+_SOM.set("som", True)
+
+
+def same_polynomial(a: Any, b: Any) -> bool:
+    """True when ``a - b`` normalizes to 0 as a sum of monomials (z3's ``som`` simplification), as the
+    pieces of a partial value do under a linear op: ``(x0 + x1) * y`` and ``x0 * y + x1 * y``. Sound (an
+    equivalence-preserving rewrite reached 0) and far cheaper than a solver; False says nothing. The cases
+    of a rule compare the same pairs of terms again and again, so answers are memoized."""
+    if not (isinstance(a, z3.ArithRef) and isinstance(b, z3.ArithRef)):
+        return False
+    key = ("som", a.ast.value, b.ast.value)
+    hit = _MEMO.get(key)
+    if hit is not None:
+        return bool(hit[0])
+    if a.is_int() != b.is_int():
+        return False
+    diff = _real(z3.Z3_simplify_ex(_CREF, _z3_sub(a, b).as_ast(), _SOM.params))
+    ast = diff.as_ast()
+    same = z3.Z3_get_ast_kind(_CREF, ast) == z3.Z3_NUMERAL_AST and z3.Z3_get_numeral_string(_CREF, ast) == "0"
+    return bool(_remember(key, same, (a, b)))
+
+
 def z3_sum(items: Sequence[Any]) -> Any:
     """An n-ary sum with nested sums spliced in, so equal sums built in different groupings are one term."""
     key = ("sum", *map(_key, items))
@@ -146,6 +169,7 @@ def _z3_binary(kind: str, mk: Any) -> Callable[[Any, Any], Any]:
     return _memo_binary(kind, lambda a, b: _real(mk(_CREF, 2, _arr((a, b)))))
 
 
+_z3_sub = _z3_binary("sub", z3.Z3_mk_sub)
 _z3_div = _memo_binary("div", lambda a, b: _real(z3.Z3_mk_div(_CREF, _ast(a), _ast(b))))
 _z3_neg = _memo_binary("neg", lambda a, _b: _real(z3.Z3_mk_unary_minus(_CREF, _ast(a))))
 
@@ -164,7 +188,7 @@ def _z3_cmp(kind: str, mk: Any) -> Callable[[Any, Any], Any]:
 
 _Z3_OPS = {
     "add": np.frompyfunc(_z3_binary("add", z3.Z3_mk_add), 2, 1),
-    "sub": np.frompyfunc(_z3_binary("sub", z3.Z3_mk_sub), 2, 1),
+    "sub": np.frompyfunc(_z3_sub, 2, 1),
     "mul": np.frompyfunc(_z3_binary("mul", z3.Z3_mk_mul), 2, 1),
     "div": np.frompyfunc(_z3_div, 2, 1),
     "neg": np.frompyfunc(lambda a: _z3_neg(a, None), 1, 1),
