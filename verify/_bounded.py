@@ -228,13 +228,42 @@ def _feasible(pl: Placements, specs: dict[str, Any], lists: dict[str, Any], mesh
 
 def _identity(case: Case) -> Any:
     """Two enumerated cases with equal identities are the same case (the same shapes, values and placements
-    reached along two paths of the generator): checking one checks both."""
+    reached along two paths of the generator): checking one checks both. Values are compared with their
+    types (``1`` and ``1.0`` stay apart, as their reprs did)."""
     return (
         case.mesh.axes,
         case.mesh.sizes,
-        tuple(sorted((k, repr(v)) for k, v in case.binding.items())),
-        tuple(sorted((k, repr(v)) for k, v in case.placed.items())),
+        tuple(sorted((k, _hashable(v)) for k, v in case.binding.items())),
+        tuple(sorted(case.placed.items())),
     )
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_hashable(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def _structural_placements(
+    rule: Rule, inst: dict[str, Any], axes: tuple[str, ...], elem_vars: list[str], cache: dict[Any, Placements]
+) -> Placements:
+    """The placements the left-hand side's structure implies for one instance (no defaults). They read the
+    instantiated term, which depends on the attribute values, on which tensors are absent and on list
+    lengths, never on shapes: instances that agree on those share one (read-only) result."""
+    sorts = rule.var_sorts
+    key = (
+        axes,
+        tuple(elem_vars),
+        tuple(
+            (k, v is None if sorts.get(k) == "T" else len(v or ()) if sorts.get(k) == "TList" else _hashable(v))
+            for k, v in sorted(inst.items())
+        ),
+    )
+    got = cache.get(key)
+    if got is None:
+        got = lhs_placements(instantiate(rule.lhs, inst, sorts), axes, {}, elem_vars, defaults=False)
+        cache[key] = got
+    return got
 
 
 @dataclass
@@ -321,6 +350,7 @@ def enumerate_cases(
     enumerated = 0
     prepared: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
+    lhs_cache: dict[Any, Placements] = {}
     try:
         for mesh in _meshes(rule, sizes):
             if mesh.axes not in prepared:
@@ -331,9 +361,7 @@ def enumerate_cases(
                     elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
                     # without parallel ops in the left-hand side every variable is R: nothing to infer
                     pl = (
-                        lhs_placements(
-                            instantiate(rule.lhs, inst, sorts), mesh.axes, {}, elem_vars, defaults=False
-                        )
+                        _structural_placements(rule, inst, mesh.axes, elem_vars, lhs_cache)
                         if structural
                         else Placements(mesh.axes)
                     )
