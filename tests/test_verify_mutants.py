@@ -55,8 +55,7 @@ SLOW_LOOK_ALIKES = {
 
 def _marked(names: list[str]) -> list[Any]:
     return [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=ESCAPES[n])) if n in ESCAPES else n
-        for n in names
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=ESCAPES[n])) if n in ESCAPES else n for n in names
     ]
 
 

@@ -306,12 +306,7 @@ def _canonical(term: Term) -> Term:
 
 def enumeration_key(rule: Rule, facts: DerivedFacts, *extra: Any) -> Any:
     """Rules with equal keys have the same cases (e.g. add-split-a and mul-split-a)."""
-    heads = {
-        t.head
-        for term in (rule.lhs, *rule.guards)
-        for t in walk(term)
-        if isinstance(t, App) and t.head in OPS
-    }
+    heads = {t.head for term in (rule.lhs, *rule.guards) for t in walk(term) if isinstance(t, App) and t.head in OPS}
     decls = tuple(sorted((_token(h), facts.signature(h, _token(h))) for h in heads))
     return (_canonical(rule.lhs), tuple(_canonical(g) for g in rule.guards), rule.sorts, decls, extra)
 
@@ -439,9 +434,7 @@ def concrete_rule(rule: Rule, case: Case) -> tuple[Term, Term, list[str], dict[s
     return lhs, rhs, list(specs), specs
 
 
-def placement_problem(
-    lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, tensor_vars: list[str]
-) -> str | None:
+def placement_problem(lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, tensor_vars: list[str]) -> str | None:
     """A reason the rule breaks "one placement per e-class", or None."""
     rhs_nodes = _tensor_nodes(rhs)
     items = _list_items(lhs)
@@ -478,9 +471,7 @@ class _Structure:
 StructureCache = dict[Any, _Structure]
 
 
-def _structure(
-    lhs: Term, rhs: Term, case: Case, tensor_vars: list[str], cache: StructureCache | None
-) -> _Structure:
+def _structure(lhs: Term, rhs: Term, case: Case, tensor_vars: list[str], cache: StructureCache | None) -> _Structure:
     """Placement inference reads the concrete terms, the mesh's axis names and the ``placed`` guards, never
     the shapes or axis sizes: the thousands of cases of a rule that differ only in those share one result
     (``cache``, kept by :func:`prove_bounded`)."""
@@ -509,9 +500,7 @@ def _gradient_problem(lhs: Term, rhs: Term, structure: _Structure, mesh: Mesh) -
     return structure.gradients[trivial]
 
 
-def check_case(
-    rule: Rule, case: Case, timeout_ms: int = 2000, structures: StructureCache | None = None
-) -> CaseOutcome:
+def check_case(rule: Rule, case: Case, timeout_ms: int = 2000, structures: StructureCache | None = None) -> CaseOutcome:
     """Prove or refute a rule in one case (see the module docstring). ``structures`` shares placement
     inference between the cases of one rule."""
     describe = case.describe(rule.var_sorts)
@@ -557,9 +546,7 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
                 continue
             both = _is_expr(a) and _is_expr(b)
             # z3 hash-conses terms: equal terms are one AST, so comparing pointers is exact
-            if (both and a.ast.value == b.ast.value) or (
-                not both and not _is_expr(a) and not _is_expr(b) and a == b
-            ):
+            if (both and a.ast.value == b.ast.value) or (not both and not _is_expr(a) and not _is_expr(b) and a == b):
                 continue
             hard.append((eq, i, a, b))
     remaining = []
@@ -630,9 +617,7 @@ def _counterexample(model: z3.ModelRef, eq: Any, values: Any, describe: str) -> 
     for name, value in values.inputs.items():
         inputs[name] = _array(model, value)
         pieces = values.pieces_of_inputs.get(name)
-        if pieces is not None and any(
-            ".part" in str(x) for x in np.asarray(pieces[0], dtype=object).reshape(-1)[:1]
-        ):
+        if pieces is not None and any(".part" in str(x) for x in np.asarray(pieces[0], dtype=object).reshape(-1)[:1]):
             inputs[f"{name} (pieces)"] = [_array(model, p) for p in pieces]
     functions = {}
     for decl in model.decls():

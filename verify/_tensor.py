@@ -328,9 +328,7 @@ class NumpyBackend:
 
     def symbols(self, prefix: str, shape: Shape, integer: bool = False, high: int = 0) -> np.ndarray:
         if integer:
-            return np.asarray(
-                self.rng.integers(-high, high, size=shape) if high else np.zeros(shape, dtype=np.int64)
-            )
+            return np.asarray(self.rng.integers(-high, high, size=shape) if high else np.zeros(shape, dtype=np.int64))
         return np.asarray(self.rng.standard_normal(shape))
 
     def scalar(self, name: str) -> float:
@@ -509,12 +507,7 @@ def _window_attrs(
         pads = [0] * (2 * k)
     else:
         pads = list(pads) or [0] * (2 * k)
-    if (
-        len(pads) != 2 * k
-        or any(p < 0 for p in pads)
-        or any(s < 1 for s in strides)
-        or any(d < 1 for d in dils)
-    ):
+    if len(pads) != 2 * k or any(p < 0 for p in pads) or any(s < 1 for s in strides) or any(d < 1 for d in dils):
         raise ShapeError("invalid pads, strides or dilations")
     if any(kk < 1 for kk in kernel):
         raise ShapeError("invalid kernel shape")
@@ -525,9 +518,7 @@ def _pool_out(
     spatial: Shape, kernel: list[int], pads: list[int], strides: list[int], dils: list[int], ceil: bool
 ) -> Shape:
     k = len(spatial)
-    return tuple(
-        _window_out(spatial[i], kernel[i], pads[i], pads[i + k], strides[i], dils[i], ceil) for i in range(k)
-    )
+    return tuple(_window_out(spatial[i], kernel[i], pads[i], pads[i + k], strides[i], dils[i], ceil) for i in range(k))
 
 
 def _reshape_target(src: Shape, target: Sequence[int]) -> Shape:
@@ -697,9 +688,7 @@ def _need(shape: Any) -> Shape:
     return tuple(shape)
 
 
-def _pool_shape(
-    x: Shape, auto_pad: str, ceil_mode: int, dils: Any, kernel: Any, pads: Any, strides: Any
-) -> Shape:
+def _pool_shape(x: Shape, auto_pad: str, ceil_mode: int, dils: Any, kernel: Any, pads: Any, strides: Any) -> Shape:
     if len(x) < 3 or not kernel:
         raise ShapeError("pooling needs rank >= 3 and a kernel shape")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER") and any(d != 1 for d in dils):
@@ -879,11 +868,7 @@ def _conv(op: str, args: list[Any], bk: Backend) -> Any:
         for mi in range(m):
             g = mi // mg
             for o, taps in positions:
-                terms = [
-                    bk.mul(x[(bi, g * cg + ci, *pos)], w[(mi, ci, *off)])
-                    for ci in range(cg)
-                    for pos, off in taps
-                ]
+                terms = [bk.mul(x[(bi, g * cg + ci, *pos)], w[(mi, ci, *off)]) for ci in range(cg) for pos, off in taps]
                 if b is not None:
                     terms.append(b[mi])
                 out[(bi, mi, *o)] = bk.total(terms) if terms else bk.zero
