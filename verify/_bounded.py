@@ -226,16 +226,24 @@ def _feasible(pl: Placements, specs: dict[str, Any], lists: dict[str, Any], mesh
     return True
 
 
-def _identity(case: Case) -> Any:
+def _identity(mesh: Mesh, tensors: tuple[Any, ...], solution: dict[str, Any], placed: dict[Any, State]) -> Any:
     """Two enumerated cases with equal identities are the same case (the same shapes, values and placements
-    reached along two paths of the generator): checking one checks both. Values are compared with their
-    types (``1`` and ``1.0`` stay apart, as their reprs did)."""
+    reached along two paths of the generator): checking one checks both. ``tensors`` is the identity of the
+    instance's tensors (:func:`_tensor_identity`, computed once per instance); ``solution`` binds the other
+    variables (a tensor's own value wins, as in the case's binding). Values are compared with their types
+    (``1`` and ``1.0`` stay apart)."""
+    names = {name for name, _value in tensors}
     return (
-        case.mesh.axes,
-        case.mesh.sizes,
-        tuple(sorted((k, _hashable(v)) for k, v in case.binding.items())),
-        tuple(sorted(case.placed.items())),
+        mesh.axes,
+        mesh.sizes,
+        tensors,
+        tuple(sorted((k, _hashable(v)) for k, v in solution.items() if k not in names)),
+        tuple(sorted(placed.items())),
     )
+
+
+def _tensor_identity(specs: dict[str, Any], lists: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted((k, _hashable(v)) for k, v in {**specs, **lists}.items()))
 
 
 def _hashable(value: Any) -> Any:
@@ -361,9 +369,9 @@ def enumerate_cases(
                         else Placements(mesh.axes)
                     )
                     attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}
-                    items.append((specs, lists, pl, attrs, {}))
+                    items.append((specs, lists, pl, attrs, {}, _tensor_identity(specs, lists)))
                 prepared[mesh.axes] = items
-            for specs, lists, pl, attrs, memo in prepared[mesh.axes]:
+            for specs, lists, pl, attrs, memo, tensors in prepared[mesh.axes]:
                 ctx = GuardContext(
                     mesh.axes,
                     dict(zip(mesh.axes, mesh.sizes, strict=True)),
@@ -381,7 +389,7 @@ def enumerate_cases(
                     binding = {**solution, **specs, **lists}
                     case = Case(mesh, binding, dict(ctx.placed))
                     if budget is None:
-                        every.setdefault(_identity(case), case)
+                        every.setdefault(_identity(mesh, tensors, solution, case.placed), case)
                         continue
                     primary, sig = _signature(case, sorts, guard_vars)
                     size = case.elements()
