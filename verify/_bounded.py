@@ -12,9 +12,14 @@ counterexample.
    ``budget`` signatures; past the budget, every *primary* class (axis sizes, guard bindings, ranks) is
    still checked once.
 5. **Check.** :func:`unity_eq.verify._semantics.evaluate_case` yields equations over z3 terms; syntactically
-   equal sides (z3 hash-conses terms) and sides equal after ``z3.simplify`` pass at once, the rest go to a
-   solver as one disjunction of disequalities: ``unsat`` proves the case, ``sat`` is a counterexample,
-   ``unknown`` (timeout) leaves the case unknown.
+   equal sides (z3 hash-conses terms), sides whose difference is 0 as a sum of monomials
+   (:func:`unity_eq.verify._tensor.same_polynomial`) and sides equal after ``z3.simplify`` pass at once, the
+   rest go to a solver as one disjunction of disequalities: ``unsat`` proves the case, ``sat`` is a
+   counterexample, ``unknown`` (timeout) leaves the case unknown.
+
+Every case is checked; what its cases share a rule computes once: placement inference and the gradient
+check per pattern of concrete terms, axis names, ``placed`` guards and size-1 axes (:func:`_structure`),
+z3 symbols and terms per operand ASTs (:mod:`unity_eq.verify._tensor`'s memo).
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def _is_add(ast: Any) -> bool:
 # and the memo only skips the Python wrappers and C calls (about 7 us a term, 0.4 us a hit). Keys are AST
 # addresses: each entry keeps its operands alive, so an address in a key is never reused by another term.
 _MEMO: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-_MEMO_LIMIT = 250_000  # entries (roughly 100 MB); the memo is emptied when full
+_MEMO_LIMIT = 100_000  # entries, under 0.7 kB each (120 000 three-term sums: 80 MB); emptied when full
 
 
 def _key(x: Any) -> Any:
