@@ -120,11 +120,7 @@ def test_python_module_with_one_rule(tmp_path: Path) -> None:
     assert "matmul-split-k" in done.stdout and "proven" in done.stdout
     data = json.loads(report.read_text())
     (rule,) = data["rules"]
-    assert (
-        rule["status"] == "proven"
-        and rule["kind"] == "generic"
-        and rule["file"] == "rules/parallel/matmul.egg"
-    )
+    assert rule["status"] == "proven" and rule["kind"] == "generic" and rule["file"] == "rules/parallel/matmul.egg"
     assert rule["bounded"]["cases_checked"] > 0 and data["summary"]["proven"] == 1
 
 
@@ -148,9 +144,7 @@ def refuted(report: Any, name: str) -> Any:
 
 def test_matmul_commutativity_is_refuted_by_shapes(tmp_path: Path) -> None:
     """The first case the exhaustive check meets is a non-square one: b·a does not even type-check there."""
-    report = verify_text(
-        tmp_path, '(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "matmul-commute")\n'
-    )
+    report = verify_text(tmp_path, '(rewrite (MatMul a b) (MatMul b a) :ruleset algebra :name "matmul-commute")\n')
     cex = refuted(report, "matmul-commute")
     assert cex.kind == "shape"
     assert "cannot be evaluated" in cex.message
@@ -233,12 +227,7 @@ def test_cli_prints_the_counterexample_and_fails(tmp_path: Path, capsys: pytest.
     assert cli_main(["verify", str(path)]) == 1
     out = capsys.readouterr().out
     assert "REFUTED sub-commute" in out and "my_rules.egg:2" in out
-    assert (
-        "inputs:" in out
-        and "left-hand side" in out
-        and "right-hand side" in out
-        and "case: one device" in out
-    )
+    assert "inputs:" in out and "left-hand side" in out and "right-hand side" in out and "case: one device" in out
 
 
 # ------------------------------------------------------------------------------------------ sound user rules
@@ -292,9 +281,7 @@ def test_json_report_on_stdout(tmp_path: Path) -> None:
 
 
 def test_vector_matmul_associativity_is_refuted(tmp_path: Path) -> None:
-    report = verify_text(
-        tmp_path, '(rewrite (MatMul (MatMul a b) c) (MatMul a (MatMul b c)) :name "assoc")\n'
-    )
+    report = verify_text(tmp_path, '(rewrite (MatMul (MatMul a b) c) (MatMul a (MatMul b c)) :name "assoc")\n')
     refuted(report, "assoc")
 
 
@@ -390,15 +377,9 @@ def test_syntax_errors_name_file_line_and_column(tmp_path: Path, text: str, wher
 
 
 def test_unbound_variables_are_rejected(tmp_path: Path) -> None:
-    errors = load_errors(
-        tmp_path, '(rewrite (Relu a) (Combine (Relu (Partition a k ax)) k ax) :name "shard-relu")\n'
-    )
-    assert any(
-        re.fullmatch(r"rule 'shard-relu' \(\S*my_rules.egg:1\) refers to unbound var k", e) for e in errors
-    )
-    assert any(
-        re.fullmatch(r"rule 'shard-relu' \(\S*my_rules.egg:1\) refers to unbound var ax", e) for e in errors
-    )
+    errors = load_errors(tmp_path, '(rewrite (Relu a) (Combine (Relu (Partition a k ax)) k ax) :name "shard-relu")\n')
+    assert any(re.fullmatch(r"rule 'shard-relu' \(\S*my_rules.egg:1\) refers to unbound var k", e) for e in errors)
+    assert any(re.fullmatch(r"rule 'shard-relu' \(\S*my_rules.egg:1\) refers to unbound var ax", e) for e in errors)
     errors = load_errors(tmp_path, '(rewrite (Relu a) a :when ((< d 2)) :name "guarded")\n')
     assert any("refers to unbound var d in :when" in e for e in errors)
 
@@ -424,14 +405,11 @@ def test_unknown_names_and_wrong_arity_are_rejected(tmp_path: Path) -> None:
 """
     errors = load_errors(tmp_path, text)
     assert any(
-        re.search(
-            r"rule 'typo' \(\S*my_rules.egg:2\) uses unknown constructor 'Relux'. Did you mean 'Relu'\?", e
-        )
+        re.search(r"rule 'typo' \(\S*my_rules.egg:2\) uses unknown constructor 'Relux'. Did you mean 'Relu'\?", e)
         for e in errors
     )
     assert any(
-        re.search(r"rule 'arity' \(\S*my_rules.egg:3\) calls 'MatMul' with 1 argument, expected 2", e)
-        for e in errors
+        re.search(r"rule 'arity' \(\S*my_rules.egg:3\) calls 'MatMul' with 1 argument, expected 2", e) for e in errors
     )
     assert any("'can-splitt'" in e and "Did you mean 'can-split'" in e for e in errors)
     assert any("undeclared ruleset 'nowhere'" in e for e in errors)
@@ -444,9 +422,7 @@ def test_load_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_schema_names_need_no_declaration(tmp_path: Path) -> None:
-    program, targets = load_program(
-        [write(tmp_path, '(rewrite (Relu (Identity a)) (Relu a) :name "drop-identity")\n')]
-    )
+    program, targets = load_program([write(tmp_path, '(rewrite (Relu (Identity a)) (Relu a) :name "drop-identity")\n')])
     assert program.errors == [] and [r.name for r in program.rules if r.file in targets] == ["drop-identity"]
 
 
@@ -493,9 +469,7 @@ def test_guard_mirrors_agree_with_analysis_egg(op: str) -> None:
         vars_ = names[: len(tensors)]
         term = f"({op} {' '.join(vars_)})"
         lines = [f'(mesh-axis "x" {n_axis})', '(axes-1 "x")', *(f"(dim-range {d})" for d in range(8))]
-        lines += [
-            f'(set (shape (Input "{v}")) {_ivec(spec.shape)})' for v, spec in zip(vars_, tensors, strict=True)
-        ]
+        lines += [f'(set (shape (Input "{v}")) {_ivec(spec.shape)})' for v, spec in zip(vars_, tensors, strict=True)]
         inputs = " ".join(f'(Input "{v}")' for v in vars_)
         lines += [
             f"(let $e ({op} {inputs}))",
