@@ -554,3 +554,22 @@ def test_a_budget_that_stops_early_is_partial_and_fails(tmp_path: Path, capsys: 
     args = ["verify", str(tmp_path / "annotated.egg"), "--jobs", "1", "--budget", "5", "--no-generic", "--no-numeric"]
     assert cli_main(args) == 0
     assert "partial*" in capsys.readouterr().out
+
+
+def test_same_polynomial_proves_only_identities() -> None:
+    """The bounded check's shortcut before the solver: a sum-of-monomials difference of 0 proves a pair;
+    anything else is left to the solver (never a proof of an unequal pair)."""
+    import z3
+    from unity_eq.verify._tensor import Z3Backend, same_polynomial
+
+    bk = Z3Backend()
+    x0, x1, y, z = (bk.symbol(n) for n in ("sp.x0", "sp.x1", "sp.y", "sp.z"))
+    lhs = bk.mul(bk.total([x0, x1]), y)  # the all-reduced pieces times a replicated operand
+    rhs = bk.total([bk.mul(x0, y), bk.mul(x1, y)])  # the pieces' products, all-reduced
+    assert lhs is not rhs and not z3.is_true(z3.simplify(lhs == rhs))
+    assert same_polynomial(lhs, rhs) and same_polynomial(lhs, rhs)  # the second answer is the memo's
+    assert not same_polynomial(bk.mul(x0, y), bk.total([bk.mul(y, x0), 1]))
+    assert not same_polynomial(bk.mul(x0, y), bk.mul(x0, z))
+    assert not same_polynomial(bk.symbol("sp.i", integer=True), x0)  # an index is never a value
+    f = bk.function("sp.f", 1)
+    assert not same_polynomial(f(bk.total([x0, x1])), bk.total([f(x0), f(x1)]))

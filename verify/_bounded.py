@@ -12,9 +12,14 @@ counterexample.
    ``budget`` signatures; past the budget, every *primary* class (axis sizes, guard bindings, ranks) is
    still checked once.
 5. **Check.** :func:`unity_eq.verify._semantics.evaluate_case` yields equations over z3 terms; syntactically
-   equal sides (z3 hash-conses terms) and sides equal after ``z3.simplify`` pass at once, the rest go to a
-   solver as one disjunction of disequalities: ``unsat`` proves the case, ``sat`` is a counterexample,
-   ``unknown`` (timeout) leaves the case unknown.
+   equal sides (z3 hash-conses terms), sides whose difference is 0 as a sum of monomials
+   (:func:`unity_eq.verify._tensor.same_polynomial`) and sides equal after ``z3.simplify`` pass at once, the
+   rest go to a solver as one disjunction of disequalities: ``unsat`` proves the case, ``sat`` is a
+   counterexample, ``unknown`` (timeout) leaves the case unknown.
+
+Every case is checked; what its cases share a rule computes once: placement inference and the gradient
+check per pattern of concrete terms, axis names, ``placed`` guards and size-1 axes (:func:`_structure`),
+z3 symbols and terms per operand ASTs (:mod:`unity_eq.verify._tensor`'s memo).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from unity_eq.verify._semantics import (
     lhs_placements,
     state_str,
 )
-from unity_eq.verify._tensor import Z3Backend
+from unity_eq.verify._tensor import Z3Backend, same_polynomial
 
 from unity_eq.ir import Mesh
 from unity_eq.ops import OPS
@@ -226,15 +231,52 @@ def _feasible(pl: Placements, specs: dict[str, Any], lists: dict[str, Any], mesh
     return True
 
 
-def _identity(case: Case) -> Any:
+def _identity(mesh: Mesh, tensors: tuple[Any, ...], solution: dict[str, Any], placed: dict[Any, State]) -> Any:
     """Two enumerated cases with equal identities are the same case (the same shapes, values and placements
-    reached along two paths of the generator): checking one checks both."""
+    reached along two paths of the generator): checking one checks both. ``tensors`` is the identity of the
+    instance's tensors (:func:`_tensor_identity`, computed once per instance); ``solution`` binds the other
+    variables (a tensor's own value wins, as in the case's binding). Values are compared with their types
+    (``1`` and ``1.0`` stay apart)."""
+    names = {name for name, _value in tensors}
     return (
-        case.mesh.axes,
-        case.mesh.sizes,
-        tuple(sorted((k, repr(v)) for k, v in case.binding.items())),
-        tuple(sorted((k, repr(v)) for k, v in case.placed.items())),
+        mesh.axes,
+        mesh.sizes,
+        tensors,
+        tuple(sorted((k, _hashable(v)) for k, v in solution.items() if k not in names)),
+        tuple(sorted(placed.items())),
     )
+
+
+def _tensor_identity(specs: dict[str, Any], lists: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted((k, _hashable(v)) for k, v in {**specs, **lists}.items()))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_hashable(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def _structural_placements(
+    rule: Rule, inst: dict[str, Any], axes: tuple[str, ...], elem_vars: list[str], cache: dict[Any, Placements]
+) -> Placements:
+    """The placements the left-hand side's structure implies for one instance (no defaults). They read the
+    instantiated term, which depends on the attribute values, on which tensors are absent and on list
+    lengths, never on shapes: instances that agree on those share one (read-only) result."""
+    sorts = rule.var_sorts
+    key = (
+        axes,
+        tuple(elem_vars),
+        tuple(
+            (k, v is None if sorts.get(k) == "T" else len(v or ()) if sorts.get(k) == "TList" else _hashable(v))
+            for k, v in sorted(inst.items())
+        ),
+    )
+    got = cache.get(key)
+    if got is None:
+        got = lhs_placements(instantiate(rule.lhs, inst, sorts), axes, {}, elem_vars, defaults=False)
+        cache[key] = got
+    return got
 
 
 @dataclass
@@ -316,6 +358,7 @@ def enumerate_cases(
     enumerated = 0
     prepared: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
     structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
+    lhs_cache: dict[Any, Placements] = {}
     try:
         for mesh in _meshes(rule, sizes):
             if mesh.axes not in prepared:
@@ -326,14 +369,14 @@ def enumerate_cases(
                     elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
                     # without parallel ops in the left-hand side every variable is R: nothing to infer
                     pl = (
-                        lhs_placements(instantiate(rule.lhs, inst, sorts), mesh.axes, {}, elem_vars, defaults=False)
+                        _structural_placements(rule, inst, mesh.axes, elem_vars, lhs_cache)
                         if structural
                         else Placements(mesh.axes)
                     )
                     attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}
-                    items.append((specs, lists, pl, attrs, {}))
+                    items.append((specs, lists, pl, attrs, {}, _tensor_identity(specs, lists)))
                 prepared[mesh.axes] = items
-            for specs, lists, pl, attrs, memo in prepared[mesh.axes]:
+            for specs, lists, pl, attrs, memo, tensors in prepared[mesh.axes]:
                 ctx = GuardContext(
                     mesh.axes,
                     dict(zip(mesh.axes, mesh.sizes, strict=True)),
@@ -351,7 +394,7 @@ def enumerate_cases(
                     binding = {**solution, **specs, **lists}
                     case = Case(mesh, binding, dict(ctx.placed))
                     if budget is None:
-                        every.setdefault(_identity(case), case)
+                        every.setdefault(_identity(mesh, tensors, solution, case.placed), case)
                         continue
                     primary, sig = _signature(case, sorts, guard_vars)
                     size = case.elements()
@@ -427,18 +470,61 @@ def placement_problem(lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, 
     return None
 
 
-def check_case(rule: Rule, case: Case, timeout_ms: int = 2000) -> CaseOutcome:
-    """Prove or refute a rule in one case (see the module docstring)."""
-    describe = case.describe(rule.var_sorts)
-    lhs, rhs, tensor_vars, specs = concrete_rule(rule, case)
+@dataclass
+class _Structure:
+    """What a case's concrete terms imply before any shape is known: its placements, or why it is skipped
+    (``skip``) or refuted (``problem``)."""
+
+    pl: Placements | None
+    skip: str = ""
+    problem: str = ""
+    gradients: dict[tuple[int, ...], str | None] = field(default_factory=dict)
+
+
+StructureCache = dict[Any, _Structure]
+
+
+def _structure(lhs: Term, rhs: Term, case: Case, tensor_vars: list[str], cache: StructureCache | None) -> _Structure:
+    """Placement inference reads the concrete terms, the mesh's axis names and the ``placed`` guards, never
+    the shapes or axis sizes: the thousands of cases of a rule that differ only in those share one result
+    (``cache``, kept by :func:`prove_bounded`)."""
     axes = case.mesh.axes
+    key = (lhs, rhs, axes, tuple(sorted(case.placed.items())), tuple(tensor_vars))
+    got = cache.get(key) if cache is not None else None
+    if got is not None:
+        return got
     pl_lhs = lhs_placements(lhs, axes, case.placed, tensor_vars)
     if any(len(s) > 1 for s in pl_lhs.states.values()):
-        return CaseOutcome("skipped", reason="the left-hand side has conflicting placements")
-    pl = infer_placements(lhs, rhs, axes, case.placed, tensor_vars)
-    problem = placement_problem(lhs, rhs, pl_lhs, pl, tensor_vars)
-    if problem:
-        return CaseOutcome("refuted", Counterexample(describe, "placement", problem))
+        got = _Structure(None, skip="the left-hand side has conflicting placements")
+    else:
+        pl = infer_placements(lhs, rhs, axes, case.placed, tensor_vars)
+        got = _Structure(pl, problem=placement_problem(lhs, rhs, pl_lhs, pl, tensor_vars) or "")
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
+def _gradient_problem(lhs: Term, rhs: Term, structure: _Structure, mesh: Mesh) -> str | None:
+    """:func:`gradient_problem`, which reads the mesh only for which axes have size 1, cached per pattern."""
+    assert structure.pl is not None
+    trivial = tuple(i for i, n in enumerate(mesh.sizes) if n == 1)
+    if trivial not in structure.gradients:
+        structure.gradients[trivial] = gradient_problem(lhs, rhs, structure.pl, mesh=mesh)
+    return structure.gradients[trivial]
+
+
+def check_case(rule: Rule, case: Case, timeout_ms: int = 2000, structures: StructureCache | None = None) -> CaseOutcome:
+    """Prove or refute a rule in one case (see the module docstring). ``structures`` shares placement
+    inference between the cases of one rule."""
+    describe = case.describe(rule.var_sorts)
+    lhs, rhs, tensor_vars, specs = concrete_rule(rule, case)
+    structure = _structure(lhs, rhs, case, tensor_vars, structures)
+    if structure.skip:
+        return CaseOutcome("skipped", reason=structure.skip)
+    if structure.problem:
+        return CaseOutcome("refuted", Counterexample(describe, "placement", structure.problem))
+    pl = structure.pl
+    assert pl is not None
     bk = Z3Backend()
     attrs: dict[str, Any] = {}
     try:
@@ -449,7 +535,7 @@ def check_case(rule: Rule, case: Case, timeout_ms: int = 2000) -> CaseOutcome:
         return CaseOutcome("skipped", reason=skip or "")
     outcome = _solve(equations, values, describe, timeout_ms)
     # training (Replicate = gradient all-reduce): checked after the values, whose counterexample says more
-    problem = gradient_problem(lhs, rhs, pl, mesh=case.mesh) if outcome.status != "refuted" else None
+    problem = _gradient_problem(lhs, rhs, structure, case.mesh) if outcome.status != "refuted" else None
     return CaseOutcome("refuted", Counterexample(describe, "placement", problem)) if problem else outcome
 
 
@@ -478,6 +564,8 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
             hard.append((eq, i, a, b))
     remaining = []
     for eq, i, a, b in hard:
+        if same_polynomial(a, b):
+            continue
         cond = _to_z3(a) == _to_z3(b)
         if z3.is_true(z3.simplify(cond)):
             continue
@@ -602,12 +690,13 @@ def prove_bounded(
     unknown = ""
     search = 0  # after a shape refutation, look a little further for input values that show it too
     cases = enum.cases if budget is None else enum.cases[:budget]
+    structures: StructureCache = {}
     for case in cases:
         if result.status == "refuted":
             search -= 1
             if search < 0:
                 break
-        outcome = check_case(rule, case, timeout_ms)
+        outcome = check_case(rule, case, timeout_ms, structures)
         if outcome.status == "skipped":
             continue
         result.checked += 1
