@@ -68,11 +68,13 @@ def _shipped_param(rule: Any) -> Any:
 
 @pytest.mark.parametrize("rule", [_shipped_param(r) for r in SHIPPED_RULES])
 def test_shipped_rule_is_proven(rule: Any) -> None:
-    """Every shipped rule (generated ones included) is proven, and its bounded check is exhaustive: every
-    case of the ranges holds (no budget, no sampling)."""
+    """Every shipped rule (generated ones included) is proven: generically, with its axioms cross-checked on
+    the first bounded cases, or by a bounded check over every case of the ranges (no budget, no sampling)."""
     report = _decide_rule(rule, FACTS, Options(jobs=1, numeric="generated/" not in rule.file), CACHE)
     assert report.status == "proven", f"{rule.name} ({rule.pos}): {report.message}"
-    assert report.bounded is not None and report.bounded.status == "proven", report.bounded
+    assert report.bounded is not None, rule.name
+    expected = {"generic": ("proven", "cross-checked"), "bounded": ("proven",)}[report.kind]
+    assert report.bounded.status in expected, report.bounded
     assert report.bounded.checked > 0 or "an instance of" in report.bounded.reason
     if "generated/" in rule.file:
         return  # generated rules: proven bounded (the generic prover is not asked to prove them)
@@ -84,7 +86,7 @@ def test_shipped_rule_is_proven(rule: Any) -> None:
         assert report.bounded is not None and report.bounded.status == "proven" and report.bounded.checked > 0
         return
     assert report.kind == "generic", f"{rule.name}: generic proof failed: {report.generic.reason}"
-    assert report.bounded is not None and report.bounded.status == "proven" and report.bounded.checked > 0
+    assert report.bounded.checked > 0
     assert report.numeric is not None and report.numeric.status in ("passed", "skipped")  # a back-up only
 
 

@@ -450,6 +450,11 @@ def verify(
     budget: int = typer.Option(
         0, "--budget", help="At most this many cases per rule (0: every case; stopping early is `partial`)."
     ),
+    cross_check: int = typer.Option(
+        1000,
+        "--cross-check",
+        help="Bounded cases that check the axioms of a rule proven generically (0: every case).",
+    ),
     timeout: int = typer.Option(2000, "--timeout", help="z3 timeout per case, in milliseconds."),
     no_generic: bool = typer.Option(False, "--no-generic", help="Skip the shape-generic proofs."),
     no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up."),
@@ -460,7 +465,12 @@ def verify(
     from unity_eq.verify._cli import run as run_verify
 
     options = Options(
-        generic=not no_generic, numeric=not no_numeric, budget=budget or None, timeout_ms=timeout, jobs=jobs
+        generic=not no_generic,
+        numeric=not no_numeric,
+        budget=budget or None,
+        cross_check=cross_check or None,
+        timeout_ms=timeout,
+        jobs=jobs,
     )
     if json_path and json_path != "-":
         check_output_file(Path(json_path), "`--json`")

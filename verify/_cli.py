@@ -145,6 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="at most this many cases per rule (0: every case, the default; a budget that stops early "
         "makes the rule partial, which fails)",
     )
+    parser.add_argument(
+        "--cross-check",
+        type=int,
+        default=Options.cross_check,
+        help="bounded cases that check the axioms of a rule proven generically (0: every case)",
+    )
     parser.add_argument("--timeout", type=int, default=Options.timeout_ms, help="z3 timeout per case, ms")
     parser.add_argument("--no-generic", action="store_true", help="skip shape-generic proofs")
     parser.add_argument("--no-numeric", action="store_true", help="skip the numeric back-up")
@@ -154,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         generic=not args.no_generic,
         numeric=not args.no_numeric,
         budget=args.budget or None,
+        cross_check=args.cross_check or None,
         timeout_ms=args.timeout,
         jobs=args.jobs,
     )

@@ -61,12 +61,15 @@ __all__ = [
 class Options:
     """How hard to try. ``budget``: at most this many bounded cases per rule (``None``: every case of the
     ranges, the only setting that proves; a budget that stops early makes the rule ``partial``);
+    ``cross_check``: when the generic proof holds, the bounded check runs on at most this many cases, the
+    smallest first, as a check of the axioms (``None``: every case, as for a rule without a generic proof);
     ``timeout_ms``: z3 per case; ``jobs``: worker processes (0: one per CPU)."""
 
     generic: bool = True
     bounded: bool = True
     numeric: bool = True
     budget: int | None = None
+    cross_check: int | None = 1000
     sizes: tuple[int, ...] = (1, 2, 3, 4)
     timeout_ms: int = 2000
     generic_timeout_ms: int = 500
@@ -309,11 +312,7 @@ def _templates_first(rules: Sequence[Rule]) -> list[int]:
 
 def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     start = time.perf_counter()
-    bounded = _bounded(rule, facts, options, cache) if options.bounded else None
-    # A generic proof counts only from satisfiable premises: a bounded case that satisfies the guards is a
-    # model of them (the axioms hold for real tensors); without one, z3 must find a model itself.
-    witnessed = bool(bounded and bounded.checked > 0)
-    generic = prove_generic(rule, facts, options.generic_timeout_ms, witnessed) if options.generic else None
+    bounded, generic = _proofs(rule, facts, options, cache)
     numeric = check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None
     report = RuleReport(
         rule.name, rule.file, rule.line, "unknown", "none", 0.0, generic, bounded, numeric, rule.annotation
@@ -331,7 +330,7 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
         report.message = numeric.counterexample.message if numeric.counterexample else "numeric mismatch"
     elif generic_ok:
         report.status, report.kind = "proven", "generic"
-        if not witnessed:
+        if not (bounded and bounded.checked):
             report.message = (
                 "generic proof only: no bounded case satisfies the guards, so z3 showed the premises (guards "
                 "and axioms) satisfiable"
@@ -346,6 +345,31 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
         report.message = "; ".join(reasons) or "no proof found"
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _proofs(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]
+) -> tuple[BoundedResult | None, GenericResult | None]:
+    """The bounded and the generic proof of ``rule``.
+
+    A generic proof holds for every shape, so when it succeeds the bounded check is only a check of the
+    axioms it rests on: it runs on the first ``options.cross_check`` cases (smallest first) instead of every
+    case. Only a rule the generic proof does not prove needs the exhaustive bounded check, the only other
+    way to be proven. A generic proof counts only from satisfiable premises: a bounded case that satisfies
+    the guards is a model of them (the axioms hold for real tensors); without one, z3 must find a model."""
+    if not options.generic:
+        return (_bounded(rule, facts, options, cache) if options.bounded else None), None
+    cross = options.cross_check
+    if not options.bounded or options.budget is not None or cross is None:
+        bounded = _bounded(rule, facts, options, cache) if options.bounded else None
+        return bounded, prove_generic(rule, facts, options.generic_timeout_ms, bool(bounded and bounded.checked))
+    sample = _bounded(rule, facts, replace(options, budget=cross), cache)
+    generic = prove_generic(rule, facts, options.generic_timeout_ms, sample.checked > 0)
+    if sample.status in ("refuted", "proven", "unknown") or not generic.proven:
+        full = sample if sample.status in ("refuted", "proven", "unknown") else _bounded(rule, facts, options, cache)
+        return full, generic
+    checked = f"the generic proof's axioms cross-checked on the first {sample.checked} of {sample.enumerated} cases"
+    return replace(sample, status="cross-checked", reason=checked), generic
 
 
 def _bounded(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> BoundedResult:
