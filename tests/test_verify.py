@@ -575,3 +575,14 @@ def test_same_polynomial_proves_only_identities() -> None:
     assert not same_polynomial(bk.symbol("sp.i", integer=True), x0)  # an index is never a value
     f = bk.function("sp.f", 1)
     assert not same_polynomial(f(bk.total([x0, x1])), bk.total([f(x0), f(x1)]))
+
+
+def test_without_a_generic_proof_every_case_decides(tmp_path: Path) -> None:
+    """A transpose applied twice is the identity only for involutive perms: every perm of rank ≤ 2 is one, so
+    the smallest cases all hold, and the counterexample (a rank-3 cycle) lies beyond a small cross-check.
+    The generic proof fails, so the bounded check must go on to every case and refute it."""
+    rule = '(rewrite (Transpose (Transpose a p) p) a :ruleset algebra :name "transpose-twice")\n'
+    report = verify_text(tmp_path, rule, cross_check=5, numeric=False)
+    cex = refuted(report, "transpose-twice")
+    assert report.rules[0].bounded.checked > 5, report.rules[0].bounded  # found past the first 5 cases
+    assert cex.kind == "shape" or cex.lhs != cex.rhs

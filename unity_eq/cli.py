@@ -448,11 +448,12 @@ def verify(
     json_path: str = typer.Option(None, "--json", help="Write a JSON report to this file (`-` for stdout)."),
     jobs: int = typer.Option(0, "--jobs", "-j", help="Worker processes (default: one per CPU)."),
     budget: int = typer.Option(
-        0, "--budget", help="At most this many cases per rule (0: every case; stopping early is `partial`)."
+        0, "--budget", min=0, help="At most this many cases per rule (0: every case; stopping early is `partial`)."
     ),
     cross_check: int = typer.Option(
         1000,
         "--cross-check",
+        min=0,
         help="Bounded cases that check the axioms of a rule proven generically (0: every case).",
     ),
     timeout: int = typer.Option(2000, "--timeout", help="z3 timeout per case, in milliseconds."),

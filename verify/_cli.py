@@ -156,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-numeric", action="store_true", help="skip the numeric back-up")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only failures and the summary")
     args = parser.parse_args(argv)
+    for flag, value in (("--budget", args.budget), ("--cross-check", args.cross_check)):
+        if value < 0:
+            parser.error(f"{flag}: expected 0 or more, got {value}")
     options = Options(
         generic=not args.no_generic,
         numeric=not args.no_numeric,

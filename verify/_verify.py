@@ -365,11 +365,16 @@ def _proofs(
         return bounded, prove_generic(rule, facts, options.generic_timeout_ms, bool(bounded and bounded.checked))
     sample = _bounded(rule, facts, replace(options, budget=cross), cache)
     generic = prove_generic(rule, facts, options.generic_timeout_ms, sample.checked > 0)
-    if sample.status in ("refuted", "proven", "unknown") or not generic.proven:
-        full = sample if sample.status in ("refuted", "proven", "unknown") else _bounded(rule, facts, options, cache)
-        return full, generic
-    checked = f"the generic proof's axioms cross-checked on the first {sample.checked} of {sample.enumerated} cases"
-    return replace(sample, status="cross-checked", reason=checked), generic
+    if sample.status in ("refuted", "proven"):  # a counterexample, or every case fit in the sample
+        return sample, generic
+    if generic.proven and sample.status == "partial" and sample.checked > 0:
+        checked = f"the generic proof's axioms cross-checked on the first {sample.checked} of {sample.classes} cases"
+        return replace(sample, status="cross-checked", reason=checked), generic
+    # no generic proof, or a sample that checked nothing or met a z3 timeout: every case decides
+    full = _bounded(rule, facts, options, cache)
+    if not sample.checked and full.checked:  # a case now witnesses the premises: the generic proof may count
+        generic = prove_generic(rule, facts, options.generic_timeout_ms, True)
+    return full, generic
 
 
 def _bounded(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> BoundedResult:
