@@ -586,3 +586,15 @@ def test_without_a_generic_proof_every_case_decides(tmp_path: Path) -> None:
     cex = refuted(report, "transpose-twice")
     assert report.rules[0].bounded.checked > 5, report.rules[0].bounded  # found past the first 5 cases
     assert cex.kind == "shape" or cex.lhs != cex.rhs
+
+
+def test_negative_cross_check_or_budget_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, '(rewrite (Relu a) (Relu a) :ruleset algebra :name "same")\n')
+    for flag in ("--cross-check", "--budget"):
+        assert cli_main(["verify", str(path), flag, "-1"]) == 2
+        captured = capsys.readouterr()
+        assert flag in captured.out + captured.err and "Traceback" not in captured.out + captured.err
+    done = subprocess.run(
+        [sys.executable, "-m", "unity_eq.verify", str(path), "--cross-check", "-1"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--cross-check: expected 0 or more, got -1" in done.stderr
