@@ -300,11 +300,11 @@ def test_new_plan_folder_gets_the_umask_permissions(tmp_path: Path) -> None:
     from unity_eq.files import plan_tempdir, replace_plan_files
 
     target = tmp_path / "plan"
-    new = plan_tempdir(target)
-    (new / "plan.json").write_text("{}")
-    (new / "device_0.onnx.data").write_bytes(b"w")
-    (new / "device_0.onnx.data").chmod(0o600)
-    replace_plan_files(new, target)
+    with plan_tempdir(target) as new:
+        (new / "plan.json").write_text("{}")
+        (new / "device_0.onnx.data").write_bytes(b"w")
+        (new / "device_0.onnx.data").chmod(0o600)
+        replace_plan_files(new, target)
     assert target.stat().st_mode & 0o777 == 0o777 & ~_umask()
     assert (target / "device_0.onnx.data").stat().st_mode & 0o777 == 0o666 & ~_umask()
 

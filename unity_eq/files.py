@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -274,11 +275,22 @@ def owned_tempdir(prefix: str = JOB_PREFIX, folder: Path | None = None) -> Itera
     :class:`Interrupted`); stale ones of dead runs in the same folder are swept first."""
     where = Path(folder) if folder is not None else Path(tempfile.gettempdir())
     sweep_stale(where, prefix)
-    path = Path(tempfile.mkdtemp(prefix=prefix + _owner_tag(), dir=where))
+    path = _fresh_name(where, prefix)
     try:
+        path.mkdir(mode=0o700)
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _fresh_name(where: Path, prefix: str) -> Path:
+    """An unused name ``prefix<host>-<pid>-XXXXXXXX`` in ``where``; the caller creates it *inside* its
+    ``try``, so a signal arriving between the creation and the ``try`` cannot leave the folder behind
+    (``tempfile.mkdtemp`` creates before it returns: that window once left a temporary plan in CI)."""
+    while True:
+        path = where / f"{prefix}{_owner_tag()}{secrets.token_hex(4)}"
+        if not path.exists():
+            return path
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -334,19 +346,28 @@ def replace_plan_files(new: Path, target: Path) -> None:
     target.replace(backup)
     try:
         new.replace(target)
-    except BaseException:
-        backup.replace(target)
-        raise
-    shutil.rmtree(backup, ignore_errors=True)
+    finally:  # decided by what is on disk, so a signal between two statements cannot mislead it
+        if new.exists():  # the swap failed: the old plan goes back
+            backup.replace(target)
+        else:
+            shutil.rmtree(backup, ignore_errors=True)
 
 
-def plan_tempdir(target: Path) -> Path:
-    """The folder a plan is built in beside ``target``: ``.NAME.tmp-<host>-<pid>-XXXX`` (swept when its
-    run is dead, see :func:`sweep_stale`)."""
+@contextlib.contextmanager
+def plan_tempdir(target: Path) -> Iterator[Path]:
+    """The folder a plan is built in beside ``target``: ``.NAME.tmp-<host>-<pid>-XXXX``, removed when the
+    block fails or is interrupted (and swept when its run is dead, see :func:`sweep_stale`). The block ends
+    with :func:`replace_plan_files`, which moves it into place."""
     prefix = f".{target.name}.tmp-"
     sweep_stale(target.parent, prefix)
     sweep_stale(target.parent, f".{target.name}.old-")
-    return Path(tempfile.mkdtemp(prefix=prefix + _owner_tag(), dir=target.parent))
+    path = _fresh_name(target.parent, prefix)
+    try:
+        path.mkdir(mode=0o700)
+        yield path
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def file_mode(path: Path) -> int:

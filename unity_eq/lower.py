@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -716,8 +715,7 @@ def write_plan_dir(
     target = Path(out_dir)
     check_output_dir(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = plan_tempdir(target)
-    try:
+    with plan_tempdir(target) as tmp:
         weight_bytes: list[int] = []
         collectives: list[dict[str, Any]] = []
         for rank in range(lowered.world_size):
@@ -734,9 +732,6 @@ def write_plan_dir(
         metadata["memory"] = {**lowered.plan.report.get("memory", {}), "weight_bytes_per_rank": weight_bytes}
         (tmp / "plan.json").write_text(json.dumps(metadata, indent=1, default=_json_default))
         replace_plan_files(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 
