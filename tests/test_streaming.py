@@ -23,6 +23,7 @@ from onnx import numpy_helper
 
 from unity_eq import optimize
 from unity_eq.cli import main
+from unity_eq.errors import PlanError
 from unity_eq.lower import EXTERNAL_DATA_BYTES
 from unity_eq.runtime import check, random_inputs, run_plan
 from unity_eq.weightfile import release_pages
@@ -158,6 +159,30 @@ def test_run_refuses_weights_outside_the_ranks_own_file(
     assert main(["run", str(plan)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "device_1.onnx" in lines[0] and expected in lines[0], lines
+
+
+def test_run_refuses_a_weight_file_of_another_rank_or_another_plan(tmp_path: Path) -> None:
+    """A data file carries its plan hash and rank in a header no tensor points at: a copy of another rank's
+    file (same size: equal shards) or of the same rank of another plan (same model structure, other weights)
+    loads fine in onnxruntime and computes garbage, so `run` refuses it, naming the file."""
+    plans = []
+    for seed in (0, 1):
+        model = write_external_mlp(tmp_path / f"model{seed}", hidden=1024, ffn=8192, pairs=1, seed=seed)
+        plans.append(tmp_path / f"plan{seed}")
+        optimize(model.path, devices=2, mesh="2", output_dir=plans[-1])
+    first, other = plans
+    ours = [(first / f"device_{r}.onnx.data").read_bytes() for r in range(2)]
+    assert len(ours[0]) == len(ours[1]) == (other / "device_1.onnx.data").stat().st_size  # only the header tells
+    for source, expected in (
+        (first / "device_0.onnx.data", "holds the weights of rank 0, expected rank 1"),
+        (other / "device_1.onnx.data", "holds the weights of another plan"),
+    ):
+        (first / "device_1.onnx.data").write_bytes(source.read_bytes())
+        with pytest.raises(PlanError, match=expected) as raised:
+            run_plan(first, random_inputs({"x": {"shape": [8, 1024], "dtype": "float32"}}, seed=0))
+        assert "device_1.onnx.data" in str(raised.value)
+    (first / "device_1.onnx.data").write_bytes(ours[1])
+    assert run_plan(first, random_inputs({"x": {"shape": [8, 1024], "dtype": "float32"}}, seed=0))
 
 
 def _resident_file_bytes() -> int:

@@ -46,7 +46,7 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
-from unity_eq.weightfile import Deferred, ExternalWeights, embedded, release_pages, value_of
+from unity_eq.weightfile import Deferred, ExternalWeights, embedded, identity_header, release_pages, value_of
 
 __all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
 
@@ -89,7 +89,8 @@ class LoweredPlan:
         model, collectives, weights = self._build_rank(rank)
         nbytes = _weight_bytes(weights)
         if nbytes > EXTERNAL_DATA_BYTES:
-            with ExternalWeights(folder / f"device_{rank}.onnx.data") as data:
+            header = identity_header(self.plan_hash, rank)
+            with ExternalWeights(folder / f"device_{rank}.onnx.data", header) as data:
                 for name in list(weights):
                     model.graph.initializer.append(data.add(name, value_of(weights.pop(name))))
         else:

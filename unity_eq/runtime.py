@@ -412,7 +412,7 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
     except Exception as exc:  # protobuf/IO errors of a damaged plan file
         raise PlanError(f"{path}: cannot load device model ({exc}). Re-run `unity-eq optimize`.") from None
     check_identity(plan, rank, model, path)
-    check_external_data(model, path)
+    check_external_data(model, path, plan.meta["plan_hash"], rank)
     collectives = plan.meta["collectives"]
     segment_models = _segment_models(model, collectives)
     segments: list[Segment] = []
@@ -435,11 +435,14 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
     return RankProgram(rank, segments, after, plan.output_names, in_use)
 
 
-def check_external_data(model: onnx.ModelProto, path: Path) -> None:
+def check_external_data(model: onnx.ModelProto, path: Path, plan_hash: str, rank: int) -> None:
     """Refuse external weights anywhere but the rank's own data file (``device_<rank>.onnx.data`` beside
     it, as ``optimize`` writes them): a plan must not make ``run`` read other files. A missing or short
-    data file (a partial copy) is refused here too, with what to do, before onnxruntime reads it."""
+    data file (a partial copy), or one whose header names another rank or plan (a swapped copy), is refused
+    here too, with what to do, before onnxruntime reads it."""
     from onnx import external_data_helper
+
+    from unity_eq.weightfile import read_identity
 
     own = f"{path.name}.data"
     size: int | None = None
@@ -456,12 +459,32 @@ def check_external_data(model: onnx.ModelProto, path: Path) -> None:
             if not (path.parent / own).is_file():
                 raise PlanError(f"{path}: its weight file {own} is missing. Re-run `unity-eq optimize`.")
             size = (path.parent / own).stat().st_size
+            _check_data_identity(path.parent / own, plan_hash, rank, read_identity(path.parent / own))
         end = int(info.offset or 0) + int(info.length or 0)
         if end > size:
             raise PlanError(
                 f"{path}: its weight file {own} has {size} bytes, weight {tensor.name!r} needs {end}; the file "
                 "is cut short (an incomplete copy?). Copy it again or re-run `unity-eq optimize`."
             )
+
+
+def _check_data_identity(data: Path, plan_hash: str, rank: int, found: dict[str, str] | None) -> None:
+    """Refuse a data file that is not this rank's of this plan (see ``weightfile.identity_header``)."""
+    if found is None:
+        raise PlanError(
+            f"{data}: no unity-eq header; it was not written for this plan. Restore the plan's own file or "
+            "re-run `unity-eq optimize`."
+        )
+    if found.get("plan_hash") != plan_hash:
+        raise PlanError(
+            f"{data}: holds the weights of another plan (plan hash {found.get('plan_hash', '?')[:12]}…, plan.json "
+            f"has {plan_hash[:12]}…). Restore this plan's own file or re-run `unity-eq optimize`."
+        )
+    if found.get("rank") != str(rank):
+        raise PlanError(
+            f"{data}: holds the weights of rank {found.get('rank', '?')}, expected rank {rank}. The plan's files "
+            "were swapped or renamed; restore them or re-run `unity-eq optimize`."
+        )
 
 
 def check_identity(plan: PlanDir, rank: int, model: onnx.ModelProto, path: Path) -> None:

@@ -22,7 +22,18 @@ from typing import BinaryIO
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["ALIGN_BYTES", "EMBED_BYTES", "Deferred", "ExternalWeights", "embedded", "release_pages", "value_of"]
+__all__ = [
+    "ALIGN_BYTES",
+    "EMBED_BYTES",
+    "IDENTITY_BYTES",
+    "Deferred",
+    "ExternalWeights",
+    "embedded",
+    "identity_header",
+    "read_identity",
+    "release_pages",
+    "value_of",
+]
 
 #: Tensors smaller than this stay inside the model file (as ``onnx.save_model`` does by default).
 EMBED_BYTES = 1024
@@ -99,11 +110,12 @@ class ExternalWeights:
     """Appends tensors to one external data file; :meth:`add` returns the ``TensorProto`` that points at
     the bytes just written (location relative to the model's folder, as ONNX requires)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, header: bytes = b"") -> None:
         self.path = path
         self.location = path.name
         self._file: BinaryIO = path.open("wb")
-        self.bytes_written = 0
+        self._file.write(header)
+        self.bytes_written = len(header)
 
     def __enter__(self) -> ExternalWeights:
         return self
@@ -160,6 +172,31 @@ class ExternalWeights:
             entry.key, entry.value = key, value
         tensor.data_location = TensorProto.EXTERNAL
         return tensor
+
+
+IDENTITY_BYTES = 128
+
+
+def identity_header(plan_hash: str, rank: int) -> bytes:
+    """The first :data:`IDENTITY_BYTES` of a device's data file: which plan and rank its weights are for.
+
+    A device file's metadata names its rank and plan, but its weights live in another file: a data file
+    copied from another rank or another plan of the same size would otherwise load and compute garbage. No
+    tensor points at these bytes (ONNX offsets are absolute), so onnx and onnxruntime ignore them."""
+    text = f"unity-eq weights\nplan_hash={plan_hash}\nrank={rank}\n".encode()
+    if len(text) > IDENTITY_BYTES:
+        raise ValueError(f"plan hash too long for the data file's header: {plan_hash!r}")
+    return text.ljust(IDENTITY_BYTES, b"\0")
+
+
+def read_identity(path: Path) -> dict[str, str] | None:
+    """The ``plan_hash`` and ``rank`` a data file's header names, or None when it has no header."""
+    with path.open("rb") as f:
+        head = f.read(IDENTITY_BYTES)
+    lines = head.rstrip(b"\0").decode("utf-8", errors="replace").splitlines()
+    if not lines or lines[0] != "unity-eq weights":
+        return None
+    return dict(line.split("=", 1) for line in lines[1:] if "=" in line)
 
 
 def _plain(dtype: np.dtype) -> bool:
