@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -331,84 +331,41 @@ def enumerate_cases(
     sizes: Sequence[int] = (1, 2, 3, 4),
     budget: int | None = None,
     placement_cases: bool = True,
+    shared: dict[Any, Any] | None = None,
 ) -> Enumeration:
     """The cases to check. ``budget=None`` (a proof): every distinct case, smallest first. A number (the
     numeric back-up's sample): one per signature, at most ``budget`` (see module docstring).
     ``placement_cases``: every value of a placement dim variable is a signature of its own (the proof needs
-    them; the numeric back-up, which wants the largest cases, does not)."""
+    them; the numeric back-up, which wants the largest cases, does not). ``shared``: instances of left-hand
+    sides, reused by rules with the same left-hand side (the drafts of one generated rule)."""
+    error = _unsupported(rule, facts)
+    if error:
+        return Enumeration([], 0, 0, error)
     sorts = rule.var_sorts
-    unknown = unsupported_constructors(rule)
-    if unknown:
-        return Enumeration(
-            [],
-            0,
-            0,
-            f"constructor '{unknown[0]}' has no semantics in unity_eq.verify (only the shipped schema's do)",
-        )
-    missing = unsupported_relations(rule.guards, facts)
-    if missing:
-        return Enumeration([], 0, 0, f"guard relation '{missing[0]}' has no Python mirror in unity_eq.verify")
     lhs_vars = {t.name for t in walk(rule.lhs) if isinstance(t, Var)}
     guard_vars = {v for v in sorts if v not in lhs_vars} | (_placement_vars(rule) if placement_cases else set())
-    tensor_vars = [v for v, s in sorts.items() if s == "T"]
-    list_vars = [v for v, s in sorts.items() if s == "TList"]
     best: dict[Any, tuple[int, Case]] = {}
     primaries: dict[Any, list[Any]] = {}
     every: dict[Any, Case] = {}
-    enumerated = 0
-    prepared: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
-    structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
-    lhs_cache: dict[Any, Placements] = {}
+    count = [0]
     try:
-        for mesh in _meshes(rule, sizes):
-            if mesh.axes not in prepared:
-                items: list[tuple[Any, ...]] = []
-                for inst in generate_lhs(rule.lhs, sorts, mesh.axes, cfg):
-                    specs = {v: inst[v] for v in tensor_vars if v in inst}
-                    lists = {v: inst[v] for v in list_vars if v in inst}
-                    elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
-                    # without parallel ops in the left-hand side every variable is R: nothing to infer
-                    pl = (
-                        _structural_placements(rule, inst, mesh.axes, elem_vars, lhs_cache)
-                        if structural
-                        else Placements(mesh.axes)
-                    )
-                    attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}
-                    items.append((specs, lists, pl, attrs, {}, _tensor_identity(specs, lists)))
-                prepared[mesh.axes] = items
-            for specs, lists, pl, attrs, memo, tensors in prepared[mesh.axes]:
-                ctx = GuardContext(
-                    mesh.axes,
-                    dict(zip(mesh.axes, mesh.sizes, strict=True)),
-                    sorts,
-                    specs,
-                    lists,
-                    pl,
-                    facts,
-                    memo=memo,
-                )
-                if structural and not _feasible(pl, specs, lists, mesh):
-                    continue
-                for solution in solve_guards(rule.guards, attrs, ctx):
-                    enumerated += 1
-                    binding = {**solution, **specs, **lists}
-                    case = Case(mesh, binding, dict(ctx.placed))
-                    if budget is None:
-                        every.setdefault(_identity(mesh, tensors, solution, case.placed), case)
-                        continue
-                    primary, sig = _signature(case, sorts, guard_vars)
-                    size = case.elements()
-                    if sig not in best or size < best[sig][0]:
-                        if sig not in best:
-                            primaries.setdefault(primary, []).append(sig)
-                        best[sig] = (size, case)
+        for case, identity in _iter_cases(rule, facts, cfg, sizes, count, shared):
+            if budget is None:
+                every.setdefault(identity, case)
+                continue
+            primary, sig = _signature(case, sorts, guard_vars)
+            size = case.elements()
+            if sig not in best or size < best[sig][0]:
+                if sig not in best:
+                    primaries.setdefault(primary, []).append(sig)
+                best[sig] = (size, case)
     except GuardError as exc:
-        return Enumeration([], enumerated, 0, str(exc))
+        return Enumeration([], count[0], 0, str(exc))
     chosen: list[Case] = []
     if budget is None:
         chosen = list(every.values())
         chosen.sort(key=lambda c: (c.elements(), c.mesh.sizes))
-        return Enumeration(chosen, enumerated, len(chosen))
+        return Enumeration(chosen, count[0], len(chosen))
     if len(best) <= budget:
         chosen = [best[s][1] for s in best]
     else:
@@ -418,7 +375,93 @@ def enumerate_cases(
                 if q and len(chosen) < max(budget, len(queues)):
                     chosen.append(best[q.pop(0)][1])
     chosen.sort(key=lambda c: (c.elements(), c.mesh.sizes))
-    return Enumeration(chosen, enumerated, len(best))
+    return Enumeration(chosen, count[0], len(best))
+
+
+def _unsupported(rule: Rule, facts: DerivedFacts) -> str:
+    """Why the rule's cases cannot be enumerated ("" when they can)."""
+    unknown = unsupported_constructors(rule)
+    if unknown:
+        return f"constructor '{unknown[0]}' has no semantics in unity_eq.verify (only the shipped schema's do)"
+    missing = unsupported_relations(rule.guards, facts)
+    if missing:
+        return f"guard relation '{missing[0]}' has no Python mirror in unity_eq.verify"
+    return ""
+
+
+def _lhs_instances(
+    rule: Rule,
+    sorts: dict[str, str],
+    axes: tuple[str, ...],
+    cfg: GenConfig,
+    structural: bool,
+    lhs_cache: dict[Any, Placements],
+) -> Iterator[tuple[Any, ...]]:
+    """The left-hand side's instances on a mesh with these axes, with what every case of each shares."""
+    tensor_vars = [v for v, s in sorts.items() if s == "T"]
+    list_vars = [v for v, s in sorts.items() if s == "TList"]
+    for inst in generate_lhs(rule.lhs, sorts, axes, cfg):
+        specs = {v: inst[v] for v in tensor_vars if v in inst}
+        lists = {v: inst[v] for v in list_vars if v in inst}
+        elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
+        # without parallel ops in the left-hand side every variable is R: nothing to infer
+        pl = _structural_placements(rule, inst, axes, elem_vars, lhs_cache) if structural else Placements(axes)
+        attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}
+        yield (specs, lists, pl, attrs, _tensor_identity(specs, lists))
+
+
+class _Recorded:
+    """Iterates ``source`` once, keeping its items; stored under ``key`` in ``store`` when it ran to the
+    end (the next mesh with these axes reuses them)."""
+
+    def __init__(self, source: Iterator[tuple[Any, ...]], store: dict[Any, Any], key: Any) -> None:
+        self.source, self.store, self.key = source, store, key
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        items: list[tuple[Any, ...]] = []
+        for item in self.source:
+            items.append(item)
+            yield item
+        self.store[self.key] = items
+
+
+def _iter_cases(
+    rule: Rule,
+    facts: DerivedFacts,
+    cfg: GenConfig,
+    sizes: Sequence[int],
+    count: list[int],
+    shared: dict[Any, Any] | None = None,
+) -> Iterator[tuple[Case, Any]]:
+    """Every case satisfying the guards, in the generator's order, with its identity (:func:`_identity`;
+    a case may come more than once); ``count[0]`` counts them. Raises :class:`GuardError`."""
+    sorts = rule.var_sorts
+    structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
+    lhs_cache: dict[Any, Placements] = {}
+    prepared = {} if shared is None else shared
+    for mesh in _meshes(rule, sizes):
+        key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg)
+        source: Iterable[tuple[Any, ...]] | None = prepared.get(key)
+        if source is None:  # made while the cases are checked: a refuted rule stops early
+            source = _Recorded(_lhs_instances(rule, sorts, mesh.axes, cfg, structural, lhs_cache), prepared, key)
+        memos = prepared.setdefault(("memos", key, id(facts), rule.guards), {})
+        for i, (specs, lists, pl, attrs, tensors) in enumerate(source):
+            ctx = GuardContext(
+                mesh.axes,
+                dict(zip(mesh.axes, mesh.sizes, strict=True)),
+                sorts,
+                specs,
+                lists,
+                pl,
+                facts,
+                memo=memos.setdefault(i, {}),
+            )
+            if structural and not _feasible(pl, specs, lists, mesh):
+                continue
+            for solution in solve_guards(rule.guards, attrs, ctx):
+                count[0] += 1
+                case = Case(mesh, {**solution, **specs, **lists}, dict(ctx.placed))
+                yield case, _identity(mesh, tensors, solution, case.placed)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -670,16 +713,26 @@ def prove_bounded(
     sizes: Sequence[int] = (1, 2, 3, 4),
     budget: int | None = None,
     timeout_ms: int = 2000,
-    cache: dict[Any, Enumeration] | None = None,
+    cache: dict[Any, Any] | None = None,
+    lazy: bool = False,
+    instances: dict[Any, Any] | None = None,
 ) -> BoundedResult:
     """Check every case of the ranges (``budget``: at most that many, and the result is then ``partial``
     when cases were left); stop at the first counterexample. ``cache`` shares enumerations between rules
-    with the same structure."""
+    with the same structure.
+
+    ``lazy`` (no budget): check each case as the generator makes it instead of enumerating them all and
+    checking the smallest first. The verdict is the same (refuted when some case refutes, else unknown when
+    some case is, else proven), but a refuted rule stops at its first counterexample without building the
+    other cases; the counterexample is then not necessarily the smallest. ``instances`` shares the
+    left-hand side's instances with rules of the same left-hand side (the drafts of a generated rule)."""
     start = time.perf_counter()
+    if lazy and budget is None:
+        return _prove_lazy(rule, facts, cfg, sizes, timeout_ms, instances, start)
     key = enumeration_key(rule, facts, cfg, tuple(sizes)) if cache is not None else None
     enum = cache.get(key) if cache is not None else None
     if enum is None:
-        enum = enumerate_cases(rule, facts, cfg, sizes, None)
+        enum = enumerate_cases(rule, facts, cfg, sizes, None, shared=instances)
         if cache is not None:
             cache[key] = enum
     result = BoundedResult("proven", enum.enumerated, enum.classes)
@@ -687,9 +740,60 @@ def prove_bounded(
         result.status, result.reason = "unknown", enum.error
         result.seconds = time.perf_counter() - start
         return result
+    cases = enum.cases if budget is None else enum.cases[:budget]
+    _check_cases(rule, cases, timeout_ms, result)
+    if result.status == "proven" and len(cases) < len(enum.cases) and not result.reason:
+        result.status = "partial"
+        result.reason = (
+            f"partial: the budget stopped the check after {len(cases)} of {len(enum.cases)} cases "
+            "(run without `--budget` for a proof)"
+        )
+    _no_case(result, enum.enumerated)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _prove_lazy(
+    rule: Rule,
+    facts: DerivedFacts,
+    cfg: GenConfig,
+    sizes: Sequence[int],
+    timeout_ms: int,
+    instances: dict[Any, Any] | None,
+    start: float,
+) -> BoundedResult:
+    result = BoundedResult("proven")
+    error = _unsupported(rule, facts)
+    if error:
+        result.status, result.reason = "unknown", error
+        result.seconds = time.perf_counter() - start
+        return result
+    count = [0]
+    seen: set[Any] = set()
+
+    def fresh() -> Iterator[Case]:
+        for case, identity in _iter_cases(rule, facts, cfg, sizes, count, instances):
+            if identity not in seen:
+                seen.add(identity)
+                yield case
+
+    try:
+        _check_cases(rule, fresh(), timeout_ms, result)
+    except GuardError as exc:
+        result.status, result.reason = "unknown", str(exc)
+    result.enumerated, result.classes = count[0], len(seen)
+    if result.status != "unknown":
+        _no_case(result, count[0])
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _check_cases(rule: Rule, cases: Iterable[Case], timeout_ms: int, result: BoundedResult) -> None:
+    """Check ``cases`` in order into ``result`` (status ``proven`` on entry): stop at a counterexample (a
+    little later after a shape one, to find input values that show it too); a z3 timeout makes a rule with
+    no counterexample ``unknown``."""
     unknown = ""
     search = 0  # after a shape refutation, look a little further for input values that show it too
-    cases = enum.cases if budget is None else enum.cases[:budget]
     structures: StructureCache = {}
     for case in cases:
         if result.status == "refuted":
@@ -714,22 +818,17 @@ def prove_bounded(
                 break
         if outcome.status == "unknown" and not unknown:
             unknown = outcome.reason
-    if result.status == "proven":
-        if unknown:
-            result.status, result.reason = "unknown", unknown
-        elif len(cases) < len(enum.cases):
-            result.status = "partial"
-            result.reason = (
-                f"partial: the budget stopped the check after {len(cases)} of {len(enum.cases)} cases "
-                "(run without `--budget` for a proof)"
-            )
-        elif result.checked == 0:
-            result.status = "unknown"
-            result.reason = (
-                "no case satisfies the guards at dims 1-4 and axis sizes 1-4"
-                if enum.enumerated == 0
-                else "every case was skipped: the left-hand side never has pieces that fit its placement "
-                "(variables are R unless the left-hand side or a `placed` guard says otherwise)"
-            )
-    result.seconds = time.perf_counter() - start
-    return result
+    if result.status == "proven" and unknown:
+        result.status, result.reason = "unknown", unknown
+
+
+def _no_case(result: BoundedResult, enumerated: int) -> None:
+    """A proof that checked no case proves nothing: ``unknown``, saying why."""
+    if result.status == "proven" and result.checked == 0:
+        result.status = "unknown"
+        result.reason = (
+            "no case satisfies the guards at dims 1-4 and axis sizes 1-4"
+            if enumerated == 0
+            else "every case was skipped: the left-hand side never has pieces that fit its placement "
+            "(variables are R unless the left-hand side or a `placed` guard says otherwise)"
+        )

@@ -20,12 +20,12 @@ set (the numeric back-up, which only wants a few large cases, samples rank 3-4 f
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from unity_eq.verify._ast import App, Lit, Term, Var
+from unity_eq.verify._ast import App, Lit, Term, Var, walk
 from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
@@ -617,19 +617,55 @@ def generate_lhs(
     """Bindings of the left-hand side's variables: tensor variables map to VarSpec (or None for NoneT),
     list variables to lists of VarSpec, attribute variables to values, axis variables to mesh axes."""
     gen = _Gen(sorts, tuple(axes), cfg)
+    # the root is searched, not memoized: its bindings come one by one (a caller may stop early)
     if sorts.get(str(lhs)) == "TList" or (isinstance(lhs, App) and lhs.head in LISTS):
-        for binding, _shapes in gen.list_(lhs, None, {}):
+        for binding, _shapes in gen._list(lhs, None, {}):
             yield binding
     else:
-        for binding, _shape in gen.tensor(lhs, None, {}, False):
+        for binding, _shape in gen._tensor(lhs, None, {}, False):
             yield binding
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    return (type(value).__name__, value)
 
 
 class _Gen:
+    """The search for bindings, top-down. What a subterm yields depends only on the term, what it must
+    produce and the values already bound to its own variables, so it is computed once per such key and
+    replayed (a nested operator is otherwise searched again under every instance of its parent, most of
+    them dead ends): the same bindings in the same order, much faster."""
+
     def __init__(self, sorts: dict[str, str], axes: tuple[str, ...], cfg: GenConfig) -> None:
         self.sorts = sorts
         self.axes = axes
         self.cfg = cfg
+        self._vars: dict[Term, tuple[str, ...]] = {}
+        self._memo: dict[Any, list[tuple[dict[str, Any], Any]]] = {}
+
+    def _replay(
+        self, key: Any, term: Term, binding: dict[str, Any], search: Callable[[], Iterator[tuple[dict[str, Any], Any]]]
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
+        names = self._vars.get(term)
+        if names is None:
+            names = tuple(dict.fromkeys(t.name for t in walk(term) if isinstance(t, Var)))
+            self._vars[term] = names
+        bound = tuple((n, _frozen(binding[n])) for n in names if n in binding)
+        full = (key, bound)
+        got = self._memo.get(full)
+        if got is None:
+            got = []
+            for b, out in search():
+                got.append(({k: v for k, v in b.items() if k not in binding}, out))
+            self._memo[full] = got
+        for delta, out in got:
+            shape = list(out) if isinstance(out, list) else out
+            if not delta:
+                yield binding, shape
+            else:
+                yield {**binding, **{k: list(v) if isinstance(v, list) else v for k, v in delta.items()}}, shape
 
     def tensor(
         self,
@@ -641,6 +677,20 @@ class _Gen:
         pool: Sequence[tuple[int, ...]] | None = None,
     ) -> Iterator[tuple[dict[str, Any], Any]]:
         """Bindings under which ``term`` is a tensor of shape ``want`` (None: any; NONE: absent)."""
+        if not isinstance(term, App):
+            return self._tensor(term, want, binding, optional, integer, pool)
+        key = ("T", term, want, optional, integer, None if pool is None else tuple(pool))
+        return self._replay(key, term, binding, lambda: self._tensor(term, want, binding, optional, integer, pool))
+
+    def _tensor(
+        self,
+        term: Term,
+        want: Any,
+        binding: dict[str, Any],
+        optional: bool,
+        integer: VarSpec | None = None,
+        pool: Sequence[tuple[int, ...]] | None = None,
+    ) -> Iterator[tuple[dict[str, Any], Any]]:
         if isinstance(term, Var):
             if term.name in binding:
                 spec = binding[term.name]
@@ -740,6 +790,14 @@ class _Gen:
             yield b, out
 
     def list_(
+        self, term: Term, want: list[VarSpec] | None, binding: dict[str, Any]
+    ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+        if not isinstance(term, App):
+            return self._list(term, want, binding)
+        key = ("TList", term, None if want is None else tuple(want))
+        return self._replay(key, term, binding, lambda: self._list(term, want, binding))
+
+    def _list(
         self, term: Term, want: list[VarSpec] | None, binding: dict[str, Any]
     ) -> Iterator[tuple[dict[str, Any], list[Any]]]:
         if isinstance(term, Var):

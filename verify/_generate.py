@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from unity_eq.verify._ast import App, Lit, Rule, Term, Var
+from unity_eq.verify._bounded import BoundedResult, prove_bounded
 from unity_eq.verify._enumerate import (
     DEFAULT_INPUTS,
     DEFAULT_OPS,
@@ -54,7 +55,9 @@ from unity_eq.verify._enumerate import (
     list_items,
 )
 from unity_eq.verify._generalize import ATTEMPTS, RuleCandidate, draft, rule_name
+from unity_eq.verify._generic import prove_generic
 from unity_eq.verify._guards import DerivedFacts
+from unity_eq.verify._numeric import check_numeric
 from unity_eq.verify._parse import Program, RuleSource, parse_program
 from unity_eq.verify._prune import Pruner
 from unity_eq.verify._verify import Options, _decide_rule
@@ -463,6 +466,7 @@ def _prove(job: tuple[list[tuple[str, str]], Options]) -> _Outcome:
     base = _base()
     start = time.perf_counter()
     cache: dict[Any, Any] = {}
+    instances: dict[Any, Any] = {}  # the drafts of one candidate share their left-hand sides
     status, message = "refuted", ""
     for i, (_name, text) in enumerate(drafts):
         rule, error = parse_one(text)
@@ -470,16 +474,72 @@ def _prove(job: tuple[list[tuple[str, str]], Options]) -> _Outcome:
             status, message = "unknown", f"does not load: {error}"
             continue
         try:
-            report = _decide_rule(rule, base.facts, options, cache)
+            if rule.bidirectional or not options.generic or not options.bounded or options.budget is not None:
+                report = _decide_rule(rule, base.facts, options, cache)
+                verdict, why = report.status, report.message
+            else:
+                verdict, why = decide_draft(rule, base.facts, options, cache, instances)
         except Exception as exc:  # a prover bug on one draft must not end the run: report it
             status, message = "unknown", f"the prover failed: {type(exc).__name__}: {exc}"
             continue
-        if report.status == "proven":
+        if verdict == "proven":
             return _Outcome("proven", i, "", time.perf_counter() - start)
-        if report.status == "unknown" and status != "refuted":
+        if verdict == "unknown" and status != "refuted":
             status = "unknown"
-        message = report.message
+        message = why
     return _Outcome(status, -1, message, time.perf_counter() - start)
+
+
+def decide_draft(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any], instances: dict[Any, Any]
+) -> tuple[str, str]:
+    """The status ``unity-eq verify`` gives ``rule`` under ``options`` (generic proof, cross-check of the
+    first ``options.cross_check`` cases, every case without a generic proof, numeric back-up; see
+    :func:`unity_eq.verify._verify._proofs`), and its message, decided in the cheapest order:
+
+    * the generic proof first (z3, fast). When it fails, the decision is the exhaustive bounded check
+      (refuted when some case refutes, unknown when some case is, else proven), whatever the order of the
+      cases: they are checked as they are generated (lazily), so a refuted draft stops at its first
+      counterexample instead of enumerating every case first.
+    * When it holds (from premises a bounded case witnesses), the cross-check sample is exactly verify's:
+      the smallest ``cross_check`` cases.
+    * The numeric back-up runs only on a draft the proofs do not refute (it can only refute).
+
+    Never weaker than verify: a draft this calls proven, verify proves. Not always as strong on failure:
+    a draft is refuted by a case outside verify's sample too (verify would then report the generic proof's
+    axioms as wrong)."""
+    timeout = options.generic_timeout_ms
+    generic = prove_generic(rule, facts, timeout, True)  # witnessed by a bounded case: confirmed below
+    cross = options.cross_check
+    bounded: BoundedResult | None = None
+    if generic.proven and cross is not None:
+        sample = prove_bounded(
+            rule,
+            facts,
+            budget=cross,
+            sizes=options.sizes,
+            timeout_ms=options.timeout_ms,
+            cache=cache,
+            instances=instances,
+        )
+        if sample.status in ("refuted", "proven") or (sample.status == "partial" and sample.checked > 0):
+            bounded = sample
+    if bounded is None:  # no generic proof, or a sample that decides nothing: every case decides
+        bounded = prove_bounded(
+            rule, facts, sizes=options.sizes, timeout_ms=options.timeout_ms, lazy=True, instances=instances
+        )
+        if generic.proven and not bounded.checked:  # no case witnesses the premises: z3 must find a model
+            generic = prove_generic(rule, facts, timeout, False)
+    if bounded.status == "refuted":
+        return "refuted", bounded.counterexample.message if bounded.counterexample else "refuted"
+    if not (generic.proven or bounded.status == "proven"):
+        reasons = [r for r in (bounded.reason, generic.reason) if r]
+        return ("partial" if bounded.status == "partial" else "unknown"), "; ".join(reasons) or "no proof found"
+    if options.numeric:
+        numeric = check_numeric(rule, facts, cases=options.numeric_cases, cache=cache)
+        if numeric.status == "failed":
+            return "refuted", numeric.counterexample.message if numeric.counterexample else "numeric mismatch"
+    return "proven", ""
 
 
 def _prove_all(
@@ -622,7 +682,7 @@ def generate_rules(
     ops = check_ops(ops)
     if max_size < 1:
         raise OptionError(f"`--max-size`: expected 1 or more, got {max_size}.")
-    options = options or Options(jobs=1, generic=False)  # the bounded proof decides; `verify` adds the generic one
+    options = options or Options(jobs=1)  # decided as `unity-eq verify` decides by default
     workers = jobs or (os.cpu_count() or 1)
     report = GenerateReport(
         list(ops),
