@@ -133,7 +133,7 @@ def report_of(meta: dict[str, Any]) -> dict[str, Any]:
         "machine": meta.get("machine", {}).get("name"),
         "objective": meta.get("objective"),
         "mesh": {
-            "label": ",".join(f"{a}={n}" for a, n in zip(axes, meta["mesh"]["sizes"], strict=True)),
+            "label": ",".join(f"{a}={n}" for a, n in zip(axes, meta["mesh"]["sizes"], strict=True)) + _on_devices(meta),
             "axes": meta.get("machine", {}).get("mesh_axes", [{"name": a} for a in axes]),
         },
         "cost": cost,
@@ -148,6 +148,15 @@ def report_of(meta: dict[str, Any]) -> dict[str, Any]:
         "pcg": pcg_lines(meta, kinds),
         "notes": _notes(ops, total),
     }
+
+
+def _on_devices(meta: dict[str, Any]) -> str:
+    """`` on devices 0-3`` when the plan leaves some of the machine's devices idle, else ""."""
+    if not meta.get("parallelism", {}).get("idle_devices"):
+        return ""
+    from unity_eq.report import device_span
+
+    return " on " + device_span([r["device"] for r in meta["mesh"]["ranks"]])
 
 
 def _notes(ops: list[dict[str, Any]], total: float) -> list[str]:
@@ -302,7 +311,7 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
     usage = report.get("parallelism") or {}
     if usage:
         out.append(
-            f"devices used: {usage['devices_used']} of {usage['devices']}"
+            f"devices used: {usage['devices_used']} of {usage.get('machine_devices', usage['devices'])}"
             + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
         )
 
