@@ -16,15 +16,21 @@ saturation:
   and uses both axes, and only while the e-graph stays under a size budget (a 3-axis e-graph is about 4×
   a 2-axis one).
 
+On a machine with several kinds of device or node (device_groups), each group of one kind gets the same
+meshes over its devices alone (label ``x=4 on devices 0-3``), unless another group dominates it (as many
+devices, as fast, as large, as well linked). The one-device plan on the fastest device (the ``one_device``
+baseline, ``x=1 on device D``) is a candidate mesh too, so a plan may leave devices idle (plan.json
+``parallelism`` says so).
+
 Each remaining mesh is saturated (up to two at a time, in worker processes) and extracted several ways: the
 unrestricted greedy extraction, and the same e-graph restricted to the baselines' e-nodes (data parallel
 on the 1-axis mesh, tensor parallel on each axis). Every one of these is a valid plan of the mesh and the
-cheapest that fits in memory is the mesh's plan, so a plan never costs more than a baseline found on the same
-e-graphs (a tie-break between plans within TIE_TOLERANCE never picks one dearer than such a baseline; plan.json's
-``extraction.plan_choice`` names a cheaper baseline the search cannot return: one device, or under ``--mesh``
-a baseline on another mesh). When no extraction of a mesh fits, extraction is repeated with a growing penalty
-on per-device bytes (``penalty_rounds``). The search keeps the cheapest mesh; plan.json lists every mesh with
-its cost and time, and why the others were skipped.
+cheapest that fits in memory is the mesh's plan, so a plan never costs more than a baseline it reports (a
+tie-break between plans within TIE_TOLERANCE never picks one dearer than such a baseline; plan.json's
+``extraction.plan_choice`` names a cheaper baseline the search cannot return, which happens only under
+``--mesh``: one device or a baseline on another mesh). When no extraction of a mesh fits, extraction is
+repeated with a growing penalty on per-device bytes (``penalty_rounds``). The search keeps the cheapest mesh;
+plan.json lists every mesh with its cost and time, and why the others were skipped.
 
 Baselines (same model, same cost model): ``one_device`` is the original graph on the fastest device;
 ``data_parallel`` keeps every weight whole on all N devices (one mesh axis) and splits work only along
@@ -163,6 +169,7 @@ class MeshTrial:
     candidate: bool = True  # False for a mesh evaluated only for a baseline (under `--mesh`)
     scope: str = ""  # the devices of a mesh over part of the machine (``devices 0-3``); "" for all of them
     device_kind: str = ""  # their kind, with scope
+    egraph_of: str = ""  # the mesh whose e-graph it reuses (the one-device plan), instead of saturating its own
 
     @property
     def label(self) -> str:
@@ -190,6 +197,8 @@ class MeshTrial:
             entry["stop_reason"] = self.stop_reason
             entry["penalty_rounds"] = self.penalty_rounds
             entry["seconds"] = {"saturate": round(self.saturate_s, 3), "extract": round(self.extract_s, 3)}
+        if self.egraph_of:
+            entry["egraph_of"] = self.egraph_of
         if not self.candidate:
             entry["baseline_only"] = True
         return entry
@@ -834,6 +843,7 @@ def _one_device_trial(
         stop_reason=flat.stop_reason,
         saturation=flat.saturation,
         encoding=flat.encoding,
+        egraph_of=flat.label,
     )
     row = _row(trial)
     runner.tracker.start(row, f"pricing mesh {flat.label}'s e-graph with nothing partitioned")
