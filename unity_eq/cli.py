@@ -300,12 +300,24 @@ def run(
 
     results: dict[str, np.ndarray] | None
     if backend == "mpi":
+        from unity_eq.progress import LineTracker, Tracker
         from unity_eq.runtime_mpi import run_plan_mpi
 
         # Every rank checks its options, plan and inputs inside run_plan_mpi, so that a failure on any rank
-        # reaches all of them and is printed once.
+        # reaches all of them and is printed once. Rank 0 reports progress as plain lines (mpiexec forwards the
+        # ranks' output through pipes: no live display): the row `run` when it starts and ends, as `optimize`
+        # reports its meshes in a log.
+        say = _progress(quiet)
         results = run_plan_mpi(
-            plan_dir, inputs, seed=seed, device=device, timeout=timeout, on_note=note, check_outputs=check_outputs
+            plan_dir,
+            inputs,
+            seed=seed,
+            device=device,
+            timeout=timeout,
+            on_note=note,
+            check_outputs=check_outputs,
+            on_progress=say or (lambda _message: None),
+            tracker=Tracker() if say is None else LineTracker(say, prefix="run"),
         )
         if results is None:
             return  # ranks other than 0 write nothing
