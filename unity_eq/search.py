@@ -227,18 +227,17 @@ def candidate_meshes(
         ids = machine_order(len(group)) if group == tuple(range(len(group))) else group
         scope = device_span(group)
         kind = machine.devices[group[0]].name
-        extra = _meshes_over(machine, ids, scope, kind, usable, objective, max_axes)
         better = next((g for g in groups if g is not group and _dominates(machine, g, group)), None)
-        for trial in extra:
-            if better is not None and trial.status == "pending":
-                trial.status, trial.reason = (
-                    "skipped",
-                    (
-                        f"dominated: {device_span(better)} ({machine.devices[better[0]].name}) are as many, no slower, "
-                        f"no smaller and no worse linked than {scope} ({kind})"
-                    ),
-                )
-        trials += extra
+        if better is not None:  # one entry for the group: none of its meshes is laid out
+            trial = MeshTrial(Mesh(("x",), (len(ids),), ids), [], scope=scope, device_kind=kind)
+            trial.status = "skipped"
+            trial.reason = (
+                f"dominated: {device_span(better)} ({machine.devices[better[0]].name}) are as many, no slower, "
+                f"no smaller and no worse linked than {scope} ({kind}); no mesh over them is tried"
+            )
+            trials.append(trial)
+            continue
+        trials += _meshes_over(machine, ids, scope, kind, usable, objective, max_axes)
     return trials
 
 
