@@ -371,16 +371,21 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
     if search.get("tried"):
         out.append("")
         out.append(f"meshes tried (chosen {search.get('chosen')}):")
+        width = max(
+            [14, *(len(t["mesh"]) for t in search["tried"]), *(len(t["mesh"]) for t in search.get("skipped", []))]
+        )
         for t in search["tried"]:
             seconds = t.get("seconds", {})
             cost_text = _ms(t.get("cost_s")) if "cost_s" in t else t.get("status")
             extra = " (baseline only)" if t.get("baseline_only") else ""
+            if t.get("egraph_of"):
+                extra += f" (the e-graph of {t['egraph_of']}, nothing partitioned)"
             out.append(
-                f"  {t['mesh']:<14} {cost_text:>12}  {t.get('enodes', 0):>7} e-nodes  "
+                f"  {t['mesh']:<{width}} {cost_text:>12}  {t.get('enodes', 0):>7} e-nodes  "
                 f"saturate {seconds.get('saturate', 0):.2f} s, extract {seconds.get('extract', 0):.2f} s{extra}"
             )
         for t in search.get("skipped", []):
-            out.append(f"  {t['mesh']:<14} skipped: {t['reason']}")
+            out.append(f"  {t['mesh']:<{width}} skipped: {t['reason']}")
 
     out.append("")
     out.append("sharding per op (placement per mesh axis, local shape):")
