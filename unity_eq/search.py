@@ -827,7 +827,9 @@ def _one_device_trial(
     flat = _flat_trial(trials)
     if flat is None:
         return None
-    if flat.mesh.size == 1:
+    if flat.mesh.size == 1:  # its extraction with nothing partitioned joins the mesh's options
+        extraction = runner.extractors[flat.label].extract(Restriction.one_device())
+        flat.extractions.append((extraction, plan_memory(extraction.plan)))
         return flat
     fastest = fastest_device(machine)
     single = Mesh(flat.mesh.axes, (1,) * len(flat.mesh.axes), (fastest,))
@@ -872,12 +874,7 @@ def _baselines(
     found: dict[str, Baseline] = {}
     flat = _flat_trial(trials)
     if one_trial is not None:
-        own = [(e, m) for e, m in one_trial.extractions if e.restriction.name == "one_device"]
-        if own:
-            one, memory = own[0]
-        else:  # a one-device machine: its 1-axis mesh, with nothing partitioned
-            one = runner.extractors[one_trial.label].extract(Restriction.one_device())
-            memory = plan_memory(one.plan)
+        one, memory = next((e, m) for e, m in one_trial.extractions if e.restriction.name == "one_device")
         found["one_device"] = Baseline(
             "one_device",
             f"the model on one {machine.devices[one_trial.mesh.devices[0]].name}",
