@@ -165,4 +165,29 @@ def test_heterogeneous_machine_optimizes(examples: Path) -> None:
     plan = result.plan
     assert plan.validate() == []
     assert 0 < plan.cost.total < result.plan.report["baselines"]["one_device"]["total_s"] * 10
-    assert plan.report["memory"]["capacity_bytes"] == pytest.approx(40 * 2**30 * 0.9)
+    # the plan leaves the A100 node idle (tests/test_progress.py): its capacity is the H100s'
+    assert plan.mesh.devices == (0, 1, 2, 3)
+    assert plan.report["memory"]["capacity_bytes"] == pytest.approx(80 * 2**30 * 0.9)
+
+
+def test_device_groups_of_homogeneous_and_mixed_machines(examples: Path) -> None:
+    """A homogeneous machine is one group and its candidate meshes are all over every device (its plans
+    are the ones it got before plans on part of a machine); mixed.toml is two groups, the H100 node
+    dominating the A100 node (not the other way), whose meshes are one skipped entry."""
+    from unity_eq.frontends.onnx import load_onnx
+
+    from unity_eq.search import _dominates, candidate_meshes, device_groups
+
+    graph = load_onnx(examples / "mlp.onnx")
+    for name in ("dgx-h100x2.toml", "workstation.toml"):
+        machine = load_machine(ROOT / "examples" / "machines" / name)
+        assert device_groups(machine) == [tuple(range(machine.device_count))]
+        assert all(t.mesh.devices == tuple(range(machine.device_count)) for t in candidate_meshes(machine, graph))
+    mixed = load_machine(ROOT / "examples" / "machines" / "mixed.toml")
+    hopper, ampere = device_groups(mixed)
+    assert (hopper, ampere) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert _dominates(mixed, hopper, ampere) and not _dominates(mixed, ampere, hopper)
+    trials = candidate_meshes(mixed, graph)
+    scoped = [t for t in trials if t.scope]
+    assert [t.label for t in scoped if t.mesh.devices == ampere] == ["x=4 on devices 4-7"]
+    assert {t.label for t in scoped if t.status == "pending"} == {"x=4 on devices 0-3", "x=2,y=2 on devices 0-3"}

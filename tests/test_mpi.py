@@ -93,7 +93,9 @@ def test_mpi_matches_the_local_backend_bit_for_bit(plans: dict[str, Path], tmp_p
         "--outputs", str(tmp_path / "out.npz"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == "", proc.stderr  # no notes, no MPI noise
+    ranks = _ranks(plan)
+    progress = [f"… run: loading {ranks} device files, one per process", f"… run: {ranks} ranks run"]
+    assert proc.stderr.splitlines() == progress, proc.stderr  # rank 0's progress; no notes, no MPI noise
     assert proc.stdout.count("Y: float32[8, 128, 256]") == 1  # rank 0 alone prints
     expected = run_plan(plan, feeds)
     with np.load(tmp_path / "out.npz") as got:
@@ -110,10 +112,19 @@ def test_mpi_communicator_collectives(ranks: int) -> None:
     assert proc.stdout.count(": ok") == ranks
 
 
-def test_random_inputs_note_once(plans: dict[str, Path]) -> None:
+def test_progress_once_and_nothing_with_quiet(plans: dict[str, Path]) -> None:
+    """Without -q rank 0 (only) says, as plain lines, that the run starts, that the inputs are random and that
+    the ranks ran (the local backend's row `run`); with -q, nothing, as the local backend."""
     proc, _ = unity_eq(2, "run", str(plans["mlp-2"]), "--backend", "mpi", "--seed", "3")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip() == "no --inputs: using random inputs (seed 3)"
+    assert sorted(proc.stderr.splitlines()) == [
+        "… no --inputs: using random inputs (seed 3)",
+        "… run: 2 ranks run",
+        "… run: loading 2 device files, one per process",
+    ], proc.stderr
+    quiet, _ = unity_eq(2, "run", str(plans["mlp-2"]), "--backend", "mpi", "--seed", "3", "-q")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout == proc.stdout and "Y: float32" in quiet.stdout
 
 
 def test_device_cuda_falls_back_with_one_message(plans: dict[str, Path]) -> None:
@@ -234,6 +245,7 @@ def test_ctrl_c_stops_every_rank(plans: dict[str, Path]) -> None:
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("… run: loading")
         assert "random inputs" in proc.stderr.readline()  # setup is done: rank 1 is hanging
         time.sleep(1.0)
         start = time.monotonic()
@@ -275,6 +287,7 @@ def test_killing_the_process_mpiexec_started_says_so(plans: dict[str, Path]) -> 
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("… run: loading")
         assert "random inputs" in proc.stderr.readline()  # setup is done: rank 1 is hanging
         time.sleep(0.5)
         target = _started_by_mpiexec(1, str(plans["mlp-2"]))

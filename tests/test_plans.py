@@ -203,7 +203,10 @@ def test_search_reports_every_mesh_with_its_time_and_the_runner_up(examples: Pat
     assert search["runner_up"] is not None and search["runner_up"]["mesh"] != search["chosen"]
     assert search["runner_up"]["cost_s"] >= result.plan.cost.total
     for trial in search["tried"]:
-        assert trial["status"] == "ok" and trial["seconds"]["saturate"] > 0 and trial["enodes"] > 0
+        assert trial["status"] == "ok" and trial["enodes"] > 0
+        # the one-device plan reuses the 1-axis mesh's e-graph (no saturation of its own)
+        assert trial["seconds"]["saturate"] > 0 or trial["egraph_of"] == "x=16"
+    assert "x=1 on device 0" in [t["mesh"] for t in search["tried"]]
     assert search["skipped"] and all(s["reason"] for s in search["skipped"])
     assert result.timings["search_s"] < 60
 

@@ -164,16 +164,72 @@ def test_plan_never_costs_more_than_a_baseline_it_reports(examples: Path, model:
         assert choice["baseline"] in choice["note"]
 
 
-def test_a_cheaper_baseline_the_search_cannot_return_is_named(examples: Path) -> None:
+def test_on_a_mixed_machine_the_plan_may_leave_the_slow_devices_idle(examples: Path, tmp_path: Path) -> None:
     """4 H100 + 4 A100 PCIe (examples/machines/mixed.toml): every plan over the 8 devices runs at the A100s'
-    pace, so the small MLP on one H100 alone is cheaper than any of them. No plan of the machine's mesh can
-    be that baseline, so the plan comes with a note naming it and what to do."""
-    result = optimize(examples / "mlp.onnx", machine=examples / "machines" / "mixed.toml", max_axes=1)
+    pace, and the small MLP on one H100 costs less than any of them. The search also tries the H100 node
+    alone (the A100 node's meshes are dominated by it) and the one-device plan, so the plan never costs more
+    than a baseline it reports; it says which devices it uses and which stay idle, lowers, runs and checks."""
+    machine = examples / "machines" / "mixed.toml"
+    result = optimize(examples / "mlp.onnx", machine=machine, max_axes=2, output_dir=tmp_path / "plan")
+    report = result.plan.report
+    _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": report["baselines"]})
+    assert report["baselines"]["one_device"]["total_s"] < report["baselines"]["data_parallel"]["total_s"]
+    assert "cheaper_baseline" not in report["extraction"]["plan_choice"]
+    assert result.plan.mesh.devices == (0, 1, 2, 3)  # the H100 node
+    tried = {t["mesh"]: t for t in report["mesh_search"]["tried"]}
+    assert {"x=8", "x=4 on devices 0-3", "x=1 on device 0"} <= set(tried)
+    assert tried["x=4 on devices 0-3"]["device_kind"] == "H100-SXM-80G"
+    assert tried["x=4 on devices 0-3"]["devices"] == "0-3"
+    skipped = {t["mesh"]: t["reason"] for t in report["mesh_search"]["skipped"]}
+    assert skipped["x=4 on devices 4-7"].startswith("dominated: devices 0-3")
+    usage = report["parallelism"]
+    assert usage["machine_devices"] == 8 and usage["idle_devices"] == 4
+    assert "devices 4-7 (4 × A100-PCIe-40G) stay idle" in usage["note"]
+
+    meta = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert meta["mesh"]["devices"] == [0, 1, 2, 3]
+    assert [r["device_kind"] for r in meta["mesh"]["ranks"]] == ["H100-SXM-80G"] * 4
+    proc = run_cli("check", str(examples / "mlp.onnx"), str(tmp_path / "plan"), "-q")
+    assert proc.returncode == 0 and "match" in proc.stdout, proc.stderr
+    proc = run_cli("explain", str(tmp_path / "plan"))
+    assert proc.returncode == 0 and "on devices 0-3" in proc.stdout and "stay idle" in proc.stdout, proc.stderr
+
+
+def test_the_one_device_plan_is_returned_on_a_device_other_than_0(examples: Path, tmp_path: Path) -> None:
+    """The A100 node first and the H100 node on a slow link: the fastest device is device 4 and no plan over
+    several devices beats it alone. The plan is the one_device baseline on device 4; plan.json says rank 0 is
+    machine device 4; it lowers to one file, runs and checks."""
+    text = (examples / "machines" / "mixed.toml").read_text()
+    head, hopper, ampere = text.split("[[nodes]]")
+    fast = "[links.nvlink4]\nbandwidth_gbs = 450\nlatency_us = 1.5"
+    assert fast in head
+    head = head.replace(fast, "[links.nvlink4]\nbandwidth_gbs = 2\nlatency_us = 200")
+    machine = tmp_path / "slow.toml"
+    machine.write_text(head + "[[nodes]]" + ampere.rstrip() + "\n\n[[nodes]]" + hopper)
+    result = optimize(examples / "mlp.onnx", machine=machine, max_axes=2, output_dir=tmp_path / "plan")
+    report = result.plan.report
+    _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": report["baselines"]})
+    assert result.plan.mesh.devices == (4,) and report["mesh_search"]["chosen"] == "x=1 on device 4"
+    assert report["extraction"]["plan_choice"]["baseline"] == "one_device"
+    assert report["parallelism"]["unused_axes"] == [] and report["parallelism"]["idle_devices"] == 7
+    meta = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert meta["files"] == ["device_0.onnx"]
+    rank = {"rank": 0, "coords": [0], "device": 4, "device_kind": "H100-SXM-80G", "node": 1}
+    assert meta["mesh"]["ranks"] == [rank]
+    proc = run_cli("check", str(examples / "mlp.onnx"), str(tmp_path / "plan"), "-q")
+    assert proc.returncode == 0 and "match" in proc.stdout, proc.stderr
+
+
+def test_a_cheaper_baseline_the_search_cannot_return_is_named_under_forced_mesh(examples: Path) -> None:
+    """`--mesh x=8` on mixed.toml: the search may not return the one-device plan, so the plan comes with a
+    note naming it and what to do (drop `--mesh`)."""
+    result = optimize(examples / "mlp.onnx", machine=examples / "machines" / "mixed.toml", mesh="x=8")
     report = result.plan.report
     one = report["baselines"]["one_device"]
     assert one["fits"] and one["total_s"] < result.plan.cost.total  # the case this test is about
     cheaper = report["extraction"]["plan_choice"]["cheaper_baseline"]
     assert cheaper["name"] == "one_device" and cheaper["total_s"] == one["total_s"]
-    assert "H100" in cheaper["note"] and "alone" in cheaper["note"]
+    assert "H100" in cheaper["note"] and "drop `--mesh`" in cheaper["note"]
+    assert result.plan.mesh.devices == tuple(range(8))
     others = {k: b for k, b in report["baselines"].items() if k != "one_device"}
     _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": others})

@@ -185,6 +185,8 @@ def optimize(
 
 
 def _print_plan_summary(result: Any) -> None:
+    from unity_eq.report import device_span
+
     plan = result.plan
     summary = plan.summary()
     table = Table(title=f"plan for {plan.model}", show_header=False, title_justify="left")
@@ -193,10 +195,14 @@ def _print_plan_summary(result: Any) -> None:
     table.add_row("machine", plan.machine.describe())
     usage = plan.report.get("parallelism", {})
     unused = usage.get("unused_axes", [])
-    table.add_row("mesh", str(plan.mesh) + (f" (unused: {', '.join(unused)})" if unused else ""))
+    idle = usage.get("idle_devices", 0)
+    where = f" on {device_span(plan.mesh.devices)}" if idle else ""
+    table.add_row("mesh", str(plan.mesh) + where + (f" (unused: {', '.join(unused)})" if unused else ""))
     if usage:
-        devices = f"{usage['devices_used']} of {usage['devices']}"
-        table.add_row("devices used", devices + (f": {usage['note']}" if unused else ", every one doing distinct work"))
+        devices = f"{usage['devices_used']} of {usage.get('machine_devices', usage['devices'])}"
+        table.add_row(
+            "devices used", devices + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
+        )
     table.add_row("objective", plan.objective)
     cost = plan.cost
     table.add_row(
@@ -294,12 +300,24 @@ def run(
 
     results: dict[str, np.ndarray] | None
     if backend == "mpi":
+        from unity_eq.progress import LineTracker, Tracker
         from unity_eq.runtime_mpi import run_plan_mpi
 
         # Every rank checks its options, plan and inputs inside run_plan_mpi, so that a failure on any rank
-        # reaches all of them and is printed once.
+        # reaches all of them and is printed once. Rank 0 reports progress as plain lines (mpiexec forwards the
+        # ranks' output through pipes: no live display): the row `run` when it starts and ends, as `optimize`
+        # reports its meshes in a log.
+        say = _progress(quiet)
         results = run_plan_mpi(
-            plan_dir, inputs, seed=seed, device=device, timeout=timeout, on_note=note, check_outputs=check_outputs
+            plan_dir,
+            inputs,
+            seed=seed,
+            device=device,
+            timeout=timeout,
+            on_note=note,
+            check_outputs=check_outputs,
+            on_progress=say or (lambda _message: None),
+            tracker=Tracker() if say is None else LineTracker(say, prefix="run"),
         )
         if results is None:
             return  # ranks other than 0 write nothing

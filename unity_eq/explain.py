@@ -133,7 +133,7 @@ def report_of(meta: dict[str, Any]) -> dict[str, Any]:
         "machine": meta.get("machine", {}).get("name"),
         "objective": meta.get("objective"),
         "mesh": {
-            "label": ",".join(f"{a}={n}" for a, n in zip(axes, meta["mesh"]["sizes"], strict=True)),
+            "label": ",".join(f"{a}={n}" for a, n in zip(axes, meta["mesh"]["sizes"], strict=True)) + _on_devices(meta),
             "axes": meta.get("machine", {}).get("mesh_axes", [{"name": a} for a in axes]),
         },
         "cost": cost,
@@ -148,6 +148,15 @@ def report_of(meta: dict[str, Any]) -> dict[str, Any]:
         "pcg": pcg_lines(meta, kinds),
         "notes": _notes(ops, total),
     }
+
+
+def _on_devices(meta: dict[str, Any]) -> str:
+    """`` on devices 0-3`` when the plan leaves some of the machine's devices idle, else ""."""
+    if not meta.get("parallelism", {}).get("idle_devices"):
+        return ""
+    from unity_eq.report import device_span
+
+    return " on " + device_span([r["device"] for r in meta["mesh"]["ranks"]])
 
 
 def _notes(ops: list[dict[str, Any]], total: float) -> list[str]:
@@ -302,7 +311,7 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
     usage = report.get("parallelism") or {}
     if usage:
         out.append(
-            f"devices used: {usage['devices_used']} of {usage['devices']}"
+            f"devices used: {usage['devices_used']} of {usage.get('machine_devices', usage['devices'])}"
             + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
         )
 
@@ -362,16 +371,21 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
     if search.get("tried"):
         out.append("")
         out.append(f"meshes tried (chosen {search.get('chosen')}):")
+        width = max(
+            [14, *(len(t["mesh"]) for t in search["tried"]), *(len(t["mesh"]) for t in search.get("skipped", []))]
+        )
         for t in search["tried"]:
             seconds = t.get("seconds", {})
             cost_text = _ms(t.get("cost_s")) if "cost_s" in t else t.get("status")
             extra = " (baseline only)" if t.get("baseline_only") else ""
+            if t.get("egraph_of"):
+                extra += f" (the e-graph of {t['egraph_of']}, nothing partitioned)"
             out.append(
-                f"  {t['mesh']:<14} {cost_text:>12}  {t.get('enodes', 0):>7} e-nodes  "
+                f"  {t['mesh']:<{width}} {cost_text:>12}  {t.get('enodes', 0):>7} e-nodes  "
                 f"saturate {seconds.get('saturate', 0):.2f} s, extract {seconds.get('extract', 0):.2f} s{extra}"
             )
         for t in search.get("skipped", []):
-            out.append(f"  {t['mesh']:<14} skipped: {t['reason']}")
+            out.append(f"  {t['mesh']:<{width}} skipped: {t['reason']}")
 
     out.append("")
     out.append("sharding per op (placement per mesh axis, local shape):")

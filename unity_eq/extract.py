@@ -913,7 +913,7 @@ def build_plan(
         total = total + cost
     return Plan(
         model=graph.name,
-        mesh=encoding.mesh,
+        mesh=model.mesh,  # the mesh it was priced on: reprice() puts an e-graph's replicated plan on one device
         machine=model.machine,
         objective=model.objective,
         tensors=builder.tensors,

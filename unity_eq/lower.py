@@ -629,7 +629,7 @@ def plan_metadata(
             },
         },
         "objective": plan.objective,
-        "mesh": {"axes": list(mesh.axes), "sizes": list(mesh.sizes), "ranks": ranks},
+        "mesh": {"axes": list(mesh.axes), "sizes": list(mesh.sizes), "devices": list(mesh.devices), "ranks": ranks},
         "machine": machine_json(plan),
         "cost": plan.report.get("cost")
         or {"total_s": plan.cost.total, "compute_s": plan.cost.compute, "communication_s": plan.cost.comm},

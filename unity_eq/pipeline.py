@@ -125,7 +125,8 @@ def optimize(
 
     ``machine`` is a Machine, a preset name or a TOML file (``nodes``/``interconnect`` reshape a preset);
     ``devices`` alone means that many A100-80G in one node. Without ``mesh`` the search tries the meshes of
-    1 to ``max_axes`` axes over all devices (see unity_eq.search) and keeps the cheapest plan that fits.
+    1 to ``max_axes`` axes over all devices, over each kind's devices on a heterogeneous machine, and the
+    model on the fastest device (see unity_eq.search), and keeps the cheapest plan that fits.
     ``profile`` (a table from ``unity-eq profile``) prices the ops it measured with their measured times.
     ``generated_rules=False`` leaves the generated rules (rules/generated/, docs/generate.md) out of the
     default manifest; ``rule_files`` replaces the manifest altogether.

@@ -23,6 +23,8 @@ bound by up to ``overlappable_s``.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from unity_eq.cost import ZERO, Cost, CostModel
@@ -152,7 +154,7 @@ def parallelism(plan: Plan) -> dict[str, Any]:
         for i, axis in enumerate(mesh.axes)
         if any(not isinstance(t.placement[i], Replicate) for t in plan.tensors.values())
     ]
-    unused = [axis for axis in mesh.axes if axis not in used]
+    unused = [axis for axis in mesh.axes if axis not in used and mesh.axis_size(axis) > 1]  # size 1: nothing to use
     distinct = math.prod(mesh.axis_size(axis) for axis in used)
     out: dict[str, Any] = {
         "used_axes": used,
@@ -161,9 +163,42 @@ def parallelism(plan: Plan) -> dict[str, Any]:
         "devices_used": distinct,
         "copies": mesh.size // distinct,
     }
+    notes = []
     if unused:
-        out["note"] = usage_note(out, {axis: mesh.axis_size(axis) for axis in unused})
+        notes.append(usage_note(out, {axis: mesh.axis_size(axis) for axis in unused}))
+    machine = plan.machine
+    out["machine_devices"] = machine.device_count
+    if mesh.size < machine.device_count:
+        used_ids = sorted(set(mesh.devices))
+        idle = sorted(set(range(machine.device_count)).difference(used_ids))
+        out["idle_devices"] = len(idle)
+        notes.append(
+            f"the plan runs on {device_span(used_ids)} ({_kinds(machine, used_ids)}) of the machine's "
+            f"{machine.device_count}; {device_span(idle)} ({_kinds(machine, idle)}) stay idle"
+        )
+    if notes:
+        out["note"] = "; ".join(notes)
     return out
+
+
+def _kinds(machine: Any, devices: Sequence[int]) -> str:
+    """``4 × H100-SXM-80G``: how many devices of each kind."""
+    kinds = Counter(machine.devices[d].name for d in devices)
+    return " + ".join(f"{n} × {k}" for k, n in kinds.items())
+
+
+def device_span(devices: Sequence[int]) -> str:
+    """``devices 0-3``, ``device 5``, ``devices 0-3, 8-11``: machine devices as runs of consecutive ids."""
+    runs: list[str] = []
+    start = prev = devices[0]
+    for d in [*devices[1:], None]:
+        if d is not None and d == prev + 1:
+            prev = d
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if d is not None:
+            start = prev = d
+    return ("device " if len(devices) == 1 else "devices ") + ", ".join(runs)
 
 
 def usage_note(usage: dict[str, Any], unused_sizes: dict[str, int]) -> str:

@@ -60,6 +60,7 @@ import numpy as np
 
 from unity_eq.errors import OptionError, RuntimeBackendError, UnityEqError
 from unity_eq.files import owner_tag, sweep_stale
+from unity_eq.progress import Tracker
 from unity_eq.runtime import (
     COLLECTIVE_TIMEOUT_S,
     DeviceChoice,
@@ -681,6 +682,8 @@ def run_plan_mpi(
     repeat: int = 1,
     stats: dict[str, Any] | None = None,
     check_outputs: Callable[[], None] | None = None,
+    on_progress: Note | None = None,
+    tracker: Tracker | None = None,
 ) -> dict[str, np.ndarray] | None:
     """Run this process's rank of a plan under ``mpiexec``; rank 0 gets the outputs, other ranks None.
 
@@ -689,6 +692,9 @@ def run_plan_mpi(
     that many times (timing); ``stats``, on rank 0, receives each rank's host, device and times.
     ``check_outputs`` runs on rank 0 during setup (e.g. that the outputs file can be written), so that its
     error, like every other, is reported once.
+    ``on_progress`` (rank 0) hears the progress messages (``no --inputs: …``; without it they go to
+    ``on_note``), and ``tracker`` (rank 0) the row ``run``, as in the local backend: the device files loaded,
+    rank 0's stages run, the ranks run.
 
     A failure raises :class:`MPIRunError` on the lowest rank that knows it, naming the failing rank; the
     other ranks end their process quietly once it has been printed (:func:`_await_release`).
@@ -706,6 +712,8 @@ def run_plan_mpi(
 
     setup: _Setup | None = None
     start = time.perf_counter()
+    tracker = tracker if tracker is not None and rank == 0 else Tracker()
+    tracker.start("run", f"loading {world.size} device files, one per process")
     try:
         if requested is not None and requested <= 0:
             raise OptionError(f"`--timeout` must be positive, got {requested:g}.")
@@ -725,9 +733,12 @@ def run_plan_mpi(
     _conclude(control, statuses, missing, timeout)
     assert setup is not None
     setup_s = time.perf_counter() - start
+    tracker.update("run", f"{world.size} device files loaded")
+    progress = on_progress or on_note
+    if rank == 0 and progress is not None:
+        for message in setup.notes:
+            progress(message)
     if rank == 0 and on_note is not None:
-        for note in setup.notes:
-            on_note(note)
         choices = [DeviceChoice([], statuses[r].info["device"], statuses[r].info["note"]) for r in range(world.size)]
         for note in device_notes(choices):
             on_note(note)
@@ -739,11 +750,15 @@ def run_plan_mpi(
     comm.prepare(c["groups"] for c in setup.plan.meta["collectives"])
     outputs: dict[str, np.ndarray] | None = None
     runs: list[dict[str, float]] = []
+
+    def stage(done: int, total: int) -> None:
+        tracker.count("run", done, total, "stages run (rank 0)")
+
     try:
         for _ in range(repeat):
             times = RankTimes()
             begin = time.perf_counter()
-            outputs = execute_rank(setup.program, setup.feeds, comm, times)
+            outputs = execute_rank(setup.program, setup.feeds, comm, times, stage)
             runs.append(
                 {
                     "wall_s": time.perf_counter() - begin,
@@ -772,6 +787,7 @@ def run_plan_mpi(
             {"rank": r, "host": s.info["host"], "device": s.info["device"], "runs": s.info["runs"]}
             for r, s in sorted(statuses.items())
         ]
+    tracker.finish("run", f"{world.size} ranks run")
     comm.poller.wait(lambda: bool(mpi.Request.Testall(control.sends)), "sending the final status")
     if ours:
         mpi.Finalize()

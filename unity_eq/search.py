@@ -16,15 +16,21 @@ saturation:
   and uses both axes, and only while the e-graph stays under a size budget (a 3-axis e-graph is about 4×
   a 2-axis one).
 
+On a machine with several kinds of device or node (device_groups), each group of one kind gets the same
+meshes over its devices alone (label ``x=4 on devices 0-3``), unless another group dominates it (as many
+devices, as fast, as large, as well linked). The one-device plan on the fastest device (the ``one_device``
+baseline, ``x=1 on device D``) is a candidate mesh too, so a plan may leave devices idle (plan.json
+``parallelism`` says so).
+
 Each remaining mesh is saturated (up to two at a time, in worker processes) and extracted several ways: the
 unrestricted greedy extraction, and the same e-graph restricted to the baselines' e-nodes (data parallel
 on the 1-axis mesh, tensor parallel on each axis). Every one of these is a valid plan of the mesh and the
-cheapest that fits in memory is the mesh's plan, so a plan never costs more than a baseline found on the same
-e-graphs (a tie-break between plans within TIE_TOLERANCE never picks one dearer than such a baseline; plan.json's
-``extraction.plan_choice`` names a cheaper baseline the search cannot return: one device, or under ``--mesh``
-a baseline on another mesh). When no extraction of a mesh fits, extraction is repeated with a growing penalty
-on per-device bytes (``penalty_rounds``). The search keeps the cheapest mesh; plan.json lists every mesh with
-its cost and time, and why the others were skipped.
+cheapest that fits in memory is the mesh's plan, so a plan never costs more than a baseline it reports (a
+tie-break between plans within TIE_TOLERANCE never picks one dearer than such a baseline; plan.json's
+``extraction.plan_choice`` names a cheaper baseline the search cannot return, which happens only under
+``--mesh``: one device or a baseline on another mesh). When no extraction of a mesh fits, extraction is
+repeated with a growing penalty on per-device bytes (``penalty_rounds``). The search keeps the cheapest mesh;
+plan.json lists every mesh with its cost and time, and why the others were skipped.
 
 Baselines (same model, same cost model): ``one_device`` is the original graph on the fastest device;
 ``data_parallel`` keeps every weight whole on all N devices (one mesh axis) and splits work only along
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,7 +59,7 @@ from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
 from unity_eq.profile import ProfileTable
 from unity_eq.progress import LineTracker, Tracker
-from unity_eq.report import parallelism
+from unity_eq.report import device_span, parallelism
 from unity_eq.rulesets import RuleFile
 
 __all__ = ["Baseline", "MeshTrial", "SearchResult", "axis_info", "candidate_meshes", "search"]
@@ -160,13 +167,20 @@ class MeshTrial:
     extractions: list[tuple[Extraction, MemoryUsage]] = field(default_factory=list)
     min_memory: MemoryUsage | None = None
     candidate: bool = True  # False for a mesh evaluated only for a baseline (under `--mesh`)
+    scope: str = ""  # the devices of a mesh over part of the machine (``devices 0-3``); "" for all of them
+    device_kind: str = ""  # their kind, with scope
+    egraph_of: str = ""  # the mesh whose e-graph it reuses (the one-device plan), instead of saturating its own
 
     @property
     def label(self) -> str:
-        return mesh_label(self.mesh)
+        return mesh_label(self.mesh) + (f" on {self.scope}" if self.scope else "")
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"mesh": self.label, "axes": self.axes, "status": self.status}
+        if self.scope:
+            entry["devices"] = self.scope.split(" ", 1)[1]
+            entry["device_count"] = self.mesh.size
+            entry["device_kind"] = self.device_kind
         if self.reason:
             entry["reason"] = self.reason
         if self.plan is not None:
@@ -183,6 +197,8 @@ class MeshTrial:
             entry["stop_reason"] = self.stop_reason
             entry["penalty_rounds"] = self.penalty_rounds
             entry["seconds"] = {"saturate": round(self.saturate_s, 3), "extract": round(self.extract_s, 3)}
+        if self.egraph_of:
+            entry["egraph_of"] = self.egraph_of
         if not self.candidate:
             entry["baseline_only"] = True
         return entry
@@ -195,20 +211,59 @@ def mesh_label(mesh: Mesh) -> str:
 def candidate_meshes(
     machine: Machine, graph: Graph, objective: str = "inference", max_axes: int = 3
 ) -> list[MeshTrial]:
-    """Every factorization of the machine's devices into 1..max_axes axes; pruned ones carry their reason."""
+    """Every factorization of the machine's devices into 1..max_axes axes; pruned ones carry their reason.
+
+    On a machine of several kinds of device or node (see device_groups), the same again over each kind's
+    devices alone (after the meshes over all devices), unless another group dominates it."""
     n = machine.device_count
     usable = _usable_sizes(graph)
+    trials = _meshes_over(machine, machine_order(n), "", "", usable, objective, max_axes)
+    groups = device_groups(machine)
+    if len(groups) < 2:
+        return trials
+    for group in groups:
+        if len(group) < 2:
+            continue  # one device alone: the one-device plan (on the fastest device) stands for it
+        ids = machine_order(len(group)) if group == tuple(range(len(group))) else group
+        scope = device_span(group)
+        kind = machine.devices[group[0]].name
+        better = next((g for g in groups if g is not group and _dominates(machine, g, group)), None)
+        if better is not None:  # one entry for the group: none of its meshes is laid out
+            trial = MeshTrial(Mesh(("x",), (len(ids),), ids), [], scope=scope, device_kind=kind)
+            trial.status = "skipped"
+            trial.reason = (
+                f"dominated: {device_span(better)} ({machine.devices[better[0]].name}) are as many, no slower, "
+                f"no smaller and no worse linked than {scope} ({kind}); no mesh over them is tried"
+            )
+            trials.append(trial)
+            continue
+        trials += _meshes_over(machine, ids, scope, kind, usable, objective, max_axes)
+    return trials
+
+
+def _meshes_over(
+    machine: Machine,
+    devices: tuple[int, ...],
+    scope: str,
+    kind: str,
+    usable: set[int],
+    objective: str,
+    max_axes: int,
+) -> list[MeshTrial]:
+    """The meshes over ``devices`` (all the machine's when ``scope`` is empty), pruned."""
+    n = len(devices)
     trials: list[MeshTrial] = []
     seen: dict[tuple[Any, ...], str] = {}
     for sizes in _factorizations(n, max_axes):
-        mesh = Mesh(AXIS_NAMES[: len(sizes)], sizes, machine_order(n))
+        mesh = Mesh(AXIS_NAMES[: len(sizes)], sizes, devices)
         model = CostModel(machine, mesh, objective)
-        trial = MeshTrial(mesh, [axis_info(model, a) for a in mesh.axes])
+        trial = MeshTrial(mesh, [axis_info(model, a) for a in mesh.axes], scope=scope, device_kind=kind)
         trials.append(trial)
         if n < 2:
             continue
         useless = [s for s in sizes if s not in usable]
-        if useless and len(sizes) > 1:  # the 1-axis mesh is always tried: the baselines are priced on it
+        # the 1-axis mesh over all devices is always tried: the baselines are priced on it
+        if useless and (len(sizes) > 1 or scope):
             trial.status, trial.reason = "skipped", f"no tensor dimension divides by {useless[0]}"
             continue
         bad = _misaligned(model)
@@ -221,6 +276,42 @@ def candidate_meshes(
             continue
         seen[key] = trial.label
     return trials
+
+
+def device_groups(machine: Machine) -> list[tuple[int, ...]]:
+    """The machine's devices grouped by kind: the same device on nodes of the same kind (link, network and
+    NICs), in machine order. One group (the whole machine) when the machine is homogeneous."""
+    names = {d.name for d in machine.devices}
+    node_kind, _ = machine.node_kinds
+    if len(names) == 1 and len(set(node_kind.tolist())) <= 1:
+        return [machine_order(machine.device_count)]
+    groups: dict[tuple[str, int], list[int]] = {}
+    for device, (spec, node) in enumerate(zip(machine.devices, machine.node_of, strict=True)):
+        groups.setdefault((spec.name, int(node_kind[node])), []).append(device)
+    return [tuple(g) for g in groups.values()]
+
+
+def _dominates(machine: Machine, better: tuple[int, ...], worse: tuple[int, ...]) -> bool:
+    """Whether the group ``better`` would give every mesh of ``worse`` a plan at least as cheap: as many
+    devices, spread alike over their nodes, each at least as fast and large, on links at least as good."""
+    if len(better) != len(worse):
+        return False
+    per_node = [sorted(Counter(machine.node_of[d] for d in g).values()) for g in (better, worse)]
+    if per_node[0] != per_node[1]:
+        return False
+    a, b = machine.devices[better[0]], machine.devices[worse[0]]
+    if a.memory < b.memory or a.memory_bandwidth < b.memory_bandwidth:
+        return False
+    if any(a.peak(dtype) < b.peak(dtype) for dtype in set(a.flops) | set(b.flops)):
+        return False
+    na, nb = machine.node(machine.node_of[better[0]]), machine.node(machine.node_of[worse[0]])
+    if na.link.bandwidth < nb.link.bandwidth or na.link.latency > nb.link.latency:
+        return False
+    if nb.network is None:
+        return True
+    if na.network is None:
+        return per_node[0][0] == len(better)  # one node: no network used
+    return na.network.bandwidth * na.nics >= nb.network.bandwidth * nb.nics and na.network.latency <= nb.network.latency
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -418,6 +509,9 @@ def search(
             else:
                 runner.run(deeper)
 
+    one_trial = _one_device_trial(trials, runner, machine, objective, candidate=mesh is None)
+    if one_trial is not None and one_trial not in trials:
+        trials.append(one_trial)
     candidates = [t for t in trials if t.candidate and t.status == "ok" and t.plan is not None]
     if not candidates:
         failed = [t for t in trials if t.status == "failed"]
@@ -425,7 +519,7 @@ def search(
             raise ExtractionError(f"no mesh produced a plan: {failed[0].label}: {failed[0].reason}")
         raise InfeasiblePlanError(_infeasible_message(trials, machine))
     tracker.start("baselines", "pricing one device, data parallel, tensor parallel")
-    baselines = _baselines(trials, runner, machine, objective)
+    baselines = _baselines(trials, runner, machine, one_trial)
     tracker.finish("baselines", ", ".join(f"{name} {b.cost.total * 1e3:.3f} ms" for name, b in baselines.items()))
     best, tie_break = _choose(candidates, _ceiling(baselines))
     assert best.plan is not None
@@ -451,8 +545,16 @@ def _choose(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[Mes
     cheapest = min(options, key=lambda o: (o[1].plan.cost.total, len(o[0].mesh.axes)))
     limit = min(cheapest[1].plan.cost.total * (1 + TIE_TOLERANCE), max(ceiling, cheapest[1].plan.cost.total))
     ties = [o for o in options if o[1].plan.cost.total <= limit]
+    # exact ties go to a mesh over all devices (as on a homogeneous machine), then to the fewest devices
     trial, extraction, memory = min(
-        ties, key=lambda o: (o[1].plan.cost.comm, o[1].plan.cost.total, len(o[0].mesh.axes))
+        ties,
+        key=lambda o: (
+            o[1].plan.cost.comm,
+            o[1].plan.cost.total,
+            bool(o[0].scope),
+            o[0].mesh.size if o[0].scope else 0,
+            len(o[0].mesh.axes),
+        ),
     )
     trial.plan, trial.memory = extraction.plan, memory
     trial.extraction, trial.penalty = extraction.restriction.name, extraction.penalty
@@ -476,10 +578,10 @@ def _choose(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[Mes
 def _plan_choice(result: SearchResult) -> dict[str, Any]:
     """How the returned plan relates to the baselines (plan.json ``extraction.plan_choice``).
 
-    The baselines' own extractions are among the search's options, so a returnable baseline is never
-    cheaper than the plan; when the plan *is* a baseline (no other extraction was cheaper) it says so, and a
-    baseline the search could not return (one device; a mesh other than the forced one) that is cheaper is
-    named with what to do.
+    The baselines' own extractions are among the search's options (the one-device plan is a mesh of its
+    own), so a returnable baseline is never cheaper than the plan; when the plan *is* a baseline (no other
+    extraction was cheaper) it says so. Only under ``--mesh`` can a baseline be out of the search's reach
+    (one device, or a mesh other than the forced one); a cheaper one is then named with what to do.
     """
     plan = result.plan
     same = next(
@@ -491,19 +593,15 @@ def _plan_choice(result: SearchResult) -> dict[str, Any]:
     cheaper = [
         (name, b)
         for name, b in result.baselines.items()
-        if b.memory.fits and b.cost.total < plan.cost.total * (1 - 1e-9)
+        if b.memory.fits
+        and b.cost.total < plan.cost.total * (1 - 1e-9)
+        and (b.trial is None or not b.trial.candidate)  # a returnable one is never cheaper (_choose's ceiling)
     ]
     if cheaper:
         name, b = min(cheaper, key=lambda item: item[1].cost.total)
-        if name == "one_device":
-            why = (
-                f"no plan over all {plan.mesh.size} devices is as cheap (an SPMD plan runs at the pace of its "
-                "slowest device and link)"
-            )
-            todo = "run the model on that device alone (a machine file with only it)"
-        else:
-            why = f"it runs on mesh {b.mesh}, which the search did not consider: `--mesh` forced {result.trial.label}"
-            todo = "drop `--mesh` to let the search return it"
+        why = f"it runs on {b.mesh if name != 'one_device' else 'one device'}, which the search did not consider: "
+        why += f"`--mesh` forced {result.trial.label}"
+        todo = "drop `--mesh` to let the search return it"
         choice["cheaper_baseline"] = {
             "name": name,
             "total_s": b.cost.total,
@@ -705,24 +803,89 @@ def _row(trial: MeshTrial) -> str:
     return f"mesh {trial.label}"
 
 
-def _baselines(trials: list[MeshTrial], runner: _Runner, machine: Machine, objective: str) -> dict[str, Baseline]:
+def fastest_device(machine: Machine) -> int:
+    """The machine's fastest device (peak float32 FLOP/s, then memory bandwidth; the first of equals)."""
+    kinds: dict[str, int] = {}
+    for device, spec in enumerate(machine.devices):
+        kinds.setdefault(spec.name, device)
+    return max(
+        kinds.values(), key=lambda d: (machine.devices[d].peak("float32"), machine.devices[d].memory_bandwidth, -d)
+    )
+
+
+def _flat_trial(trials: Sequence[MeshTrial]) -> MeshTrial | None:
+    """The 1-axis mesh over all devices (the baselines are priced on its e-graph)."""
+    return next((t for t in trials if t.extractions and len(t.mesh.axes) == 1 and not t.scope), None)
+
+
+def _one_device_trial(
+    trials: list[MeshTrial], runner: _Runner, machine: Machine, objective: str, candidate: bool
+) -> MeshTrial | None:
+    """The one-device plan on the fastest device as a mesh of its own: the 1-axis mesh's e-graph with nothing
+    partitioned, priced on that device alone. A candidate (the search may return it) unless ``--mesh``
+    forced another mesh; on a one-device machine it is the 1-axis mesh itself."""
+    flat = _flat_trial(trials)
+    if flat is None:
+        return None
+    if flat.mesh.size == 1:  # its extraction with nothing partitioned joins the mesh's options
+        extraction = runner.extractors[flat.label].extract(Restriction.one_device())
+        flat.extractions.append((extraction, plan_memory(extraction.plan)))
+        return flat
+    fastest = fastest_device(machine)
+    single = Mesh(flat.mesh.axes, (1,) * len(flat.mesh.axes), (fastest,))
+    model = CostModel(machine, single, objective, profile=runner.profile)
+    trial = MeshTrial(
+        single,
+        [axis_info(model, a) for a in single.axes],
+        candidate=candidate,
+        scope=device_span((fastest,)),
+        device_kind=machine.devices[fastest].name,
+        enodes=flat.enodes,
+        stop_reason=flat.stop_reason,
+        saturation=flat.saturation,
+        encoding=flat.encoding,
+        egraph_of=flat.label,
+    )
+    row = _row(trial)
+    runner.tracker.start(row, f"pricing mesh {flat.label}'s e-graph with nothing partitioned")
+    start = time.perf_counter()
+    extractor = runner.extractors[flat.label].reprice(model)
+    extraction = extractor.extract(Restriction.one_device())
+    memory = plan_memory(extraction.plan)
+    runner.extractors[trial.label] = extractor
+    trial.extractions.append((extraction, memory))
+    trial.extract_s = time.perf_counter() - start
+    trial.min_memory = memory
+    trial.reason = f"the one_device baseline: mesh {flat.label}'s e-graph with nothing partitioned"
+    if memory.fits:
+        trial.status, trial.plan, trial.memory = "ok", extraction.plan, memory
+        trial.extraction = extraction.restriction.name
+        cost = f"{extraction.plan.cost.total * 1e3:.3f} ms"
+    else:
+        trial.status, cost = "infeasible", "does not fit"
+    runner.tracker.finish(row, f"one device, {cost}")
+    return trial
+
+
+def _baselines(
+    trials: list[MeshTrial], runner: _Runner, machine: Machine, one_trial: MeshTrial | None
+) -> dict[str, Baseline]:
     done = [t for t in trials if t.extractions]
     found: dict[str, Baseline] = {}
-    flat = next((t for t in done if len(t.mesh.axes) == 1), None)
-    if flat is not None:
-        extractor = runner.extractors[flat.label]
-        fastest = max(
-            range(machine.device_count),
-            key=lambda d: (machine.devices[d].peak("float32"), machine.devices[d].memory_bandwidth),
-        )
-        single = Mesh(flat.mesh.axes, (1,) * len(flat.mesh.axes), (fastest,))
-        one_model = CostModel(machine, single, objective, profile=runner.profile)
-        one = extractor.reprice(one_model)
-        plan = one.extract(Restriction.one_device()).plan
-        memory = plan_memory(plan, capacity=machine.usable_memory(fastest))
+    flat = _flat_trial(trials)
+    if one_trial is not None:
+        one, memory = next((e, m) for e, m in one_trial.extractions if e.restriction.name == "one_device")
         found["one_device"] = Baseline(
-            "one_device", f"the model on one {machine.devices[fastest].name}", "1", plan.cost, memory, False
+            "one_device",
+            f"the model on one {machine.devices[one_trial.mesh.devices[0]].name}",
+            "1",
+            one.plan.cost,
+            memory,
+            False,
+            trial=one_trial,
+            extraction=one,
         )
+    if flat is not None:
         dp = {e.restriction.name: (e, m) for e, m in flat.extractions if e.penalty == 0}
         if "data_parallel" in dp:
             extraction, usage = dp["data_parallel"]
