@@ -29,6 +29,7 @@ Plans written today use only ``all_gather`` and ``all_reduce``; the runtime acce
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import sys
@@ -207,12 +208,35 @@ def _cuda_failure_reason(log: list[str], providers: list[str] | None, error: str
     found = re.search(r"Failed to load library \S+ with error: ([^\n]+)", text)
     if found:
         return found.group(1).strip()
+    found = re.search(r"Failed to parse provider option \"\w+\": (?:\S+ operator\(\) )?([^\n]+)", text)
+    if found:  # onnxruntime's fallback banner: keep the cause, not its source file and line
+        return found.group(1).split(" ; GPU=")[0].strip()
     if error:
         return error.strip().splitlines()[-1][:300]
     errors = [line.split("] ", 1)[-1].strip() for line in log if "[E:onnxruntime" in line]
     if errors:
         return errors[-1][:300]
     return f"onnxruntime created the session with providers {providers}, not CUDAExecutionProvider"
+
+
+def _preload_cuda_libraries(ort: Any) -> list[str]:
+    """Load CUDA and cuDNN from the ``nvidia-*`` pip packages (as PyTorch installs them) before the probe.
+
+    onnxruntime-gpu looks for ``libcublasLt.so.N`` and friends on the loader's path only, so on a machine whose
+    CUDA came with ``pip install torch`` the provider fails to load unless torch was imported first.
+    ``onnxruntime.preload_dlls`` (onnxruntime 1.21 and later) loads them from those packages; what it prints
+    is returned as log lines for the failure reason, never shown. Older onnxruntime: nothing to do.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return []
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        try:
+            preload()
+        except (OSError, RuntimeError) as exc:  # no CUDA anywhere: the probe below says why, in one line
+            print(f"preload_dlls: {exc}")
+    return printed.getvalue().splitlines()
 
 
 def cuda_problem(device_id: int = 0) -> str | None:
@@ -232,45 +256,67 @@ def cuda_problem(device_id: int = 0) -> str | None:
     else:
         in_use: list[str] | None = None
         error: str | None = None
-        with _captured_stderr() as log:
-            try:
-                session = make_session(
-                    _tiny_model(), [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
-                )
+        printed = io.StringIO()
+        with _captured_stderr() as log, contextlib.redirect_stdout(printed):
+            log.extend(_preload_cuda_libraries(ort))
+            try:  # onnxruntime prints its own fallback banner ("EP Error ... Falling back") on stdout
+                session = make_session(_tiny_model(), cuda_providers(device_id))
                 in_use = list(session.get_providers())
             except Exception as exc:  # onnxruntime refuses the provider options (e.g. no such device)
                 error = str(exc)
+        log.extend(printed.getvalue().splitlines())
         used_cuda = in_use is not None and in_use[:1] == ["CUDAExecutionProvider"]
         problem = None if used_cuda else _cuda_failure_reason(log, in_use, error)
     _CUDA_PROBES[device_id] = problem
     return problem
 
 
-def cuda_device_for(local_rank: int) -> int:
-    """The CUDA ``device_id`` of a rank: its local rank, or 0 when the launcher gave each rank one GPU
-    (``CUDA_VISIBLE_DEVICES`` naming a single device, as Slurm's ``--gpus-per-task=1`` does)."""
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return 0 if len(visible) == 1 else local_rank
+#: Most CUDA devices one process looks for (a node has at most a few dozen).
+_MAX_CUDA_DEVICES = 64
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices onnxruntime can run a session on in this process (0 when none): device ids are
+    probed in order until one fails. ``CUDA_VISIBLE_DEVICES`` is respected, since CUDA numbers what it shows."""
+    count = 0
+    while count < _MAX_CUDA_DEVICES and cuda_problem(count) is None:
+        count += 1
+    return count
+
+
+def cuda_device_for(local_rank: int, device_count: int) -> int:
+    """The CUDA ``device_id`` of a rank: its local rank, wrapped round the node's devices. One rank per GPU
+    gets its own GPU; more ranks than GPUs (all ranks of the local backend, or ``mpiexec -n 8`` on a 4-GPU
+    node) share them round-robin instead of falling back to the CPU. A launcher that gives each rank one GPU
+    (``CUDA_VISIBLE_DEVICES=3``, as Slurm's ``--gpus-per-task=1`` does) leaves one device: id 0."""
+    return local_rank % device_count
+
+
+def cuda_providers(device_id: int) -> list[Any]:
+    """onnxruntime's providers for CUDA device ``device_id``, with the CPU for the ops CUDA lacks.
+
+    TF32 is off (``use_tf32: 0``; onnxruntime turns it on by default): a float32 MatMul on TF32 differs from
+    the model by about 2e-4 relative (measured on an H100), which is a wrong answer for a plan that claims to
+    compute the model, and twice `check`'s tolerance."""
+    return [("CUDAExecutionProvider", {"device_id": device_id, "use_tf32": 0}), "CPUExecutionProvider"]
 
 
 def choose_device(device: str, local_rank: int) -> DeviceChoice:
-    """``cpu``, ``cuda`` or ``auto``: CUDA with ``device_id`` = local rank (:func:`cuda_device_for`) when
-    onnxruntime can use it, else the CPU with a note saying why."""
+    """``cpu``, ``cuda`` or ``auto``: CUDA device :func:`cuda_device_for` when onnxruntime can use one, else
+    the CPU with a note saying why."""
     if device == "cpu":
         return DeviceChoice(["CPUExecutionProvider"])
     if device not in ("cuda", "auto"):
         raise RuntimeBackendError(f"`--device`: expected cpu, cuda or auto, got {device!r}.")
-    device_id = cuda_device_for(local_rank)
-    problem = cuda_problem(device_id)
-    if problem is None:
+    count = cuda_device_count()
+    if count == 0:
         return DeviceChoice(
-            [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"], f"CUDA:{device_id}"
+            ["CPUExecutionProvider"],
+            "CPU",
+            f"CUDA is not usable by onnxruntime ({cuda_problem(0)}); running on the CPU",
         )
-    if device_id > 0 and cuda_problem(0) is None:
-        problem = f"no CUDA device {device_id} for local rank {local_rank}; start one rank per GPU on each node"
-    return DeviceChoice(
-        ["CPUExecutionProvider"], "CPU", f"CUDA is not usable by onnxruntime ({problem}); running on the CPU"
-    )
+    device_id = cuda_device_for(local_rank, count)
+    return DeviceChoice(cuda_providers(device_id), f"CUDA:{device_id}")
 
 
 def describe_devices(choices: Sequence[DeviceChoice], hosts: Sequence[str] | None = None) -> str:
@@ -314,6 +360,7 @@ def make_session(
     loads (a 256 MiB device file costs 8 MiB instead of 300)."""
     import onnxruntime as ort
 
+    ort.set_default_logger_severity(3)  # warnings of the process-wide logger (e.g. about plugin EPs) are noise
     options = ort.SessionOptions()
     options.log_severity_level = 4  # errors come back as exceptions; onnxruntime's own log lines are noise
     if threads:
