@@ -295,6 +295,27 @@ def test_reoptimizing_keeps_the_users_files_and_permissions(examples: Path, tmp_
     assert [p.name for p in tmp_path.iterdir()] == ["plan"]  # no temporary or backup folder left
 
 
+def test_reoptimizing_into_the_current_folder_or_through_a_link(examples: Path, tmp_path: Path) -> None:
+    """`-o .` from inside the plan folder once built its temporary plan inside the folder and copied it into
+    itself until the name was too long (a traceback); a link to a plan folder is written through."""
+    plan = tmp_path / "plan"
+    model = str(examples / "mlp.onnx")
+    assert run_cli("optimize", model, "-q", "--devices", "4", "-o", str(plan)).returncode == 0
+    (plan / "notes.txt").write_text("mine")
+    proc = run_cli("optimize", model, "-q", "--devices", "2", "-o", ".", cwd=plan)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((plan / "plan.json").read_text())["mesh"]["sizes"] == [2]
+    assert (plan / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan"]  # no temporary or backup folder left
+
+    link = tmp_path / "latest"
+    link.symlink_to(plan, target_is_directory=True)
+    proc = run_cli("optimize", model, "-q", "--devices", "4", "-o", str(link))
+    assert proc.returncode == 0, proc.stderr
+    assert link.is_symlink() and len(list(plan.glob("device_*.onnx"))) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "plan"]
+
+
 def test_new_plan_folder_gets_the_umask_permissions(tmp_path: Path) -> None:
     """onnx writes external data 0600 and mkdtemp makes 0700: the plan gets what the umask gives."""
     from unity_eq.files import plan_tempdir, replace_plan_files

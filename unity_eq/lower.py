@@ -713,7 +713,9 @@ def write_plan_dir(
     """Write the plan directory atomically: everything goes to a temporary sibling that replaces ``out_dir``
     only when complete, so a failure never leaves a half-written plan. Ranks are built, saved and dropped
     one at a time; ``on_rank(done, total)`` hears each one written (a large model takes a while per rank)."""
-    target = Path(out_dir)
+    # resolved: `-o .` names the folder by its real name (its sibling temporary folder, not one inside it),
+    # and `-o link` writes where the link points instead of replacing the link by a folder
+    target = Path(out_dir).resolve()
     check_output_dir(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with plan_tempdir(target) as tmp:
