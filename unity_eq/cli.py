@@ -224,8 +224,10 @@ def _print_plan_summary(result: Any) -> None:
     baselines = plan.report.get("baselines", {})
     if baselines:
         table.add_row("baselines (×plan)", ", ".join(_baseline_text(name, b) for name, b in baselines.items()))
-    choice = plan.report.get("extraction", {}).get("plan_choice") or {}
-    for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note")):
+    extraction = plan.report.get("extraction", {})
+    choice = extraction.get("plan_choice") or {}
+    tie_break = extraction.get("tie_break") or {}
+    for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note"), tie_break.get("note")):
         if note:
             table.add_row("note", note)
     search = plan.report.get("mesh_search")

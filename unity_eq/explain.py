@@ -344,7 +344,8 @@ def render(report: dict[str, Any], max_ops: int = 60) -> str:
     if extraction:
         out.append(f"extraction: {extraction.get('method')}; memory: {extraction.get('memory_handling')}")
         choice = extraction.get("plan_choice") or {}
-        for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note")):
+        tie_break = extraction.get("tie_break") or {}
+        for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note"), tie_break.get("note")):
             if note:
                 out.append(f"note: {note}")
 

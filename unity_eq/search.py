@@ -560,6 +560,13 @@ def _choose(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[Mes
     trial.extraction, trial.penalty = extraction.restriction.name, extraction.penalty
     if extraction is cheapest[1]:
         return trial, None
+    reason = (
+        f"within {TIE_TOLERANCE:.0%} of the cheapest plan, this one communicates less "
+        f"({extraction.plan.cost.comm * 1e3:.3f} ms instead of {cheapest[1].plan.cost.comm * 1e3:.3f} ms)"
+    )
+    cheaper = f"{cheapest[0].label}" + (
+        "" if cheapest[1].restriction.name == "greedy" else f" ({cheapest[1].restriction.name})"
+    )
     return trial, {
         "tolerance": TIE_TOLERANCE,
         "cheapest": {
@@ -568,9 +575,10 @@ def _choose(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[Mes
             "total_s": cheapest[1].plan.cost.total,
             "communication_s": cheapest[1].plan.cost.comm,
         },
-        "reason": (
-            f"within {TIE_TOLERANCE:.0%} of the cheapest plan, this one communicates less "
-            f"({extraction.plan.cost.comm * 1e3:.3f} ms instead of {cheapest[1].plan.cost.comm * 1e3:.3f} ms)"
+        "reason": reason,
+        "note": (
+            f"{cheaper} is predicted {cheapest[1].plan.cost.total * 1e3:.3f} ms, "
+            f"{1 - cheapest[1].plan.cost.total / extraction.plan.cost.total:.1%} less than this plan; {reason}"
         ),
     }
 
