@@ -487,43 +487,62 @@ def _split(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     return out
 
 
+def _axis_slices(n: int, every: bool) -> list[tuple[int, int, int]]:
+    """(start, end, step) on a dim of size ``n`` that select at least one element. ``every``: each start
+    from ``-n`` to ``n-1``, each end from ``-n`` to ``n`` and past it (clamped, as exporters write
+    INT64_MAX), steps 1-3, so a guard on the numbers (``(<= (vec-get st 0) 1)``) meets every slice it admits,
+    negative spellings included. Otherwise the few a rule over two axes needs: from the start, from 1 or
+    from the last element, to the end, to 1 or to the last, steps 1 and 2."""
+    starts = range(-n, n) if every else sorted({0, min(1, n - 1), -1})
+    ends = [*range(-n, n + 1), n + 3] if every else sorted({1, -1, n, n + 3})
+    steps = (1, 2, 3) if every else (1, 2)
+    return [(s, e, st) for s in starts for e in ends for st in steps if len(range(n)[s:e:st]) > 0]
+
+
 def _slice(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    """Every non-empty one-axis slice of every shape (:func:`_axis_slices`); two-axis slices of rank-2
+    shapes from the smaller per-axis set."""
     out: list[Instance] = []
-    for i, shape in enumerate(_other(cfg)):
+    for shape in _other(cfg):
         rank = len(shape)
-        choices = [(a,) for a in range(rank)] + ([(0, rank - 1)] if rank > 1 else [])
-        for j, axes in enumerate(choices):
-            starts, ends, steps = [], [], []
-            for t, a in enumerate(axes):
-                n = shape[a]
-                start = (i + j + t) % n
-                end = n - (i + t) % max(1, n - start) if n > 1 else 1
-                starts.append(start)
-                ends.append(max(end, start))
-                steps.append(1 + (i + j + t) % 2)
-            given = dict(starts=tuple(starts), ends=tuple(ends), axes=tuple(axes), steps=tuple(steps))
-            inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, **given))
-            if inst:
-                out.append(inst)
+        choices: list[tuple[tuple[int, ...], list[tuple[tuple[int, int, int], ...]]]] = [
+            ((a,), [(sl,) for sl in _axis_slices(shape[a], every=True)]) for a in range(rank)
+        ]
+        if rank == 2:
+            pairs = itertools.product(_axis_slices(shape[0], every=False), _axis_slices(shape[1], every=False))
+            choices.append(((0, 1), list(pairs)))
+        for axes, options in choices:
+            for j, picked in enumerate(options):
+                if cfg.sample and j % 7:
+                    continue
+                given = dict(
+                    starts=tuple(sl[0] for sl in picked),
+                    ends=tuple(sl[1] for sl in picked),
+                    axes=axes,
+                    steps=tuple(sl[2] for sl in picked),
+                )
+                inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, **given))
+                if inst:
+                    out.append(inst)
     return out
 
 
 def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
+    """Every target shape of every input shape up to ``other_rank``: a size-1 dim expands to each of
+    ``dims``, a larger one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new
+    leading dim of each size."""
     out: list[Instance] = []
-    for i, shape in enumerate(_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1))):
-        for extra in (0, 1):
-            if len(shape) + extra > cfg.other_rank + 1 or (extra and i % 2):
+    for shape in _pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
+        per_dim = [cfg.dims if n == 1 else (n, 1) for n in shape]
+        leads: list[tuple[int, ...]] = [()]
+        if len(shape) < cfg.other_rank:
+            leads += [(n,) for n in cfg.dims]
+        for j, (lead, rest) in enumerate(itertools.product(leads, itertools.product(*per_dim))):
+            if cfg.sample and j % 3:
                 continue
-            target = [cfg.dims[(i + j) % len(cfg.dims)] for j in range(extra)]
-            for j, n in enumerate(shape):
-                target.append(cfg.dims[(i + j) % len(cfg.dims)] if n == 1 else n)
-            for tgt in {
-                tuple(target),
-                tuple(1 if (n > 1 and (i + j) % 3 == 0) else n for j, n in enumerate(target)),
-            }:
-                inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, shape=tgt))
-                if inst:
-                    out.append(inst)
+            inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, shape=(*lead, *rest)))
+            if inst:
+                out.append(inst)
     return out
 
 
@@ -545,13 +564,11 @@ def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _reduce(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    for i, shape in enumerate(_other(cfg)):
+    for shape in _other(cfg):
         rank = len(shape)
         for size in range(1, rank + 1):
             for axes in itertools.combinations(range(rank), size):
                 for keep in (0, 1):
-                    if size == rank and size > 1 and keep != i % 2:
-                        continue
                     inst = _make(
                         spec,
                         {"data": VarSpec(shape)},
