@@ -411,7 +411,8 @@ def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
             for n in shape:
                 total *= n
             targets = [t for r in range(1, cfg.other_rank + 1) for t in _factorizations(total, r)]
-            targets = targets[i % 2 :: 2] if len(targets) > 8 else targets
+            if cfg.sample and len(targets) > 8:
+                targets = targets[i % 2 :: 2]
             for target in targets:
                 inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, shape=target, allowzero=0))
                 if inst:
@@ -432,7 +433,7 @@ def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
             rank = len(shape)
             for size in (1, 2):
                 for axes in itertools.combinations(range(rank + size), size):
-                    if size == 2 and (sum(axes) + i) % 2:
+                    if cfg.sample and size == 2 and (sum(axes) + i) % 2:
                         continue
                     inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, axes=axes))
                     if inst:
@@ -551,10 +552,8 @@ def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
     for i, shape in enumerate(_other(cfg)):
         for axis in range(len(shape)):
-            for idx in (
-                idx_shapes[(i + axis) % len(idx_shapes)],
-                idx_shapes[(i + axis + 3) % len(idx_shapes)],
-            ):
+            picked = (idx_shapes[(i + axis) % len(idx_shapes)], idx_shapes[(i + axis + 3) % len(idx_shapes)])
+            for idx in picked if cfg.sample else idx_shapes:
                 tensors = {"data": VarSpec(shape), "indices": VarSpec(idx, integer=True, high=shape[axis])}
                 inst = _make(spec, tensors, _attrs(spec, axis=axis))
                 if inst:
