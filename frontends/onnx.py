@@ -21,6 +21,7 @@ typed graph inputs). That keeps models over protobuf's 2 GB limit working and th
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,6 +102,7 @@ def load_onnx(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None
     """
     where = str(path)
     model, external = _read_model(Path(path), where)
+    fingerprint = model_fingerprint(model)
     work = _Work.from_model(model, where, external)  # the proto's weights are freed here
     del model
     _check(work, where)
@@ -109,7 +111,36 @@ def load_onnx(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None
     if input_shapes:
         work.value_info = []  # declared intermediate shapes may contradict the new input shapes
     types = _fold_to_fixpoint(work)
-    return _build_graph(work, types, path)
+    graph = _build_graph(work, types, path)
+    graph.fingerprint = fingerprint
+    return graph
+
+
+def model_fingerprint(model: onnx.ModelProto) -> str:
+    """A hash of what a model computes apart from its weights' values: every node (op, domain, inputs,
+    outputs, attributes), the graph's inputs and outputs, and each initializer's name, dtype and dims.
+
+    A plan records it, so `check` can tell a model the plan was not made from (exit 2) from a wrong plan
+    (exit 1): two models with the same input and output shapes otherwise just "mismatch". Weight values are
+    left out: they need not be read (external data), and new weights are a real mismatch to report."""
+    digest = hashlib.sha256()
+
+    def feed(*parts: bytes | str) -> None:
+        for part in parts:
+            data = part.encode() if isinstance(part, str) else part
+            digest.update(len(data).to_bytes(8, "little"))
+            digest.update(data)
+
+    graph = model.graph
+    for node in graph.node:
+        feed("node", node.op_type, node.domain, *node.input, "->", *node.output)
+        for attr in node.attribute:
+            feed(attr.SerializeToString(deterministic=True))
+    for value in (*graph.input, *graph.output):
+        feed("io", value.name, value.type.SerializeToString(deterministic=True))
+    for tensor in graph.initializer:
+        feed("init", tensor.name, str(tensor.data_type), ",".join(map(str, tensor.dims)))
+    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -117,6 +148,20 @@ def load_onnx(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None
 
 def _read_model(path: Path, where: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Parse the file and map its external data, turning each failure into a ModelError."""
+    model = _parse_model(path, where)
+    _check_external_locations(model, path.parent, where)
+    uses_external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+    external = _map_external_data(model, path, where) if uses_external else {}
+    return model, external
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """:func:`model_fingerprint` of an ONNX file, its external data left unread. Raises ModelError."""
+    return model_fingerprint(_parse_model(Path(path), str(path)))
+
+
+def _parse_model(path: Path, where: str) -> onnx.ModelProto:
+    """The file's ModelProto without its external data; each failure a ModelError."""
     if not path.exists():
         raise ModelError(f"{where}: no such file. Check the path.")
     if path.is_dir():
@@ -136,10 +181,7 @@ def _read_model(path: Path, where: str) -> tuple[onnx.ModelProto, dict[str, np.n
         raise ModelError(f"{where}: the file is empty, expected an ONNX model. Re-export the model.")
     if not model.HasField("graph") or not model.opset_import:
         raise ModelError(f"{where}: not an ONNX model (no graph or opset found). Pass a model saved with `onnx.save`.")
-    _check_external_locations(model, path.parent, where)
-    uses_external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
-    external = _map_external_data(model, path, where) if uses_external else {}
-    return model, external
+    return model
 
 
 def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

@@ -229,6 +229,30 @@ def test_an_error_of_the_original_model_is_exit_2_in_one_line(
     assert len(lines) == 1 and "original model fails" in lines[0], lines
 
 
+def test_a_model_the_plan_was_not_made_from_is_exit_2_not_a_mismatch(
+    examples: Path, mlp_plan: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The transformer example has the MLP's input and output shapes: without the plan's record of its model
+    it ran and "mismatched" (exit 1). The same model saved with its weights as external data, or with other
+    weight values, is still the plan's model (the new weights are a mismatch to report, exit 1)."""
+    assert main(["check", "-q", str(examples / "transformer.onnx"), str(mlp_plan)]) == 2
+    lines = _error_lines(capsys)
+    assert len(lines) == 1 and "is not the model" in lines[0] and "mlp.onnx" in lines[0], lines
+
+    model = onnx.load(examples / "mlp.onnx")
+    external = tmp_path / "external" / "mlp.onnx"
+    external.parent.mkdir()
+    onnx.save(model, external, save_as_external_data=True, location="mlp.onnx.data", size_threshold=0)
+    assert main(["check", "-q", str(external), str(mlp_plan)]) == 0
+    capsys.readouterr()
+
+    model = onnx.load(examples / "mlp.onnx")  # saving with external data moved the weights out of `model`
+    weight = model.graph.initializer[0]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.5, weight.name))
+    onnx.save(model, tmp_path / "reweighted.onnx")
+    assert main(["check", "-q", str(tmp_path / "reweighted.onnx"), str(mlp_plan)]) == 1
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Lowering: no empty output names, one name one meaning, valid files, identity, source names
 

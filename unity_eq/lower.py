@@ -618,6 +618,7 @@ def plan_metadata(
         "model": {
             "name": plan.model,
             "source": graph.source,
+            **({"fingerprint": graph.fingerprint} if graph.fingerprint else {}),
             "inputs": {n: {"shape": list(t.shape), "dtype": t.dtype} for n, t in graph.inputs.items()},
             "outputs": {
                 n: {

@@ -1116,6 +1116,7 @@ def check(
     ``check``)."""
     tracker = tracker or Tracker()
     plan = load_plan_dir(plan_dir)
+    check_plan_is_of(model_path, plan)
     trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
     if inputs is not None:
         given = check_inputs(plan, inputs)
@@ -1147,6 +1148,22 @@ def check(
                 worst[o.name] = o
     tracker.finish("check", f"{len(trials)} input set(s) checked")
     return CheckResult([worst[name] for name in plan.output_names], tolerance, [what for what, _ in trials])
+
+
+def check_plan_is_of(model_path: str | Path, plan: PlanDir) -> None:
+    """Refuse (exit 2) a model the plan was not made from: plan.json's ``model.fingerprint`` (what the model
+    computes, weights' values aside) differs from the file's. Plans written before the fingerprint: no check."""
+    recorded = plan.meta["model"].get("fingerprint")
+    if not recorded:
+        return
+    from unity_eq.frontends.onnx import file_fingerprint
+
+    if file_fingerprint(model_path) != recorded:
+        made_from = plan.meta["model"].get("source") or plan.meta["model"].get("name")
+        raise PlanError(
+            f"{model_path}: is not the model {plan.path} was made from ({made_from}: other nodes, inputs or "
+            "weight shapes). Pass that model, or run `unity-eq optimize` on this one."
+        )
 
 
 def _expected_outputs(
