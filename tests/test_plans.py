@@ -154,6 +154,19 @@ def test_when_nothing_fits_the_error_says_how_much_memory_is_needed(tmp_path: Pa
         optimize(graph, machine=_tiny(tmp_path, 0.03))
 
 
+def test_two_wide_layers_too_big_for_one_h100_train_on_eight() -> None:
+    """The default run's guard of the claim the slow 24-layer test below makes: 2 layers at H=16384 (6.4 B
+    parameters, float16) need about 100 GiB of weights and Adam state on one device, so neither one device
+    nor data parallelism fits, and the plan shards them to fit on 8 H100s (about 2 s)."""
+    graph = transformer_graph("wide", batch=1, seq=512, hidden=16384, ffn=65536, heads=128, layers=2)
+    plan = optimize(graph, machine="h100x8", objective="training").plan
+    baselines = plan.report["baselines"]
+    assert not baselines["one_device"]["fits"] and not baselines["data_parallel"]["fits"]
+    memory = plan.report["memory"]
+    assert memory["fits"] and memory["total_bytes"] <= memory["capacity_bytes"]
+    assert plan.mesh.size == 8
+
+
 @pytest.mark.slow
 def test_a_model_too_big_for_one_h100_trains_on_eight() -> None:
     """24 layers at H=4096 (4.8 B parameters, float16): weights + Adam state need 76 GiB on one device."""
