@@ -646,7 +646,8 @@ def entry() -> int:
     Once the command is over (its result printed, its files written), the interpreter still takes a moment to
     exit, and has by then put back the default handlers: a SIGTERM in that moment ended the process with -15
     and no word. From the end of :func:`main` on, SIGINT and SIGTERM are ignored: the process is only exiting,
-    with the command's own exit status."""
+    with the command's own exit status. Not under MPI: there the exit finalizes MPI, which waits for the other
+    ranks, and mpiexec's SIGTERM (or the parent-death signal) must still end a rank stuck there."""
     try:
         code = main()
     except KeyboardInterrupt:  # the signal came in the instant main returned
@@ -654,8 +655,9 @@ def entry() -> int:
         _say_interrupted(sys.argv[1:], signum)
         code = 128 + (signum or signal.SIGINT)
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
+        if "unity_eq.runtime_mpi" not in sys.modules:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
     return code
 
 
