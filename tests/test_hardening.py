@@ -418,6 +418,94 @@ def test_sigterm_while_writing_leaves_no_temporary_plan(examples: Path, tmp_path
     assert [p.name for p in tmp_path.iterdir()] == []  # neither the hidden temporary plan nor a half plan
 
 
+@pytest.fixture(scope="module")
+def big_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 128 MiB MLP and its 4-rank plan: `check` and `run` take a good part of a second on it."""
+    from big_models import write_external_mlp
+
+    root = tmp_path_factory.mktemp("big")
+    model = write_external_mlp(root / "model", hidden=1024, ffn=8192, pairs=2).path
+    plan = root / "plan"
+    made = run_cli("optimize", str(model), "-n", "4", "-q", "-o", str(plan))
+    assert made.returncode == 0, made.stderr
+    return model, plan
+
+
+@pytest.mark.parametrize("verb", ["check", "run"])
+def test_sigterm_during_run_and_check_ends_at_once(big_plan: tuple[Path, Path], tmp_path: Path, verb: str) -> None:
+    """A signal between the start of two rank threads left the started ones waiting 300 s in a collective for
+    the others (and the interpreter's exit waiting for them). Signals at many moments of the run: every one
+    ends the process within a few seconds, with one line and exit 143 (SIGTERM) or 130 (SIGINT), and leaves no
+    file behind."""
+    model, plan = big_plan
+    jobs = tmp_path / "tmp"
+    jobs.mkdir()
+    out = tmp_path / "out.npz"
+    args = ["check", str(model), str(plan)] if verb == "check" else ["run", str(plan), "--outputs", str(out)]
+    marker = "checking on" if verb == "check" else "no --inputs"  # the ranks start right after
+    interrupted = 0
+    for i, delay in enumerate((0.0, 0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3)):
+        signum = signal.SIGINT if i % 3 == 2 else signal.SIGTERM
+        out.unlink(missing_ok=True)
+        proc = _start(args, jobs)
+        _wait_for(proc, marker)
+        time.sleep(delay)
+        proc.send_signal(signum)
+        start = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert time.monotonic() - start < 5, f"{verb} took {time.monotonic() - start:.1f} s to stop"
+        assert "Traceback" not in err and "error:" not in err, err
+        said = [line for line in err.splitlines() if line.startswith("interrupted")]
+        if proc.returncode == 0:  # done before the signal came
+            assert said == [], err
+            continue
+        assert proc.returncode == 128 + signum, err
+        assert len(said) == 1 and f"interrupted by {signum.name}: unity-eq {verb}" in said[0], err
+        assert [p.name for p in jobs.iterdir() if "unity-eq" in p.name] == []  # (a dependency writes .ses)
+        assert [p.name for p in tmp_path.iterdir() if p.name != "tmp"] == []  # no (partial) outputs
+        interrupted += 1
+    assert interrupted >= 3, "the signals came too late to interrupt anything"
+
+
+def test_an_interrupt_ends_a_collective_wait_at_once() -> None:
+    """The in-process board: a rank waiting for another (that never comes) stops within its poll interval
+    once SIGTERM asked the process to stop, instead of waiting out the collective timeout."""
+    script = """
+import os, signal, threading, time
+import numpy as np
+from unity_eq.files import Interrupted, install_signal_handlers
+from unity_eq.runtime import _Board
+install_signal_handlers()
+board = _Board(2, timeout=300.0)
+said = []
+def rank0():
+    try:
+        board.exchange(0, (0, 1), np.zeros(3))
+    except Exception as exc:
+        said.append(str(exc))
+thread = threading.Thread(target=rank0)
+thread.start()
+time.sleep(0.3)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except Interrupted:
+    start = time.monotonic()
+    thread.join(5)
+    print(f"{not thread.is_alive()} {time.monotonic() - start:.2f} {said}")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    ended, seconds, message = proc.stdout.split(" ", 2)
+    assert ended == "True" and float(seconds) < 1.0, proc.stdout
+    assert "rank 0 stopped because the run was interrupted" in message, proc.stdout
+
+
 def _session_processes(sid: int) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

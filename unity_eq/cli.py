@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from unity_eq.errors import OptionError, UnityEqError
-from unity_eq.files import check_output_file, check_output_folder
+from unity_eq.files import check_output_file, check_output_folder, received_signal
 
 app = typer.Typer(
     name="unity-eq",
@@ -618,6 +618,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(rv, int) and rv:
             return rv  # a command's typer.Exit(code)
     except UnityEqError as exc:
+        signum = received_signal()
+        if signum is not None:  # a library turned the interrupt into its own error (onnxruntime loading a model)
+            _say_interrupted(argv if argv is not None else sys.argv[1:], signum)
+            return 128 + signum
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         return exc.exit_code
     except typer.Exit as exc:
@@ -636,6 +640,27 @@ def main(argv: list[str] | None = None) -> int:
         _say_interrupted(argv if argv is not None else sys.argv[1:], signum)
         return 128 + (signum or signal.SIGINT)
     return 0
+
+
+def entry() -> int:
+    """The console script: :func:`main`, then an exit that a late signal cannot turn into a silent death.
+
+    Once the command is over (its result printed, its files written), the interpreter still takes a moment to
+    exit, and has by then put back the default handlers: a SIGTERM in that moment ended the process with -15
+    and no word. From the end of :func:`main` on, SIGINT and SIGTERM are ignored: the process is only exiting,
+    with the command's own exit status. Not under MPI: there the exit finalizes MPI, which waits for the other
+    ranks, and mpiexec's SIGTERM (or the parent-death signal) must still end a rank stuck there."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # the signal came in the instant main returned
+        signum = received_signal()
+        _say_interrupted(sys.argv[1:], signum)
+        code = 128 + (signum or signal.SIGINT)
+    finally:
+        if "unity_eq.runtime_mpi" not in sys.modules:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+    return code
 
 
 _last_step: list[str] = []  # the latest progress message, to say where an interrupt stopped
@@ -675,4 +700,4 @@ _CLICK_ERROR = _click_error_type()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -47,6 +47,7 @@ import onnx
 from onnx import helper
 
 from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError, UnityEqError
+from unity_eq.files import raise_if_stopped, stop_requested
 from unity_eq.planfile import read_plan_json
 from unity_eq.progress import Tracker
 
@@ -621,17 +622,25 @@ def all_to_all_pieces(pieces: Sequence[np.ndarray], index: int, split_dim: int, 
 
 
 class _Board:
-    """Where rank threads of one process meet for a collective or a message."""
+    """Where rank threads of one process meet for a collective or a message.
 
-    def __init__(self, world: int, timeout: float) -> None:
+    A wait ends when the others arrive, when a rank fails (:meth:`fail`), after ``timeout`` seconds, or at once
+    when SIGTERM/SIGINT asked the process to stop (:func:`unity_eq.files.stop_requested`, looked at every
+    ``poll`` seconds): an interrupted run never waits out the collective timeout for ranks that will not come."""
+
+    STOPPED = "the run was interrupted"
+
+    def __init__(self, world: int, timeout: float, poll: float = 0.1) -> None:
         self.cond = threading.Condition()
         self.slots: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}
         self.counters = [0] * world
         self.mail: dict[tuple[int, int, int], deque[np.ndarray]] = {}
         self.failure: str | None = None
         self.timeout = timeout
+        self.poll = poll
 
     def fail(self, message: str) -> None:
+        """Stop every wait, now and later: the ranks raise ``rank N stopped because MESSAGE``."""
         with self.cond:
             if self.failure is None:
                 self.failure = message
@@ -640,6 +649,20 @@ class _Board:
     def _stopped(self, rank: int) -> RuntimeBackendError:
         return RuntimeBackendError(f"rank {rank} stopped because {self.failure}")
 
+    def _wait(self, ready: Callable[[], bool]) -> bool:
+        """With ``cond`` held: wait until ``ready()`` or a failure (True), or the timeout (False)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self.failure is None and stop_requested():
+                self.failure = self.STOPPED
+                self.cond.notify_all()
+            if self.failure is not None or ready():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.cond.wait(min(left, self.poll))
+
     def exchange(self, rank: int, group: tuple[int, ...], array: np.ndarray) -> list[np.ndarray]:
         with self.cond:
             seq = self.counters[rank]
@@ -647,9 +670,7 @@ class _Board:
             entry = self.slots.setdefault((seq, group), {"pieces": {}, "readers": 0})
             entry["pieces"][rank] = array
             self.cond.notify_all()
-            ready = self.cond.wait_for(
-                lambda: self.failure is not None or len(entry["pieces"]) == len(group), self.timeout
-            )
+            ready = self._wait(lambda: len(entry["pieces"]) == len(group))
             if self.failure is not None:
                 raise self._stopped(rank)
             if not ready:
@@ -669,7 +690,7 @@ class _Board:
     def take(self, source: int, dest: int, tag: int) -> np.ndarray:
         with self.cond:
             box = self.mail.setdefault((source, dest, tag), deque())
-            ready = self.cond.wait_for(lambda: self.failure is not None or bool(box), self.timeout)
+            ready = self._wait(lambda: bool(box))
             if self.failure is not None:
                 raise self._stopped(dest)
             if not ready:
@@ -869,6 +890,8 @@ def execute_local(
     errors: list[BaseException | None] = [None] * world
 
     def work(rank: int) -> None:
+        if board.failure is not None:  # interrupted before this rank started
+            return
         try:
             progress = on_stage if rank == 0 else None
             results[rank] = execute_rank(programs[rank], feeds, LocalCommunicator(rank, board), on_stage=progress)
@@ -876,11 +899,19 @@ def execute_local(
             errors[rank] = exc
             board.fail(f"rank {rank} failed: {exc}")
 
+    # SIGTERM/SIGINT raise in this (the main) thread, possibly before every rank started: the board is failed,
+    # so the ranks that did start stop at their next collective instead of waiting out the timeout for the
+    # others, and those that start late do nothing (the interpreter's exit joins them).
     workers = [threading.Thread(target=work, args=(r,), name=f"unity-eq-rank{r}") for r in range(world)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    except BaseException:
+        board.fail(_Board.STOPPED)
+        raise
+    raise_if_stopped()  # a stop seen by the ranks (this function run outside the main thread)
     first = next((e for e in errors if e is not None and not _is_secondary(e)), None) or next(
         (e for e in errors if e is not None), None
     )
