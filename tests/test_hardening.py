@@ -610,6 +610,44 @@ def test_bad_rule_file_is_reported_once_before_the_search(examples: Path, tmp_pa
     _one_error(run_cli("optimize", str(examples / "mlp.onnx"), "-n", "4", "--rules", str(bad)), "bad.egg:1:1:")
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "needle"),
+    [
+        ("; a comment\n\n  (frobnicate 1 2)\n", "bad.egg:3:3:", "unknown command 'frobnicate'"),
+        ("(sort Foo)\n(sort Foo)\n", "bad.egg:2:1:", "Sort Foo already declared"),
+        ("(sort T)\n", "bad.egg:1:1:", "Sort T already declared"),  # a sort of the shipped schema
+        (  # only egglog's type checker sees this one
+            '(function f (T) i64 :merge (max old new))\n(rule ((= x (Relu y))) ((set (f x) "s")) :ruleset analysis)\n',
+            "bad.egg:2:36:",
+            'Expect expression "s" to have type i64',
+        ),
+    ],
+    ids=["unknown-command", "duplicate-sort", "schema-sort-again", "egglog-type-error"],
+)
+def test_rule_file_egglog_rejects_is_one_line_before_the_search_and_in_verify(
+    examples: Path, tmp_path: Path, text: str, where: str, needle: str
+) -> None:
+    bad = tmp_path / "bad.egg"
+    bad.write_text(text)
+    proc = run_cli("optimize", str(examples / "mlp.onnx"), "-n", "4", "--rules", str(bad), "-o", str(tmp_path / "p"))
+    line = _one_error(proc, where, needle)
+    assert "saturating" not in proc.stderr and "no mesh produced a plan" not in proc.stderr
+    assert not (tmp_path / "p").exists()
+    assert line == _one_error(run_cli("verify", str(bad)), where, needle, stdout=True)
+
+
+def test_sound_rule_file_still_loads_in_optimize_and_verify(examples: Path, tmp_path: Path) -> None:
+    good = tmp_path / "good.egg"
+    good.write_text('; fine\n(rewrite (Relu (Identity ?x)) (Relu ?x) :ruleset algebra :name "drop-identity")\n')
+    verify = run_cli("verify", str(good))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "1 proven" in verify.stdout
+    rules = [arg for p in [*sorted((ROOT / "rules" / "parallel").glob("*.egg")), good] for arg in ("--rules", str(p))]
+    proc = run_cli("optimize", str(examples / "mlp.onnx"), "-n", "2", *rules, "-o", str(tmp_path / "p"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "p" / "plan.json").exists()
+
+
 def test_plan_file_errors_are_the_same_for_run_and_explain(mlp_plan: Path, tmp_path: Path) -> None:
     import shutil
 

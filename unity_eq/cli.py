@@ -521,7 +521,7 @@ def explain(
     import json
 
     from unity_eq.explain import explain as build_report
-    from unity_eq.explain import render
+    from unity_eq.explain import reading_plan, render
 
     if as_json and fmt not in ("text", "json"):
         raise OptionError(f"`--json` and `--format {fmt}` disagree: pass one of them.")
@@ -539,7 +539,12 @@ def explain(
     if output is not None:
         check_output_file(output, "`-o`")
     report = build_report(plan_dir)
-    text = json.dumps(report, indent=1) if fmt == "json" else render(report, max_ops=60 if max_ops is None else max_ops)
+    with reading_plan(plan_dir):
+        text = (
+            json.dumps(report, indent=1)
+            if fmt == "json"
+            else render(report, max_ops=60 if max_ops is None else max_ops)
+        )
     if output is None:
         out.print(text, markup=False)
         return

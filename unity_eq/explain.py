@@ -9,14 +9,16 @@ replicated. :func:`explain` returns it as plain data (``--json`` prints that); :
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from unity_eq.errors import PlanError
 from unity_eq.ops import Family, spec_for
-from unity_eq.planfile import read_plan_json
+from unity_eq.planfile import check_explain_fields, read_plan_json
 
-__all__ = ["explain", "load_plan_json", "render", "report_of", "tensor_bytes"]
+__all__ = ["explain", "load_plan_json", "reading_plan", "render", "report_of", "tensor_bytes"]
 
 BASELINE_ORDER = ("one_device", "data_parallel", "tensor_parallel")
 _RULE_FILES = {
@@ -31,12 +33,33 @@ _RULE_FILES = {
 }
 
 
+def plan_json_path(plan_dir: str | Path) -> Path:
+    root = Path(plan_dir)
+    return root / "plan.json" if root.is_dir() else root
+
+
 def load_plan_json(plan_dir: str | Path) -> dict[str, Any]:
     root = Path(plan_dir)
-    path = root / "plan.json" if root.is_dir() else root
+    path = plan_json_path(root)
     if not path.exists():
         raise PlanError(f"{root}: no plan.json. Pass the directory written by `unity-eq optimize`.")
-    return read_plan_json(path, need=("steps", "tensors"))  # the checks `run` makes too
+    meta = read_plan_json(path, need=("steps", "tensors"))  # the checks `run` makes too
+    check_explain_fields(meta, path)  # and the types of every field explain reads
+    return meta
+
+
+@contextmanager
+def reading_plan(plan_dir: str | Path) -> Iterator[None]:
+    """Last resort around code that reads a checked plan.json: a field of a shape `check_explain_fields` does
+    not cover becomes a PlanError naming the file, with the original exception chained (``__cause__``), so a
+    bug in explain is not hidden: its message says to report it when plan.json is as optimize wrote it."""
+    try:
+        yield
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+        raise PlanError(
+            f"{plan_json_path(plan_dir)}: a field has an unexpected value ({type(exc).__name__}: {exc}). "
+            "Re-run `unity-eq optimize`; if plan.json is as optimize wrote it, report this as a bug."
+        ) from exc
 
 
 def _kinds(steps: list[dict[str, Any]]) -> dict[str, str]:
@@ -60,7 +83,9 @@ def _kinds(steps: list[dict[str, Any]]) -> dict[str, str]:
 
 def explain(plan_dir: str | Path) -> dict[str, Any]:
     """The explain report of a plan directory (or a plan.json) as plain data."""
-    return report_of(load_plan_json(plan_dir))
+    meta = load_plan_json(plan_dir)
+    with reading_plan(plan_dir):
+        return report_of(meta)
 
 
 def report_of(meta: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 import graphviz
 
 from unity_eq.errors import OptionError
-from unity_eq.explain import load_plan_json, render, report_of, tensor_bytes
+from unity_eq.explain import load_plan_json, reading_plan, render, report_of, tensor_bytes
 from unity_eq.files import check_output_file, write_file_atomic
 
 __all__ = [
@@ -689,11 +689,13 @@ def write_picture(plan_dir: Path, fmt: str, output: Path | None = None, *, max_o
     target = output if output is not None else default_output(plan_dir, fmt)
     check_output_file(target, "`-o`")
     if fmt == "html":
-        page, drawn = html_page(meta, max_ops=max_ops)
+        with reading_plan(plan_dir):
+            page, drawn = html_page(meta, max_ops=max_ops)
         write_file_atomic(target, page, "`-o`")
         note = None if drawn else f"{DOT_MISSING}: the page holds the graph's DOT text; {INSTALL_DOT} to draw it."
         return Picture(target, note)
-    graph = pcg_graph(meta, max_ops=max_ops)
+    with reading_plan(plan_dir):
+        graph = pcg_graph(meta, max_ops=max_ops)
     if fmt == "dot":
         write_file_atomic(target, str(graph.source), "`-o`")
         return Picture(target)

@@ -242,19 +242,28 @@ def optimize(
 
 
 def check_rule_files(paths: Sequence[Path]) -> None:
-    """Parse and check the user's rule files once, before any search, with the parser `unity-eq verify` uses:
-    an error is ``file:line:col: …`` here, not a failure inside every mesh's engine worker."""
+    """Parse and check the user's rule files once, before any search, with the parser `unity-eq verify` uses,
+    then have egglog load them after the schema and analyses (as the engine workers will): an error is one
+    ``file:line:col: …`` line here, not a failure inside every mesh's engine worker."""
     shipped = rules_dir().resolve()
     extra = [Path(p) for p in paths if not Path(p).resolve().is_relative_to(shipped)]
     if not extra:
         return
     from unity_eq.verify._verify import load_program
 
-    program, _ = load_program(extra)  # raises RuleError on a syntax error, with file:line:col
+    program, _ = load_program(extra, engine=False)  # raises RuleError on a syntax error, with file:line:col
     if program.errors:
         more = len(program.errors) - 1
         tail = f" ({more} more: run `unity-eq verify {' '.join(map(str, extra))}`)" if more else ""
         raise RuleError(program.errors[0] + tail)
+    # then egglog itself loads exactly what every mesh's engine worker will load, once, here
+    from unity_eq.enginecheck import engine_load_error
+    from unity_eq.verify._verify import _display
+
+    files = load_rule_files([Path(p) for p in paths])
+    error = engine_load_error([(_display(f.path), f.text) for f in files])
+    if error:
+        raise RuleError(error)
 
 
 def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> dict[str, Any]:

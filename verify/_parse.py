@@ -4,7 +4,8 @@ The grammar is plain s-expressions; the commands that matter to the prover are i
 declarations (``sort``, ``datatype``, ``datatype*``, ``constructor``, ``function``, ``relation``, ``ruleset``)
 build the :class:`~unity_eq.verify._env.Env`, and ``rewrite``, ``birewrite`` and ``rule`` become
 :class:`~unity_eq.verify._ast.Rule` (a ``rule`` whose action is a ``union``) or
-:class:`~unity_eq.verify._ast.AnalysisDecl` (a ``rule`` that only adds facts). Other commands are ignored.
+:class:`~unity_eq.verify._ast.AnalysisDecl` (a ``rule`` that only adds facts). Any other command is an error
+(:data:`COMMANDS` lists the allowed ones).
 
 Load-time checks (egg's ``Rewrite::new`` does the same), each a one-line message naming the rule and its
 file:line: unknown constructors, relations or functions; wrong arity; a variable used at two sorts; a
@@ -38,7 +39,7 @@ from unity_eq.verify._env import Env, Signature
 
 from unity_eq.errors import RuleError
 
-__all__ = ["ANNOTATION", "Program", "RuleSource", "parse_program", "parse_sexps"]
+__all__ = ["ANNOTATION", "COMMANDS", "Program", "RuleSource", "parse_program", "parse_sexps"]
 
 GRAMMAR = r"""
 start: _item*
@@ -51,6 +52,21 @@ COMMENT: /;[^\n]*/
 %ignore WS
 %ignore COMMENT
 """
+
+#: The top-level commands a rule file may contain: declarations and rules. Anything else (``run``, ``let``,
+#: ``include``…) is an error when the file loads, in ``optimize`` and ``verify`` alike.
+COMMANDS = (
+    "sort",
+    "datatype",
+    "datatype*",
+    "constructor",
+    "function",
+    "relation",
+    "ruleset",
+    "rewrite",
+    "birewrite",
+    "rule",
+)
 
 _PARSER = Lark(GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
 
@@ -618,6 +634,13 @@ def parse_program(sources: Sequence[RuleSource], base: Sequence[RuleSource] = ()
             if cmd.items is None:
                 program.errors.append(
                     f"{cmd.pos.file}:{cmd.pos.line}:{cmd.pos.column}: expected a command, got {cmd.text()}"
+                )
+                continue
+            if cmd.head not in COMMANDS:
+                got = cmd.head if cmd.head is not None else cmd.text()
+                program.errors.append(
+                    f"{cmd.pos.file}:{cmd.pos.line}:{cmd.pos.column}: unknown command {got!r}; a rule file may "
+                    f"contain only {', '.join(COMMANDS)}. Remove it or write it as one of these."
                 )
                 continue
             try:

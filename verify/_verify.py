@@ -41,6 +41,7 @@ from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._parse import Program, RuleSource, parse_program
 
+from unity_eq.enginecheck import engine_load_error
 from unity_eq.errors import RuleError
 from unity_eq.files import worker_pool
 from unity_eq.ops import OPS, Family
@@ -226,13 +227,16 @@ def _source(path: Path) -> RuleSource:
         raise RuleError(f"{path}: cannot read rule file ({exc}).") from None
 
 
-def load_program(paths: Sequence[Path] | None = None) -> tuple[Program, set[str]]:
+def load_program(paths: Sequence[Path] | None = None, engine: bool = True) -> tuple[Program, set[str]]:
     """Parse the shipped files (schema, analyses and the manifest, as ``optimize`` loads them), then
     ``paths``; the rules to verify are those of ``paths`` (default: every shipped rule file).
 
     A new rule file therefore sees everything the shipped files declare (constructors, relations, the
     ``bcast-operand`` facts of elementwise.egg), and its rule names must not clash with shipped ones.
-    Returns the program and the display names of the files whose rules are to be verified.
+    When our parser finds no error and ``engine`` is set, egglog itself then loads the schema, the analyses
+    and the chosen files (as ``optimize --rules`` would); its first error joins ``Program.errors`` as one
+    ``file:line:col`` line. Returns the program and the display names of the files whose rules are to be
+    verified.
     """
     root = rules_dir()
     names = [name for name in (*BASE_FILES, *DEFAULT_RULE_FILES) if (root / name).exists()]
@@ -253,7 +257,28 @@ def load_program(paths: Sequence[Path] | None = None) -> tuple[Program, set[str]
         src = _source(path)
         sources.append(src)
         targets.add(src.display)
-    return parse_program(sources, base), targets
+    program = parse_program(sources, base)
+    if engine and not program.errors:
+        loaded = [base_paths[(root / name).resolve()] for name in BASE_FILES if (root / name).exists()]
+        loaded += [
+            base_paths.get(p.resolve()) or _source(p)
+            for p in _unique(chosen)
+            if p.resolve() not in {(root / name).resolve() for name in BASE_FILES}
+        ]
+        error = engine_load_error([(src.display, src.text) for src in loaded])
+        if error:
+            program.errors.append(error)
+    return program, targets
+
+
+def _unique(paths: Sequence[Path]) -> list[Path]:
+    seen: set[Path] = set()
+    out = []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            out.append(path)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
