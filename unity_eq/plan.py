@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from typing_extensions import assert_never
 
 from unity_eq.cost import Cost, Machine
 from unity_eq.ir import Mesh, Placement, Replicate, Shard
@@ -152,7 +153,8 @@ def step_outputs(step: Step) -> tuple[str, ...]:
             | Replicated(out=out)
         ):
             return (out,)
-    raise AssertionError(step)
+        case _:
+            assert_never(step)
 
 
 def step_inputs(step: Step) -> tuple[str, ...]:
@@ -163,7 +165,8 @@ def step_inputs(step: Step) -> tuple[str, ...]:
             return (src,)
         case LoadInput() | LoadWeight():
             return ()
-    raise AssertionError(step)
+        case _:
+            assert_never(step)
 
 
 @dataclass
