@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from unity_eq.errors import OptionError
 
 __all__ = [
     "Graph",
@@ -204,6 +207,10 @@ def machine_order(n: int) -> tuple[int, ...]:
     return tuple(range(n))
 
 
+#: The default names of a mesh's axes, in order (`--mesh 2x4` is x=2,y=4).
+AXIS_NAMES = ("x", "y", "z")
+
+
 @dataclass(frozen=True)
 class Mesh:
     """A logical device mesh: named axes with sizes, laid over machine devices.
@@ -228,6 +235,33 @@ class Mesh:
             object.__setattr__(self, "devices", machine_order(math.prod(self.sizes)))
         if len(self.devices) != math.prod(self.sizes):
             raise ValueError(f"mesh: {len(self.devices)} devices for a mesh of {math.prod(self.sizes)} ranks")
+
+    @classmethod
+    def parse(cls, text: str, devices: int) -> Mesh:
+        """``x=2,y=4`` (or ``2x4``) → a Mesh over the first devices; the sizes must multiply to ``devices``."""
+        text = text.strip()
+        pairs: list[tuple[str, int]] = []
+        try:
+            if "=" in text:
+                for i, part in enumerate(text.split(",")):
+                    name, _, size = part.partition("=")
+                    pairs.append((name.strip() or AXIS_NAMES[i], int(size)))
+            else:
+                pairs = [(AXIS_NAMES[i], int(n)) for i, n in enumerate(re.split(r"[x×*,]", text))]
+        except (ValueError, IndexError):
+            raise OptionError(f"`--mesh`: expected sizes like `2x4` or `dp=2,tp=4`, got {text!r}") from None
+        sizes = [n for _, n in pairs]
+        if not pairs or len(pairs) > 3 or any(n < 1 for n in sizes):
+            raise OptionError(f"`--mesh`: expected 1 to 3 positive axis sizes, got {text!r}")
+        product = 1
+        for n in sizes:
+            product *= n
+        if product != devices:
+            raise OptionError(f"`--mesh` {text!r} has {product} devices, the machine has {devices}. Make them agree.")
+        try:
+            return cls(tuple(n for n, _ in pairs), tuple(sizes))
+        except ValueError as exc:
+            raise OptionError(f"`--mesh`: {exc}") from None
 
     @property
     def size(self) -> int:

@@ -6,7 +6,6 @@ user's options before any work starts, times every stage, and reports progress t
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,9 +25,7 @@ from unity_eq.report import cost_breakdown
 from unity_eq.rulesets import default_rule_files, load_rule_files, rules_dir
 from unity_eq.search import SearchResult, search
 
-__all__ = ["OptimizeResult", "optimize", "parse_mesh"]
-
-AXIS_NAMES = ("x", "y", "z")
+__all__ = ["OptimizeResult", "optimize"]
 
 Progress = Callable[[str], None]
 
@@ -42,33 +39,6 @@ class OptimizeResult:
     saturation: SaturationResult  # of the chosen mesh
     timings: dict[str, float] = field(default_factory=dict)
     search: SearchResult | None = None
-
-
-def parse_mesh(text: str, devices: int) -> Mesh:
-    """``x=2,y=4`` (or ``2x4``) → a Mesh over the first devices; the sizes must multiply to ``devices``."""
-    text = text.strip()
-    pairs: list[tuple[str, int]] = []
-    try:
-        if "=" in text:
-            for i, part in enumerate(text.split(",")):
-                name, _, size = part.partition("=")
-                pairs.append((name.strip() or AXIS_NAMES[i], int(size)))
-        else:
-            pairs = [(AXIS_NAMES[i], int(n)) for i, n in enumerate(re.split(r"[x×*,]", text))]
-    except (ValueError, IndexError):
-        raise OptionError(f"`--mesh`: expected sizes like `2x4` or `dp=2,tp=4`, got {text!r}") from None
-    sizes = [n for _, n in pairs]
-    if not pairs or len(pairs) > 3 or any(n < 1 for n in sizes):
-        raise OptionError(f"`--mesh`: expected 1 to 3 positive axis sizes, got {text!r}")
-    product = 1
-    for n in sizes:
-        product *= n
-    if product != devices:
-        raise OptionError(f"`--mesh` {text!r} has {product} devices, the machine has {devices}. Make them agree.")
-    try:
-        return Mesh(tuple(n for n, _ in pairs), tuple(sizes))
-    except ValueError as exc:
-        raise OptionError(f"`--mesh`: {exc}") from None
 
 
 def _machine_for(
@@ -163,7 +133,7 @@ def optimize(
             )
         forced = mesh
     elif mesh is not None:
-        forced = parse_mesh(mesh, chosen_machine.device_count)
+        forced = Mesh.parse(mesh, chosen_machine.device_count)
     if rule_files is not None:
         check_rule_files(rule_files)
     rules = load_rule_files(list(rule_files) if rule_files is not None else default_rule_files(generated_rules))

@@ -706,7 +706,6 @@ def profile_model(
     devices of ``machine``; the machine's roofline is also compared with the measurements
     (``machine_roofline_s``). ``device`` is ``cpu``, ``cuda`` or ``auto`` (CUDA device 0 when usable).
     """
-    from unity_eq.pipeline import parse_mesh
     from unity_eq.rulesets import load_rule_files
 
     say = progress or (lambda _m: None)
@@ -728,7 +727,7 @@ def profile_model(
         raise OptionError("say which mesh to profile for: pass `--devices N` or `--mesh 2x2`.")
     if count < 1:
         raise OptionError(f"`--devices` must be at least 1, got {count}.")
-    chosen_mesh = mesh if isinstance(mesh, Mesh) else parse_mesh(mesh or str(count), count)
+    chosen_mesh = mesh if isinstance(mesh, Mesh) else Mesh.parse(mesh or str(count), count)
 
     started = time.perf_counter()
     if isinstance(model, Graph):

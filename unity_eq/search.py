@@ -54,7 +54,7 @@ from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, enco
 from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.extract import Extraction, Extractor, Restriction
 from unity_eq.files import raise_if_stopped
-from unity_eq.ir import Graph, Mesh, machine_order
+from unity_eq.ir import AXIS_NAMES, Graph, Mesh, machine_order
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
 from unity_eq.profile import ProfileTable
@@ -64,7 +64,6 @@ from unity_eq.rulesets import RuleFile
 
 __all__ = ["Baseline", "MeshTrial", "SearchResult", "axis_info", "candidate_meshes", "search"]
 
-AXIS_NAMES = ("x", "y", "z")
 PENALTY_ROUNDS = 6
 PENALTY_GROWTH = 4.0
 THREE_AXIS_NODE_BUDGET = 60_000
