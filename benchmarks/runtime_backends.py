@@ -41,7 +41,7 @@ def local_steps(plan_dir: Path, feeds: dict[str, np.ndarray], repeat: int) -> di
     from unity_eq.runtime import (
         LocalCommunicator,
         RankTimes,
-        _Board,
+        Board,
         build_rank_program,
         check_inputs,
         execute_rank,
@@ -56,12 +56,12 @@ def local_steps(plan_dir: Path, feeds: dict[str, np.ndarray], repeat: int) -> di
     steps, collectives = [], []
     outputs: dict[str, np.ndarray] = {}
     for _ in range(repeat + 1):  # the first run warms up
-        board = _Board(world, 60)
+        board = Board(world, 60)
         times = [RankTimes() for _ in range(world)]
         results: list[Any] = [None] * world
 
         def work(
-            rank: int, board: _Board = board, times: list[RankTimes] = times, results: list[Any] = results
+            rank: int, board: Board = board, times: list[RankTimes] = times, results: list[Any] = results
         ) -> None:
             results[rank] = execute_rank(programs[rank], feeds, LocalCommunicator(rank, board), times[rank])
 
@@ -82,7 +82,7 @@ def local_steps(plan_dir: Path, feeds: dict[str, np.ndarray], repeat: int) -> di
 
 
 def mpi_worker(plan_dir: str, inputs: str, repeat: int) -> None:
-    from unity_eq.runtime_mpi import run_plan_mpi
+    from unity_eq.runtime.mpi import run_plan_mpi
 
     stats: dict[str, Any] = {}
     outputs = run_plan_mpi(plan_dir, inputs, repeat=repeat + 1, stats=stats)
@@ -140,7 +140,7 @@ def _timed(call: Any, repeat: int) -> float:
 
 
 def mpi_collectives_worker(repeat: int) -> None:
-    from unity_eq.runtime_mpi import open_communicator
+    from unity_eq.runtime.mpi import open_communicator
 
     comm = open_communicator(timeout=60)
     group = list(range(comm.world.size))
@@ -157,17 +157,17 @@ def mpi_collectives_worker(repeat: int) -> None:
 
 
 def local_collectives(ranks: int, repeat: int) -> list[dict[str, float]]:
-    from unity_eq.runtime import LocalCommunicator, _Board
+    from unity_eq.runtime import LocalCommunicator, Board
 
     rows = []
     for size in SIZES:
         out: dict[str, float] = {"bytes": size}
         for kind in ("all_gather", "all_reduce"):
-            board = _Board(ranks, 60)
+            board = Board(ranks, 60)
             times: list[float] = [0.0] * ranks
 
             def work(
-                rank: int, board: _Board = board, kind: str = kind, times: list[float] = times, size: int = size
+                rank: int, board: Board = board, kind: str = kind, times: list[float] = times, size: int = size
             ) -> None:
                 comm = LocalCommunicator(rank, board)
                 piece = np.ones(size // 4, np.float32)

@@ -3,7 +3,7 @@
     mpiexec -n N python tests/mpi_driver.py ops
     mpiexec -n N python tests/mpi_driver.py {raise|die|exit|hang} PLAN_DIR [TIMEOUT]
 
-``ops`` checks every collective of :class:`~unity_eq.runtime_mpi.MPICommunicator` bit for bit against the
+``ops`` checks every collective of :class:`~unity_eq.runtime.mpi.MPICommunicator` bit for bit against the
 reference functions of ``unity_eq.runtime``. The failure modes make rank 1 fail inside its run of the plan
 (raise an exception, be killed by SIGKILL, ``os._exit(3)``, or hang) through ``unity-eq run``'s code path.
 """
@@ -37,7 +37,7 @@ def ops() -> int:
         reduce_scatter_pieces,
         sum_pieces,
     )
-    from unity_eq.runtime_mpi import open_communicator
+    from unity_eq.runtime.mpi import open_communicator
 
     comm = open_communicator(timeout=30)
     rank, size = comm.rank, comm.world.size
@@ -85,7 +85,7 @@ def ops() -> int:
 
 
 def fail(mode: str, plan: str, timeout: float) -> int:
-    import unity_eq.runtime_mpi as runtime_mpi
+    import unity_eq.runtime.mpi as runtime_mpi
 
     if os.environ.get("PMI_RANK") == "1":  # the launcher's rank: MPI has not started yet
         real = runtime_mpi.execute_rank

@@ -479,9 +479,9 @@ def test_an_interrupt_ends_a_collective_wait_at_once() -> None:
 import os, signal, threading, time
 import numpy as np
 from unity_eq.files import Interrupted, install_signal_handlers
-from unity_eq.runtime import _Board
+from unity_eq.runtime import Board
 install_signal_handlers()
-board = _Board(2, timeout=300.0)
+board = Board(2, timeout=300.0)
 said = []
 def rank0():
     try:

@@ -15,7 +15,7 @@ from unity_eq.ir import Mesh
 from unity_eq.runtime import (
     DeviceChoice,
     LocalCommunicator,
-    _Board,
+    Board,
     all_to_all_pieces,
     choose_device,
     compare_outputs,
@@ -33,7 +33,7 @@ from unity_eq.runtime import (
 
 
 def _run_ranks(world: int, body) -> list:  # type: ignore[no-untyped-def]
-    board = _Board(world, timeout=10)
+    board = Board(world, timeout=10)
     results: list = [None] * world
 
     def work(rank: int) -> None:
@@ -77,7 +77,7 @@ def test_a_failing_rank_stops_the_others() -> None:
 
 
 def test_collective_timeout_names_the_missing_rank() -> None:
-    board = _Board(2, timeout=0.2)
+    board = Board(2, timeout=0.2)
     with pytest.raises(RuntimeBackendError, match=r"ranks \[1\]"):
         LocalCommunicator(0, board).all_reduce(np.ones(1), (0, 1))
 
@@ -157,7 +157,7 @@ def test_send_and_recv() -> None:
 
 
 def test_recv_timeout_names_the_sender() -> None:
-    board = _Board(2, timeout=0.2)
+    board = Board(2, timeout=0.2)
     with pytest.raises(RuntimeBackendError, match="waiting for rank 1"):
         LocalCommunicator(0, board).recv(1)
 
@@ -169,7 +169,7 @@ def test_plan_collective_kinds() -> None:
     scatter = _run_ranks(2, lambda c: run_collective(c, {"kind": "reduce_scatter", "dim": 0}, pieces[c.rank], (0, 1)))
     assert scatter[1].tobytes() == sum_pieces(pieces)[2:].tobytes()
     with pytest.raises(PlanError, match="unknown collective kind 'broadcast'"):
-        run_collective(LocalCommunicator(0, _Board(1, 1)), {"kind": "broadcast", "id": 3}, pieces[0], (0,))
+        run_collective(LocalCommunicator(0, Board(1, 1)), {"kind": "broadcast", "id": 3}, pieces[0], (0,))
 
 
 def test_uneven_split_is_an_error() -> None:
@@ -306,7 +306,7 @@ def test_run_outputs_path_errors_are_one_line(examples: Path, tmp_path: Path) ->
 
 
 def test_mpi_outcome_names_the_failing_rank() -> None:
-    from unity_eq.runtime_mpi import RankStatus, _outcome
+    from unity_eq.runtime.mpi import RankStatus, _outcome
 
     ok = RankStatus(0, 1, True)
     boom = RankStatus(2, 1, False, "ValueError: boom", exit_code=2)
@@ -325,7 +325,7 @@ def test_mpi_outcome_names_the_failing_rank() -> None:
 def test_mpi_backend_without_mpi4py_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from unity_eq.runtime_mpi import _import_mpi
+    from unity_eq.runtime.mpi import _import_mpi
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(RuntimeBackendError, match=r"pip install 'unity-eq\[mpi\]'"):

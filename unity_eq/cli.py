@@ -303,7 +303,7 @@ def run(
     results: dict[str, np.ndarray] | None
     if backend == "mpi":
         from unity_eq.progress import LineTracker, Tracker
-        from unity_eq.runtime_mpi import run_plan_mpi
+        from unity_eq.runtime.mpi import run_plan_mpi
 
         # Every rank checks its options, plan and inputs inside run_plan_mpi, so that a failure on any rank
         # reaches all of them and is printed once. Rank 0 reports progress as plain lines (mpiexec forwards the
@@ -662,7 +662,7 @@ def entry() -> int:
         _say_interrupted(sys.argv[1:], signum)
         code = 128 + (signum or signal.SIGINT)
     finally:
-        if "unity_eq.runtime_mpi" not in sys.modules:
+        if "unity_eq.runtime.mpi" not in sys.modules:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_IGN)
     return code

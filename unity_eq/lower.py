@@ -46,7 +46,19 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
-from unity_eq.weightfile import Deferred, ExternalWeights, embedded, identity_header, release_pages, value_of
+from unity_eq.weightfile import (
+    META_COLLECTIVES,
+    META_COORDS,
+    META_MESH,
+    META_PLAN_HASH,
+    META_RANK,
+    Deferred,
+    ExternalWeights,
+    embedded,
+    identity_header,
+    release_pages,
+    value_of,
+)
 
 __all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
 
@@ -484,14 +496,6 @@ def lower(plan: Plan, graph: Graph) -> LoweredPlan:
     return LoweredPlan(plan, graph, collective_stages(plan), opsets, ir_version, plan_hash(plan, graph))
 
 
-#: metadata_props keys of every device file (``run`` refuses a file whose identity is not the plan's).
-META_RANK = "unity_eq.rank"
-META_PLAN_HASH = "unity_eq.plan_hash"
-META_COORDS = "unity_eq.mesh_coords"
-META_MESH = "unity_eq.mesh"
-META_COLLECTIVES = "unity_eq.collectives"
-
-
 def identity_props(plan: Plan, rank: int, digest: str, cuts: list[dict[str, Any]]) -> dict[str, str]:
     """Who a device file is: its rank, mesh coordinates, the plan's hash, and the collectives cutting it."""
     mesh = plan.mesh
@@ -743,7 +747,7 @@ def validate_device_file(path: Path, shown: Path) -> None:
     """Refuse a device file that fails ``onnx.checker`` (full check, with shape inference) or that onnxruntime
     does not open: ``optimize`` never reports success for a plan that cannot run. ``shown`` is the path named in
     the error (the file's final place; nothing is written there when this fails)."""
-    from unity_eq.runtime import make_session
+    from unity_eq.runtime.devices import make_session
 
     try:
         onnx.checker.check_model(str(path), full_check=True)

@@ -43,7 +43,7 @@ from unity_eq.errors import OptionError, UnityEqError
 from unity_eq.extract import LEAVES, PARALLEL_OPS, _list_members, _typed_attrs, local_shape, source_kinds
 from unity_eq.ir import Graph, Mesh
 from unity_eq.ops import OPS
-from unity_eq.runtime import DeviceChoice, available_cores, choose_device, make_session
+from unity_eq.runtime.devices import DeviceChoice, available_cores, choose_device, make_session
 
 __all__ = [
     "PROFILE_FORMAT_VERSION",

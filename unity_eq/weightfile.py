@@ -43,6 +43,14 @@ ALIGN_BYTES = 1 << 16
 _ALIGN_FROM_BYTES = 1 << 20
 
 
+#: metadata_props keys of every device file (``run`` refuses a file whose identity is not the plan's).
+META_RANK = "unity_eq.rank"
+META_PLAN_HASH = "unity_eq.plan_hash"
+META_COORDS = "unity_eq.mesh_coords"
+META_MESH = "unity_eq.mesh"
+META_COLLECTIVES = "unity_eq.collectives"
+
+
 @dataclass(frozen=True)
 class Deferred:
     """A constant that lowering computes from weights only when it writes it: a ``Concat`` of weights is a

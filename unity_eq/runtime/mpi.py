@@ -61,25 +61,19 @@ import numpy as np
 from unity_eq.errors import OptionError, RuntimeBackendError, UnityEqError
 from unity_eq.files import owner_tag, sweep_stale
 from unity_eq.progress import Tracker
-from unity_eq.runtime import (
-    COLLECTIVE_TIMEOUT_S,
+from unity_eq.runtime.checker import random_inputs
+from unity_eq.runtime.collectives import split_chunks, sum_pieces
+from unity_eq.runtime.devices import (
     DeviceChoice,
-    PlanDir,
-    RankTimes,
     available_cores,
-    check_inputs,
-    check_rank_file,
     choose_device,
     describe_devices,
     device_notes,
-    execute_rank,
-    load_npz,
-    load_plan_dir,
-    random_inputs,
-    split_chunks,
-    sum_pieces,
     threads_per_rank,
 )
+from unity_eq.runtime.execute import COLLECTIVE_TIMEOUT_S, RankTimes, execute_rank
+from unity_eq.runtime.plandir import PlanDir, check_inputs, check_rank_file, load_npz, load_plan_dir
+from unity_eq.runtime.segments import build_rank_program
 
 __all__ = ["MPICommunicator", "MPIRunError", "open_communicator", "run_plan_mpi"]
 
@@ -665,8 +659,6 @@ def _setup(
     choice = choose_device(device, local.rank)
     notes: list[str] = []
     feeds = check_inputs(plan, _inputs(plan, inputs, seed, notes))
-    from unity_eq.runtime import build_rank_program
-
     program = build_rank_program(plan, world.rank, choice.providers, threads_per_rank(local.size))
     return _Setup(plan, choice, feeds, program, notes)
 

@@ -1,0 +1,311 @@
+"""`check`: the original model and the plan on the same random inputs, outputs compared within a tolerance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError
+from unity_eq.progress import Tracker
+from unity_eq.runtime.devices import choose_device, make_session, threads_per_rank
+from unity_eq.runtime.execute import execute_local
+from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
+from unity_eq.runtime.segments import build_rank_program
+
+
+@dataclass(frozen=True)
+class InputDraw:
+    """One set of random inputs for ``check``: how float inputs are drawn, and the seed.
+
+    ``normal``: N(0, scale²); ``uniform``: U(−scale, scale); ``integers``: whole numbers in [−scale, scale]
+    (exact in float, so a plan that loses or adds a term shows as an exact error). Integer inputs always take
+    values in the ranges that keep the model valid (:mod:`unity_eq.input_ranges`); booleans are fair coins.
+    """
+
+    kind: str
+    scale: float
+    seed: int
+
+    def describe(self) -> str:
+        what = {"normal": f"normal σ={self.scale:g}", "uniform": f"uniform ±{self.scale:g}"}
+        return f"{what.get(self.kind, f'integers ±{self.scale:g}')}, seed {self.seed}"
+
+
+def default_draws(seed: int = 0) -> list[InputDraw]:
+    """What ``check`` tries by default: several seeds at unit scale, large scales (a rank that clips or
+    saturates large values fails), a wide uniform and integer values."""
+    return [
+        InputDraw("normal", 1.0, seed),
+        InputDraw("normal", 1.0, seed + 1),
+        InputDraw("normal", 10.0, seed + 2),
+        InputDraw("normal", 1000.0, seed + 3),
+        InputDraw("uniform", 100.0, seed + 4),
+        InputDraw("integers", 8.0, seed + 5),
+    ]
+
+
+def random_inputs(
+    specs: Mapping[str, Mapping[str, Any]],
+    seed: int = 0,
+    int_bounds: Mapping[str, int] | None = None,
+    draw: InputDraw | None = None,
+    int_ranges: Mapping[str, tuple[int, int]] | None = None,
+) -> dict[str, np.ndarray]:
+    """Deterministic random inputs: floats as ``draw`` says (default N(0, 1) with ``seed``), integers in
+    ``int_ranges`` (inclusive) or [0, ``int_bounds``) or [0, 10), booleans.
+
+    ``draw``'s seed replaces ``seed`` when given."""
+    draw = draw or InputDraw("normal", 1.0, seed)
+    rng = np.random.default_rng(draw.seed)
+    out = {}
+    for name, spec in specs.items():
+        shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
+        if dtype.kind == "f":
+            out[name] = _floats(rng, draw, shape).astype(dtype)
+        elif dtype.kind in "iu":
+            low, high = (int_ranges or {}).get(name, (0, max((int_bounds or {}).get(name, 10), 1) - 1))
+            out[name] = rng.integers(low, high, size=shape, endpoint=True).astype(dtype)
+        elif dtype.kind == "b":
+            out[name] = rng.random(shape) < 0.5
+        else:
+            raise RuntimeBackendError(
+                f"inputs: cannot make random values of dtype {dtype} for {name!r}; pass `--inputs`"
+            )
+    return out
+
+
+def _floats(rng: np.random.Generator, draw: InputDraw, shape: tuple[int, ...]) -> np.ndarray:
+    if draw.kind == "normal":
+        return rng.standard_normal(shape) * draw.scale
+    if draw.kind == "uniform":
+        return rng.uniform(-draw.scale, draw.scale, shape)
+    if draw.kind == "integers":
+        return rng.integers(-int(draw.scale), int(draw.scale), size=shape, endpoint=True).astype(np.float64)
+    raise OptionError(f"input draw: expected normal, uniform or integers, got {draw.kind!r}")
+
+
+@dataclass
+class OutputComparison:
+    name: str
+    passed: bool
+    max_abs_error: float
+    relative_error: float
+    index: tuple[int, ...]
+    expected: float
+    got: float
+    inputs: str = ""  # which inputs gave this (the worst) error
+
+
+@dataclass
+class CheckResult:
+    """The worst error of every output of the original model over every set of inputs tried."""
+
+    outputs: list[OutputComparison]
+    tolerance: float
+    draws: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    @property
+    def worst(self) -> OutputComparison:
+        return max(self.outputs, key=lambda o: (not o.passed, o.relative_error))
+
+    def describe(self) -> str:
+        w = self.worst
+        verdict = "match" if self.passed else "MISMATCH"
+        tried = f" over {len(self.draws)} input sets" if len(self.draws) > 1 else ""
+        where = f" ({w.inputs})" if w.inputs else ""
+        return (
+            f"{verdict}: {len(self.outputs)} output(s){tried}; worst {w.name!r} relative error "
+            f"{w.relative_error:.2e} (tolerance {self.tolerance:g}){where}, max abs error {w.max_abs_error:.3g} "
+            f"at {list(w.index)}: expected {w.expected:.6g}, got {w.got:.6g}"
+        )
+
+
+def compare_outputs(
+    expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tolerance: float = 1e-4
+) -> CheckResult:
+    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly;
+    equal values (infinities included) and NaN against NaN count as equal."""
+    results = []
+    for name, ref in expected.items():
+        ref = np.asarray(ref)
+        out = np.asarray(got[name])
+        if ref.shape != out.shape:
+            results.append(OutputComparison(name, False, float("inf"), float("inf"), (), float("nan"), float("nan")))
+            continue
+        if ref.size == 0:
+            results.append(OutputComparison(name, True, 0.0, 0.0, (), 0.0, 0.0))
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
+        same = (ref == out) | (np.isnan(ref) & np.isnan(out)) if ref.dtype.kind == "f" else ref == out
+        diff = np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf))
+        index = np.unravel_index(int(np.argmax(diff)), ref.shape)
+        max_abs = float(diff[index])
+        finite = np.isfinite(ref) if ref.dtype.kind == "f" else np.ones(ref.shape, bool)
+        scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 1.0
+        relative = max_abs / max(scale, 1e-30)
+        exact = ref.dtype.kind in "iub"
+        passed = max_abs == 0.0 if exact else relative <= _tolerance_for(ref.dtype, tolerance)
+        results.append(
+            OutputComparison(
+                name,
+                passed,
+                max_abs,
+                relative,
+                tuple(int(i) for i in index),
+                float(ref[index]),
+                float(out[index]),
+            )
+        )
+    return CheckResult(results, tolerance)
+
+
+def _tolerance_for(dtype: np.dtype, tolerance: float) -> float:
+    return max(tolerance, 1e-2) if dtype.itemsize <= 2 else tolerance
+
+
+def _original_session(model_path: str | Path) -> Any:
+    try:
+        return make_session(str(model_path), ["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime refuses the model
+        raise RuntimeBackendError(
+            f"{model_path}: onnxruntime cannot load the original model: {_first_line(exc)}"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:500] if lines else type(exc).__name__
+
+
+def _run_original(
+    session: Any, model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str], what: str
+) -> dict[str, np.ndarray]:
+    try:
+        values = session.run(output_names, dict(inputs))
+    except Exception as exc:  # the original model fails on these inputs: a problem of the inputs, not the plan
+        raise RuntimeBackendError(
+            f"{model_path}: the original model fails on {what}: {_first_line(exc)}. Pass valid inputs with `--inputs`."
+        ) from None
+    return dict(zip(output_names, values, strict=True))
+
+
+def run_original(
+    model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str]
+) -> dict[str, np.ndarray]:
+    """The reference: the original model in onnxruntime on the CPU."""
+    return _run_original(_original_session(model_path), model_path, inputs, output_names, "the inputs given")
+
+
+def check(
+    model_path: str | Path,
+    plan_dir: str | Path,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+    tolerance: float = 1e-4,
+    device: str = "cpu",
+    draws: Sequence[InputDraw] | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    tracker: Tracker | None = None,
+) -> CheckResult:
+    """Run the original model and the plan on the same inputs and compare every output.
+
+    Without ``inputs``, every draw of ``draws`` (default :func:`default_draws` from ``seed``) is tried and the
+    worst error of each output is kept. Raises :class:`RuntimeBackendError` (exit 2) when the original model
+    fails on the inputs, and :class:`CheckFailed` (exit 1) when the plan fails to run on inputs the original
+    accepts. ``on_progress`` hears a line per input set; ``tracker`` (unity_eq.progress) counts them (row
+    ``check``)."""
+    tracker = tracker or Tracker()
+    plan = load_plan_dir(plan_dir)
+    check_plan_is_of(model_path, plan)
+    trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
+    if inputs is not None:
+        given = check_inputs(plan, inputs)
+        trials = [("the inputs given", lambda: given)]
+    else:
+        ranges = default_int_ranges(model_path, plan)
+        trials = [(d.describe(), _drawer(plan, d, ranges)) for d in (draws or default_draws(seed))]
+    if on_progress:
+        on_progress(f"running the original model on {len(trials)} set(s) of inputs")
+    expected_by_trial = _expected_outputs(model_path, plan.output_names, trials)
+    world = plan.world_size
+    choices = [choose_device(device, rank) for rank in range(world)]
+    programs = [build_rank_program(plan, r, choices[r].providers, threads_per_rank(world)) for r in range(world)]
+    worst: dict[str, OutputComparison] = {}
+    tracker.start("check", f"{len(trials)} input set(s) on {world} rank(s)")
+    for done, ((what, make), expected) in enumerate(zip(trials, expected_by_trial, strict=True)):
+        if on_progress:
+            on_progress(f"checking on {what}")
+        tracker.update("check", f"{done} of {len(trials)} input sets checked; now {what}")
+        feeds = make()
+        try:
+            got = execute_local(programs, feeds)
+        except RuntimeBackendError as exc:
+            raise CheckFailed(f"{plan.path}: the plan fails on {what}, where the original model runs: {exc}") from None
+        for o in compare_outputs(expected, got, tolerance).outputs:
+            o.inputs = what
+            old = worst.get(o.name)
+            if old is None or (not o.passed, o.relative_error) > (not old.passed, old.relative_error):
+                worst[o.name] = o
+    tracker.finish("check", f"{len(trials)} input set(s) checked")
+    return CheckResult([worst[name] for name in plan.output_names], tolerance, [what for what, _ in trials])
+
+
+def check_plan_is_of(model_path: str | Path, plan: PlanDir) -> None:
+    """Refuse (exit 2) a model the plan was not made from: plan.json's ``model.fingerprint`` (what the model
+    computes, weights' values aside) differs from the file's. Plans written before the fingerprint: no check."""
+    recorded = plan.meta["model"].get("fingerprint")
+    if not recorded:
+        return
+    from unity_eq.frontends.onnx import file_fingerprint
+
+    if file_fingerprint(model_path) != recorded:
+        made_from = plan.meta["model"].get("source") or plan.meta["model"].get("name")
+        raise PlanError(
+            f"{model_path}: is not the model {plan.path} was made from ({made_from}: other nodes, inputs or "
+            "weight shapes). Pass that model, or run `unity-eq optimize` on this one."
+        )
+
+
+def _expected_outputs(
+    model_path: str | Path, output_names: list[str], trials: Sequence[tuple[str, Callable[[], dict[str, np.ndarray]]]]
+) -> list[dict[str, np.ndarray]]:
+    """The original model's outputs on every trial's inputs. Its session is closed before the plan's ranks
+    load, so ``check`` holds the model's weights once (the original's, then the plan's), not twice; only
+    the outputs are kept, and each trial's inputs are made again (deterministically) for the plan."""
+    original = _original_session(model_path)
+    expected = [_run_original(original, model_path, make(), output_names, what) for what, make in trials]
+    del original
+    return expected
+
+
+def _drawer(
+    plan: PlanDir, draw: InputDraw, ranges: Mapping[str, tuple[int, int]]
+) -> Callable[[], dict[str, np.ndarray]]:
+    """Inputs of one draw, made when needed (one draw's inputs in memory at a time)."""
+    return lambda: check_inputs(plan, random_inputs(plan.input_specs, draw=draw, int_ranges=ranges))
+
+
+def default_int_ranges(model_path: str | Path, plan: PlanDir) -> dict[str, tuple[int, int]]:
+    """Integer ranges that keep the original model valid (see :mod:`unity_eq.input_ranges`)."""
+    specs = plan.input_specs
+    if not any(np.dtype(spec["dtype"]).kind in "iu" for spec in specs.values()):
+        return {}
+    from unity_eq.frontends.onnx import load_onnx
+    from unity_eq.input_ranges import integer_input_ranges
+
+    graph = load_onnx(model_path, {name: tuple(spec["shape"]) for name, spec in specs.items()})
+    return integer_input_ranges(graph, str(model_path))
+
+
+def assert_check(result: CheckResult) -> None:
+    if not result.passed:
+        raise CheckFailed(result.describe())

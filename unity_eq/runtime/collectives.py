@@ -1,0 +1,205 @@
+"""Collectives behind one small :class:`Communicator` interface, their reference semantics on numpy pieces,
+and the in-process backend (every rank a thread of this process).
+
+Reductions sum the pieces in the order of the ranks of the group, in every backend, so results agree bit for
+bit where the reduction order is the same.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from unity_eq.errors import PlanError, RuntimeBackendError
+from unity_eq.files import stop_requested
+
+
+class Communicator(Protocol):
+    """The collectives a rank needs. ``group`` lists the participating ranks (world ranks) in axis order.
+
+    Every backend must return, bit for bit, what the reference functions below compute from the pieces of the
+    group in group order (:func:`gather_pieces`, :func:`sum_pieces`, :func:`reduce_scatter_pieces`,
+    :func:`all_to_all_pieces`); pieces of one collective have equal shapes and dtypes.
+    """
+
+    rank: int
+
+    def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
+
+    def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray: ...
+
+    def reduce_scatter(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
+
+    def all_to_all(self, array: np.ndarray, group: Sequence[int], split_dim: int, concat_dim: int) -> np.ndarray: ...
+
+    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None: ...
+
+    def recv(self, source: int, tag: int = 0) -> np.ndarray: ...
+
+
+def gather_pieces(pieces: Sequence[np.ndarray], dim: int) -> np.ndarray:
+    return np.concatenate(pieces, axis=dim)
+
+
+def sum_pieces(pieces: Sequence[np.ndarray]) -> np.ndarray:
+    """Sum in group order, one addition at a time: the reduction order every backend uses."""
+    total = np.array(pieces[0], copy=True)
+    for piece in pieces[1:]:
+        total += piece
+    return total
+
+
+def split_chunks(array: np.ndarray, parts: int, dim: int) -> list[np.ndarray]:
+    """``parts`` equal contiguous chunks along ``dim`` (each a contiguous copy, ready to send)."""
+    if array.ndim == 0 or array.shape[dim] % parts:
+        raise RuntimeBackendError(
+            f"collective: cannot split shape {list(array.shape)} into {parts} equal chunks along dim {dim}"
+        )
+    return [np.ascontiguousarray(c) for c in np.split(array, parts, axis=dim)]
+
+
+def reduce_scatter_pieces(pieces: Sequence[np.ndarray], index: int, dim: int) -> np.ndarray:
+    """Chunk ``index`` (along ``dim``) of the group-order sum of ``pieces``."""
+    return sum_pieces([split_chunks(p, len(pieces), dim)[index] for p in pieces])
+
+
+def all_to_all_pieces(pieces: Sequence[np.ndarray], index: int, split_dim: int, concat_dim: int) -> np.ndarray:
+    """Chunk ``index`` along ``split_dim`` of every piece, concatenated along ``concat_dim`` in group order."""
+    return np.concatenate([split_chunks(p, len(pieces), split_dim)[index] for p in pieces], axis=concat_dim)
+
+
+class Board:
+    """Where rank threads of one process meet for a collective or a message.
+
+    A wait ends when the others arrive, when a rank fails (:meth:`fail`), after ``timeout`` seconds, or at once
+    when SIGTERM/SIGINT asked the process to stop (:func:`unity_eq.files.stop_requested`, looked at every
+    ``poll`` seconds): an interrupted run never waits out the collective timeout for ranks that will not come."""
+
+    STOPPED = "the run was interrupted"
+
+    def __init__(self, world: int, timeout: float, poll: float = 0.1) -> None:
+        self.cond = threading.Condition()
+        self.slots: dict[tuple[int, tuple[int, ...]], dict[str, Any]] = {}
+        self.counters = [0] * world
+        self.mail: dict[tuple[int, int, int], deque[np.ndarray]] = {}
+        self.failure: str | None = None
+        self.timeout = timeout
+        self.poll = poll
+
+    def fail(self, message: str) -> None:
+        """Stop every wait, now and later: the ranks raise ``rank N stopped because MESSAGE``."""
+        with self.cond:
+            if self.failure is None:
+                self.failure = message
+            self.cond.notify_all()
+
+    def _stopped(self, rank: int) -> RuntimeBackendError:
+        return RuntimeBackendError(f"rank {rank} stopped because {self.failure}")
+
+    def _wait(self, ready: Callable[[], bool]) -> bool:
+        """With ``cond`` held: wait until ``ready()`` or a failure (True), or the timeout (False)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self.failure is None and stop_requested():
+                self.failure = self.STOPPED
+                self.cond.notify_all()
+            if self.failure is not None or ready():
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.cond.wait(min(left, self.poll))
+
+    def exchange(self, rank: int, group: tuple[int, ...], array: np.ndarray) -> list[np.ndarray]:
+        with self.cond:
+            seq = self.counters[rank]
+            self.counters[rank] += 1
+            entry = self.slots.setdefault((seq, group), {"pieces": {}, "readers": 0})
+            entry["pieces"][rank] = array
+            self.cond.notify_all()
+            ready = self._wait(lambda: len(entry["pieces"]) == len(group))
+            if self.failure is not None:
+                raise self._stopped(rank)
+            if not ready:
+                missing = sorted(set(group) - set(entry["pieces"]))
+                raise RuntimeBackendError(f"rank {rank}: collective #{seq} timed out waiting for ranks {missing}")
+            pieces = [entry["pieces"][r] for r in group]
+            entry["readers"] += 1
+            if entry["readers"] == len(group):
+                del self.slots[(seq, group)]
+            return pieces
+
+    def post(self, source: int, dest: int, tag: int, array: np.ndarray) -> None:
+        with self.cond:
+            self.mail.setdefault((source, dest, tag), deque()).append(np.array(array, copy=True))
+            self.cond.notify_all()
+
+    def take(self, source: int, dest: int, tag: int) -> np.ndarray:
+        with self.cond:
+            box = self.mail.setdefault((source, dest, tag), deque())
+            ready = self._wait(lambda: bool(box))
+            if self.failure is not None:
+                raise self._stopped(dest)
+            if not ready:
+                raise RuntimeBackendError(f"rank {dest}: recv (tag {tag}) timed out waiting for rank {source}")
+            return box.popleft()
+
+
+@dataclass
+class LocalCommunicator:
+    """A rank thread's view of the in-process board."""
+
+    rank: int
+    board: Board
+
+    def _pieces(self, array: np.ndarray, group: Sequence[int]) -> list[np.ndarray]:
+        return self.board.exchange(self.rank, tuple(group), array)
+
+    def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray:
+        return gather_pieces(self._pieces(array, group), dim)
+
+    def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray:
+        return sum_pieces(self._pieces(array, group))
+
+    def reduce_scatter(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray:
+        return reduce_scatter_pieces(self._pieces(array, group), list(group).index(self.rank), dim)
+
+    def all_to_all(self, array: np.ndarray, group: Sequence[int], split_dim: int, concat_dim: int) -> np.ndarray:
+        pieces = self._pieces(array, group)
+        return all_to_all_pieces(pieces, list(group).index(self.rank), split_dim, concat_dim)
+
+    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None:
+        self.board.post(self.rank, dest, tag, array)
+
+    def recv(self, source: int, tag: int = 0) -> np.ndarray:
+        return self.board.take(source, self.rank, tag)
+
+
+def run_collective(comm: Communicator, c: Mapping[str, Any], array: np.ndarray, group: Sequence[int]) -> np.ndarray:
+    """Run one collective of plan.json (``kind`` and its fields) through ``comm``."""
+    kind = c["kind"]
+    if kind == "all_gather":
+        return comm.all_gather(array, group, c["dim"])
+    if kind == "all_reduce":
+        return comm.all_reduce(array, group)
+    if kind == "reduce_scatter":
+        return comm.reduce_scatter(array, group, c["dim"])
+    if kind == "all_to_all":
+        return comm.all_to_all(array, group, c["split_dim"], c["concat_dim"])
+    raise PlanError(
+        f"plan.json: unknown collective kind {kind!r} (collective {c.get('id')}); expected all_gather, all_reduce, "
+        "reduce_scatter or all_to_all. Re-run `unity-eq optimize` with this version."
+    )
+
+
+def group_of(collective: Mapping[str, Any], rank: int) -> tuple[int, ...]:
+    for group in collective["groups"]:
+        if rank in group:
+            return tuple(group)
+    raise PlanError(f"rank {rank} is in no group of collective {collective['id']}")
