@@ -39,9 +39,9 @@ PLANS = {
 
 def local_steps(plan_dir: Path, feeds: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
     from unity_eq.runtime import (
+        Board,
         LocalCommunicator,
         RankTimes,
-        Board,
         build_rank_program,
         check_inputs,
         execute_rank,
@@ -157,7 +157,7 @@ def mpi_collectives_worker(repeat: int) -> None:
 
 
 def local_collectives(ranks: int, repeat: int) -> list[dict[str, float]]:
-    from unity_eq.runtime import LocalCommunicator, Board
+    from unity_eq.runtime import Board, LocalCommunicator
 
     rows = []
     for size in SIZES:

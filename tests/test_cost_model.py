@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unity_eq import optimize
-from unity_eq.cost import CostModel, DeviceSpec, LinkSpec, Machine, NodeSpec, default_machine
+from unity_eq.cost import CostModel
 from unity_eq.extract import Restriction
 from unity_eq.ir import Mesh
-from unity_eq.machine import load_machine
+from unity_eq.machine import DeviceSpec, LinkSpec, Machine, NodeSpec, default_machine, load_machine
 from unity_eq.memory import weight_state_factor
 from unity_eq.plan import Plan
 from unity_eq.report import price_plan

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from unity_eq.frontends.onnx import load_onnx
 
-from unity_eq.cost import Cost, CostModel, default_machine
+from unity_eq.cost import Cost, CostModel
 from unity_eq.egraph import EGraphData, ENode, encode, parse_serialized, saturate
 from unity_eq.extract import INF, _find_cycle, extract_greedy, node_costs, output_classes
 from unity_eq.extract_ilp import extract_ilp
 from unity_eq.ir import Graph, Mesh, Node, TensorType
+from unity_eq.machine import default_machine
 from unity_eq.rulesets import load_rule_files
 
 

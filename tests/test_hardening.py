@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, _console_script, run_cli
 
-from unity_eq.cost import GroupTopology, LinkSpec, Machine, default_machine
 from unity_eq.errors import OptionError, PlanError
 from unity_eq.ir import Mesh
+from unity_eq.machine import GroupTopology, LinkSpec, Machine, default_machine
 
 
 def _one_error(proc: subprocess.CompletedProcess[str], *needles: str, code: int = 2, stdout: bool = False) -> str:
@@ -86,8 +86,7 @@ def test_usage_error_class_is_the_one_typer_raises() -> None:
 
 def test_device_count_beyond_the_bound_is_an_error_at_once(examples: Path) -> None:
     from unity_eq import optimize
-    from unity_eq.cost import MAX_DEVICES
-    from unity_eq.machine import load_machine
+    from unity_eq.machine import MAX_DEVICES, load_machine
 
     for devices in (1_000_000, MAX_DEVICES + 1):
         start = time.perf_counter()

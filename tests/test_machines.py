@@ -65,7 +65,7 @@ def test_nodes_and_interconnect_repeat_a_preset(interconnect: str, gbs: float) -
 
 
 def test_devices_alone_is_the_a100_node() -> None:
-    from unity_eq.cost import default_machine
+    from unity_eq.machine import default_machine
 
     by_devices, preset = default_machine(8), load_machine("a100x8")
     assert by_devices.intra_link.bandwidth == preset.intra_link.bandwidth

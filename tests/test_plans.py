@@ -200,7 +200,7 @@ def test_misaligned_and_useless_meshes_are_skipped() -> None:
     trials = {t.label: t for t in candidate_meshes(machine, graph)}
     assert trials["x=3,y=8"].reason == "no tensor dimension divides by 3"
     assert trials["x=2,y=12"].status == "skipped"
-    from unity_eq.cost import default_machine
+    from unity_eq.machine import default_machine
 
     uneven = default_machine(12)
     uneven = type(uneven)("3x4", uneven.devices, tuple(i // 4 for i in range(12)), uneven.intra_link, uneven.intra_link)

@@ -16,8 +16,8 @@ from unity_eq.frontends.onnx import load_onnx
 
 import unity_eq.search as search_module
 from unity_eq import optimize
-from unity_eq.cost import default_machine
 from unity_eq.extract import Restriction
+from unity_eq.machine import default_machine
 from unity_eq.memory import plan_memory
 from unity_eq.progress import LiveTracker
 from unity_eq.rulesets import default_rule_files, load_rule_files

@@ -13,9 +13,9 @@ from unity_eq import runtime
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.ir import Mesh
 from unity_eq.runtime import (
+    Board,
     DeviceChoice,
     LocalCommunicator,
-    Board,
     all_to_all_pieces,
     choose_device,
     compare_outputs,
@@ -257,10 +257,11 @@ def test_run_device_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, 
 def test_chained_collectives_lower_and_run(tmp_path: Path) -> None:
     """An all-gather of an all-gather's result (as plans priced by measured times contain): the second
     collective's source is the first one's result, a graph input of the device model."""
-    from unity_eq.cost import ZERO, default_machine
+    from unity_eq.cost import ZERO
     from unity_eq.ir import Graph, Shard, TensorType
     from unity_eq.ir import Replicate as R
     from unity_eq.lower import lower, write_plan_dir
+    from unity_eq.machine import default_machine
     from unity_eq.plan import AllGather, LoadInput, Plan, PlanTensor, Slice
 
     mesh = Mesh(("x", "y"), (2, 2))

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from unity_eq.errors import UnityEqError
 from unity_eq.ir import Partial, Placement, Replicate, Shard
-
-__version__ = "0.1.0"
+from unity_eq.version import __version__
 
 __all__ = [
     "CheckResult",

@@ -41,7 +41,7 @@ def _version(value: bool) -> None:
         try:
             number = version("unity-eq")
         except PackageNotFoundError:  # run from a source tree that is not installed
-            from unity_eq import __version__ as number
+            from unity_eq.version import __version__ as number
         out.print(f"unity-eq {number}")
         raise typer.Exit()
 

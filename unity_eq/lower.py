@@ -26,7 +26,6 @@ import numpy as np
 import onnx
 from onnx import helper
 
-import unity_eq
 from unity_eq.cost import Cost
 from unity_eq.errors import PlanError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
@@ -46,6 +45,7 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
+from unity_eq.version import __version__
 from unity_eq.weightfile import (
     META_COLLECTIVES,
     META_COORDS,
@@ -618,7 +618,7 @@ def plan_metadata(
     }
     return {
         "format_version": PLAN_FORMAT_VERSION,
-        "unity_eq_version": unity_eq.__version__,
+        "unity_eq_version": __version__,
         "model": {
             "name": plan.model,
             "source": graph.source,
@@ -664,8 +664,7 @@ def _finite(value: float) -> float | None:
 
 def machine_json(plan: Plan) -> dict[str, Any]:
     """The machine as plan.json records it: device kinds, nodes and links (SI units: FLOP/s, bytes/s, s)."""
-    from unity_eq.cost import CostModel
-    from unity_eq.search import axis_info
+    from unity_eq.cost import CostModel, axis_info
 
     machine = plan.machine
     kinds = {}

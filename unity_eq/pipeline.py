@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unity_eq.cost import Machine, default_machine
 from unity_eq.egraph import Limits, SaturationResult
 from unity_eq.errors import OptionError, RuleError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
+from unity_eq.machine import Machine, default_machine
 from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
-from unity_eq.profile import ProfileTable, load_profile
+from unity_eq.profile_table import ProfileTable, load_profile
 from unity_eq.progress import Tracker
 from unity_eq.report import cost_breakdown
 from unity_eq.rulesets import default_rule_files, load_rule_files, rules_dir

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 from typing_extensions import assert_never
 
-from unity_eq.cost import Cost, Machine
+from unity_eq.cost import Cost
 from unity_eq.ir import Mesh, Placement, Replicate, Shard
+from unity_eq.machine import Machine
 
 __all__ = [
     "AllGather",

@@ -21,14 +21,13 @@ of its outputs, as the extractor sums them.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,39 +35,21 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-import unity_eq
-from unity_eq.cost import CostModel, DeviceSpec, LinkSpec, Machine, default_machine, op_flops
+from unity_eq.cost import CostModel, op_flops
 from unity_eq.egraph import ClassRef, EGraphData, Encoding, ENode, Limits, encode, parse_serialized, saturate
-from unity_eq.errors import OptionError, UnityEqError
+from unity_eq.errors import OptionError
 from unity_eq.extract import LEAVES, PARALLEL_OPS, _list_members, _typed_attrs, local_shape, source_kinds
 from unity_eq.ir import Graph, Mesh
+from unity_eq.machine import DeviceSpec, LinkSpec, Machine, default_machine
 from unity_eq.ops import OPS
+from unity_eq.profile_table import PROFILE_FORMAT_VERSION, Calibration, ProfileTable, frozen_value, jsonable
 from unity_eq.runtime.devices import DeviceChoice, available_cores, choose_device, make_session
+from unity_eq.version import __version__
 
-__all__ = [
-    "PROFILE_FORMAT_VERSION",
-    "Calibration",
-    "OpInstance",
-    "ProfileError",
-    "ProfileTable",
-    "calibrate",
-    "calibrated_machine",
-    "load_profile",
-    "op_instances",
-    "profile_model",
-]
-
-PROFILE_FORMAT_VERSION = 1
 OPSET = 18
+
+
 Progress = Callable[[str], None]
-
-
-class ProfileError(UnityEqError):
-    """A profile table is missing, unreadable or of another format."""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# What to measure: the compute e-nodes of an e-graph, on their local shapes
 
 
 @dataclass(frozen=True)
@@ -114,26 +95,6 @@ class OpInstance:
 
 def _itemsize(dtype: str | None) -> int:
     return 0 if dtype in (None, "", "none") else int(np.dtype(dtype).itemsize)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, list | tuple):
-        return tuple(_frozen(v) for v in value)
-    if isinstance(value, np.ndarray):
-        return tuple(_frozen(v) for v in value.tolist())
-    return value
 
 
 def _weight_value(cid: str, data: EGraphData, graph: Graph, shape: tuple[int, ...]) -> np.ndarray | None:
@@ -220,7 +181,7 @@ def _node_instance(
         ir_node = encoding.opaque_nodes[str(key)]
         for member in _list_members(args.id, data) or []:
             add_tensor(member)
-        attrs = {k: _frozen(v) for k, v in ir_node.attrs.items()}
+        attrs = {k: frozen_value(v) for k, v in ir_node.attrs.items()}
         domain, outputs, output_index = ir_node.domain, len(ir_node.outputs), int(index)
         out_dtypes = tuple(graph.types[o].dtype if o in graph.types else dtype for o in ir_node.outputs)
         op = str(op_type)
@@ -241,7 +202,7 @@ def _node_instance(
                 inputs.append(InputSpec((len(ints),), "int64", "constant", ints))
         while inputs and inputs[-1].kind == "absent":
             inputs.pop()
-        attrs = {k: _frozen(v) for k, v in _typed_attrs(spec, list(node.args)).items()}
+        attrs = {k: frozen_value(v) for k, v in _typed_attrs(spec, list(node.args)).items()}
         op, domain = node.op, ""
         output_index = int(node.args[-1]) if spec.multi_output else 0
         outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else output_index + 1
@@ -284,10 +245,6 @@ def op_instances(
                 found.add(instance)
     ordered = sorted(found, key=lambda i: (i.op, i.in_shapes, i.out_shape, repr(i.attrs), i.output_index))
     return ordered, values
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Measuring
 
 
 def _onnx_dtype(dtype: str) -> int:
@@ -397,43 +354,6 @@ class _Runner:
 
 def _measure(runner: _Runner, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Timing:
     return runner.time(runner.session(model), feeds)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Calibration: the device as a roofline spec
-
-
-@dataclass
-class Calibration:
-    """The local device as the roofline sees it: what a large MatMul, a large Add and a tiny op achieve."""
-
-    device: str
-    peak_flops: float  # float32 FLOP/s
-    memory_bandwidth: float  # bytes/s (read + written)
-    launch_overhead_s: float
-    memory_bytes: float
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "peak_flops": {"float32": self.peak_flops},
-            "memory_bandwidth": self.memory_bandwidth,
-            "launch_overhead_s": self.launch_overhead_s,
-            "memory_bytes": self.memory_bytes,
-            "details": self.details,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Calibration:
-        return cls(
-            str(data["device"]),
-            float(data["peak_flops"]["float32"]),
-            float(data["memory_bandwidth"]),
-            float(data["launch_overhead_s"]),
-            float(data.get("memory_bytes", 0.0)),
-            dict(data.get("details", {})),
-        )
 
 
 def _matmul_model(n: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -546,106 +466,6 @@ def calibrated_machine(calibration: Calibration, devices: int = 1) -> Machine:
         launch_overhead=calibration.launch_overhead_s,
         efficiency=1.0,
     )
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The table
-
-
-@dataclass
-class ProfileTable:
-    """Measured op times for one device. ``lookup`` is what :meth:`CostModel.compute` calls."""
-
-    meta: dict[str, Any]
-    entries: list[dict[str, Any]]
-    skipped: list[dict[str, Any]] = field(default_factory=list)
-    hits: int = 0
-    misses: int = 0
-    _index: dict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        for entry in self.entries:
-            key = self._key(entry["op"], entry["key"]["in_shapes"], entry["key"]["out_shape"], entry["key"]["dtype"])
-            self._index.setdefault(key, []).append(entry)
-
-    @staticmethod
-    def _key(op: str, in_shapes: Iterable[Iterable[int]], out_shape: Iterable[int], dtype: str) -> tuple[Any, ...]:
-        return (op, tuple(tuple(int(d) for d in s) for s in in_shapes), tuple(int(d) for d in out_shape), dtype)
-
-    @property
-    def calibration(self) -> Calibration | None:
-        data = self.meta.get("calibration")
-        return Calibration.from_json(data) if data else None
-
-    def lookup(
-        self,
-        op_type: str,
-        in_shapes: Sequence[Sequence[int] | None],
-        out_shape: Sequence[int],
-        dtype: str,
-        attrs: Mapping[str, Any] | None = None,
-    ) -> float | None:
-        """Measured seconds of one op on these local shapes, or None (then the roofline prices it)."""
-        found: list[dict[str, Any]] = []
-        if all(s is not None for s in in_shapes):
-            found = self._index.get(self._key(op_type, in_shapes, out_shape, dtype), [])  # type: ignore[arg-type]
-            if attrs is not None:
-                wanted = {k: _jsonable(_frozen(v)) for k, v in attrs.items()}
-                found = [e for e in found if e["attrs"] == wanted]
-        if not found:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return max(float(e["median_s"]) for e in found)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.meta, "entries": self.entries, "skipped": self.skipped}
-
-    def save(self, path: str | Path) -> Path:
-        target = Path(path)
-        if target.is_dir():
-            raise OptionError(f"`-o` {target}: is a directory; pass a file name such as {target / 'profile.json'}.")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        tmp.replace(target)
-        return target
-
-    def describe(self) -> str:
-        summary = self.meta.get("summary", {})
-        return (
-            f"{len(self.entries)} op(s) measured on {self.meta.get('device', {}).get('description', '?')}, "
-            f"{len(self.skipped)} skipped; roofline median relative error "
-            f"{summary.get('median_relative_error', float('nan')):.2f}"
-        )
-
-
-def load_profile(path: str | Path) -> ProfileTable:
-    """Read a table written by ``unity-eq profile`` (or :meth:`ProfileTable.save`)."""
-    source = Path(path)
-    if not source.exists():
-        raise ProfileError(f"{source}: profile table not found. Make one with `unity-eq profile MODEL -o {source}`.")
-    try:
-        data = json.loads(source.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"{source}: unreadable profile table ({exc}). Re-run `unity-eq profile`.") from None
-    if not isinstance(data, dict) or data.get("kind") != "unity-eq-profile":
-        raise ProfileError(f"{source}: not a unity-eq profile table. Make one with `unity-eq profile`.")
-    if data.get("format_version") != PROFILE_FORMAT_VERSION:
-        raise ProfileError(
-            f"{source}: profile format version {data.get('format_version')!r}, this unity-eq reads "
-            f"{PROFILE_FORMAT_VERSION}. Re-run `unity-eq profile`."
-        )
-    entries = data.pop("entries", [])
-    skipped = data.pop("skipped", [])
-    try:
-        return ProfileTable(data, entries, skipped)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProfileError(f"{source}: malformed entry ({exc!r}). Re-run `unity-eq profile`.") from None
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Profiling a model
 
 
 def _mesh_devices(text: str) -> int:
@@ -781,7 +601,7 @@ def profile_model(
     meta: dict[str, Any] = {
         "kind": "unity-eq-profile",
         "format_version": PROFILE_FORMAT_VERSION,
-        "unity_eq_version": unity_eq.__version__,
+        "unity_eq_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": {
             "description": calibration.device,
@@ -815,7 +635,7 @@ def _entry(
     entry: dict[str, Any] = {
         "op": instance.op,
         "domain": instance.domain,
-        "attrs": {k: _jsonable(v) for k, v in instance.attrs},
+        "attrs": {k: jsonable(v) for k, v in instance.attrs},
         "inputs": [s.to_json() for s in instance.inputs],
         "outputs": instance.outputs,
         "output_index": instance.output_index,

@@ -49,20 +49,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unity_eq.blocks import BlockExtractor, BlockSaturation, BlockSplit, saturate_pieces, split_graph
-from unity_eq.cost import Cost, CostModel, GroupTopology, Machine
+from unity_eq.cost import Cost, CostModel, axis_info
 from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, encode, parse_serialized, saturate
 from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.extract import Extraction, Extractor, Restriction
 from unity_eq.files import raise_if_stopped
 from unity_eq.ir import AXIS_NAMES, Graph, Mesh, machine_order
+from unity_eq.machine import GroupTopology, Machine
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
-from unity_eq.profile import ProfileTable
+from unity_eq.profile_table import ProfileTable
 from unity_eq.progress import LineTracker, Tracker
 from unity_eq.report import device_span, parallelism
 from unity_eq.rulesets import RuleFile
 
-__all__ = ["Baseline", "MeshTrial", "SearchResult", "axis_info", "candidate_meshes", "search"]
+__all__ = ["Baseline", "MeshTrial", "SearchResult", "candidate_meshes", "search"]
 
 PENALTY_ROUNDS = 6
 PENALTY_GROWTH = 4.0
@@ -106,22 +107,6 @@ def _divisors(n: int) -> list[int]:
     """The divisors of n in increasing order."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
-
-
-def axis_info(model: CostModel, axis: str) -> dict[str, Any]:
-    """How an axis sits on the machine, for plan.json and explain."""
-    tops = model.group_topologies(axis)
-    worst = max(tops, key=lambda t: (t.m, t.k))
-    link = model.axis_link(axis)
-    return {
-        "name": axis,
-        "size": model.mesh.axis_size(axis),
-        "spans_nodes": worst.m > 1,
-        "nodes": worst.m,
-        "ranks_per_node": worst.k,
-        "link": link.name or "?",
-        "bandwidth_gbs": round(link.bandwidth / 1e9, 3) if math.isfinite(link.bandwidth) else None,
-    }
 
 
 def _mesh_key(model: CostModel) -> tuple[Any, ...]:
