@@ -150,7 +150,7 @@ def test_break_cycles_rechooses_a_class_on_a_cycle() -> None:
     """A cyclic choice (x = Partition(Combine(x))-style) is repaired with the cheapest acyclic alternative."""
     from unity_eq.cost import Cost
     from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
-    from unity_eq.extract import break_cycles
+    from unity_eq.extract.greedy import break_cycles
 
     a_leaf = ENode("a1", "Input", "A", ("x",))
     a_loop = ENode("a2", "Relu", "A", (ClassRef("B"),))

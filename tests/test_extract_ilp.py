@@ -11,8 +11,10 @@ from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq.cost import Cost, CostModel
 from unity_eq.egraph import EGraphData, ENode, encode, parse_serialized, saturate
-from unity_eq.extract import INF, _find_cycle, extract_greedy, node_costs, output_classes
-from unity_eq.extract_ilp import extract_ilp
+from unity_eq.extract import extract_greedy, node_costs, output_classes
+from unity_eq.extract.greedy import find_cycle
+from unity_eq.extract.ilp import extract_ilp
+from unity_eq.extract.pricing import INF
 from unity_eq.ir import Graph, Mesh, Node, TensorType
 from unity_eq.machine import default_machine
 from unity_eq.rulesets import load_rule_files
@@ -43,7 +45,7 @@ def brute_force(data: EGraphData, costs: dict[str, Cost], roots: list[str]) -> f
         nonlocal best
         pending = [c for c in needed if c not in choice]
         if not pending:
-            if _find_cycle(choice, roots) is None:
+            if find_cycle(choice, roots) is None:
                 seen, stack = set(), list(roots)
                 while stack:
                     cid = stack.pop()

@@ -11,7 +11,7 @@ on:
 2. ``verify._tensor.evaluate`` evaluates the constructor on the concrete inputs twice: with the numpy
    backend (the numeric back-up's code path) and with the z3 backend (the bounded prover's), whose terms are
    then computed numerically;
-3. the constructor is lowered back to an ONNX node as extraction and lowering do (``extract._typed_attrs``)
+3. the constructor is lowered back to an ONNX node as extraction and lowering do (``extract.typed_attrs``)
    and run again: a term must mean the node it becomes.
 
 Operators the verifier leaves uninterpreted (Relu, Exp…, Pow, And…) are compared on their output shape only;
@@ -40,7 +40,7 @@ from unity_eq.frontends.onnx import load_onnx
 from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
 
 from unity_eq.egraph import _normalize, _Opaque, _typed_values, _used_outputs
-from unity_eq.extract import _typed_attrs
+from unity_eq.extract.build import typed_attrs
 from unity_eq.ops import OPS, Family, OpSpec, spec_for
 
 OPSET = 21
@@ -551,7 +551,7 @@ def _lowered_node(spec: OpSpec, values: dict[str, Any], inst: Instance) -> tuple
             inputs.append(_ints(list(value)) if value or not arg.optional else None)
     while inputs and inputs[-1] is None:
         inputs.pop()
-    attrs = _typed_attrs(spec, [values[a.name] for a in spec.args])
+    attrs = typed_attrs(spec, [values[a.name] for a in spec.args])
     lowered = Instance(inst.op, inputs, attrs, inst.outputs)
     names = ["" if item is None else f"in{i}" for i, item in enumerate(inputs)]
     outs = [f"out{j}" for j in range(inst.outputs)]

@@ -46,17 +46,12 @@ from unity_eq.egraph import (
     saturate,
 )
 from unity_eq.errors import ExtractionError
-from unity_eq.extract import (
-    INF,
-    Extraction,
-    Extractor,
-    Restriction,
-    _PlanBuilder,
-    adopt_multi_outputs,
-    break_cycles,
-    dag_cost,
-    greedy_dag,
-)
+from unity_eq.extract.baselines import Restriction
+from unity_eq.extract.build import PlanBuilder
+from unity_eq.extract.chooser import IlpChooser
+from unity_eq.extract.extractor import Extraction, Extractor
+from unity_eq.extract.greedy import dag_cost, greedy_dag, repair_choice
+from unity_eq.extract.pricing import INF
 from unity_eq.ir import Graph, Mesh, Node, Replicate, Shard
 from unity_eq.plan import (
     AllGather,
@@ -520,7 +515,7 @@ class BlockExtractor:
         """The cheapest stitched plan: each piece extracted per incoming placement, DP over the cuts.
 
         ``method="ilp"`` then re-extracts every distinct (piece, incoming, outgoing placement) of the chosen
-        chain exactly (unity_eq.extract_ilp), sharing ``time_limit_s`` between them.
+        chain exactly (unity_eq.extract.ilp), sharing ``time_limit_s`` between them.
         """
         if method not in ("greedy", "ilp"):
             raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
@@ -547,9 +542,6 @@ class BlockExtractor:
         time_limit_s: float,
     ) -> tuple[dict[tuple[str, Key | None, Key], dict[str, ENode]], list[Any]]:
         """Exact extraction of each distinct fragment of the chain, seeded with its greedy choice."""
-        from unity_eq.extract import as_costs
-        from unity_eq.extract_ilp import ilp_choice
-
         wanted = list(
             dict.fromkeys((p.signature, q, o) for p, (q, o) in zip(self.saturation.split.pieces, chain, strict=True))
         )
@@ -559,11 +551,10 @@ class BlockExtractor:
             sol = self.saturation.solutions[signature]
             option = options[(signature, in_key)]
             roots = self._fragment_roots(sol, out_key)
-            seed = break_cycles(sol.data, option.choice, option.totals, roots)
-            seed = adopt_multi_outputs(sol.data, seed, option.totals, roots)
-            choice, report = ilp_choice(sol.data, as_costs(option.totals), roots, seed, budget)
-            exact[(signature, in_key, out_key)] = choice
-            reports.append(report)
+            seed = repair_choice(sol.data, option.choice, option.totals, roots)
+            chosen = IlpChooser(budget).choose(sol.data, option.totals, roots, seed)
+            exact[(signature, in_key, out_key)] = chosen.choice
+            reports.extend(chosen.reports)
         return exact, reports
 
     def _fragment_roots(self, sol: PieceSolution, out_key: Key) -> list[str]:
@@ -641,9 +632,8 @@ class _Stitcher:
         extractor = owner.extractors[piece.signature]
         root = owner._roots(sol)[out_key]
         out_roots = owner._fragment_roots(sol, out_key)
-        choice = break_cycles(sol.data, choice, option.totals, out_roots)
-        choice = adopt_multi_outputs(sol.data, choice, option.totals, out_roots)
-        builder = _PlanBuilder(sol.data, choice, sol.encoding, sol.graph, option.costs)
+        choice = repair_choice(sol.data, choice, option.totals, out_roots)
+        builder = PlanBuilder(sol.data, choice, sol.encoding, sol.graph, option.costs)
         builder.build(out_roots)
         names = _instance_names(self.graph, sol.piece, piece)
         rename: dict[str, str] = {}

@@ -38,7 +38,8 @@ from onnx import helper, numpy_helper
 from unity_eq.cost import CostModel, op_flops
 from unity_eq.egraph import ClassRef, EGraphData, Encoding, ENode, Limits, encode, parse_serialized, saturate
 from unity_eq.errors import OptionError
-from unity_eq.extract import LEAVES, PARALLEL_OPS, _list_members, _typed_attrs, local_shape, source_kinds
+from unity_eq.extract.build import typed_attrs
+from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS, list_members, local_shape, source_kinds
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import DeviceSpec, LinkSpec, Machine, default_machine
 from unity_eq.ops import OPS
@@ -147,14 +148,14 @@ def _node_instance(
     out_shape = locals_.get(out_cid)
     if out_shape is None:
         return None
-    # The cost model's view, exactly as unity_eq.extract._price builds it.
+    # The cost model's view, exactly as unity_eq.extract.pricing prices it.
     in_shapes: list[tuple[int, ...]] = []
     in_bytes = 0.0
     for arg in node.args:
         if not isinstance(arg, ClassRef):
             continue
         child = data.classes[arg.id]
-        members = [arg.id] if child.sort == "T" else _list_members(arg.id, data)
+        members = [arg.id] if child.sort == "T" else list_members(arg.id, data)
         if members is None:
             return None
         for member in members:
@@ -179,7 +180,7 @@ def _node_instance(
     if node.op == "Opaque":
         op_type, key, args, index = node.args
         ir_node = encoding.opaque_nodes[str(key)]
-        for member in _list_members(args.id, data) or []:
+        for member in list_members(args.id, data) or []:
             add_tensor(member)
         attrs = {k: frozen_value(v) for k, v in ir_node.attrs.items()}
         domain, outputs, output_index = ir_node.domain, len(ir_node.outputs), int(index)
@@ -193,7 +194,7 @@ def _node_instance(
             if arg.sort == "T":
                 add_tensor(value.id)
             elif arg.sort == "TList":
-                for member in _list_members(value.id, data) or []:
+                for member in list_members(value.id, data) or []:
                     add_tensor(member)
             elif not value and arg.optional:
                 inputs.append(InputSpec((), "", "absent"))
@@ -202,7 +203,7 @@ def _node_instance(
                 inputs.append(InputSpec((len(ints),), "int64", "constant", ints))
         while inputs and inputs[-1].kind == "absent":
             inputs.pop()
-        attrs = {k: frozen_value(v) for k, v in _typed_attrs(spec, list(node.args)).items()}
+        attrs = {k: frozen_value(v) for k, v in typed_attrs(spec, list(node.args)).items()}
         op, domain = node.op, ""
         output_index = int(node.args[-1]) if spec.multi_output else 0
         outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else output_index + 1

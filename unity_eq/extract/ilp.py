@@ -38,18 +38,9 @@ import numpy as np
 from unity_eq.cost import Cost, CostModel
 from unity_eq.egraph import EGraphData, Encoding, ENode
 from unity_eq.errors import ExtractionError
-from unity_eq.extract import (
-    INF,
-    _find_cycle,
-    break_cycles,
-    build_plan,
-    check_invariants,
-    chosen_closure,
-    dag_cost,
-    greedy_dag,
-    node_costs,
-    output_classes,
-)
+from unity_eq.extract.build import build_plan, check_invariants, output_classes
+from unity_eq.extract.greedy import break_cycles, chosen_closure, dag_cost, find_cycle, greedy_dag
+from unity_eq.extract.pricing import INF, node_costs
 from unity_eq.ir import Graph
 from unity_eq.plan import Plan
 
@@ -155,7 +146,7 @@ def ilp_choice(
             raise ExtractionError(f"the extraction ILP found no solution ({status}); use `--extractor greedy`")
         values = np.asarray(solution.col_value)
         choice = {n.eclass: n for n in nodes if values[cols.node[n.id]] > 0.5}
-        cycle = _find_cycle(choice, roots)
+        cycle = find_cycle(choice, roots)
         if cycle is None:
             break
         if time.perf_counter() - start >= time_limit_s:  # out of time with a cyclic answer: keep greedy

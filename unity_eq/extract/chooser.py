@@ -1,0 +1,82 @@
+"""Choosers: the one small interface every extraction algorithm implements.
+
+A chooser picks one e-node per e-class needed by the roots, from the e-nodes' prices (``totals``, seconds;
+``inf`` marks a node a restriction forbids). It may start from an earlier chooser's choice: the exact ILP
+refines the greedy one. Building the :class:`~unity_eq.plan.Plan` from a choice is one function for all of
+them (:func:`unity_eq.extract.build.build_plan`), so a new algorithm is one class here and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from unity_eq.egraph import EGraphData, ENode
+from unity_eq.errors import ExtractionError
+from unity_eq.extract.greedy import greedy_dag, parents_of, repair_choice
+from unity_eq.extract.ilp import IlpReport, ilp_choice
+from unity_eq.extract.pricing import as_costs
+
+__all__ = ["Choice", "Chooser", "Chosen", "GreedyChooser", "IlpChooser", "Unreachable"]
+
+#: One chosen e-node per e-class, by e-class id.
+Choice = dict[str, ENode]
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A chooser's answer: the choice, and what an exact chooser proved about it."""
+
+    choice: Choice
+    reports: list[IlpReport] = field(default_factory=list)
+
+
+class Unreachable(ExtractionError):
+    """No allowed e-node reaches this root: the restriction (or the rules) leave it without a choice."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(f"e-class {root} has no allowed choice")
+        self.root = root
+
+
+class Chooser(Protocol):
+    """Picks one e-node per needed e-class of ``data`` for ``roots`` under the prices ``totals``."""
+
+    name: str
+
+    def choose(
+        self, data: EGraphData, totals: Mapping[str, float], roots: list[str], start: Choice | None
+    ) -> Chosen: ...
+
+
+@dataclass
+class GreedyChooser:
+    """DAG-aware greedy (a shared subterm paid once), then cycles broken and multi-output nodes adopted."""
+
+    parents: dict[str, list[ENode]] | None = None
+    name: str = "greedy"
+
+    def choose(
+        self, data: EGraphData, totals: Mapping[str, float], roots: list[str], start: Choice | None = None
+    ) -> Chosen:
+        parents = self.parents if self.parents is not None else parents_of(data)
+        choice = greedy_dag(data, totals, parents)
+        missing = [root for root in roots if root not in choice]
+        if missing:
+            raise Unreachable(missing[0])
+        return Chosen(repair_choice(data, choice, totals, roots))
+
+
+@dataclass
+class IlpChooser:
+    """The exact 0-1 program (HiGHS) seeded with ``start`` as its incumbent, within ``time_limit_s``."""
+
+    time_limit_s: float
+    name: str = "ilp"
+
+    def choose(self, data: EGraphData, totals: Mapping[str, float], roots: list[str], start: Choice | None) -> Chosen:
+        if start is None:
+            raise ExtractionError("the ILP chooser refines a choice: run a greedy chooser before it")
+        choice, report = ilp_choice(data, as_costs(totals), roots, start, self.time_limit_s)
+        return Chosen(choice, [report])

@@ -1,0 +1,162 @@
+"""The façade the search uses: one saturated e-graph priced once under one cost model, extracted under
+restrictions and memory penalties by a chain of choosers (greedy, then optionally the exact ILP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from unity_eq.cost import CostModel
+from unity_eq.egraph import EGraphData, Encoding
+from unity_eq.errors import ExtractionError
+from unity_eq.extract.baselines import Restriction
+from unity_eq.extract.build import PlanBuilder, build_plan, check_invariants, output_classes
+from unity_eq.extract.chooser import Choice, Chooser, GreedyChooser, IlpChooser, Unreachable
+from unity_eq.extract.greedy import parents_of
+from unity_eq.extract.pricing import (
+    INF,
+    LEAVES,
+    PARALLEL_OPS,
+    class_bytes,
+    derives_from,
+    itemsize,
+    local_shape,
+    node_costs,
+    source_kinds,
+)
+from unity_eq.ir import Graph
+from unity_eq.plan import (
+    Plan,
+)
+
+
+@dataclass
+class Extraction:
+    """One extracted plan with the knobs that produced it."""
+
+    plan: Plan
+    restriction: Restriction
+    penalty: float  # seconds per byte of per-device memory added to every node's cost
+    ilp: list[Any] = field(default_factory=list)  # IlpReport of each exact extraction behind the plan
+
+
+class Extractor:
+    """Extracts plans from one saturated e-graph under one cost model, sharing the pricing between runs."""
+
+    def __init__(
+        self,
+        data: EGraphData,
+        encoding: Encoding,
+        graph: Graph,
+        model: CostModel,
+        activation_inputs: frozenset[str] = frozenset(),
+    ) -> None:
+        """``activation_inputs``: model inputs that are really activations (a block's incoming tensor): they
+        are priced like activations (their slices copy, their gradients count) rather than free inputs."""
+        check_invariants(data)
+        self.data = data
+        self.encoding = encoding
+        self.graph = graph
+        self.model = model
+        self.activation_inputs = activation_inputs
+        self.locals = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+        self.kinds = source_kinds(data)
+        for name in activation_inputs:
+            stream = data.tensor_class.get(encoding.tensor_ids[name])
+            for cid, kind in list(self.kinds.items()):
+                if kind == "input" and (cid == stream or derives_from(data, cid, stream)):
+                    self.kinds[cid] = "activation"
+        self.costs = node_costs(data, model, self.locals, self.kinds)
+        self.roots = output_classes(data, encoding, graph)
+        self._memory: dict[str, float] | None = None
+        self.parents = parents_of(data)
+
+    def node_memory(self) -> dict[str, float]:
+        """A per-node proxy of the memory a choice costs on each device: the bytes of the activation it
+        makes, and for an op, the (training: with gradient and optimizer state) weight pieces it reads."""
+        if self._memory is not None:
+            return self._memory
+        from unity_eq.memory import weight_state_factor
+
+        training = self.model.objective == "training"
+        memory: dict[str, float] = {}
+        for cls in self.data.classes.values():
+            if cls.sort != "T":
+                continue
+            out = class_bytes(cls.id, self.data, self.locals)
+            for node in cls.nodes:
+                if node.op in LEAVES or node.op == "Replicate":
+                    memory[node.id] = 0.0
+                    continue
+                kind = self.kinds.get(node.children[0], "activation") if node.children else "activation"
+                if node.op in PARALLEL_OPS:
+                    memory[node.id] = 0.0 if kind == "weight" else out
+                    continue
+                total = out
+                for child in node.children:
+                    if self.kinds.get(child) == "weight":
+                        nbytes = class_bytes(child, self.data, self.locals)
+                        factor = 1.0
+                        if training:
+                            factor += weight_state_factor(max(1, itemsize(self.data.classes[child].dtype)))
+                        total += nbytes * factor
+                memory[node.id] = total
+        self._memory = memory
+        return memory
+
+    def reprice(self, model: CostModel) -> Extractor:
+        """The same e-graph priced by another cost model (e.g. one device, for the baseline)."""
+        return Extractor(self.data, self.encoding, self.graph, model, self.activation_inputs)
+
+    def totals(self, restriction: Restriction, penalty: float = 0.0) -> dict[str, float]:
+        """Every e-node's cost in seconds as an extraction under ``restriction`` and ``penalty`` sees it."""
+        totals: dict[str, float] = {}
+        memory = self.node_memory() if penalty > 0 else None
+        for cls in self.data.classes.values():
+            for node in cls.nodes:
+                cost = self.costs[node.id].total
+                if not restriction.allows(node, cls, self.kinds):
+                    cost = INF
+                elif memory is not None:
+                    cost += penalty * memory.get(node.id, 0.0)
+                totals[node.id] = cost
+        return totals
+
+    def choosers(self, method: str, time_limit_s: float) -> list[Chooser]:
+        """``greedy``, or ``ilp``: the greedy choice refined by the exact program within ``time_limit_s``."""
+        if method not in ("greedy", "ilp"):
+            raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
+        greedy = GreedyChooser(self.parents)
+        return [greedy] if method == "greedy" else [greedy, IlpChooser(time_limit_s)]
+
+    def extract(
+        self,
+        restriction: Restriction | None = None,
+        penalty: float = 0.0,
+        method: str = "greedy",
+        time_limit_s: float = 60.0,
+    ) -> Extraction:
+        """The cheapest plan using only nodes ``restriction`` allows; ``penalty`` adds seconds per byte of the
+        node memory proxy to steer towards plans that fit. ``method="ilp"`` refines the greedy plan with the
+        exact program of unity_eq.extract.ilp (greedy as the incumbent, within ``time_limit_s``)."""
+        restriction = restriction or Restriction()
+        totals = self.totals(restriction, penalty)
+        choice: Choice | None = None
+        reports = []
+        for chooser in self.choosers(method, time_limit_s):
+            try:
+                chosen = chooser.choose(self.data, totals, self.roots, choice)
+            except Unreachable as exc:
+                builder = PlanBuilder(self.data, {}, self.encoding, self.graph, self.costs)
+                raise ExtractionError(builder.no_choice_message(exc.root)) from None
+            choice = chosen.choice
+            reports.extend(chosen.reports)
+        assert choice is not None
+        plan = build_plan(self.data, choice, self.costs, self.encoding, self.graph, self.model)
+        return Extraction(plan, restriction, penalty, reports)
+
+
+def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> Plan:
+    """Extract the cheapest plan (greedy, DAG-aware) whose outputs are the model's outputs, replicated."""
+    return Extractor(data, encoding, graph, model).extract().plan

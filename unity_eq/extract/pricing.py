@@ -1,0 +1,244 @@
+"""Pricing e-nodes: every e-node's cost on its local (per-device) shapes under a cost model.
+
+Also what pricing needs to know about e-classes: their local shapes, where their values come from (a weight,
+a model input or an activation), and the names of the values they hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from unity_eq.cost import ZERO, Cost, CostModel
+from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
+from unity_eq.ir import Partial, Placement, Replicate, Shard
+
+INF = math.inf
+
+
+PARALLEL_OPS = {"Partition", "Combine", "Replicate", "Reduce"}
+
+
+LEAVES = {"Input", "Weight", "NoneT"}
+
+
+def placement_of(state: str) -> Placement:
+    if state.startswith("S("):
+        return Shard(int(state[2:-1]))
+    if state == "P":
+        return Partial()
+    return Replicate()
+
+
+def local_shape(cls: EClass, model: CostModel) -> tuple[int, ...] | None:
+    if cls.shape is None:
+        return None
+    shape = list(cls.shape)
+    for axis, size in zip(model.mesh.axes, model.mesh.sizes, strict=True):
+        state = cls.state(axis)
+        if state == "?":
+            return None
+        if state.startswith("S("):
+            d = int(state[2:-1])
+            if d >= len(shape) or shape[d] % size:
+                return None
+            shape[d] //= size
+    return tuple(shape)
+
+
+def itemsize(dtype: str | None) -> int:
+    if dtype in (None, "none"):
+        return 0
+    return int(np.dtype(dtype).itemsize)
+
+
+def source_kinds(data: EGraphData) -> dict[str, str]:
+    """'input' or 'weight' for e-classes that are a model input or weight, maybe sliced or replicated;
+    'activation' for the rest. Training prices gradients by it."""
+    kinds: dict[str, str] = {}
+    for cls in data.classes.values():
+        for node in cls.nodes:
+            if node.op == "Input":
+                kinds[cls.id] = "input"
+            elif node.op in ("Weight", "NoneT"):
+                kinds[cls.id] = "weight"
+    changed = True
+    while changed:
+        changed = False
+        for cls in data.classes.values():
+            if cls.id in kinds:
+                continue
+            for node in cls.nodes:
+                if node.op in PARALLEL_OPS and node.children and node.children[0] in kinds:
+                    kinds[cls.id] = kinds[node.children[0]]
+                    changed = True
+                    break
+                if node.op in FOLDABLE_OPS and _all_weights(node, data, kinds):
+                    kinds[cls.id] = "weight"  # data movement over weights only: folded at lowering
+                    changed = True
+                    break
+    return kinds
+
+
+#: Data-movement ops that lowering evaluates at lowering time when every tensor operand is a weight (the
+#: generated rules slice and concatenate weights: Split(W), Concat(W1, W2)); they cost nothing at run time.
+FOLDABLE_OPS = frozenset({"Split", "Concat", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+def _all_weights(node: ENode, data: EGraphData, kinds: dict[str, str]) -> bool:
+    members: list[str] = []
+    for child in node.children:
+        if data.classes[child].sort == "TList":
+            items = list_members(child, data)
+            if items is None:
+                return False
+            members.extend(items)
+        else:
+            members.append(child)
+    return bool(members) and all(kinds.get(m) == "weight" for m in members)
+
+
+def as_costs(totals: Mapping[str, float]) -> dict[str, Cost]:
+    """Seconds per e-node as Costs (what the ILP reads), for totals that carry restrictions and penalties."""
+    return {k: Cost(compute=v) for k, v in totals.items()}
+
+
+def derives_from(data: EGraphData, cid: str, source: str | None) -> bool:
+    """Whether e-class ``cid`` is ``source`` under parallel ops only (a slice or replica of it)."""
+    seen: set[str] = set()
+    while source is not None and cid not in seen:
+        if cid == source:
+            return True
+        seen.add(cid)
+        node = next((n for n in data.classes[cid].nodes if n.op in PARALLEL_OPS and n.children), None)
+        if node is None:
+            return False
+        cid = node.children[0]
+    return False
+
+
+def value_names(data: EGraphData, original: dict[str, str]) -> dict[str, str]:
+    """Name every e-class after the original tensor whose global value it holds: parallel ops keep the global
+    value, so a name flows across them in both directions (a sharded core gets the name of what it computes)."""
+    names = dict(original)
+    edges: list[tuple[str, str]] = []
+    for cls in data.classes.values():
+        for node in cls.nodes:
+            if node.op in PARALLEL_OPS and node.children:
+                edges.append((cls.id, node.children[0]))
+    changed = True
+    while changed:
+        changed = False
+        for a, b in edges:
+            if a in names and b not in names:
+                names[b] = names[a]
+                changed = True
+            elif b in names and a not in names:
+                names[a] = names[b]
+                changed = True
+    return names
+
+
+def node_costs(
+    data: EGraphData,
+    model: CostModel,
+    locals_: dict[str, tuple[int, ...] | None] | None = None,
+    kinds: dict[str, str] | None = None,
+) -> dict[str, Cost]:
+    """Price every e-node of a tensor class (INF compute for nodes that cannot be lowered). ``locals_`` (local
+    shapes) and ``kinds`` (source kinds) are computed when not given."""
+    if locals_ is None:
+        locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+    if kinds is None:
+        kinds = source_kinds(data)
+    costs: dict[str, Cost] = {}
+    for cls in data.classes.values():
+        for node in cls.nodes:
+            costs[node.id] = _price(node, cls, data, model, locals_, kinds)
+    return costs
+
+
+def class_bytes(cid: str, data: EGraphData, locals_: dict[str, tuple[int, ...] | None]) -> float:
+    shape = locals_.get(cid)
+    return 0.0 if shape is None else math.prod(shape) * itemsize(data.classes[cid].dtype)
+
+
+def list_members(cid: str, data: EGraphData) -> list[str] | None:
+    """Tensor classes of an explicit TCons/TNil list class (None when it has only PList forms)."""
+    members: list[str] = []
+    seen = set()
+    while cid not in seen:
+        seen.add(cid)
+        cls = data.classes[cid]
+        nil = next((n for n in cls.nodes if n.op == "TNil"), None)
+        if nil is not None:
+            return members
+        cons = next((n for n in cls.nodes if n.op == "TCons"), None)
+        if cons is None:
+            return None
+        members.append(cons.args[0].id)
+        cid = cons.args[1].id
+    return None
+
+
+def _price(
+    node: ENode,
+    cls: EClass,
+    data: EGraphData,
+    model: CostModel,
+    locals_: dict[str, tuple[int, ...] | None],
+    kinds: dict[str, str],
+) -> Cost:
+    infinite = Cost(compute=INF)
+    if cls.sort == "TList":
+        return infinite if node.op == "PList" else ZERO
+    out_shape = locals_.get(cls.id)
+    if out_shape is None:
+        return infinite
+    if node.op in LEAVES:
+        return ZERO
+    if node.op in FOLDABLE_OPS and kinds.get(cls.id) == "weight" and _all_weights(node, data, kinds):
+        return ZERO  # folded into an initializer at lowering time
+    if node.op in PARALLEL_OPS:
+        src = node.args[0].id
+        if locals_.get(src) is None:
+            return infinite
+        axis = node.args[-1]
+        if node.op == "Partition":
+            return model.partition(axis, class_bytes(src, data, locals_), kinds.get(src, "activation"))
+        if node.op == "Combine":
+            return model.combine(axis, class_bytes(cls.id, data, locals_))
+        if node.op == "Reduce":
+            return model.reduce(axis, class_bytes(cls.id, data, locals_))
+        return model.replicate(axis, class_bytes(src, data, locals_), kinds.get(src, "activation"))
+    in_shapes: list[tuple[int, ...] | None] = []
+    in_bytes = 0.0
+    for arg in node.args:
+        if not isinstance(arg, ClassRef):
+            continue
+        child = data.classes[arg.id]
+        members = [arg.id] if child.sort == "T" else list_members(arg.id, data)
+        if members is None:
+            return infinite
+        for member in members:
+            if locals_.get(member) is None:
+                return infinite
+            in_shapes.append(locals_[member])
+            in_bytes += class_bytes(member, data, locals_)
+    op = node.args[0] if node.op == "Opaque" else node.op
+    outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else 1
+    out_bytes = class_bytes(cls.id, data, locals_)
+    return model.compute(str(op), in_shapes, in_bytes, out_shape, out_bytes, cls.dtype or "", outputs)
+
+
+CostTable = Mapping[str, Cost] | Mapping[str, float]
+
+
+def seconds_of(cost: Cost | float) -> float:
+    return cost.total if isinstance(cost, Cost) else float(cost)
+
+
+def totals_of(costs: CostTable) -> dict[str, float]:
+    return {k: seconds_of(v) for k, v in costs.items()}
