@@ -12,10 +12,10 @@ from unity_eq import ops
 from unity_eq.egraph import (
     Limits,
     StopReason,
-    _reduce_pairs,
-    _reshape_pairs,
     encode,
     parse_serialized,
+    reduce_pairs,
+    reshape_pairs,
     saturate,
 )
 from unity_eq.errors import RuleError, SaturationError
@@ -132,12 +132,12 @@ def test_missing_rule_file(tmp_path: Path) -> None:
     ],
 )
 def test_reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...], pairs: list[tuple[int, int]]) -> None:
-    assert list(_reshape_pairs(src, dst)) == pairs
+    assert list(reshape_pairs(src, dst)) == pairs
 
 
 def test_reduce_pairs() -> None:
-    assert list(_reduce_pairs((1,), 0, 3)) == [(0, 0), (2, 1)]
-    assert list(_reduce_pairs((1,), 1, 3)) == [(0, 0), (2, 2)]
+    assert list(reduce_pairs((1,), 0, 3)) == [(0, 0), (2, 1)]
+    assert list(reduce_pairs((1,), 1, 3)) == [(0, 0), (2, 2)]
 
 
 def test_transformer_encodes_every_node_typed(examples: Path) -> None:

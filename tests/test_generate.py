@@ -12,11 +12,11 @@ import pytest
 from conftest import run_cli
 from unity_eq.verify import Options, verify_rules
 from unity_eq.verify._generate import _prove, check_ops, generate_rules
-from unity_eq.verify._parse import RuleSource, parse_program
 
 from unity_eq.cli import main as cli_main
 from unity_eq.errors import OptionError
 from unity_eq.pipeline import optimize
+from unity_eq.rulefile.parse import RuleSource, parse_program
 from unity_eq.rulesets import (
     BASE_FILES,
     DEFAULT_RULE_FILES,
@@ -261,7 +261,9 @@ def test_the_generator_decides_drafts_as_verify_does() -> None:
     issue 12 are refuted, with the verifier's refutation; shipped rules proven generically (cross-checked)
     and bounded are proven."""
     from unity_eq.verify._generate import _base, decide_draft
-    from unity_eq.verify._verify import load_program, verify_program
+    from unity_eq.verify._verify import verify_program
+
+    from unity_eq.rulefile.load import load_program
 
     facts = _base().facts
     path = Path(__file__).parent / "data" / "issue12-unsound-generated.egg"

@@ -20,11 +20,12 @@ import pytest
 from unity_eq.verify import Options, load_program, verify_rules
 from unity_eq.verify._gen import op_instances
 from unity_eq.verify._guards import DerivedFacts, GuardContext, solve_guards
-from unity_eq.verify._parse import RuleSource, parse_program
 from unity_eq.verify._semantics import Placements, VarSpec
-from unity_eq.verify._verify import _decide_rule, _templates_first, shipped_rule_files
+from unity_eq.verify._verify import _templates_first, decide_rule
 
 from unity_eq.cli import main as cli_main
+from unity_eq.rulefile.load import shipped_rule_files
+from unity_eq.rulefile.parse import RuleSource, parse_program
 from unity_eq.rulesets import rules_dir
 
 SHIPPED, _TARGETS = load_program()
@@ -70,7 +71,7 @@ def _shipped_param(rule: Any) -> Any:
 def test_shipped_rule_is_proven(rule: Any) -> None:
     """Every shipped rule (generated ones included) is proven: generically, with its axioms cross-checked on
     the first bounded cases, or by a bounded check over every case of the ranges (no budget, no sampling)."""
-    report = _decide_rule(rule, FACTS, Options(jobs=1, numeric="generated/" not in rule.file), CACHE)
+    report = decide_rule(rule, FACTS, Options(jobs=1, numeric="generated/" not in rule.file), CACHE)
     assert report.status == "proven", f"{rule.name} ({rule.pos}): {report.message}"
     assert report.bounded is not None, rule.name
     expected = {"generic": ("proven", "cross-checked"), "bounded": ("proven",)}[report.kind]

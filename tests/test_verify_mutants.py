@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 from unity_eq.verify import Options, RuleReport, load_program, verify_program
-from unity_eq.verify._ast import Rule
-from unity_eq.verify._parse import Program
+
+from unity_eq.rulefile.parse import Program
+from unity_eq.rulefile.terms import Rule
 
 CORPUS = Path(__file__).parent / "data" / "mutants_corpus.egg"
 NAMES = re.findall(r':name "([^"]+)"', CORPUS.read_text())

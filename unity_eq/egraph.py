@@ -247,7 +247,7 @@ def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple[int, int]]:
+def reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple[int, int]]:
     """Dimension pairs (d, d2) where splitting d of ``src`` equals splitting d2 of the reshaped ``dst``.
 
     They are the dims, both of size > 1, before which the two shapes hold the same number of elements: a
@@ -267,7 +267,7 @@ def _reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple
         acc *= n
 
 
-def _reduce_pairs(axes: tuple[int, ...], keepdims: int, rank: int) -> Iterator[tuple[int, int]]:
+def reduce_pairs(axes: tuple[int, ...], keepdims: int, rank: int) -> Iterator[tuple[int, int]]:
     for d in range(rank):
         if d not in axes:
             yield d, d if keepdims else d - sum(1 for a in axes if a < d)
@@ -356,12 +356,12 @@ def _guard_facts(w: _ProgramWriter, node: Node, spec: OpSpec, values: dict[str, 
     if spec.family is Family.RESHAPE:
         src = graph.types[values[spec.args[0].name]].shape
         dst = graph.types[node.outputs[0]].shape
-        for d, d2 in _reshape_pairs(src, dst):
+        for d, d2 in reshape_pairs(src, dst):
             w.fact(f"(reshape-map {_egg_ivec(src)} {_egg_ivec(dst)} {d} {d2})")
     elif spec.family is Family.REDUCE:
         rank = graph.types[values["data"]].rank
         axes, keep = tuple(values["axes"]), int(values["keepdims"])
-        for d, d2 in _reduce_pairs(axes, keep, rank):
+        for d, d2 in reduce_pairs(axes, keep, rank):
             w.fact(f"(reduce-map {_egg_ivec(axes)} {keep} {rank} {d} {d2})")
 
 

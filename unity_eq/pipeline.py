@@ -219,7 +219,7 @@ def check_rule_files(paths: Sequence[Path]) -> None:
     extra = [Path(p) for p in paths if not Path(p).resolve().is_relative_to(shipped)]
     if not extra:
         return
-    from unity_eq.verify._verify import load_program
+    from unity_eq.rulefile.load import display_path, load_program
 
     program, _ = load_program(extra, engine=False)  # raises RuleError on a syntax error, with file:line:col
     if program.errors:
@@ -228,10 +228,9 @@ def check_rule_files(paths: Sequence[Path]) -> None:
         raise RuleError(program.errors[0] + tail)
     # then egglog itself loads exactly what every mesh's engine worker will load, once, here
     from unity_eq.enginecheck import engine_load_error
-    from unity_eq.verify._verify import _display
 
     files = load_rule_files([Path(p) for p in paths])
-    error = engine_load_error([(_display(f.path), f.text) for f in files])
+    error = engine_load_error([(display_path(f.path), f.text) for f in files])
     if error:
         raise RuleError(error)
 

@@ -12,12 +12,10 @@ The contract a rule must keep (global value, placement per mesh axis, pieces per
 
 from __future__ import annotations
 
-from unity_eq.verify._ast import AnalysisDecl, App, Lit, Rule, Term, Var
 from unity_eq.verify._bounded import BoundedResult, Counterexample
 from unity_eq.verify._cli import main, render
 from unity_eq.verify._generic import GenericResult
 from unity_eq.verify._numeric import NumericResult
-from unity_eq.verify._parse import Program, RuleSource, parse_program
 from unity_eq.verify._verify import (
     Options,
     Report,
@@ -27,6 +25,9 @@ from unity_eq.verify._verify import (
     verify_program,
     verify_rules,
 )
+
+from unity_eq.rulefile.parse import Program, RuleSource, parse_program
+from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Rule, Term, Var
 
 __all__ = [
     "AnalysisDecl",

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import z3
-from unity_eq.verify._ast import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._gen import GenConfig, generate_lhs
 from unity_eq.verify._guards import (
     DerivedFacts,
@@ -50,19 +49,20 @@ from unity_eq.verify._semantics import (
     Placements,
     State,
     VarSpec,
-    _list_items,
-    _tensor_nodes,
     evaluate_case,
     gradient_problem,
     infer_placements,
     instantiate,
     lhs_placements,
+    list_elements,
     state_str,
+    tensor_nodes,
 )
 from unity_eq.verify._tensor import Z3Backend, same_polynomial
 
 from unity_eq.ir import Mesh
 from unity_eq.ops import OPS
+from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = [
     "BoundedResult",
@@ -301,7 +301,7 @@ def unsupported_constructors(rule: Rule) -> list[str]:
     return list(out)
 
 
-def _token(head: str) -> str:
+def bounded_token(head: str) -> str:
     """Ops with the same argument layout and family share generators, shapes and guard behaviour."""
     spec = OPS.get(head)
     if spec is None:
@@ -313,14 +313,14 @@ def _token(head: str) -> str:
 
 def _canonical(term: Term) -> Term:
     if isinstance(term, App):
-        return App(_token(term.head), tuple(_canonical(a) for a in term.args))
+        return App(bounded_token(term.head), tuple(_canonical(a) for a in term.args))
     return term
 
 
 def enumeration_key(rule: Rule, facts: DerivedFacts, *extra: Any) -> Any:
     """Rules with equal keys have the same cases (e.g. add-split-a and mul-split-a)."""
     heads = {t.head for term in (rule.lhs, *rule.guards) for t in walk(term) if isinstance(t, App) and t.head in OPS}
-    decls = tuple(sorted((_token(h), facts.signature(h, _token(h))) for h in heads))
+    decls = tuple(sorted((bounded_token(h), facts.signature(h, bounded_token(h))) for h in heads))
     return (_canonical(rule.lhs), tuple(_canonical(g) for g in rule.guards), rule.sorts, decls, extra)
 
 
@@ -492,11 +492,11 @@ def concrete_rule(rule: Rule, case: Case) -> tuple[Term, Term, list[str], dict[s
 
 def placement_problem(lhs: Term, rhs: Term, pl_lhs: Placements, pl: Placements, tensor_vars: list[str]) -> str | None:
     """A reason the rule breaks "one placement per e-class", or None."""
-    rhs_nodes = _tensor_nodes(rhs)
-    items = _list_items(lhs)
+    rhs_nodes = tensor_nodes(rhs)
+    items = list_elements(lhs)
     roots = items if items is not None else [lhs]
     must_have = [*rhs_nodes, *roots, *(Var(v) for v in tensor_vars)]
-    for node in dict.fromkeys([*must_have, *_tensor_nodes(lhs)]):
+    for node in dict.fromkeys([*must_have, *tensor_nodes(lhs)]):
         if isinstance(node, App) and node.head == "NoneT":
             continue
         for axis in pl.axes:

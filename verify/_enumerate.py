@@ -32,11 +32,11 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from unity_eq.verify._ast import App, Lit, Term, Var
-from unity_eq.verify._semantics import State, _chunk
+from unity_eq.verify._semantics import State, chunk_of
 from unity_eq.verify._tensor import NumpyBackend, ShapeError, evaluate, infer_shape
 
 from unity_eq.ir import Mesh
+from unity_eq.rulefile.terms import App, Lit, Term, Var
 
 __all__ = [
     "DEFAULT_INPUTS",
@@ -232,7 +232,7 @@ class Evaluator:
         if spec.kind == "R":
             pieces = [glob] * MESH.size
         elif spec.kind == "S":
-            pieces = [_chunk(glob, spec.dim, r, AXIS_SIZE) for r in range(MESH.size)]
+            pieces = [chunk_of(glob, spec.dim, r, AXIS_SIZE) for r in range(MESH.size)]
         else:  # P: random pieces that sum to the value
             first = self.bk.symbols(spec.name + ".0", spec.shape)
             pieces = [first, glob - first]
@@ -327,7 +327,7 @@ class Evaluator:
             d = state[1]
             if d >= glob.ndim or glob.shape[d] % AXIS_SIZE:
                 return False
-            return all(_equal(p, _chunk(glob, d, r, AXIS_SIZE)) for r, p in enumerate(pieces))
+            return all(_equal(p, chunk_of(glob, d, r, AXIS_SIZE)) for r, p in enumerate(pieces))
         return all(_equal(p, glob) for p in pieces)
 
     def _core_state(self, glob: np.ndarray, pieces: list[np.ndarray]) -> State:
@@ -348,7 +348,7 @@ class Evaluator:
             d = int(term.args[1].value)
             if x.state != R:
                 raise _Invalid("Partition of a value that is not R")
-            pieces = [_chunk(x.glob, d, r, AXIS_SIZE) for r in range(MESH.size)]
+            pieces = [chunk_of(x.glob, d, r, AXIS_SIZE) for r in range(MESH.size)]
             state: State = ("S", d)
         elif head == "Replicate":
             if x.state != R:

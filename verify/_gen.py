@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from unity_eq.verify._ast import App, Lit, Term, Var, walk
 from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
 from unity_eq.ops import OPS, Family, OpSpec
+from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
 __all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]
 

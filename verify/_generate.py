@@ -39,7 +39,6 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
-from unity_eq.verify._ast import App, Lit, Rule, Term, Var
 from unity_eq.verify._bounded import BoundedResult, prove_bounded
 from unity_eq.verify._enumerate import (
     DEFAULT_INPUTS,
@@ -58,12 +57,13 @@ from unity_eq.verify._generalize import ATTEMPTS, RuleCandidate, draft, rule_nam
 from unity_eq.verify._generic import prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import check_numeric
-from unity_eq.verify._parse import Program, RuleSource, parse_program
 from unity_eq.verify._prune import Pruner
-from unity_eq.verify._verify import Options, _decide_rule
+from unity_eq.verify._verify import Options, decide_rule
 
 from unity_eq.errors import OptionError
 from unity_eq.files import worker_pool
+from unity_eq.rulefile.parse import Program, RuleSource, parse_program
+from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var
 from unity_eq.rulesets import BASE_FILES, HAND_WRITTEN_RULE_FILES, rules_dir
 
 __all__ = ["GenerateReport", "GeneratedRule", "check_ops", "generate_rules", "render_report"]
@@ -475,7 +475,7 @@ def _prove(job: tuple[list[tuple[str, str]], Options]) -> _Outcome:
             continue
         try:
             if rule.bidirectional or not options.generic or not options.bounded or options.budget is not None:
-                report = _decide_rule(rule, base.facts, options, cache)
+                report = decide_rule(rule, base.facts, options, cache)
                 verdict, why = report.status, report.message
             else:
                 verdict, why = decide_draft(rule, base.facts, options, cache, instances)

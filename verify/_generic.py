@@ -41,20 +41,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import z3
-from unity_eq.verify._ast import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._bounded import rule_axes, unsupported_constructors
 from unity_eq.verify._guards import DerivedFacts, unsupported_relations
 from unity_eq.verify._semantics import (
     LISTS,
     PARALLEL,
     Placements,
-    _propagate,
-    _tensor_nodes,
     gradient_problem,
+    propagate,
     state_str,
+    tensor_nodes,
 )
 
 from unity_eq.ops import OPS, Family
+from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = ["GenericResult", "prove_generic"]
 
@@ -1036,14 +1036,14 @@ def _prove_one(
     pl = Placements(axes)
     for (var, ax), (kind, key) in r.placed.items():
         pl.add(Var(var), ax, (kind, key if kind == "S" else -1))
-    _propagate(pl, [lhs], dim_of, axis_of, is_tensor)
+    propagate(pl, [lhs], dim_of, axis_of, is_tensor)
     tensor_vars = [v for v, s in sorts.items() if s == "T"]
     for v in tensor_vars:
         for ax in axes:
             if not pl.get(Var(v), ax):
                 pl.add(Var(v), ax, ("R", -1))
-    _propagate(pl, [lhs], dim_of, axis_of, is_tensor)
-    lhs_nodes = _tensor_nodes(lhs, is_tensor)
+    propagate(pl, [lhs], dim_of, axis_of, is_tensor)
+    lhs_nodes = tensor_nodes(lhs, is_tensor)
     if any(len(pl.get(t, ax)) > 1 for t in lhs_nodes for ax in axes):
         raise _Unsupported("the left-hand side has conflicting placements")
     roots = _root_pairs(lhs, rhs)
@@ -1054,8 +1054,8 @@ def _prove_one(
                     pl.add(right, ax, st)
                 for st in list(pl.get(right, ax)):
                     pl.add(left, ax, st)
-        _propagate(pl, [lhs, rhs], dim_of, axis_of, is_tensor)
-    rhs_nodes = _tensor_nodes(rhs, is_tensor)
+        propagate(pl, [lhs, rhs], dim_of, axis_of, is_tensor)
+    rhs_nodes = tensor_nodes(rhs, is_tensor)
     check_nodes = [*rhs_nodes, *(Var(v) for v in tensor_vars), *(left for left, _ in roots)]
     for t in check_nodes:
         for ax in axes:

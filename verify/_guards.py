@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from unity_eq.verify._ast import AnalysisDecl, App, Lit, Term, Var
 from unity_eq.verify._semantics import (
     LISTS,
     PARALLEL,
@@ -26,14 +25,15 @@ from unity_eq.verify._semantics import (
     S,
     State,
     VarSpec,
-    _list_items,
     instantiate,
+    list_elements,
     parse_state,
 )
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
-from unity_eq.egraph import MAX_RANK, _reduce_pairs, _reshape_pairs
+from unity_eq.egraph import MAX_RANK, reduce_pairs, reshape_pairs
 from unity_eq.ops import OPS
+from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Term, Var
 
 __all__ = [
     "BUILTIN_RELATIONS",
@@ -175,13 +175,13 @@ class GuardContext:
                 return self.shape(term.args[0])
             if term.head in OPS:
                 args: list[Any] = []
-                spec = OPS[term.head]
-                for i, arg in enumerate(term.args):
-                    sort = spec.args[i].sort if i < len(spec.args) else "i64"
+                op_spec = OPS[term.head]
+                for k, arg in enumerate(term.args):
+                    sort = op_spec.args[k].sort if k < len(op_spec.args) else "i64"
                     if sort == "T":
                         args.append(None if isinstance(arg, App) and arg.head == "NoneT" else self.shape(arg))
                     elif sort == "TList":
-                        args.append([self.shape(x) for x in _list_items(arg) or []])
+                        args.append([self.shape(x) for x in list_elements(arg) or []])
                     else:
                         args.append(arg.value if isinstance(arg, Lit) else None)
                 try:
@@ -385,7 +385,7 @@ def _rel_can_split_opt(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
 
 
 def _rel_list_can_split(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
-    items = _list_items(a[0])
+    items = list_elements(a[0])
     if not items:
         return
     for ax in _axes(ctx, a[2]):
@@ -506,13 +506,13 @@ def _rel_perm_map(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
 
 
 def _rel_reshape_map(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
-    for d, d2 in _reshape_pairs(tuple(a[0]), tuple(a[1])):
+    for d, d2 in reshape_pairs(tuple(a[0]), tuple(a[1])):
         if _eq(a[2], d) and _eq(a[3], d2):
             yield [a[0], a[1], d, d2]
 
 
 def _rel_reduce_map(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
-    for d, d2 in _reduce_pairs(tuple(a[0]), int(a[1]), int(a[2])):
+    for d, d2 in reduce_pairs(tuple(a[0]), int(a[1]), int(a[2])):
         if _eq(a[3], d) and _eq(a[4], d2):
             yield [*a[:3], d, d2]
 

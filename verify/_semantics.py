@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from unity_eq.verify._ast import App, Lit, Term, Var, walk
 from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
 
 from unity_eq.ir import Mesh
 from unity_eq.ops import OPS
+from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
 __all__ = [
     "PARALLEL",
@@ -129,7 +129,7 @@ def instantiate(term: Term, binding: dict[str, Any], sorts: dict[str, str]) -> T
     if term.head == "vec-empty":
         return Lit((), "IVec")
     if term.head == "PList":
-        items, d, ax = _list_items(args[0]), args[1], args[2]
+        items, d, ax = list_elements(args[0]), args[1], args[2]
         if items is not None:
             out = App("TNil")
             for item in reversed(items):
@@ -152,7 +152,7 @@ def _arith(op: str, x: int, y: int) -> int:
     return min(x, y) if op == "min" else max(x, y)
 
 
-def _list_items(term: Term) -> list[Term] | None:
+def list_elements(term: Term) -> list[Term] | None:
     items: list[Term] = []
     while isinstance(term, App) and term.head == "TCons":
         items.append(term.args[0])
@@ -176,7 +176,7 @@ def _tensor_args(term: App) -> list[Term]:
             continue
         arg = term.args[i]
         if spec.args[i].sort == "TList":
-            out.extend(_list_items(arg) or [])
+            out.extend(list_elements(arg) or [])
         else:
             out.append(arg)
     return out
@@ -224,9 +224,9 @@ def _is_tensor_var(t: Term) -> bool:
     return True
 
 
-def _tensor_nodes(term: Term, is_tensor_var: Any = _is_tensor_var) -> list[Term]:
+def tensor_nodes(term: Term, is_tensor_var: Any = _is_tensor_var) -> list[Term]:
     """Every T-sorted subterm (vars, leaves, ops), parents first; list constructors are containers."""
-    out = []
+    out: list[Term] = []
     for t in walk(term):
         if (isinstance(t, Var) and is_tensor_var(t)) or (
             isinstance(t, App) and t.head not in LISTS and (t.head in OPS or t.head in PARALLEL or t.head in LEAVES)
@@ -243,7 +243,7 @@ def _lit_axis(term: Term) -> str:
     return str(term.value) if isinstance(term, Lit) else ""
 
 
-def _propagate(
+def propagate(
     pl: Placements,
     terms: Sequence[Term],
     dim_of: Any = _lit_dim,
@@ -254,7 +254,7 @@ def _propagate(
     dim and axis arguments (literals in bounded proofs, symbols in generic ones)."""
     nodes: dict[Term, None] = {}
     for t in terms:
-        for node in _tensor_nodes(t, is_tensor_var):
+        for node in tensor_nodes(t, is_tensor_var):
             nodes.setdefault(node, None)
     changed = True
     while changed:
@@ -306,14 +306,14 @@ def lhs_placements(
     pl = Placements(axes)
     for (var, axis), st in placed.items():
         pl.add(Var(var), axis, st)
-    _propagate(pl, [lhs])
+    propagate(pl, [lhs])
     if not defaults:
         return pl
     for var in tensor_vars:
         for axis in axes:
             if not pl.get(Var(var), axis):
                 pl.add(Var(var), axis, R)
-    _propagate(pl, [lhs])
+    propagate(pl, [lhs])
     return pl
 
 
@@ -327,7 +327,7 @@ def infer_placements(
     """Infer placements of a concrete rule. ``placed`` holds the states that ``placed`` guards give
     variables; other variables default to R after the left-hand side's structure has spoken."""
     pl = lhs_placements(lhs, axes, placed, tensor_vars)
-    lhs_items, rhs_items = _list_items(lhs), _list_items(rhs)
+    lhs_items, rhs_items = list_elements(lhs), list_elements(rhs)
     pairs = (
         list(zip(lhs_items, rhs_items, strict=False))
         if lhs_items is not None and rhs_items is not None
@@ -342,7 +342,7 @@ def infer_placements(
                     pl.add(right, axis, st)
                 for st in list(pl.get(right, axis)):
                     pl.add(left, axis, st)
-        _propagate(pl, [lhs, rhs])
+        propagate(pl, [lhs, rhs])
         changed = sum(len(s) for s in pl.states.values()) != before
     return pl
 
@@ -495,7 +495,7 @@ def _grad_children(term: Term, is_node: Any) -> list[Term]:
             if i >= len(term.args):
                 continue
             arg = term.args[i]
-            items = _list_items(arg) if spec.args[i].sort == "TList" else [arg]
+            items = list_elements(arg) if spec.args[i].sort == "TList" else [arg]
             kids.extend(items if items is not None else [arg])
     return [
         k
@@ -563,7 +563,7 @@ def gradient_problem(
     """Why the rule changes what training synchronizes (a variable or leaf gets its gradient in another
     placement on one side than on the other), or None. With a concrete ``mesh``, axes of size 1 are left
     out: their all-reduce is the identity."""
-    lhs_items, rhs_items = _list_items(lhs), _list_items(rhs)
+    lhs_items, rhs_items = list_elements(lhs), list_elements(rhs)
     left_roots = lhs_items if lhs_items is not None and rhs_items is not None else [lhs]
     right_roots = rhs_items if lhs_items is not None and rhs_items is not None else [rhs]
     left = gradient_placements(left_roots, pl, dim_of, axis_of, is_tensor_var)
@@ -609,7 +609,7 @@ class CaseValues:
     assumptions: list[Any] = field(default_factory=list)
 
 
-def _chunk(x: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
+def chunk_of(x: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
     if dim >= x.ndim:
         raise ShapeError(f"dim {dim} of a rank-{x.ndim} tensor")
     size = x.shape[dim]
@@ -650,7 +650,7 @@ class _Case:
         for i, axis in enumerate(self.mesh.axes):
             st = placement[axis]
             if st[0] == "S":
-                value = _chunk(value, st[1], self.coords[rank][i], self.mesh.sizes[i])
+                value = chunk_of(value, st[1], self.coords[rank][i], self.mesh.sizes[i])
         return value
 
     def local_shape(self, shape: tuple[int, ...], placement: dict[str, State]) -> tuple[int, ...]:
@@ -800,7 +800,7 @@ class _Case:
                 return None
             if head == "Partition":
                 dim = int(term.args[1].value)
-                return _chunk(value, dim, self.coords[rank][i], self.mesh.sizes[i])
+                return chunk_of(value, dim, self.coords[rank][i], self.mesh.sizes[i])
             group = self.mesh.group(rank, axis)
             pieces = [self.piece(x, r) for r in group]
             if head == "Combine":
@@ -917,7 +917,7 @@ def evaluate_case(
     ``gradients``, when the sides give a variable its training gradient in different placements (a caller
     that passes False, to report a value counterexample first, must call :func:`gradient_problem` itself)."""
     case = _Case(mesh, pl, specs, attrs, bk)
-    lhs_items, rhs_items = _list_items(lhs), _list_items(rhs)
+    lhs_items, rhs_items = list_elements(lhs), list_elements(rhs)
     equations: list[Equation] = []
     try:
         for name, _spec in specs.items():

@@ -28,24 +28,22 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
-from unity_eq.verify._ast import App, Rule, Term, walk
 from unity_eq.verify._bounded import (
     BoundedResult,
     Counterexample,
-    _token,
+    bounded_token,
     enumeration_key,
     prove_bounded,
 )
 from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
-from unity_eq.verify._parse import Program, RuleSource, parse_program
 
-from unity_eq.enginecheck import engine_load_error
-from unity_eq.errors import RuleError
 from unity_eq.files import worker_pool
 from unity_eq.ops import OPS, Family
-from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
+from unity_eq.rulefile.load import load_program, shipped_rule_files
+from unity_eq.rulefile.parse import Program
+from unity_eq.rulefile.terms import App, Rule, Term, walk
 
 __all__ = [
     "Options",
@@ -199,88 +197,6 @@ class Report:
 # Loading
 
 
-def shipped_rule_files() -> list[Path]:
-    """Every shipped file with rules: analysis.egg (its rewrites), the manifest and every generated file (those
-    `optimize` does not load by default too)."""
-    root = rules_dir()
-    names = dict.fromkeys([*DEFAULT_RULE_FILES, *GENERATED_RULE_FILES])
-    return [root / "analysis.egg", *(root / name for name in names if (root / name).exists())]
-
-
-def _display(path: Path) -> str:
-    root = rules_dir().parent
-    try:
-        return str(path.resolve().relative_to(root.resolve()))
-    except ValueError:
-        try:
-            return str(path.resolve().relative_to(Path.cwd()))
-        except ValueError:
-            return str(path)
-
-
-def _source(path: Path) -> RuleSource:
-    try:
-        return RuleSource(_display(path), path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RuleError(f"{path}: rule file not found. Check the path.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RuleError(f"{path}: cannot read rule file ({exc}).") from None
-
-
-def load_program(paths: Sequence[Path] | None = None, engine: bool = True) -> tuple[Program, set[str]]:
-    """Parse the shipped files (schema, analyses and the manifest, as ``optimize`` loads them), then
-    ``paths``; the rules to verify are those of ``paths`` (default: every shipped rule file).
-
-    A new rule file therefore sees everything the shipped files declare (constructors, relations, the
-    ``bcast-operand`` facts of elementwise.egg), and its rule names must not clash with shipped ones.
-    When our parser finds no error and ``engine`` is set, egglog itself then loads the schema, the analyses
-    and the chosen files (as ``optimize --rules`` would); its first error joins ``Program.errors`` as one
-    ``file:line:col`` line. Returns the program and the display names of the files whose rules are to be
-    verified.
-    """
-    root = rules_dir()
-    names = [name for name in (*BASE_FILES, *DEFAULT_RULE_FILES) if (root / name).exists()]
-    base = [_source(root / name) for name in names]
-    chosen = shipped_rule_files() if paths is None else [Path(p) for p in paths]
-    sources: list[RuleSource] = []
-    targets: set[str] = set()
-    seen: set[Path] = set()
-    base_paths = {(root / name).resolve(): src for name, src in zip(names, base, strict=True)}
-    for path in chosen:
-        resolved = path.resolve()
-        if resolved in seen:
-            continue
-        seen.add(resolved)
-        if resolved in base_paths:
-            targets.add(base_paths[resolved].display)
-            continue
-        src = _source(path)
-        sources.append(src)
-        targets.add(src.display)
-    program = parse_program(sources, base)
-    if engine and not program.errors:
-        loaded = [base_paths[(root / name).resolve()] for name in BASE_FILES if (root / name).exists()]
-        loaded += [
-            base_paths.get(p.resolve()) or _source(p)
-            for p in _unique(chosen)
-            if p.resolve() not in {(root / name).resolve() for name in BASE_FILES}
-        ]
-        error = engine_load_error([(src.display, src.text) for src in loaded])
-        if error:
-            program.errors.append(error)
-    return program, targets
-
-
-def _unique(paths: Sequence[Path]) -> list[Path]:
-    seen: set[Path] = set()
-    out = []
-    for path in paths:
-        if path.resolve() not in seen:
-            seen.add(path.resolve())
-            out.append(path)
-    return out
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Instances of a rule over uninterpreted functions
 
@@ -312,7 +228,7 @@ def instance_key(rule: Rule) -> Any:
         if isinstance(term, App):
             head: Any = term.head
             if _elementwise(term.head):
-                head = (_token(term.head), order.setdefault(term.head, len(order)))
+                head = (bounded_token(term.head), order.setdefault(term.head, len(order)))
             return (head, tuple(canon(a) for a in term.args))
         return term
 
@@ -423,11 +339,11 @@ def _worker(args: tuple[list[Rule], Program, Options]) -> list[RuleReport]:
     cache: dict[Any, Any] = {}
     out: dict[int, RuleReport] = {}
     for i in _templates_first(rules):
-        out[i] = _decide_rule(rules[i], facts, options, cache)
+        out[i] = decide_rule(rules[i], facts, options, cache)
     return [out[i] for i in range(len(rules))]
 
 
-def _decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
+def decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     report = _decide(rule, facts, options, cache)
     if rule.bidirectional:
         back = _decide(rule.reversed(), facts, options, cache)
@@ -454,7 +370,7 @@ def verify_program(
         cache: dict[Any, Any] = {}
         done: dict[int, RuleReport] = {}
         for i in _templates_first(rules):
-            report = _decide_rule(rules[i], facts, options, cache)
+            report = decide_rule(rules[i], facts, options, cache)
             if progress:
                 progress(report)
             done[i] = report

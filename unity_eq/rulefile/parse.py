@@ -2,9 +2,9 @@
 
 The grammar is plain s-expressions; the commands that matter to the prover are interpreted here:
 declarations (``sort``, ``datatype``, ``datatype*``, ``constructor``, ``function``, ``relation``, ``ruleset``)
-build the :class:`~unity_eq.verify._env.Env`, and ``rewrite``, ``birewrite`` and ``rule`` become
-:class:`~unity_eq.verify._ast.Rule` (a ``rule`` whose action is a ``union``) or
-:class:`~unity_eq.verify._ast.AnalysisDecl` (a ``rule`` that only adds facts). Any other command is an error
+build the :class:`~unity_eq.rulefile.env.Env`, and ``rewrite``, ``birewrite`` and ``rule`` become
+:class:`~unity_eq.rulefile.terms.Rule` (a ``rule`` whose action is a ``union``) or
+:class:`~unity_eq.rulefile.terms.AnalysisDecl` (a ``rule`` that only adds facts). Any other command is an error
 (:data:`COMMANDS` lists the allowed ones).
 
 Load-time checks (egg's ``Rewrite::new`` does the same), each a one-line message naming the rule and its
@@ -23,7 +23,10 @@ from pathlib import Path
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
-from unity_eq.verify._ast import (
+
+from unity_eq.errors import RuleError
+from unity_eq.rulefile.env import Env, Signature
+from unity_eq.rulefile.terms import (
     APPLICABILITY_FILTERS,
     AnalysisDecl,
     App,
@@ -35,9 +38,6 @@ from unity_eq.verify._ast import (
     term_vars,
     walk,
 )
-from unity_eq.verify._env import Env, Signature
-
-from unity_eq.errors import RuleError
 
 __all__ = ["ANNOTATION", "COMMANDS", "Program", "RuleSource", "parse_program", "parse_sexps"]
 
@@ -550,7 +550,7 @@ class _Checker:
         for guard in rule.guards:
             used = set(term_vars(guard))
             comparison = isinstance(guard, App) and guard.head in ("<", "<=", ">", ">=", "!=", "=")
-            if comparison and guard not in filters and used and used <= filter_only:
+            if comparison and isinstance(guard, App) and guard not in filters and used and used <= filter_only:
                 filters.append(guard)
         kept = tuple(g for g in rule.guards if g not in filters)
         for term in (rule.rhs, *kept):

@@ -1,4 +1,4 @@
-"""The rule AST: what the prover reads. Data only; built by :mod:`unity_eq.verify._parse`.
+"""The rule AST: what the prover reads. Data only; built by :mod:`unity_eq.rulefile.parse`.
 
 A term is a :class:`Var` (a pattern variable), a :class:`Lit` (an ``i64``/``f64``/``String`` literal) or an
 :class:`App` (a constructor, function, relation or primitive applied to terms). Terms are frozen and hashable
@@ -39,9 +39,9 @@ class Var:
 
 @dataclass(frozen=True)
 class Lit:
-    """A literal: ``sort`` is ``i64``, ``f64`` or ``String``."""
+    """A literal: ``sort`` is ``i64``, ``f64``, ``String`` or ``IVec`` (a tuple of ints)."""
 
-    value: int | float | str
+    value: int | float | str | tuple[int, ...]
     sort: str
     pos: Pos | None = field(default=None, compare=False, hash=False, repr=False)
 
