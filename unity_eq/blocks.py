@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from typing_extensions import assert_never
 
 from unity_eq.cost import ZERO, Cost, CostModel
 from unity_eq.egraph import (
@@ -727,4 +728,5 @@ def _renamed(step: Step, name_of: Callable[[str], str], weights: dict[str, str])
             return AllReduce(name_of(out), name_of(src), axis)
         case Replicated(out=out, src=src, axis=axis):
             return Replicated(name_of(out), name_of(src), axis)
-    raise AssertionError(step)
+        case _:
+            assert_never(step)

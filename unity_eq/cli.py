@@ -203,7 +203,7 @@ def _print_plan_summary(result: Any) -> None:
         table.add_row(
             "devices used", devices + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
         )
-    table.add_row("objective", plan.objective)
+    table.add_row("objective", plan.objective.name)
     cost = plan.cost
     table.add_row(
         "predicted cost",

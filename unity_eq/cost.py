@@ -52,13 +52,56 @@ if TYPE_CHECKING:
     from unity_eq.profile_table import ProfileTable
 
 __all__ = [
+    "INFERENCE",
+    "OBJECTIVES",
+    "TRAINING",
     "AlphaBeta",
     "Cost",
     "CostModel",
+    "Objective",
     "axis_info",
 ]
 
-OBJECTIVES = ("inference", "training")
+
+@dataclass(frozen=True)
+class Objective:
+    """What one step of the workload is, with the factors the cost and memory models share.
+
+    ``inference``: a forward pass. ``training``: forward, backward (``backward_factor`` × the forward's compute,
+    the usual ≈ 2×), and the gradient traffic that follows from it: a replicated weight's gradient is all-reduced,
+    a partitioned activation's gradient all-gathered, and memory keeps the activations for the backward pass and
+    the weights' gradient and optimizer state. Compare objectives by identity or ``.training``, never by name.
+    """
+
+    name: str
+    backward_factor: float = 0.0
+
+    @property
+    def training(self) -> bool:
+        return self.backward_factor > 0
+
+    @property
+    def compute_factor(self) -> float:
+        """Compute of a step relative to the forward pass alone."""
+        return 1.0 + self.backward_factor
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str | Objective) -> Objective:
+        """``inference`` or ``training`` (an Objective passes through); ValueError names both otherwise."""
+        if isinstance(text, Objective):
+            return text
+        if text not in OBJECTIVES:
+            raise ValueError(f"objective: expected inference or training, got {text!r}")
+        return OBJECTIVES[text]
+
+
+INFERENCE = Objective("inference")
+TRAINING = Objective("training", backward_factor=2.0)
+#: The objectives by name (``--objective``).
+OBJECTIVES = {o.name: o for o in (INFERENCE, TRAINING)}
 MASK_KINDS = 62  # kinds of node link / network share told apart with int64 bit masks (more: a slower path)
 
 
@@ -148,7 +191,7 @@ class CostModel:
 
     machine: Machine
     mesh: Mesh
-    objective: str = "inference"
+    objective: Objective = INFERENCE  # a name (``"training"``) is accepted and parsed
     profile: ProfileTable | None = None  # measured op times (`unity-eq profile`); the roofline prices the rest
     # Data-parallel frameworks all-reduce gradients in buckets (PyTorch DDP: 25 MiB), so a gradient of S bytes
     # pays min(1, S / bucket) of a collective's latency; 0 disables bucketing.
@@ -163,8 +206,7 @@ class CostModel:
     )
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective: expected inference or training, got {self.objective!r}")
+        self.objective = Objective.parse(self.objective)
         devices = self.mesh.devices
         highest = len(devices) - 1 if devices is machine_order(len(devices)) else max(devices, default=-1)
         if highest >= self.machine.device_count:
@@ -205,15 +247,15 @@ class CostModel:
         if self.profile is not None:
             measured = self.profile.lookup(op_type, in_shapes, out_shape, dtype)
             if measured is not None:
-                return Cost(compute=measured * (3.0 if self.objective == "training" else 1.0))
+                return Cost(compute=measured * self.objective.compute_factor)
         device = self._device()
         eff = self.machine.efficiency
         flops = op_flops(op_type, in_shapes, out_shape)
         moved = in_bytes / outputs + out_bytes
         seconds = max(flops / (device.peak(dtype) * eff), moved / (device.memory_bandwidth * eff))
         seconds += self.machine.launch_overhead / outputs
-        if self.objective == "training":
-            seconds *= 3.0  # forward + backward (≈ 2× forward)
+        if self.objective.training:
+            seconds *= self.objective.compute_factor  # forward + backward (≈ 2× forward)
         return Cost(compute=seconds)
 
     def local_copy(self, nbytes: float) -> Cost:
@@ -402,7 +444,7 @@ class CostModel:
         if source in ("weight", "input"):
             return ZERO
         cost = self.local_copy(local_in_bytes / self.mesh.axis_size(axis))
-        if self.objective == "training":
+        if self.objective.training:
             cost = cost + Cost(comm=self.all_gather(axis, local_in_bytes))
         return cost
 
@@ -413,7 +455,7 @@ class CostModel:
         return Cost(comm=self.all_reduce(axis, local_bytes))
 
     def replicate(self, axis: str, local_bytes: float, source: str) -> Cost:
-        if self.objective != "training" or source == "input":
+        if not self.objective.training or source == "input":
             return ZERO
         if source == "weight":
             return Cost(comm=self.gradient_all_reduce(axis, local_bytes))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import helper
+from typing_extensions import assert_never
 
 from unity_eq.cost import Cost
 from unity_eq.errors import PlanError
@@ -324,7 +325,7 @@ class _DeviceGraphBuilder:
             case AllGather(out=out, src=src) | AllReduce(out=out, src=src):
                 self._collective(out, src, collectives)
             case _:
-                raise AssertionError(f"unhandled step {step!r}")
+                assert_never(step)
 
     def _slice(self, out: str, src: str, dim: int, axis: str) -> None:
         i = self.mesh.axes.index(axis)
@@ -569,7 +570,8 @@ def _step_fields(step: Step) -> dict[str, Any]:
             return {"kind": "reduce", "out": out, "src": src, "axis": axis}
         case Replicated(out=out, src=src, axis=axis):
             return {"kind": "replicate", "out": out, "src": src, "axis": axis}
-    raise AssertionError(step)
+        case _:
+            assert_never(step)
 
 
 def plan_metadata(
@@ -633,7 +635,7 @@ def plan_metadata(
                 for n in graph.outputs
             },
         },
-        "objective": plan.objective,
+        "objective": plan.objective.name,
         "mesh": {"axes": list(mesh.axes), "sizes": list(mesh.sizes), "devices": list(mesh.devices), "ranks": ranks},
         "machine": machine_json(plan),
         "cost": plan.report.get("cost")

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import assert_never
 
 from unity_eq.plan import (
     AllGather,
@@ -87,7 +88,7 @@ def tensor_kinds(plan: Plan) -> dict[str, str]:
                     if name:
                         kinds[name] = "activation"
             case _:
-                raise AssertionError(step)
+                assert_never(step)
     return kinds
 
 
@@ -127,10 +128,10 @@ def plan_memory(plan: Plan, capacity: float | None = None) -> MemoryUsage:
         t = plan.tensors[name]
         nbytes = float(t.local_bytes(mesh))
         weights += nbytes
-        if plan.objective == "training" and t.dtype != "none":
+        if plan.objective.training and t.dtype != "none":
             state += nbytes * weight_state_factor(np.dtype(t.dtype).itemsize)
 
-    activations = _stored_activations(plan, kinds) if plan.objective == "training" else _peak_live(plan, kinds, alias)
+    activations = _stored_activations(plan, kinds) if plan.objective.training else _peak_live(plan, kinds, alias)
     return MemoryUsage(weights, state, activations, capacity)
 
 

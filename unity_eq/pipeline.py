@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unity_eq.cost import OBJECTIVES
 from unity_eq.egraph import Limits, SaturationResult
 from unity_eq.errors import OptionError, RuleError
 from unity_eq.ir import Graph, Mesh
@@ -114,8 +115,9 @@ def optimize(
     began = time.perf_counter()
     timings: dict[str, float] = {}
     chosen_machine = _machine_for(devices, machine, nodes, interconnect)
-    if objective not in ("inference", "training"):
+    if objective not in OBJECTIVES:
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
+    goal = OBJECTIVES[objective]
     if extractor not in ("greedy", "ilp"):
         raise OptionError(f"`--extractor`: expected greedy or ilp, got {extractor!r}.")
     if ilp_time_limit <= 0:
@@ -156,7 +158,7 @@ def optimize(
     result = search(
         graph,
         chosen_machine,
-        objective,
+        goal,
         rules,
         limits,
         mesh=forced,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from typing_extensions import assert_never
 
-from unity_eq.cost import Cost
+from unity_eq.cost import Cost, Objective
 from unity_eq.ir import Mesh, Placement, Replicate, Shard
 from unity_eq.machine import Machine
 
@@ -177,7 +177,7 @@ class Plan:
     model: str
     mesh: Mesh
     machine: Machine
-    objective: str
+    objective: Objective
     tensors: dict[str, PlanTensor]
     steps: list[Step]
     inputs: list[str]

@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from typing_extensions import assert_never
+
 from unity_eq.cost import ZERO, Cost, CostModel
 from unity_eq.ir import Replicate
 from unity_eq.memory import tensor_kinds
@@ -67,7 +69,7 @@ def cost_breakdown(plan: Plan) -> dict[str, Any]:
         "communication_s": plan.cost.comm,
         "communication_by_axis": by_axis,
     }
-    if plan.objective == "training":
+    if plan.objective.training:
         out["overlap"] = gradient_overlap(plan, kinds)
     return out
 
@@ -137,7 +139,7 @@ def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
             case Replicated(src=src, axis=axis):
                 costs.append(model.replicate(axis, nbytes(src), kinds.get(src, "activation")))
             case _:
-                raise AssertionError(step)
+                assert_never(step)
     return costs
 
 

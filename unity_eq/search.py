@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unity_eq.blocks import BlockExtractor, BlockSaturation, BlockSplit, saturate_pieces, split_graph
-from unity_eq.cost import Cost, CostModel, axis_info
+from unity_eq.cost import INFERENCE, Cost, CostModel, Objective, axis_info
 from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, encode, parse_serialized, saturate
 from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.extract import Extraction, Extractor, Restriction
@@ -193,7 +193,7 @@ def mesh_label(mesh: Mesh) -> str:
 
 
 def candidate_meshes(
-    machine: Machine, graph: Graph, objective: str = "inference", max_axes: int = 3
+    machine: Machine, graph: Graph, objective: Objective = INFERENCE, max_axes: int = 3
 ) -> list[MeshTrial]:
     """Every factorization of the machine's devices into 1..max_axes axes; pruned ones carry their reason.
 
@@ -231,7 +231,7 @@ def _meshes_over(
     scope: str,
     kind: str,
     usable: set[int],
-    objective: str,
+    objective: Objective,
     max_axes: int,
 ) -> list[MeshTrial]:
     """The meshes over ``devices`` (all the machine's when ``scope`` is empty), pruned."""
@@ -441,7 +441,7 @@ def choose_split(graph: Graph, blocks: str) -> BlockSplit | None:
 def search(
     graph: Graph,
     machine: Machine,
-    objective: str,
+    objective: Objective,
     rules: list[RuleFile],
     limits: Limits | None = None,
     *,
@@ -647,7 +647,7 @@ class _Runner:
         self,
         graph: Graph,
         machine: Machine,
-        objective: str,
+        objective: Objective,
         rules: list[RuleFile],
         limits: Limits,
         say: Say,
@@ -811,7 +811,7 @@ def _flat_trial(trials: Sequence[MeshTrial]) -> MeshTrial | None:
 
 
 def _one_device_trial(
-    trials: list[MeshTrial], runner: _Runner, machine: Machine, objective: str, candidate: bool
+    trials: list[MeshTrial], runner: _Runner, machine: Machine, objective: Objective, candidate: bool
 ) -> MeshTrial | None:
     """The one-device plan on the fastest device as a mesh of its own: the 1-axis mesh's e-graph with nothing
     partitioned, priced on that device alone. A candidate (the search may return it) unless ``--mesh``

@@ -79,7 +79,7 @@ class Extractor:
             return self._memory
         from unity_eq.memory import weight_state_factor
 
-        training = self.model.objective == "training"
+        training = self.model.objective.training
         memory: dict[str, float] = {}
         for cls in self.data.classes.values():
             if cls.sort != "T":
