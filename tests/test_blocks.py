@@ -10,10 +10,11 @@ import pytest
 from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import check, optimize
-from unity_eq.blocks import boundary_keys, saturate_pieces, split_graph
+from unity_eq.blocks import boundary_keys, saturate_pieces
 from unity_eq.egraph import Limits
 from unity_eq.ir import Mesh
 from unity_eq.rulesets import load_rule_files
+from unity_eq.split import split_graph
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -111,3 +112,22 @@ def test_ilp_with_blocks(bert: dict[int, Path]) -> None:
     result = optimize(bert[2], devices=2, mesh="2", blocks="on", extractor="ilp", ilp_time_limit=20)
     report = result.plan.report["extraction"]["ilp"]
     assert report["programs"] and report["ilp_total_s"] <= report["greedy_total_s"] * (1 + 1e-9)
+
+
+def test_block_plans_do_not_depend_on_string_hashing(examples: Path, tmp_path: Path) -> None:
+    """The same model and options give the same plan (steps and hash) in every process: a piece's weights are
+    taken in the model's order, not a set's, whose order changes with PYTHONHASHSEED from run to run."""
+    import os
+    import subprocess
+    import sys
+
+    hashes = []
+    for seed in ("1", "2", "3"):
+        out = tmp_path / f"plan-{seed}"
+        args = [sys.executable, "-m", "unity_eq.cli", "optimize", str(examples / "transformer.onnx"), "--devices", "8"]
+        args += ["--objective", "training", "--blocks", "on", "-q", "-o", str(out)]
+        proc = subprocess.run(args, env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        plan = json.loads((out / "plan.json").read_text())
+        hashes.append((plan["plan_hash"], json.dumps(plan["steps"])))
+    assert hashes[0] == hashes[1] == hashes[2]

@@ -48,11 +48,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from unity_eq.blocks import BlockExtractor, BlockSaturation, BlockSplit, saturate_pieces, split_graph
+from unity_eq.blocks import BlockSaturation, saturate_pieces
 from unity_eq.cost import INFERENCE, Cost, CostModel, Objective, axis_info
 from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, encode, parse_serialized, saturate
 from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.extract import Extraction, Extractor, Restriction
+from unity_eq.extract.blocks import BlockExtractor
 from unity_eq.files import raise_if_stopped
 from unity_eq.ir import AXIS_NAMES, Graph, Mesh, machine_order
 from unity_eq.machine import GroupTopology, Machine
@@ -62,6 +63,7 @@ from unity_eq.profile_table import ProfileTable
 from unity_eq.progress import LineTracker, Tracker
 from unity_eq.report import device_span, parallelism
 from unity_eq.rulesets import RuleFile
+from unity_eq.split import BlockSplit, split_graph
 
 __all__ = ["Baseline", "MeshTrial", "SearchResult", "candidate_meshes", "search"]
 

@@ -19,7 +19,7 @@ baselines       ``Restriction``: which e-nodes the one-device, data- and tensor-
 extractor       ``Extractor``: one e-graph priced once, extracted under restrictions and memory penalties
 ==============  ==========================================================================================
 
-The block DP over a split model (``unity_eq.blocks.BlockExtractor``) has the same ``extract``/``reprice``
+The block DP over a split model (``unity_eq.extract.blocks.BlockExtractor``) has the same ``extract``/``reprice``
 interface as :class:`Extractor`, and the search uses either.
 """
 
