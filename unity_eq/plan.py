@@ -189,6 +189,9 @@ class Plan:
     # the baselines and how extraction handled memory (see unity_eq.search and docs/plan-format.md).
     report: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.objective = Objective.parse(self.objective)  # a name is accepted (hand-made plans in tests)
+
     # ------------------------------------------------------------------------------------------------
     def collectives(self) -> list[Step]:
         return [s for s in self.steps if isinstance(s, AllGather | AllReduce)]
