@@ -37,11 +37,12 @@ import z3
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from unity_eq.frontends.onnx import load_onnx
+from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
 
 from unity_eq.egraph import _normalize, _Opaque, _typed_values, _used_outputs
 from unity_eq.extract.build import typed_attrs
-from unity_eq.ops import OPS, Family, OpSpec, spec_for
+from unity_eq.ops import OPS, PLUGINS, Family, OpSpec, plugin_for, spec_for
 
 OPSET = 21
 IR_VERSION = 10  # onnxruntime 1.31 refuses the IR version onnx 1.23 writes by default
@@ -429,6 +430,22 @@ def gen_reduce(op: str) -> Callable[[np.random.Generator], Instance]:
     return gen
 
 
+def gen_plugin(op: str) -> Callable[[np.random.Generator], Instance]:
+    """A plug-in family's op: one of its own proof instances (dims up to 6, beyond the proof's 1-4), random
+    values: its semantics in the family module must agree with onnxruntime like every built-in's."""
+    spec = OPS[op]
+    family = plugin_for(op)
+    assert family is not None
+    cases = list(family.instances(spec, GenConfig(dims=(1, 2, 3, 4, 5, 6))))
+
+    def gen(rng: np.random.Generator) -> Instance:
+        shapes, attrs = cases[int(rng.integers(len(cases)))]
+        inputs: list[Inp | Const | None] = [Inp(_f(rng, tuple(shapes[a.name]))) for a in spec.args if a.sort == "T"]
+        return Instance(op, inputs, dict(attrs))
+
+    return gen
+
+
 GENERATORS: dict[str, Callable[[np.random.Generator], Instance]] = {
     "Neg": gen_unary("Neg"),
     "Identity": gen_unary("Identity"),
@@ -459,6 +476,7 @@ GENERATORS: dict[str, Callable[[np.random.Generator], Instance]] = {
     "Expand": gen_expand,
     "Gather": gen_gather,
     **{op: gen_reduce(op) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")},
+    **{spec.name: gen_plugin(spec.name) for family in PLUGINS for spec in family.specs},
 }
 SHAPE_ONLY: dict[str, Callable[[np.random.Generator], Instance]] = {
     op: gen_binary(op) if OPS[op].family is Family.BROADCAST else gen_unary(op) for op in UNINTERPRETED

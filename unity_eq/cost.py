@@ -46,7 +46,7 @@ import numpy as np
 
 from unity_eq.ir import Mesh, machine_order
 from unity_eq.machine import DeviceSpec, GroupTopology, LinkSpec, Machine
-from unity_eq.ops import Family, spec_for
+from unity_eq.ops import Family, plugin_for, spec_for
 
 if TYPE_CHECKING:
     from unity_eq.profile_table import ProfileTable
@@ -129,6 +129,9 @@ def _numel(shape: Sequence[int]) -> int:
 
 def op_flops(op_type: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
     """Floating-point operations of one op on the given (local) shapes."""
+    plugin = plugin_for(op_type)
+    if plugin is not None:
+        return plugin.flops(in_shapes, out_shape)
     spec = spec_for(op_type)
     out = _numel(out_shape)
     family = spec.family if spec else None

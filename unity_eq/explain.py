@@ -15,22 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from unity_eq.errors import PlanError
-from unity_eq.ops import Family, spec_for
+from unity_eq.ops import rule_file_for, spec_for
 from unity_eq.planfile import check_explain_fields, read_plan_json
 
 __all__ = ["explain", "load_plan_json", "reading_plan", "render", "report_of", "tensor_bytes"]
 
 BASELINE_ORDER = ("one_device", "data_parallel", "tensor_parallel")
-_RULE_FILES = {
-    Family.UNARY: "rules/parallel/elementwise.egg",
-    Family.BROADCAST: "rules/parallel/elementwise.egg",
-    Family.MATMUL: "rules/parallel/matmul.egg",
-    Family.GEMM: "rules/parallel/matmul.egg",
-    Family.CONV: "rules/parallel/conv.egg",
-    Family.POOL: "rules/parallel/conv.egg",
-    Family.LRN: "rules/parallel/conv.egg",
-    Family.BATCHNORM: "rules/parallel/conv.egg",
-}
 
 
 def plan_json_path(plan_dir: str | Path) -> Path:
@@ -201,9 +191,9 @@ def _notes(ops: list[dict[str, Any]], total: float) -> list[str]:
             continue
         spec = spec_for(op_type)
         if spec is None:
-            where = "it has no typed constructor: add it to unity_eq/ops.py, then rules in rules/parallel/"
+            where = "it has no typed constructor: add its family to unity_eq/ops/ (docs/architecture.md)"
         else:
-            where = f"extend {_RULE_FILES.get(spec.family, 'rules/parallel/layout.egg')}"
+            where = f"extend {rule_file_for(op_type)}"
         notes.append(
             f"{op_type} ×{len(found)} stayed replicated on every axis ({share * 1e3:.3f} ms of compute); "
             f"to shard it, {where}"

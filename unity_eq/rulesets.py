@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from unity_eq.errors import RuleError
+from unity_eq.ops.registry import PLUGINS
 
 __all__ = [
     "BASE_FILES",
@@ -28,7 +29,8 @@ __all__ = [
 #: Loaded before any rule file: the language and the analyses the guards use.
 BASE_FILES = ("schema.egg", "analysis.egg")
 
-#: The hand-written rule files (paths relative to rules/): the core rules.
+#: The hand-written rule files (paths relative to rules/): the core rules, then each plug-in op family's own
+#: file (unity_eq/ops/registry.py), so a new family is loaded and verified without editing this list.
 HAND_WRITTEN_RULE_FILES = (
     "algebra/split.egg",
     "parallel/redistribute.egg",
@@ -36,6 +38,7 @@ HAND_WRITTEN_RULE_FILES = (
     "parallel/matmul.egg",
     "parallel/conv.egg",
     "parallel/layout.egg",
+    *(family.rule_file for family in PLUGINS),
 )
 
 #: Generated rule files (`unity-eq generate-rules`, docs/generate.md) that `optimize` loads by default: the

@@ -28,7 +28,7 @@ from typing import Any
 from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
-from unity_eq.ops import OPS, Family, OpSpec
+from unity_eq.ops import OPS, Family, OpSpec, plugin_for
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
 __all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]
@@ -600,12 +600,26 @@ _GENERATORS = {
 }
 
 
+def _instances_of(spec: OpSpec, cfg: GenConfig) -> Iterator[Instance]:
+    """A built-in family's generator, or a plug-in family's instances (shapes and attributes by name) made
+    into argument tuples here, so that the family module needs none of the verifier's types."""
+    plugin = plugin_for(spec.name)
+    if plugin is None:
+        yield from _GENERATORS[spec.family](spec, cfg)
+        return
+    for shapes, attrs in plugin.instances(spec, cfg):
+        tensors = {name: VarSpec(tuple(shape)) for name, shape in shapes.items()}
+        inst = _make(spec, tensors, _attrs(spec, **attrs))
+        if inst:
+            yield inst
+
+
 @cache
 def op_instances(op: str, cfg: GenConfig = GenConfig()) -> tuple[Instance, ...]:
     """Every instance of ``op`` the verifier tries (deduplicated, deterministic)."""
     spec = OPS[op]
     seen: dict[Any, Instance] = {}
-    for inst in _GENERATORS[spec.family](spec, cfg):
+    for inst in _instances_of(spec, cfg):
         seen.setdefault(_key(inst[0]), inst)
     return tuple(seen.values())[:: cfg.stride]
 

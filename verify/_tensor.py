@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import z3
 
-from unity_eq.ops import OPS, Family
+from unity_eq.ops import OPS, Family, plugin_for
+from unity_eq.ops.family import ShapeError  # one class: a plug-in family's shape errors are the verifier's
 
 __all__ = ["NumpyBackend", "ShapeError", "Z3Backend", "evaluate", "infer_shape"]
 
@@ -50,10 +51,6 @@ EXACT_BINARY = {
     "GreaterOrEqual",
     "PRelu",
 }
-
-
-class ShapeError(Exception):
-    """An operator applied to arguments whose shapes or attributes do not fit."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -549,6 +546,9 @@ def _slice_params(
 def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     """The output shape of ``op`` applied to ``args`` (tensor arguments given as shapes, ``None`` for
     ``NoneT``, lists of shapes for ``TList``; other arguments as values). Raises ShapeError."""
+    plugin = plugin_for(op)
+    if plugin is not None:
+        return tuple(plugin.infer_shape(op, args))
     spec = OPS[op]
     fam = spec.family
     if fam is Family.UNARY:
@@ -721,7 +721,8 @@ def evaluate(op: str, args: Sequence[Any], bk: Backend) -> Any:
     """Apply ``op`` to argument values (see module docstring); raise ShapeError when they do not fit."""
     shapes = [_shape_arg(a) for a in args]
     out_shape = infer_shape(op, shapes)
-    value = _EVAL[OPS[op].family](op, list(args), bk)
+    plugin = plugin_for(op)
+    value = plugin.evaluate(op, list(args), bk) if plugin else _EVAL[OPS[op].family](op, list(args), bk)
     value = _obj(value) if isinstance(bk, Z3Backend) else np.asarray(value)
     assert value.shape == out_shape, f"{op}: evaluated {value.shape}, inferred {out_shape}"
     return value

@@ -1,0 +1,54 @@
+"""The tensor language: which ONNX operators are typed constructors, and how their arguments are laid out.
+
+Every ONNX operator maps to an egglog constructor. The operators listed here are *typed*: the constructor is
+named after the ONNX op and takes its arguments in a fixed order:
+
+1. the ONNX inputs in ONNX order: tensors are terms of sort ``T`` (an absent optional input is ``(NoneT)``),
+   inputs that must be constant integer lists (Reshape's ``shape``, Slice's ``starts``…) are ``IVec`` literals,
+   and variadic inputs (Concat) are one ``TList``;
+2. then every attribute of the spec, in the order listed, with its default filled in;
+3. then, for operators with several outputs (Split), the output index.
+
+So ``(MatMul a b)`` is ONNX MatMul, ``(Softmax x 2)`` is Softmax with ``axis=2`` and
+``(Gemm a b c 1.0 1.0 0 1)`` is Gemm with ``transB=1``. The frontend normalizes what ONNX leaves implicit
+(negative axes, ``-1`` in Reshape shapes, default kernel shapes) so that equal computations are equal terms.
+
+Every other operator is carried opaquely as ``(Opaque "OpType" "key" inputs index)`` and stays replicated.
+
+``rules/schema.egg`` is generated from the registry: run ``python -m unity_eq.ops`` after changing it (a test
+checks the file is current).
+
+============  ==================================================================================================
+module        what it holds
+============  ==================================================================================================
+spec          ``Family``, ``Arg``, ``OpSpec``: the value types
+builtin       the built-in families' specs (their semantics are in verify/, their FLOPs in cost)
+family        ``OpFamily``: the plug-in shape of a family, with every hook the stages call
+registry      built-ins + plug-ins: ``OPS``, ``spec_for``, ``plugin_for``, ``rule_file_for``
+schema        rendering rules/schema.egg and the generated elementwise rules
+<family>      one module per plug-in family (``space_to_depth``)
+============  ==================================================================================================
+"""
+
+from __future__ import annotations
+
+from unity_eq.ops.family import OpFamily
+from unity_eq.ops.registry import OPS, PLUGINS, plugin_for, rule_file_for, spec_for
+from unity_eq.ops.schema import generated_files, main, render_elementwise_rules, render_schema
+from unity_eq.ops.spec import Arg, Family, OpSpec
+
+__all__ = [
+    "OPS",
+    "PLUGINS",
+    "Arg",
+    "Family",
+    "OpFamily",
+    "OpSpec",
+    "generated_files",
+    "main",
+    "plugin_for",
+    "render_elementwise_rules",
+    "render_schema",
+    "rule_file_for",
+    "spec_for",
+]
