@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from unity_eq.ops.builtin import BUILTIN_RULE_FILES, builtin_specs
 from unity_eq.ops.family import OpFamily
+from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
 from unity_eq.ops.spec import OpSpec
 
 __all__ = ["OPS", "PLUGINS", "plugin_for", "rule_file_for", "spec_for"]
 
 #: The families added as plug-ins, in load order of their rule files.
-PLUGINS: tuple[OpFamily, ...] = ()
+PLUGINS: tuple[OpFamily, ...] = (SPACE_TO_DEPTH,)
 
 OPS: dict[str, OpSpec] = {s.name: s for s in builtin_specs()}
 _PLUGIN_OF: dict[str, OpFamily] = {}
