@@ -16,7 +16,7 @@ from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq.egraph import Limits, encode, parse_serialized, saturate
 from unity_eq.ir import Mesh
-from unity_eq.ops import PLUGINS, plugin_for
+from unity_eq.ops.registry import PLUGINS, plugin_for
 from unity_eq.rulesets import DEFAULT_RULE_FILES, load_rule_files, rules_dir
 
 RULES = rules_dir() / "parallel" / "space_to_depth.egg"

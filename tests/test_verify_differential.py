@@ -42,7 +42,8 @@ from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluat
 
 from unity_eq.egraph import _normalize, _Opaque, _typed_values, _used_outputs
 from unity_eq.extract.build import typed_attrs
-from unity_eq.ops import OPS, PLUGINS, Family, OpSpec, plugin_for, spec_for
+from unity_eq.ops.registry import OPS, PLUGINS, plugin_for, spec_for
+from unity_eq.ops.spec import Family, OpSpec
 
 OPSET = 21
 IR_VERSION = 10  # onnxruntime 1.31 refuses the IR version onnx 1.23 writes by default

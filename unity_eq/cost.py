@@ -46,7 +46,8 @@ import numpy as np
 
 from unity_eq.ir import Mesh, machine_order
 from unity_eq.machine import DeviceSpec, GroupTopology, LinkSpec, Machine
-from unity_eq.ops import Family, plugin_for, spec_for
+from unity_eq.ops.registry import plugin_for, spec_for
+from unity_eq.ops.spec import Family
 
 if TYPE_CHECKING:
     from unity_eq.profile_table import ProfileTable

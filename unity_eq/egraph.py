@@ -39,7 +39,8 @@ import numpy as np
 from unity_eq.errors import RuleError, SaturationError
 from unity_eq.files import die_with_parent, owned_tempdir, raise_if_stopped
 from unity_eq.ir import Graph, Mesh, Node
-from unity_eq.ops import Family, OpSpec, spec_for
+from unity_eq.ops.registry import spec_for
+from unity_eq.ops.spec import Family, OpSpec
 from unity_eq.rulesets import RuleFile
 
 __all__ = [

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from unity_eq.errors import PlanError
-from unity_eq.ops import rule_file_for, spec_for
+from unity_eq.ops.registry import rule_file_for, spec_for
 from unity_eq.planfile import check_explain_fields, read_plan_json
 
 __all__ = ["explain", "load_plan_json", "reading_plan", "render", "report_of", "tensor_bytes"]

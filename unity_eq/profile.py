@@ -42,7 +42,7 @@ from unity_eq.extract.build import typed_attrs
 from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS, list_members, local_shape, source_kinds
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import DeviceSpec, LinkSpec, Machine, default_machine
-from unity_eq.ops import OPS
+from unity_eq.ops.registry import OPS
 from unity_eq.profile_table import PROFILE_FORMAT_VERSION, Calibration, ProfileTable, frozen_value, jsonable
 from unity_eq.runtime.devices import DeviceChoice, available_cores, choose_device, make_session
 from unity_eq.version import __version__

@@ -61,7 +61,7 @@ from unity_eq.verify._semantics import (
 from unity_eq.verify._tensor import Z3Backend, same_polynomial
 
 from unity_eq.ir import Mesh
-from unity_eq.ops import OPS
+from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = [

@@ -28,7 +28,8 @@ from typing import Any
 from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
-from unity_eq.ops import OPS, Family, OpSpec, plugin_for
+from unity_eq.ops.registry import OPS, plugin_for
+from unity_eq.ops.spec import Family, OpSpec
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
 __all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]

@@ -53,7 +53,8 @@ from unity_eq.verify._semantics import (
     tensor_nodes,
 )
 
-from unity_eq.ops import OPS, Family
+from unity_eq.ops.registry import OPS
+from unity_eq.ops.spec import Family
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = ["GenericResult", "prove_generic"]

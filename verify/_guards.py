@@ -32,7 +32,7 @@ from unity_eq.verify._semantics import (
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
 from unity_eq.egraph import MAX_RANK, reduce_pairs, reshape_pairs
-from unity_eq.ops import OPS
+from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Term, Var
 
 __all__ = [

@@ -31,7 +31,7 @@ import numpy as np
 from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
 
 from unity_eq.ir import Mesh
-from unity_eq.ops import OPS
+from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
 __all__ = [

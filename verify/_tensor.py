@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import z3
 
-from unity_eq.ops import OPS, Family, plugin_for
 from unity_eq.ops.family import ShapeError  # one class: a plug-in family's shape errors are the verifier's
+from unity_eq.ops.registry import OPS, plugin_for
+from unity_eq.ops.spec import Family
 
 __all__ = ["NumpyBackend", "ShapeError", "Z3Backend", "evaluate", "infer_shape"]
 

@@ -40,7 +40,8 @@ from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
 
 from unity_eq.files import worker_pool
-from unity_eq.ops import OPS, Family
+from unity_eq.ops.registry import OPS
+from unity_eq.ops.spec import Family
 from unity_eq.rulefile.load import load_program, shipped_rule_files
 from unity_eq.rulefile.parse import Program
 from unity_eq.rulefile.terms import App, Rule, Term, walk

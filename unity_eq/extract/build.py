@@ -11,7 +11,8 @@ from unity_eq.egraph import ClassRef, EGraphData, Encoding, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.pricing import PARALLEL_OPS, placement_of, value_names
 from unity_eq.ir import Graph
-from unity_eq.ops import OPS, OpSpec
+from unity_eq.ops.registry import OPS
+from unity_eq.ops.spec import OpSpec
 from unity_eq.plan import (
     AllGather,
     AllReduce,
