@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unity_eq import optimize
-from unity_eq.cost import CostModel
+from unity_eq.cost import CostModel, OpInstance
 from unity_eq.extract import Restriction
 from unity_eq.ir import Mesh
 from unity_eq.machine import DeviceSpec, LinkSpec, Machine, NodeSpec, default_machine, load_machine
@@ -99,12 +99,14 @@ def test_compute_is_a_roofline_plus_the_launch_floor() -> None:
     machine = _machine(1, 1)
     model = CostModel(machine, Mesh(("x",), (1,)))
     flops = 2 * 1024 * 1024 * 1024
-    bound = model.compute("MatMul", [(1024, 1024), (1024, 1024)], 0.0, (1024, 1024), 0.0, "float16").total
+    bound = model.compute(OpInstance("MatMul", ((1024, 1024), (1024, 1024)), 0.0, (1024, 1024), 0.0, "float16")).total
     assert bound == pytest.approx(flops / (300e12 * 0.75) + 5e-6)
-    memory_bound = model.compute("Relu", [(1 << 20,)], 4 * 2**20, (1 << 20,), 4 * 2**20, "float32").total
+    memory_bound = model.compute(OpInstance("Relu", ((1 << 20,),), 4 * 2**20, (1 << 20,), 4 * 2**20, "float32")).total
     assert memory_bound == pytest.approx(8 * 2**20 / (2e12 * 0.75) + 5e-6)
     training = CostModel(machine, Mesh(("x",), (1,)), "training")
-    assert training.compute("Relu", [(8,)], 32, (8,), 32, "float32").total == pytest.approx(3 * 5e-6, rel=1e-3)
+    assert training.compute(OpInstance("Relu", ((8,),), 32, (8,), 32, "float32")).total == pytest.approx(
+        3 * 5e-6, rel=1e-3
+    )
 
 
 def test_training_state_per_weight_byte() -> None:

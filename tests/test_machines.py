@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli
 
 from unity_eq import optimize
-from unity_eq.cost import CostModel
+from unity_eq.cost import CostModel, OpInstance
 from unity_eq.errors import MachineError
 from unity_eq.ir import Mesh
 from unity_eq.machine import load_machine, preset_names
@@ -143,9 +143,9 @@ def test_heterogeneous_machine_costs_at_the_slowest_device_and_link() -> None:
     everything = CostModel(machine, Mesh(("x",), (8,)))
     hopper = CostModel(machine, Mesh(("x",), (4,), (0, 1, 2, 3)))
     ampere = CostModel(machine, Mesh(("x",), (4,), (4, 5, 6, 7)))
-    args = ("MatMul", [(512, 4096), (4096, 4096)], 0.0, (512, 4096), 0.0, "float16")
+    op = OpInstance("MatMul", ((512, 4096), (4096, 4096)), 0.0, (512, 4096), 0.0, "float16")
     # compute: SPMD waits for the slowest device (the A100)
-    assert everything.compute(*args).total == ampere.compute(*args).total > hopper.compute(*args).total
+    assert everything.compute(op).total == ampere.compute(op).total > hopper.compute(op).total
     # memory: the smallest device bounds every rank
     assert everything.memory_capacity() == pytest.approx(40 * 2**30 * 0.9)
     assert hopper.memory_capacity() == pytest.approx(80 * 2**30 * 0.9)

@@ -12,7 +12,7 @@ import pytest
 from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import optimize
-from unity_eq.cost import CostModel
+from unity_eq.cost import CostModel, OpInstance
 from unity_eq.egraph import encode, parse_serialized, saturate
 from unity_eq.extract import node_costs
 from unity_eq.ir import Mesh
@@ -117,7 +117,9 @@ def test_calibrated_machine_predicts_with_the_calibration(mlp_table: ProfileTabl
     assert machine.device_count == 2 and machine.efficiency == 1.0
     model = CostModel(machine, Mesh(("x",), (2,)))
     flops = 2.0 * 64 * 64 * 64
-    got = model.compute("MatMul", [(64, 64), (64, 64)], 2 * 64 * 64 * 4, (64, 64), 64 * 64 * 4, "float32").compute
+    got = model.compute(
+        OpInstance("MatMul", ((64, 64), (64, 64)), 2 * 64 * 64 * 4, (64, 64), 64 * 64 * 4, "float32")
+    ).compute
     expected = max(flops / cal.peak_flops, 3 * 64 * 64 * 4 / cal.memory_bandwidth) + cal.launch_overhead_s
     assert got == pytest.approx(expected)
 

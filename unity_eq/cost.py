@@ -60,6 +60,7 @@ __all__ = [
     "Cost",
     "CostModel",
     "Objective",
+    "OpInstance",
     "axis_info",
 ]
 
@@ -103,6 +104,27 @@ INFERENCE = Objective("inference")
 TRAINING = Objective("training", backward_factor=2.0)
 #: The objectives by name (``--objective``).
 OBJECTIVES = {o.name: o for o in (INFERENCE, TRAINING)}
+
+
+@dataclass(frozen=True)
+class OpInstance:
+    """One op on its local (per-device) shapes: everything the cost model prices it by.
+
+    Built from an e-node (``extract.pricing.enode_instance``, which extraction and ``profile`` share) or from
+    a plan step (``report.step_instance``): one type and one :meth:`CostModel.compute`, so a plan re-priced step
+    by step costs what its e-nodes cost. ``outputs``: the outputs of a multi-output node (Split), each priced
+    with its share of the kernel.
+    """
+
+    op_type: str
+    in_shapes: tuple[tuple[int, ...] | None, ...]
+    in_bytes: float
+    out_shape: tuple[int, ...]
+    out_bytes: float
+    dtype: str
+    outputs: int = 1
+
+
 MASK_KINDS = 62  # kinds of node link / network share told apart with int64 bit masks (more: a slower path)
 
 
@@ -232,22 +254,15 @@ class CostModel:
             self._capacity = min(self.machine.usable_memory(d) for d in kinds.values())
         return self._capacity
 
-    def compute(
-        self,
-        op_type: str,
-        in_shapes: Sequence[Sequence[int] | None],
-        in_bytes: float,
-        out_shape: Sequence[int],
-        out_bytes: float,
-        dtype: str,
-        outputs: int = 1,
-    ) -> Cost:
+    def compute(self, op: OpInstance) -> Cost:
         """Roofline time of one op on its local shapes plus the launch floor (×3 for training), or its
         measured time when a profile table has the op.
 
         A node with several ``outputs`` (Split) is one kernel, but extraction prices one e-node per output:
         each carries 1/outputs of the launch and of the input read (and its own output's write), so the outputs
         of one Split sum to one kernel, as profile tables share a measured node among its outputs."""
+        op_type, in_shapes, in_bytes, out_shape = op.op_type, op.in_shapes, op.in_bytes, op.out_shape
+        out_bytes, dtype, outputs = op.out_bytes, op.dtype, op.outputs
         if self.profile is not None:
             measured = self.profile.lookup(op_type, in_shapes, out_shape, dtype)
             if measured is not None:

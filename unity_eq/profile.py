@@ -35,11 +35,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from unity_eq.cost import CostModel, op_flops
-from unity_eq.egraph import ClassRef, EGraphData, Encoding, ENode, Limits, encode, parse_serialized, saturate
+from unity_eq.cost import CostModel, OpInstance, op_flops
+from unity_eq.egraph import EGraphData, Encoding, ENode, Limits, encode, parse_serialized, saturate
 from unity_eq.errors import OptionError
 from unity_eq.extract.build import typed_attrs
-from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS, list_members, local_shape, source_kinds
+from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS, enode_instance, list_members, local_shape, source_kinds
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import DeviceSpec, LinkSpec, Machine, default_machine
 from unity_eq.ops.registry import OPS
@@ -71,8 +71,9 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
-class OpInstance:
-    """One distinct op of the e-graph on local shapes: what is run, and the key the cost model asks with."""
+class ProfiledOp:
+    """One distinct op of the e-graph on local shapes: what is run (an ONNX node and its inputs), and
+    ``priced``, the cost model's view of it, built as extraction builds it."""
 
     op: str
     domain: str
@@ -81,12 +82,22 @@ class OpInstance:
     outputs: int  # outputs of the ONNX node
     output_index: int
     output_dtypes: tuple[str, ...]
-    # the cost model's view (CostModel.compute's arguments)
-    in_shapes: tuple[tuple[int, ...], ...]
-    out_shape: tuple[int, ...]
-    dtype: str
-    in_bytes: float
-    out_bytes: float
+    priced: OpInstance
+
+    @property
+    def in_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Every input's local shape (an instance is only made when all are known)."""
+        shapes = tuple(s for s in self.priced.in_shapes if s is not None)
+        assert len(shapes) == len(self.priced.in_shapes)
+        return shapes
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.priced.out_shape
+
+    @property
+    def dtype(self) -> str:
+        return self.priced.dtype
 
     @property
     def run_key(self) -> tuple[Any, ...]:
@@ -142,31 +153,14 @@ def _node_instance(
     graph: Graph,
     locals_: Mapping[str, tuple[int, ...] | None],
     kinds: Mapping[str, str],
-    values: dict[OpInstance, dict[int, np.ndarray]],
-) -> OpInstance | None:
+    values: dict[ProfiledOp, dict[int, np.ndarray]],
+) -> ProfiledOp | None:
     """The instance of a compute e-node (None when its local shapes are unknown: the cost model prices it ∞)."""
-    out_shape = locals_.get(out_cid)
-    if out_shape is None:
-        return None
-    # The cost model's view, exactly as unity_eq.extract.pricing prices it.
-    in_shapes: list[tuple[int, ...]] = []
-    in_bytes = 0.0
-    for arg in node.args:
-        if not isinstance(arg, ClassRef):
-            continue
-        child = data.classes[arg.id]
-        members = [arg.id] if child.sort == "T" else list_members(arg.id, data)
-        if members is None:
-            return None
-        for member in members:
-            shape = locals_.get(member)
-            if shape is None:
-                return None
-            in_shapes.append(shape)
-            in_bytes += math.prod(shape) * _itemsize(data.classes[member].dtype)
     cls = data.classes[out_cid]
-    dtype = cls.dtype or ""
-    out_bytes = math.prod(out_shape) * _itemsize(dtype)
+    priced = enode_instance(node, cls, data, locals_)
+    if priced is None:
+        return None
+    out_shape, dtype = priced.out_shape, priced.dtype
 
     inputs: list[InputSpec] = []
     arrays: dict[int, np.ndarray] = {}
@@ -208,19 +202,8 @@ def _node_instance(
         output_index = int(node.args[-1]) if spec.multi_output else 0
         outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else output_index + 1
         out_dtypes = (dtype,) * outputs
-    instance = OpInstance(
-        op,
-        domain,
-        tuple(sorted(attrs.items())),
-        tuple(inputs),
-        outputs,
-        output_index,
-        out_dtypes,
-        tuple(in_shapes),
-        tuple(out_shape),
-        dtype,
-        in_bytes,
-        out_bytes,
+    instance = ProfiledOp(
+        op, domain, tuple(sorted(attrs.items())), tuple(inputs), outputs, output_index, out_dtypes, priced
     )
     values.setdefault(instance, arrays)
     return instance
@@ -228,13 +211,13 @@ def _node_instance(
 
 def op_instances(
     data: EGraphData, encoding: Encoding, graph: Graph, mesh: Mesh
-) -> tuple[list[OpInstance], dict[OpInstance, dict[int, np.ndarray]]]:
+) -> tuple[list[ProfiledOp], dict[ProfiledOp, dict[int, np.ndarray]]]:
     """Every distinct compute op of the e-graph on its local shapes (sorted), and known weight values."""
     model = CostModel(default_machine(mesh.size), mesh)  # only its mesh matters for local shapes
     locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
     kinds = source_kinds(data)
-    values: dict[OpInstance, dict[int, np.ndarray]] = {}
-    found: set[OpInstance] = set()
+    values: dict[ProfiledOp, dict[int, np.ndarray]] = {}
+    found: set[ProfiledOp] = set()
     for cls in data.classes.values():
         if cls.sort != "T":
             continue
@@ -253,7 +236,7 @@ def _onnx_dtype(dtype: str) -> int:
 
 
 def _single_op_model(
-    instance: OpInstance,
+    instance: ProfiledOp,
     weights: Mapping[int, np.ndarray],
     rng: np.random.Generator,
     opsets: Mapping[str, int] | None = None,
@@ -562,7 +545,7 @@ def profile_model(
     saturation = saturate(load_rule_files(list(rule_files) if rule_files is not None else None), encoding, limits)
     data = parse_serialized(saturation.serialized)
     instances, weights = op_instances(data, encoding, graph, chosen_mesh)
-    runs: dict[tuple[Any, ...], list[OpInstance]] = {}
+    runs: dict[tuple[Any, ...], list[ProfiledOp]] = {}
     for instance in instances:
         runs.setdefault(instance.run_key, []).append(instance)
     say(
@@ -625,13 +608,12 @@ def profile_model(
 
 
 def _entry(
-    instance: OpInstance, timing: Timing, predictor: CostModel, machine_model: CostModel | None
+    instance: ProfiledOp, timing: Timing, predictor: CostModel, machine_model: CostModel | None
 ) -> dict[str, Any]:
     share = 1.0 / instance.outputs  # the outputs of one node split its time (the extractor sums them)
 
     def roofline(model: CostModel) -> float:
-        args = (instance.op, instance.in_shapes, instance.in_bytes, instance.out_shape, instance.out_bytes)
-        return model.compute(*args, instance.dtype, instance.outputs).compute
+        return model.compute(instance.priced).compute
 
     entry: dict[str, Any] = {
         "op": instance.op,
@@ -646,7 +628,7 @@ def _entry(
             "dtype": instance.dtype,
         },
         "flops": op_flops(instance.op, instance.in_shapes, instance.out_shape) * share,
-        "bytes": (instance.in_bytes + instance.out_bytes) * share,
+        "bytes": (instance.priced.in_bytes + instance.priced.out_bytes) * share,
         "median_s": timing.median_s * share,
         "min_s": timing.min_s * share,
         "repeats": timing.repeats,

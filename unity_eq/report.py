@@ -29,8 +29,8 @@ from typing import Any
 
 from typing_extensions import assert_never
 
-from unity_eq.cost import ZERO, Cost, CostModel
-from unity_eq.ir import Replicate
+from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
+from unity_eq.ir import Mesh, Replicate
 from unity_eq.memory import tensor_kinds
 from unity_eq.plan import AllGather, AllReduce, Compute, LoadInput, LoadWeight, Plan, Replicated, Slice, Step
 
@@ -102,14 +102,23 @@ def gradient_overlap(plan: Plan, kinds: dict[str, str] | None = None) -> dict[st
     }
 
 
+def step_instance(plan: Plan, step: Compute, out: str, mesh: Mesh) -> OpInstance:
+    """The op instance of one output of a compute step on ``mesh``: what its e-node was priced as."""
+    refs = [i for i in step.inputs if isinstance(i, str)]
+    in_shapes = tuple(plan.tensors[i].local_shape(mesh) for i in refs)
+    in_bytes = sum(float(plan.tensors[i].local_bytes(mesh)) for i in refs)
+    tensor = plan.tensors[out]
+    out_bytes = float(tensor.local_bytes(mesh))
+    return OpInstance(
+        step.op_type, in_shapes, in_bytes, tensor.local_shape(mesh), out_bytes, tensor.dtype, len(step.outputs)
+    )
+
+
 def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
     """Price every step of ``plan`` again under ``model`` (another machine or mesh placement of the same
     mesh shape), exactly as extraction prices the e-nodes the steps came from."""
     kinds = tensor_kinds(plan)
     mesh = model.mesh
-
-    def local(tid: str) -> tuple[int, ...]:
-        return plan.tensors[tid].local_shape(mesh)
 
     def nbytes(tid: str) -> float:
         return float(plan.tensors[tid].local_bytes(mesh))
@@ -119,16 +128,11 @@ def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
         match step:
             case LoadInput() | LoadWeight():
                 costs.append(ZERO)
-            case Compute(outputs=outputs, op_type=op, inputs=inputs):
-                refs = [i for i in inputs if isinstance(i, str)]
-                in_shapes: list[tuple[int, ...] | None] = [local(i) for i in refs]
-                in_bytes = sum(nbytes(i) for i in refs)
+            case Compute(outputs=outputs):
                 total = ZERO
                 for out in outputs:
                     if out:
-                        total = total + model.compute(
-                            op, in_shapes, in_bytes, local(out), nbytes(out), plan.tensors[out].dtype, len(outputs)
-                        )
+                        total = total + model.compute(step_instance(plan, step, out, mesh))
                 costs.append(total)
             case Slice(src=src, axis=axis):
                 costs.append(model.partition(axis, nbytes(src), kinds.get(src, "activation")))

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from unity_eq.cost import ZERO, Cost, CostModel
+from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
 from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
 from unity_eq.ir import Partial, Placement, Replicate, Shard
 
@@ -160,7 +160,7 @@ def node_costs(
     return costs
 
 
-def class_bytes(cid: str, data: EGraphData, locals_: dict[str, tuple[int, ...] | None]) -> float:
+def class_bytes(cid: str, data: EGraphData, locals_: Mapping[str, tuple[int, ...] | None]) -> float:
     shape = locals_.get(cid)
     return 0.0 if shape is None else math.prod(shape) * itemsize(data.classes[cid].dtype)
 
@@ -213,6 +213,17 @@ def _price(
         if node.op == "Reduce":
             return model.reduce(axis, class_bytes(cls.id, data, locals_))
         return model.replicate(axis, class_bytes(src, data, locals_), kinds.get(src, "activation"))
+    instance = enode_instance(node, cls, data, locals_)
+    return infinite if instance is None else model.compute(instance)
+
+
+def enode_instance(
+    node: ENode, cls: EClass, data: EGraphData, locals_: Mapping[str, tuple[int, ...] | None]
+) -> OpInstance | None:
+    """A compute e-node on its local shapes (None when one of them is unknown: it cannot be priced)."""
+    out_shape = locals_.get(cls.id)
+    if out_shape is None:
+        return None
     in_shapes: list[tuple[int, ...] | None] = []
     in_bytes = 0.0
     for arg in node.args:
@@ -221,16 +232,16 @@ def _price(
         child = data.classes[arg.id]
         members = [arg.id] if child.sort == "T" else list_members(arg.id, data)
         if members is None:
-            return infinite
+            return None
         for member in members:
             if locals_.get(member) is None:
-                return infinite
+                return None
             in_shapes.append(locals_[member])
             in_bytes += class_bytes(member, data, locals_)
     op = node.args[0] if node.op == "Opaque" else node.op
     outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else 1
     out_bytes = class_bytes(cls.id, data, locals_)
-    return model.compute(str(op), in_shapes, in_bytes, out_shape, out_bytes, cls.dtype or "", outputs)
+    return OpInstance(str(op), tuple(in_shapes), in_bytes, tuple(out_shape), out_bytes, cls.dtype or "", outputs)
 
 
 CostTable = Mapping[str, Cost] | Mapping[str, float]
