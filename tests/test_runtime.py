@@ -12,6 +12,8 @@ import pytest
 from unity_eq import runtime
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.ir import Mesh
+from unity_eq.plan import PLAN_FORMAT_VERSION
+from unity_eq.planfile import CollectiveRecord, read_run_record
 from unity_eq.runtime import (
     Board,
     DeviceChoice,
@@ -162,14 +164,42 @@ def test_recv_timeout_names_the_sender() -> None:
         LocalCommunicator(0, board).recv(1)
 
 
+def _collective(kind: str, **fields: int) -> CollectiveRecord:
+    return CollectiveRecord(3, kind, "x", ((0, 1),), "a", "b", 0, **fields)
+
+
 def test_plan_collective_kinds() -> None:
     pieces = _pieces(2, (4, 2))
-    gather = _run_ranks(2, lambda c: run_collective(c, {"kind": "all_gather", "dim": 1}, pieces[c.rank], (0, 1)))
+    gather = _run_ranks(2, lambda c: run_collective(c, _collective("all_gather", dim=1), pieces[c.rank], (0, 1)))
     assert gather[0].shape == (4, 4)
-    scatter = _run_ranks(2, lambda c: run_collective(c, {"kind": "reduce_scatter", "dim": 0}, pieces[c.rank], (0, 1)))
+    scatter = _run_ranks(2, lambda c: run_collective(c, _collective("reduce_scatter", dim=0), pieces[c.rank], (0, 1)))
     assert scatter[1].tobytes() == sum_pieces(pieces)[2:].tobytes()
-    with pytest.raises(PlanError, match="unknown collective kind 'broadcast'"):
-        run_collective(LocalCommunicator(0, Board(1, 1)), {"kind": "broadcast", "id": 3}, pieces[0], (0,))
+    with pytest.raises(PlanError, match="'all_gather' without its fields"):
+        run_collective(LocalCommunicator(0, Board(1, 1)), _collective("all_gather"), pieces[0], (0,))
+
+
+def test_plan_json_with_an_unknown_collective_is_one_error(tmp_path: Path) -> None:
+    """An unknown collective or a mistyped field is refused when plan.json loads, naming the field."""
+    meta = {
+        "format_version": PLAN_FORMAT_VERSION,
+        "model": {"name": "m", "inputs": {"x": {"shape": [2], "dtype": "float32"}}, "outputs": ["y"]},
+        "mesh": {"ranks": [{"rank": 0}]},
+        "files": ["device_0.onnx"],
+        "collectives": [
+            {"id": 3, "kind": "broadcast", "axis": "x", "groups": [[0]], "src": "a", "dst": "b", "stage": 0}
+        ],
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(meta))
+    with pytest.raises(PlanError, match=r"'collectives\[0\]\.kind': unknown collective 'broadcast'"):
+        read_run_record(path)
+    meta["collectives"][0].update(kind="all_gather", dim="1")
+    path.write_text(json.dumps(meta))
+    with pytest.raises(PlanError, match=r"'collectives\[0\]\.dim'"):
+        read_run_record(path)
+    meta["collectives"][0].update(dim=1)
+    path.write_text(json.dumps(meta))
+    assert read_run_record(path).collectives[0].dim == 1
 
 
 def test_uneven_split_is_an_error() -> None:

@@ -46,6 +46,7 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
+from unity_eq.planfile import write_plan_json
 from unity_eq.version import __version__
 from unity_eq.weightfile import (
     META_COLLECTIVES,
@@ -739,7 +740,7 @@ def write_plan_dir(
         metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)
         metadata["plan_hash"] = lowered.plan_hash
         metadata["memory"] = {**lowered.plan.report.get("memory", {}), "weight_bytes_per_rank": weight_bytes}
-        (tmp / "plan.json").write_text(json.dumps(metadata, indent=1, default=_json_default))
+        write_plan_json(tmp / "plan.json", metadata, default=_json_default)
         replace_plan_files(tmp, target)
     return target
 

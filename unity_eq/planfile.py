@@ -1,21 +1,34 @@
-"""Reading ``plan.json``: one validation for every verb that reads a plan (run, check, explain).
+"""``plan.json``: the only code that reads and writes it, with one validation for every verb that reads a plan.
 
-A plan file that this unity-eq cannot read (another format version, a missing field, a ``files`` list that
-does not name one plain file per rank) is a :class:`~unity_eq.errors.PlanError` naming the file and the
-field, never an IndexError or a KeyError later on.
+``write_plan_json`` writes it (lowering builds the content); ``read_plan_json`` checks the format and what
+every verb needs; ``read_run_record`` gives the runtime typed records (:class:`RunRecord`: inputs, outputs, files,
+collectives) so that running a plan reads no raw dictionary; ``check_explain_fields`` types what ``explain``
+reads. A plan file that this unity-eq cannot read (another format version, a missing or mistyped field, a
+``files`` list that does not name one plain file per rank, an unknown collective) is a
+:class:`~unity_eq.errors.PlanError` naming the file and the field, never an IndexError or a KeyError later on.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from unity_eq.errors import PlanError
 from unity_eq.plan import PLAN_FORMAT_VERSION
 
-__all__ = ["check_explain_fields", "read_plan_json"]
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "CollectiveRecord",
+    "InputRecord",
+    "RunRecord",
+    "check_explain_fields",
+    "read_plan_json",
+    "read_run_record",
+    "write_plan_json",
+]
 
 _REDO = "Re-run `unity-eq optimize`."
 
@@ -52,6 +65,136 @@ def read_plan_json(meta_path: Path, need: Sequence[str] = ()) -> dict[str, Any]:
                 f"{meta_path}: field 'files[{rank}]': expected a file name in the plan folder, got {name!r}. {_REDO}"
             )
     return meta
+
+
+def write_plan_json(path: Path, content: Mapping[str, Any], default: Callable[[Any], Any] | None = None) -> None:
+    """Write ``plan.json`` (indent 1, as every plan so far: plan hashes and diffs stay comparable)."""
+    path.write_text(json.dumps(content, indent=1, default=default))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What running a plan reads, as typed records
+
+#: plan.json ``kind`` of every collective the runtime executes, with the fields each needs besides the common ones
+COLLECTIVE_KINDS: dict[str, tuple[str, ...]] = {
+    "all_gather": ("dim",),
+    "all_reduce": (),
+    "reduce_scatter": ("dim",),
+    "all_to_all": ("split_dim", "concat_dim"),
+}
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """A model input as the plan expects it."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective between session segments: ``src`` on every rank of a group becomes ``dst`` after stage
+    ``stage``. ``dim`` for all_gather and reduce_scatter, ``split_dim``/``concat_dim`` for all_to_all."""
+
+    id: int
+    kind: str
+    axis: str
+    groups: tuple[tuple[int, ...], ...]
+    src: str
+    dst: str
+    stage: int
+    dim: int | None = None
+    split_dim: int | None = None
+    concat_dim: int | None = None
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        for group in self.groups:
+            if rank in group:
+                return group
+        raise PlanError(f"plan.json: collective {self.id} has no group holding rank {rank}")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What ``run`` and ``check`` need from plan.json, typed and checked once when the plan loads."""
+
+    model_name: str
+    source: str | None
+    fingerprint: str | None  # of what the model computes (frontends.onnx.model_fingerprint)
+    inputs: Mapping[str, InputRecord]
+    outputs: tuple[str, ...]
+    files: tuple[str, ...]
+    collectives: tuple[CollectiveRecord, ...]
+    plan_hash: str | None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.files)
+
+
+def read_run_record(meta_path: Path) -> RunRecord:
+    """Read plan.json for running it: every field the runtime uses, with its type, or one PlanError."""
+    meta = read_plan_json(meta_path, need=("collectives",))
+    model = _need(meta_path, meta, "model", dict, "model")
+    inputs = _need(meta_path, model, "inputs", dict, "model.inputs")
+    records = {}
+    for name, spec in inputs.items():
+        where = f"model.inputs.{name}"
+        shape = _need(meta_path, spec if isinstance(spec, dict) else {}, "shape", list, where)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise _bad(meta_path, f"{where}.shape", "a list of sizes", shape)
+        records[name] = InputRecord(tuple(shape), _need(meta_path, spec, "dtype", str, where))
+    outputs = model.get("outputs")  # names, with their shapes and dtypes (an object) since format 1
+    if not isinstance(outputs, dict | list) or not all(isinstance(o, str) for o in outputs):
+        raise _bad(meta_path, "model.outputs", "an object of output names", outputs)
+    collectives = _need(meta_path, meta, "collectives", list, "collectives")
+    world = len(meta["files"])
+    fingerprint = model.get("fingerprint")
+    hash_ = meta.get("plan_hash")
+    return RunRecord(
+        model_name=str(model.get("name", "")),
+        source=model.get("source") if isinstance(model.get("source"), str) else None,
+        fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+        inputs=records,
+        outputs=tuple(outputs),
+        files=tuple(meta["files"]),
+        collectives=tuple(_collective(meta_path, c, i, world) for i, c in enumerate(collectives)),
+        plan_hash=hash_ if isinstance(hash_, str) else None,
+    )
+
+
+def _need(path: Path, obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        what = {dict: _OBJECT, list: _LIST, str: _STR, int: _INT}[kind]
+        raise _bad(path, where if where.endswith(key) else f"{where}.{key}", what, value)
+    return value
+
+
+def _collective(path: Path, raw: Any, index: int, world: int) -> CollectiveRecord:
+    where = f"collectives[{index}]"
+    if not isinstance(raw, dict):
+        raise _bad(path, where, _OBJECT, raw)
+    kind = _need(path, raw, "kind", str, where)
+    if kind not in COLLECTIVE_KINDS:
+        known = ", ".join(COLLECTIVE_KINDS)
+        raise PlanError(f"{path}: field '{where}.kind': unknown collective {kind!r}; expected {known}. {_REDO}")
+    groups = _need(path, raw, "groups", list, where)
+    for group in groups:
+        if not isinstance(group, list) or not all(isinstance(r, int) and 0 <= r < world for r in group):
+            raise _bad(path, f"{where}.groups", f"lists of ranks below {world}", groups)
+    extra = {name: _need(path, raw, name, int, where) for name in COLLECTIVE_KINDS[kind]}
+    return CollectiveRecord(
+        id=_need(path, raw, "id", int, where),
+        kind=kind,
+        axis=_need(path, raw, "axis", str, where),
+        groups=tuple(tuple(g) for g in groups),
+        src=_need(path, raw, "src", str, where),
+        dst=_need(path, raw, "dst", str, where),
+        stage=_need(path, raw, "stage", int, where),
+        **extra,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------

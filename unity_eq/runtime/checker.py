@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError
+from unity_eq.planfile import InputRecord
 from unity_eq.progress import Tracker
 from unity_eq.runtime.devices import choose_device, make_session, threads_per_rank
 from unity_eq.runtime.execute import execute_local
@@ -49,7 +50,7 @@ def default_draws(seed: int = 0) -> list[InputDraw]:
 
 
 def random_inputs(
-    specs: Mapping[str, Mapping[str, Any]],
+    specs: Mapping[str, InputRecord] | Mapping[str, Mapping[str, Any]],
     seed: int = 0,
     int_bounds: Mapping[str, int] | None = None,
     draw: InputDraw | None = None,
@@ -63,7 +64,7 @@ def random_inputs(
     rng = np.random.default_rng(draw.seed)
     out = {}
     for name, spec in specs.items():
-        shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
+        shape, dtype = _shape_and_dtype(spec)
         if dtype.kind == "f":
             out[name] = _floats(rng, draw, shape).astype(dtype)
         elif dtype.kind in "iu":
@@ -76,6 +77,13 @@ def random_inputs(
                 f"inputs: cannot make random values of dtype {dtype} for {name!r}; pass `--inputs`"
             )
     return out
+
+
+def _shape_and_dtype(spec: InputRecord | Mapping[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
+    """An input's shape and dtype from plan.json's record, or from a ``{"shape", "dtype"}`` mapping (the API)."""
+    if isinstance(spec, InputRecord):
+        return spec.shape, np.dtype(spec.dtype)
+    return tuple(spec["shape"]), np.dtype(spec["dtype"])
 
 
 def _floats(rng: np.random.Generator, draw: InputDraw, shape: tuple[int, ...]) -> np.ndarray:
@@ -262,13 +270,13 @@ def check(
 def check_plan_is_of(model_path: str | Path, plan: PlanDir) -> None:
     """Refuse (exit 2) a model the plan was not made from: plan.json's ``model.fingerprint`` (what the model
     computes, weights' values aside) differs from the file's. Plans written before the fingerprint: no check."""
-    recorded = plan.meta["model"].get("fingerprint")
+    recorded = plan.record.fingerprint
     if not recorded:
         return
     from unity_eq.frontends.onnx import file_fingerprint
 
     if file_fingerprint(model_path) != recorded:
-        made_from = plan.meta["model"].get("source") or plan.meta["model"].get("name")
+        made_from = plan.record.source or plan.record.model_name
         raise PlanError(
             f"{model_path}: is not the model {plan.path} was made from ({made_from}: other nodes, inputs or "
             "weight shapes). Pass that model, or run `unity-eq optimize` on this one."
@@ -297,12 +305,12 @@ def _drawer(
 def default_int_ranges(model_path: str | Path, plan: PlanDir) -> dict[str, tuple[int, int]]:
     """Integer ranges that keep the original model valid (see :mod:`unity_eq.input_ranges`)."""
     specs = plan.input_specs
-    if not any(np.dtype(spec["dtype"]).kind in "iu" for spec in specs.values()):
+    if not any(np.dtype(spec.dtype).kind in "iu" for spec in specs.values()):
         return {}
     from unity_eq.frontends.onnx import load_onnx
     from unity_eq.input_ranges import integer_input_ranges
 
-    graph = load_onnx(model_path, {name: tuple(spec["shape"]) for name, spec in specs.items()})
+    graph = load_onnx(model_path, {name: spec.shape for name, spec in specs.items()})
     return integer_input_ranges(graph, str(model_path))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.files import stop_requested
+from unity_eq.planfile import CollectiveRecord
 
 
 class Communicator(Protocol):
@@ -181,25 +182,23 @@ class LocalCommunicator:
         return self.board.take(source, self.rank, tag)
 
 
-def run_collective(comm: Communicator, c: Mapping[str, Any], array: np.ndarray, group: Sequence[int]) -> np.ndarray:
-    """Run one collective of plan.json (``kind`` and its fields) through ``comm``."""
-    kind = c["kind"]
-    if kind == "all_gather":
-        return comm.all_gather(array, group, c["dim"])
+def run_collective(comm: Communicator, c: CollectiveRecord, array: np.ndarray, group: Sequence[int]) -> np.ndarray:
+    """Run one collective of plan.json through ``comm`` (planfile checked its kind and fields when it loaded)."""
+    kind = c.kind
+    if kind == "all_gather" and c.dim is not None:
+        return comm.all_gather(array, group, c.dim)
     if kind == "all_reduce":
         return comm.all_reduce(array, group)
-    if kind == "reduce_scatter":
-        return comm.reduce_scatter(array, group, c["dim"])
-    if kind == "all_to_all":
-        return comm.all_to_all(array, group, c["split_dim"], c["concat_dim"])
+    if kind == "reduce_scatter" and c.dim is not None:
+        return comm.reduce_scatter(array, group, c.dim)
+    if kind == "all_to_all" and c.split_dim is not None and c.concat_dim is not None:
+        return comm.all_to_all(array, group, c.split_dim, c.concat_dim)
     raise PlanError(
-        f"plan.json: unknown collective kind {kind!r} (collective {c.get('id')}); expected all_gather, all_reduce, "
-        "reduce_scatter or all_to_all. Re-run `unity-eq optimize` with this version."
+        f"plan.json: collective {c.id}: kind {kind!r} without its fields; expected all_gather (dim), all_reduce, "
+        "reduce_scatter (dim) or all_to_all (split_dim, concat_dim). Re-run `unity-eq optimize` with this version."
     )
 
 
-def group_of(collective: Mapping[str, Any], rank: int) -> tuple[int, ...]:
-    for group in collective["groups"]:
-        if rank in group:
-            return tuple(group)
-    raise PlanError(f"rank {rank} is in no group of collective {collective['id']}")
+def group_of(collective: CollectiveRecord, rank: int) -> tuple[int, ...]:
+    """The ranks ``rank`` runs ``collective`` with."""
+    return collective.group_of(rank)

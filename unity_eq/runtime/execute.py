@@ -50,7 +50,7 @@ def execute_rank(
                 times.segments_s.append(time.perf_counter() - start)
         for c in collectives:
             start = time.perf_counter()
-            env[c["dst"]] = run_collective(comm, c, env[c["src"]], group_of(c, program.rank))
+            env[c.dst] = run_collective(comm, c, env[c.src], group_of(c, program.rank))
             if times is not None:
                 times.collectives_s += time.perf_counter() - start
         if on_stage is not None:

@@ -739,7 +739,7 @@ def run_plan_mpi(
 
     spins = 0 if local.size > available_cores() else 50
     comm = MPICommunicator(mpi, world, _Poller(control, timeout, spins))
-    comm.prepare(c["groups"] for c in setup.plan.meta["collectives"])
+    comm.prepare(c.groups for c in setup.plan.record.collectives)
     outputs: dict[str, np.ndarray] | None = None
     runs: list[dict[str, float]] = []
 

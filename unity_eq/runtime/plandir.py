@@ -9,41 +9,42 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
 from unity_eq.errors import OptionError, PlanError, RuntimeBackendError
-from unity_eq.planfile import read_plan_json
+from unity_eq.planfile import InputRecord, RunRecord, read_run_record
 
 
 @dataclass
 class PlanDir:
+    """A plan directory and its plan.json as typed records (planfile.RunRecord)."""
+
     path: Path
-    meta: dict[str, Any]
+    record: RunRecord
 
     @property
     def world_size(self) -> int:
-        return len(self.meta["mesh"]["ranks"])
+        return self.record.world_size
 
     def model_path(self, rank: int) -> Path:
-        return self.path / self.meta["files"][rank]
+        return self.path / self.record.files[rank]
 
     @property
-    def input_specs(self) -> dict[str, dict[str, Any]]:
-        return self.meta["model"]["inputs"]
+    def input_specs(self) -> Mapping[str, InputRecord]:
+        return self.record.inputs
 
     @property
     def output_names(self) -> list[str]:
-        return list(self.meta["model"]["outputs"])
+        return list(self.record.outputs)
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
-        for collective in self.meta["collectives"]:
-            if collective["axis"] == axis:
-                for group in collective["groups"]:
+        for collective in self.record.collectives:
+            if collective.axis == axis:
+                for group in collective.groups:
                     if rank in group:
-                        return tuple(group)
+                        return group
         raise PlanError(f"{self.path}: rank {rank} is in no group of axis {axis}")
 
 
@@ -61,8 +62,7 @@ def load_plan_dir(path: str | Path, check_files: bool = True) -> PlanDir:
     meta_path = root / "plan.json"
     if not meta_path.exists():
         raise PlanError(f"{root}: no plan.json. Pass the directory written by `unity-eq optimize`.")
-    meta = read_plan_json(meta_path, need=("collectives",))
-    plan = PlanDir(root, meta)
+    plan = PlanDir(root, read_run_record(meta_path))
     for rank in range(plan.world_size if check_files else 0):
         check_rank_file(plan, rank)
     return plan
@@ -70,9 +70,7 @@ def load_plan_dir(path: str | Path, check_files: bool = True) -> PlanDir:
 
 def check_rank_file(plan: PlanDir, rank: int) -> None:
     if not plan.model_path(rank).exists():
-        raise PlanError(
-            f"{plan.path}: {plan.meta['files'][rank]} (rank {rank}) is missing. Re-run `unity-eq optimize`."
-        )
+        raise PlanError(f"{plan.path}: {plan.record.files[rank]} (rank {rank}) is missing. Re-run `unity-eq optimize`.")
 
 
 def check_external_data(model: onnx.ModelProto, path: Path, plan_hash: str, rank: int) -> None:
@@ -133,7 +131,7 @@ def check_identity(plan: PlanDir, rank: int, model: onnx.ModelProto, path: Path)
     from unity_eq.weightfile import META_PLAN_HASH, META_RANK
 
     props = {p.key: p.value for p in model.metadata_props}
-    expected_hash = plan.meta.get("plan_hash")
+    expected_hash = plan.record.plan_hash
     if not expected_hash:
         raise PlanError(
             f"{plan.path / 'plan.json'}: no plan_hash (an older unity-eq wrote it). Re-run `unity-eq optimize`."
@@ -184,12 +182,12 @@ def check_inputs(plan: PlanDir, inputs: Mapping[str, np.ndarray]) -> dict[str, n
     out = {}
     for name, spec in specs.items():
         if name not in inputs:
-            raise RuntimeBackendError(f"inputs: missing input {name!r} {spec['dtype']}{spec['shape']}")
+            raise RuntimeBackendError(f"inputs: missing input {name!r} {spec.dtype}{list(spec.shape)}")
         array = np.asarray(inputs[name])
-        if list(array.shape) != list(spec["shape"]):
+        if list(array.shape) != list(spec.shape):
             raise RuntimeBackendError(
-                f"inputs: {name!r} has shape {list(array.shape)}, the plan was made for {spec['shape']}. "
+                f"inputs: {name!r} has shape {list(array.shape)}, the plan was made for {list(spec.shape)}. "
                 "Re-run `unity-eq optimize` with `--input-shape`."
             )
-        out[name] = array.astype(spec["dtype"], copy=False)
+        out[name] = array.astype(spec.dtype, copy=False)
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,7 @@ import onnx
 from onnx import helper
 
 from unity_eq.errors import PlanError, RuntimeBackendError
+from unity_eq.planfile import CollectiveRecord
 from unity_eq.runtime.devices import make_session
 from unity_eq.runtime.plandir import PlanDir, check_external_data, check_identity
 
@@ -26,17 +28,17 @@ class RankProgram:
 
     rank: int
     segments: list[Segment]
-    collectives_after: list[list[dict[str, Any]]]
+    collectives_after: list[list[CollectiveRecord]]
     outputs: list[str]
     providers_in_use: list[str] = field(default_factory=list)
 
 
-def _segment_models(model: onnx.ModelProto, collectives: list[dict[str, Any]]) -> list[onnx.ModelProto | None]:
+def _segment_models(model: onnx.ModelProto, collectives: Sequence[CollectiveRecord]) -> list[onnx.ModelProto | None]:
     """Split a device graph by stage: a node runs in the stage of its latest collective input."""
     graph = model.graph
     stage_of: dict[str, int] = {}
     for c in collectives:
-        stage_of[c["dst"]] = c["stage"] + 1
+        stage_of[c.dst] = c.stage + 1
     node_stage: list[int] = []
     for node in graph.node:
         stage = max((stage_of.get(name, 0) for name in node.input if name), default=0)
@@ -44,15 +46,15 @@ def _segment_models(model: onnx.ModelProto, collectives: list[dict[str, Any]]) -
         for out in node.output:
             if out:
                 stage_of[out] = stage
-    last = max([*node_stage, *(c["stage"] for c in collectives), 0])
+    last = max([*node_stage, *(c.stage for c in collectives), 0])
     needed_later: dict[str, int] = {}  # tensor -> latest stage that reads it
     for node, stage in zip(graph.node, node_stage, strict=True):
         for name in node.input:
             if name:
                 needed_later[name] = max(needed_later.get(name, -1), stage)
     for c in collectives:  # a collective reads its source right after its stage
-        needed_later[c["src"]] = max(needed_later.get(c["src"], -1), c["stage"] + 1)
-    model_outputs = {o.name for o in graph.output} - {c["src"] for c in collectives}
+        needed_later[c.src] = max(needed_later.get(c.src, -1), c.stage + 1)
+    model_outputs = {o.name for o in graph.output} - {c.src for c in collectives}
     infos = {v.name: v for v in list(graph.value_info) + list(graph.input) + list(graph.output)}
     initializers = {t.name: t for t in graph.initializer}
     graph_inputs = {i.name for i in graph.input}
@@ -94,8 +96,8 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
     except Exception as exc:  # protobuf/IO errors of a damaged plan file
         raise PlanError(f"{path}: cannot load device model ({exc}). Re-run `unity-eq optimize`.") from None
     check_identity(plan, rank, model, path)
-    check_external_data(model, path, plan.meta["plan_hash"], rank)
-    collectives = plan.meta["collectives"]
+    check_external_data(model, path, plan.record.plan_hash or "", rank)
+    collectives = plan.record.collectives
     segment_models = _segment_models(model, collectives)
     segments: list[Segment] = []
     in_use: list[str] = []
@@ -111,7 +113,7 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
         segments.append(
             Segment([i.name for i in seg_model.graph.input], [o.name for o in seg_model.graph.output], session)
         )
-    after: list[list[dict[str, Any]]] = [[] for _ in segments]
+    after: list[list[CollectiveRecord]] = [[] for _ in segments]
     for c in collectives:
-        after[c["stage"]].append(c)
+        after[c.stage].append(c)
     return RankProgram(rank, segments, after, plan.output_names, in_use)
