@@ -34,6 +34,7 @@ rule to the bounded proof.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Sequence
@@ -188,26 +189,51 @@ class _Vocab:
         self.axioms.setdefault(group, []).append(axiom)
 
     def _build_axioms(self) -> None:
+        """Every axiom group, family by family, in a fixed order (the prover picks groups by a rule's ops)."""
+        for build in (
+            self._axioms_core,
+            self._axioms_elementwise,
+            self._axioms_linear,
+            self._axioms_matmul,
+            self._axioms_gemm,
+            self._axioms_conv,
+            self._axioms_pooling,
+            self._axioms_normalization,
+            self._axioms_layout,
+            self._axioms_algebra,
+        ):
+            build()
+
+    @functools.cached_property
+    def _symbol_table(self) -> dict[str, Any]:
+        """The bound variables the axioms quantify over, by name (z3 identifies a constant by name and sort)."""
         T = self.T
-        x, y, a, b, c, w, p, q = (z3.Const(n, T) for n in "xyabcwpq")
-        idx = z3.Const("idx", T)
-        d, d2, da, db, dc, i, n, k, axis, ta, tb, g, kd = (
-            z3.Int(s) for s in ("d", "d2", "da", "db", "dc", "i", "n", "k", "axis", "ta", "tb", "g", "kd")
+        table: dict[str, Any] = {"T": T, "idx": z3.Const("idx", T), "f": z3.Const("f", self.Fn)}
+        table.update((v, z3.Const(v, T)) for v in "xyabcwpq")
+        table.update(
+            (v, z3.Int(v)) for v in ("d", "d2", "da", "db", "dc", "i", "n", "k", "axis", "ta", "tb", "g", "kd")
         )
-        al, be, eps, mom = (z3.Real(s) for s in ("al", "be", "eps", "mom"))
-        f = z3.Const("f", self.Fn)
-        s, s2, axes, dil, ks, pads, st = (z3.Const(v, self.V) for v in ("s", "s2", "axes", "dil", "ks", "pads", "st"))
-        ap = z3.Const("ap", self.Str)
-        lst = z3.Const("l", self.L)
-        ch, ew, rel, FA = self.chunk, self.ew, self.rel, z3.ForAll
+        table.update((v, z3.Real(v)) for v in ("al", "be", "eps", "mom"))
+        table.update((v, z3.Const(v, self.V)) for v in ("s", "s2", "axes", "dil", "ks", "pads", "st"))
+        table.update(ap=z3.Const("ap", self.Str), lst=z3.Const("l", self.L))
+        table.update(ch=self.chunk, ew=self.ew, rel=self.rel, FA=z3.ForAll, P=_multi_pattern)
+        return table
 
-        def P(*terms: Any) -> Any:
-            return z3.MultiPattern(*terms) if len(terms) > 1 else terms[0]
+    def _symbols(self, names: str) -> tuple[Any, ...]:
+        """``names`` (space-separated) from the symbol table, for unpacking."""
+        return tuple(self._symbol_table[name] for name in names.split())
 
-        # chunks of absent inputs, pieces of pending sums
+    def _axioms_core(self) -> None:
+        """Chunks of absent inputs, pieces of pending sums."""
+        x, d, i, n, ch, FA = self._symbols("x d i n ch FA")
         self._add("core", FA([d, i, n], ch(self.none, d, i, n) == self.none, patterns=[ch(self.none, d, i, n)]))
         self._add("core", FA([x, i, n], self.is_partial(self.part(x, i, n), x, i, n), patterns=[self.part(x, i, n)]))
-        # elementwise ops commute with slicing: every split mask, operands broadcast or full
+
+    def _axioms_elementwise(self) -> None:
+        """Elementwise ops commute with slicing: every split mask, operands broadcast or full."""
+        x, a, b, c, d, da, db, dc, i, n, f, ch, ew, rel, FA, P = self._symbols(
+            "x a b c d da db dc i n f ch ew rel FA P"
+        )
         self._add(
             "ew",
             FA(
@@ -237,7 +263,10 @@ class _Vocab:
                         patterns=[P(ew[arity](f, *sliced), rel["bc-dim"](args[first], e_, d, dims3[first]))],
                     ),
                 )
-        # pending sums are linear: Add and Sub of partial pieces
+
+    def _axioms_linear(self) -> None:
+        """Pending sums are linear: Add and Sub of partial pieces."""
+        x, y, p, q, i, n, ew, FA, P = self._symbols("x y p q i n ew FA P")
         for op in ("Add", "Sub"):
             fo = self.fn(op, ())
             self._add(
@@ -251,7 +280,10 @@ class _Vocab:
                     patterns=[P(ew[2](fo, p, q), self.is_partial(p, x, i, n), self.is_partial(q, y, i, n))],
                 ),
             )
-        # MatMul: rows, batch, columns, contraction (a pending sum)
+
+    def _axioms_matmul(self) -> None:
+        """MatMul: rows, batch, columns, contraction (a pending sum)."""
+        a, b, d, da, db, i, n, ch, rel, FA, P = self._symbols("a b d da db i n ch rel FA P")
         mm = self.op("MatMul")
         self._add(
             "MatMul",
@@ -291,7 +323,10 @@ class _Vocab:
                 patterns=[mm(ch(a, da, i, n), ch(b, db, i, n))],
             ),
         )
-        # Gemm = alpha * op(A) @ op(B) + beta * C
+
+    def _axioms_gemm(self) -> None:
+        """Gemm = alpha * op(A) @ op(B) + beta * C."""
+        a, b, c, dc, i, n, k, ta, tb, al, be, ch, rel, FA = self._symbols("a b c dc i n k ta tb al be ch rel FA")
         gm = self.op("Gemm")
 
         def gemm(a_: Any, b_: Any, c_: Any) -> Any:
@@ -356,7 +391,10 @@ class _Vocab:
                 patterns=[gm(ch(a, k, i, n), ch(b, kb, i, n), self.none, al, be, ta, tb)],
             ),
         )
-        # Conv: batch, output channels (group 1), input channels (group 1, no bias: a pending sum)
+
+    def _axioms_conv(self) -> None:
+        """Conv: batch, output channels (group 1), input channels (group 1, no bias: a pending sum)."""
+        x, b, w, i, n, g, dil, ks, pads, st, ap, ch, FA = self._symbols("x b w i n g dil ks pads st ap ch FA")
         cv = self.op("Conv")
 
         def conv(x_: Any, w_: Any, b_: Any, g_: Any) -> Any:
@@ -390,7 +428,12 @@ class _Vocab:
                 patterns=[conv(ch(x, 1, i, n), ch(w, 1, i, n), self.none, 1)],
             ),
         )
-        # pooling works per (batch, channel) plane; LRN per batch item; BatchNormalization per channel
+
+    def _axioms_pooling(self) -> None:
+        """Pooling per (batch, channel) plane; LRN per batch item; BatchNormalization per channel."""
+        T, x, b, w, d, i, n, k, al, be, eps, mom, dil, ks, pads, st, ap, ch, FA = self._symbols(
+            "T x b w d i n k al be eps mom dil ks pads st ap ch FA"
+        )
         cm, so_, cip = z3.Int("cm"), z3.Int("so_"), z3.Int("cip")
         mp, avp = self.op("MaxPool"), self.op("AveragePool")
         for name, fn_, extra in (
@@ -460,7 +503,10 @@ class _Vocab:
                 ],
             ),
         )
-        # normalizations along an axis commute with slicing another (LayerNorm: an outer dim)
+
+    def _axioms_normalization(self) -> None:
+        """Normalizations along an axis commute with slicing another (LayerNorm: an outer dim)."""
+        x, b, w, d, i, n, k, axis, eps, ch, FA = self._symbols("x b w d i n k axis eps ch FA")
         for name in ("Softmax", "LogSoftmax"):
             sm = self.op(name)
             self._add(
@@ -483,7 +529,12 @@ class _Vocab:
                 patterns=[ln(ch(x, d, i, n), w, b, axis, eps, k)],
             ),
         )
-        # data movement: a split of d before is a split of d2 after (reshape-map, perm-map, reduce-map)
+
+    def _axioms_layout(self) -> None:
+        """Data movement: a split of d before is a split of d2 after (reshape-map, perm-map, reduce-map)."""
+        x, idx, d, d2, da, i, n, k, axis, kd, s, s2, axes, lst, ch, rel, FA, P = self._symbols(
+            "x idx d d2 da i n k axis kd s s2 axes lst ch rel FA P"
+        )
         rs, zz = self.op("Reshape"), z3.Int("zz")
         out = rs(x, s, zz)
         self._add(
@@ -667,7 +718,11 @@ class _Vocab:
             ),
         )
 
-        # algebra on global values (TASO's kind of axioms)
+    def _axioms_algebra(self) -> None:
+        """Algebra on global values (TASO's kind of axioms)."""
+        a, b, c, axis, f, s, ew, FA = self._symbols("a b c axis f s ew FA")
+        mm, cc, sp = self.op("MatMul"), self.op("Concat"), self.op("Split")
+
         def rank2(t: Any) -> Any:
             return self.vlen(self.shape(t)) >= 2
 
@@ -719,6 +774,11 @@ class _Vocab:
                 patterns=[ew[1](f, cc(two, axis))],
             ),
         )
+
+
+def _multi_pattern(*terms: Any) -> Any:
+    """One trigger of several terms (z3 wants a MultiPattern), or the term itself."""
+    return z3.MultiPattern(*terms) if len(terms) > 1 else terms[0]
 
 
 _VOCAB: _Vocab | None = None
