@@ -841,3 +841,13 @@ def test_a_wrong_semantics_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(_tensor._EVAL, Family.REDUCE, sum_for_mean)
     tally = _check_op("ReduceMean", GENERATORS["ReduceMean"], INSTANCES, shape_only=False)
     assert tally.problems and "max abs error" in tally.problems[0]
+
+
+def test_a_reduction_without_semantics_is_not_taken_for_a_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reduction typed in the op registry but not modelled here (ReduceProd) must fail loudly: read as a sum,
+    a rule about it would be 'proven' against the wrong function."""
+    spec = OPS["ReduceSum"]
+    monkeypatch.setitem(OPS, "ReduceProd", OpSpec("ReduceProd", spec.family, spec.args))
+    x = np.arange(1.0, 7.0).reshape(2, 3)
+    with pytest.raises(NotImplementedError, match="ReduceProd: no semantics"):
+        evaluate("ReduceProd", [x, (1,), 0, 0], NumpyBackend())
