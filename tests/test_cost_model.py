@@ -128,7 +128,7 @@ def layouts(draw: st.DrawFn) -> tuple[int, int, tuple[int, ...]]:
 
 
 def _factorizations(n: int) -> list[tuple[int, ...]]:
-    from unity_eq.search import _factorizations as factor
+    from unity_eq.search.meshes import _factorizations as factor
 
     return factor(n, 3)
 

@@ -182,7 +182,7 @@ def test_group_topologies_match_the_definition(mask_kinds: int, monkeypatch: pyt
     """Both paths of the vectorized grouping give exactly (bit for bit, in order) what the definition gives,
     for meshes in machine order and in shuffled device orders, on uniform and mixed machines."""
     import unity_eq.cost as cost
-    from unity_eq.search import _factorizations
+    from unity_eq.search.meshes import _factorizations
 
     monkeypatch.setattr(cost, "MASK_KINDS", mask_kinds)
     rng = random.Random(14)
@@ -217,7 +217,7 @@ def test_mesh_groups_match_the_definition() -> None:
 
 
 def test_factorizations_match_the_definition() -> None:
-    from unity_eq.search import _factorizations
+    from unity_eq.search.meshes import _factorizations
 
     def brute(n: int, most: int) -> list[tuple[int, ...]]:
         out: list[tuple[int, ...]] = []

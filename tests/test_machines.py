@@ -176,7 +176,7 @@ def test_device_groups_of_homogeneous_and_mixed_machines(examples: Path) -> None
     dominating the A100 node (not the other way), whose meshes are one skipped entry."""
     from unity_eq.frontends.onnx import load_onnx
 
-    from unity_eq.search import _dominates, candidate_meshes, device_groups
+    from unity_eq.search.meshes import _dominates, candidate_meshes, device_groups
 
     graph = load_onnx(examples / "mlp.onnx")
     for name in ("dgx-h100x2.toml", "workstation.toml"):

@@ -14,7 +14,7 @@ from conftest import run_cli
 from rich.console import Console
 from unity_eq.frontends.onnx import load_onnx
 
-import unity_eq.search as search_module
+import unity_eq.search.choose as search_module
 from unity_eq import optimize
 from unity_eq.extract import Restriction
 from unity_eq.machine import default_machine
@@ -138,14 +138,14 @@ def test_tie_break_never_returns_a_plan_dearer_than_a_baseline(examples: Path, m
     assert dp.memory.fits and dp.cost.total < replicated.plan.cost.total
     monkeypatch.setattr(search_module, "TIE_TOLERANCE", 10.0)
 
-    unbounded, tie_break = search_module._choose([flat])
+    unbounded, tie_break = search_module.choose_trial([flat])
     assert unbounded.plan is replicated.plan  # without the ceiling the tie-break returns the dearer plan
     # and says so: the summary and `explain` show this note next to a runner-up that costs less
     assert tie_break is not None and tie_break["cheapest"]["total_s"] < replicated.plan.cost.total
     note = tie_break["note"]
     assert note.startswith(f"{flat.label} ") and "less than this plan" in note and "communicates less" in note
 
-    chosen, _ = search_module._choose([flat], search_module._ceiling(result.baselines))
+    chosen, _ = search_module.choose_trial([flat], search_module.baseline_ceiling(result.baselines))
     assert chosen.plan is not None
     assert chosen.plan.cost.total <= dp.cost.total * (1 + 1e-9)
 

@@ -1,0 +1,203 @@
+"""Choosing the plan among the meshes tried: ties within TIE_TOLERANCE, the ceiling of baselines a plan may not
+exceed, and the reasons written to plan.json.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from unity_eq.extract import Extractor
+from unity_eq.extract.blocks import BlockExtractor
+from unity_eq.machine import Machine
+from unity_eq.plan import Plan
+from unity_eq.report import parallelism
+from unity_eq.search.baselines import Baseline, uses_axes
+from unity_eq.search.runner import THREE_AXIS_NODE_BUDGET
+from unity_eq.search.trial import MeshTrial, gib
+from unity_eq.split import BlockSplit
+
+TIE_TOLERANCE = 0.01  # plans within 1% of the cheapest are ties: the model cannot tell them apart
+
+
+@dataclass
+class SearchResult:
+    plan: Plan
+    trial: MeshTrial
+    trials: list[MeshTrial]
+    baselines: dict[str, Baseline]
+    extractors: dict[str, Extractor | BlockExtractor] = field(default_factory=dict)  # mesh label -> extractor
+    tie_break: dict[str, Any] | None = None  # set when a tie went to a plan that communicates less
+    split: BlockSplit | None = None  # the pieces, when the model was optimized block by block
+
+    def report(self) -> dict[str, Any]:
+        """The plan.json fields of the search: mesh_search, baselines, memory handling."""
+        cost = self.plan.cost.total
+        return {
+            "mesh_search": {
+                "chosen": self.trial.label,
+                "tried": [t.to_json() for t in self.trials if t.status != "skipped"],
+                "runner_up": runner_up(self.trials, self.trial),
+                "skipped": [{"mesh": t.label, "reason": t.reason} for t in self.trials if t.status == "skipped"],
+            },
+            "baselines": {name: b.to_json(cost) for name, b in self.baselines.items()},
+            "blocks": self.split.to_json() if self.split is not None else None,
+            "extraction": {
+                "method": "greedy DAG" + ("" if self.trial.extraction == "greedy" else f", {self.trial.extraction}"),
+                "restriction": self.trial.extraction,
+                "memory_penalty_rounds": self.trial.penalty_rounds,
+                "memory_penalty_s_per_byte": self.trial.penalty,
+                "memory_handling": memory_handling(self.trial),
+                "tie_break": self.tie_break,
+                "plan_choice": plan_choice(self),
+            },
+            "parallelism": parallelism(self.plan),
+        }
+
+
+def memory_handling(trial: MeshTrial) -> str:
+    if trial.penalty_rounds == 0:
+        return "the cheapest extraction fits; no memory penalty"
+    how = (
+        f"the penalized extraction ({trial.penalty:.3g} s per byte) fits"
+        if trial.penalty > 0
+        else f"the {trial.extraction} extraction was the cheapest that fits"
+    )
+    return (
+        f"the cheapest extraction did not fit; re-extracted {trial.penalty_rounds} time(s) with a growing "
+        f"penalty on per-device bytes; {how}"
+    )
+
+
+def runner_up(trials: list[MeshTrial], chosen: MeshTrial) -> dict[str, Any] | None:
+    others = [t for t in trials if t is not chosen and t.status == "ok" and t.candidate and t.plan is not None]
+    if not others:
+        return None
+    best = min(others, key=lambda t: t.plan.cost.total if t.plan else math.inf)
+    assert best.plan is not None
+    return {"mesh": best.label, "cost_s": best.plan.cost.total}
+
+
+def baseline_ceiling(baselines: dict[str, Baseline]) -> float:
+    """The cost the plan may not exceed: the cheapest baseline that fits and that the search could return
+    itself (one extracted from a candidate mesh's e-graph)."""
+    returnable = [
+        b.cost.total
+        for b in baselines.values()
+        if b.memory.fits and b.extraction is not None and b.trial is not None and b.trial.candidate
+    ]
+    return min(returnable, default=math.inf)
+
+
+def choose_trial(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[MeshTrial, dict[str, Any] | None]:
+    """The cheapest plan that fits over all meshes and extractions; plans within TIE_TOLERANCE of it are ties,
+    and among ties the one with the least communication wins (the least certain part of the model) — but
+    never one that costs more than ``ceiling``: a plan reported next to a cheaper baseline would be a lie."""
+    options = [(t, e, m) for t in candidates for e, m in t.extractions if m.fits]
+    cheapest = min(options, key=lambda o: (o[1].plan.cost.total, len(o[0].mesh.axes)))
+    limit = min(cheapest[1].plan.cost.total * (1 + TIE_TOLERANCE), max(ceiling, cheapest[1].plan.cost.total))
+    ties = [o for o in options if o[1].plan.cost.total <= limit]
+    # exact ties go to a mesh over all devices (as on a homogeneous machine), then to the fewest devices
+    trial, extraction, memory = min(
+        ties,
+        key=lambda o: (
+            o[1].plan.cost.comm,
+            o[1].plan.cost.total,
+            bool(o[0].scope),
+            o[0].mesh.size if o[0].scope else 0,
+            len(o[0].mesh.axes),
+        ),
+    )
+    trial.plan, trial.memory = extraction.plan, memory
+    trial.extraction, trial.penalty = extraction.restriction.name, extraction.penalty
+    if extraction is cheapest[1]:
+        return trial, None
+    reason = (
+        f"within {TIE_TOLERANCE:.0%} of the cheapest plan, this one communicates less "
+        f"({extraction.plan.cost.comm * 1e3:.3f} ms instead of {cheapest[1].plan.cost.comm * 1e3:.3f} ms)"
+    )
+    cheaper = f"{cheapest[0].label}" + (
+        "" if cheapest[1].restriction.name == "greedy" else f" ({cheapest[1].restriction.name})"
+    )
+    return trial, {
+        "tolerance": TIE_TOLERANCE,
+        "cheapest": {
+            "mesh": cheapest[0].label,
+            "extraction": cheapest[1].restriction.name,
+            "total_s": cheapest[1].plan.cost.total,
+            "communication_s": cheapest[1].plan.cost.comm,
+        },
+        "reason": reason,
+        "note": (
+            f"{cheaper} is predicted {cheapest[1].plan.cost.total * 1e3:.3f} ms, "
+            f"{1 - cheapest[1].plan.cost.total / extraction.plan.cost.total:.1%} less than this plan; {reason}"
+        ),
+    }
+
+
+def plan_choice(result: SearchResult) -> dict[str, Any]:
+    """How the returned plan relates to the baselines (plan.json ``extraction.plan_choice``).
+
+    The baselines' own extractions are among the search's options (the one-device plan is a mesh of its
+    own), so a returnable baseline is never cheaper than the plan; when the plan *is* a baseline (no other
+    extraction was cheaper) it says so. Only under ``--mesh`` can a baseline be out of the search's reach
+    (one device, or a mesh other than the forced one); a cheaper one is then named with what to do.
+    """
+    plan = result.plan
+    same = next(
+        (name for name, b in result.baselines.items() if b.extraction is not None and b.extraction.plan is plan), None
+    )
+    choice: dict[str, Any] = {"baseline": same}
+    if same is not None:
+        choice["note"] = f"the plan is the {same} baseline: no other extraction was cheaper"
+    cheaper = [
+        (name, b)
+        for name, b in result.baselines.items()
+        if b.memory.fits
+        and b.cost.total < plan.cost.total * (1 - 1e-9)
+        and (b.trial is None or not b.trial.candidate)  # a returnable one is never cheaper (choose_trial's ceiling)
+    ]
+    if cheaper:
+        name, b = min(cheaper, key=lambda item: item[1].cost.total)
+        why = f"it runs on {b.mesh if name != 'one_device' else 'one device'}, which the search did not consider: "
+        why += f"`--mesh` forced {result.trial.label}"
+        todo = "drop `--mesh` to let the search return it"
+        choice["cheaper_baseline"] = {
+            "name": name,
+            "total_s": b.cost.total,
+            "note": f"{name} ({b.description}) costs {b.cost.total / plan.cost.total:.2f}× this plan: {why}; {todo}",
+        }
+    return choice
+
+
+def skip_deeper(trials: list[MeshTrial]) -> str | None:
+    done = [t for t in trials if t.status == "ok" and t.plan is not None and t.candidate]
+    if not done:
+        return None
+    best = min(done, key=lambda t: t.plan.cost.total if t.plan else math.inf)
+    assert best.plan is not None
+    if len(best.mesh.axes) < 2 or len(uses_axes(best.plan)) < 2:
+        return f"the best plan so far ({best.label}) does not use two axes; a third would not help"
+    biggest = max((t.enodes for t in done if len(t.mesh.axes) == 2), default=0)
+    if 4 * biggest > THREE_AXIS_NODE_BUDGET:
+        return (
+            f"a 3-axis e-graph would have about {4 * biggest} e-nodes (budget {THREE_AXIS_NODE_BUDGET}); "
+            "pass `--mesh` to force one"
+        )
+    return None
+
+
+def infeasible_message(trials: list[MeshTrial], machine: Machine) -> str:
+    tried = [t for t in trials if t.min_memory is not None and t.candidate]
+    if not tried:
+        return "no plan fits in device memory"
+    best = min(tried, key=lambda t: t.min_memory.total if t.min_memory else math.inf)
+    mem = best.min_memory
+    assert mem is not None
+    return (
+        f"no plan fits in device memory: the smallest plan found (mesh {best.label}) needs "
+        f"{gib(mem.total)} per device ({gib(mem.weights)} weights, {gib(mem.weight_state)} gradients and "
+        f"optimizer state, {gib(mem.activations)} activations); the devices of {machine.name} have "
+        f"{gib(mem.capacity)} usable. Use more devices (`--nodes`), devices with more memory, or a smaller batch."
+    )
