@@ -22,9 +22,10 @@ with ``noop_with_empty_axes`` are not modeled: the encoder must leave them opaqu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,6 +43,7 @@ from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluat
 
 from unity_eq.egraph import _normalize, _Opaque, _typed_values, _used_outputs
 from unity_eq.extract.build import typed_attrs
+from unity_eq.ops import registry
 from unity_eq.ops.registry import OPS, PLUGINS, plugin_for, spec_for
 from unity_eq.ops.spec import Family, OpSpec
 
@@ -831,14 +833,13 @@ def test_regressions(inst: Instance, tmp_path: Path) -> None:
 def test_a_wrong_semantics_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The harness is not vacuous: a ReduceMean that forgets to divide (right shapes, wrong values) is
     caught."""
-    from unity_eq.verify import _tensor
+    family = registry.family_for("ReduceMean")
+    assert family is not None
 
-    reduce = _tensor._EVAL[Family.REDUCE]
+    def sum_for_mean(op: str, args: Sequence[Any], bk: Any) -> Any:
+        return family.evaluate("ReduceSum" if op == "ReduceMean" else op, args, bk)
 
-    def sum_for_mean(op: str, args: list[Any], bk: Any) -> Any:
-        return reduce("ReduceSum" if op == "ReduceMean" else op, args, bk)
-
-    monkeypatch.setitem(_tensor._EVAL, Family.REDUCE, sum_for_mean)
+    monkeypatch.setitem(registry._FAMILY_OF, "ReduceMean", dataclasses.replace(family, evaluate=sum_for_mean))
     tally = _check_op("ReduceMean", GENERATORS["ReduceMean"], INSTANCES, shape_only=False)
     assert tally.problems and "max abs error" in tally.problems[0]
 
@@ -848,6 +849,7 @@ def test_a_reduction_without_semantics_is_not_taken_for_a_sum(monkeypatch: pytes
     a rule about it would be 'proven' against the wrong function."""
     spec = OPS["ReduceSum"]
     monkeypatch.setitem(OPS, "ReduceProd", OpSpec("ReduceProd", spec.family, spec.args))
+    monkeypatch.setitem(registry._FAMILY_OF, "ReduceProd", registry.family_for("ReduceSum"))
     x = np.arange(1.0, 7.0).reshape(2, 3)
     with pytest.raises(NotImplementedError, match="ReduceProd: no semantics"):
         evaluate("ReduceProd", [x, (1,), 0, 0], NumpyBackend())

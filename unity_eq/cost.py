@@ -46,7 +46,7 @@ import numpy as np
 
 from unity_eq.ir import Mesh, machine_order
 from unity_eq.machine import DeviceSpec, GroupTopology, LinkSpec, Machine
-from unity_eq.ops.registry import plugin_for, spec_for
+from unity_eq.ops.registry import family_for, spec_for
 from unity_eq.ops.spec import Family
 
 if TYPE_CHECKING:
@@ -152,25 +152,23 @@ def _numel(shape: Sequence[int]) -> int:
 
 def op_flops(op_type: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
     """Floating-point operations of one op on the given (local) shapes."""
-    plugin = plugin_for(op_type)
-    if plugin is not None:
-        return plugin.flops(in_shapes, out_shape)
+    family = family_for(op_type)
+    if family is not None:
+        return family.flops(op_type, in_shapes, out_shape)
     spec = spec_for(op_type)
     out = _numel(out_shape)
-    family = spec.family if spec else None
-    if family is Family.MATMUL and in_shapes[0]:
+    kind = spec.family if spec else None
+    if kind is Family.MATMUL and in_shapes[0]:
         return 2.0 * out * in_shapes[0][-1]
-    if family is Family.GEMM and in_shapes[0]:
+    if kind is Family.GEMM and in_shapes[0]:
         return 2.0 * out * _numel(in_shapes[0]) / max(out_shape[0], 1)  # K = |A| / M, either layout
-    if family is Family.CONV and in_shapes[1]:
+    if kind is Family.CONV and in_shapes[1]:
         return 2.0 * out * _numel(in_shapes[1][1:])
-    if family in (Family.SOFTMAX, Family.LAYERNORM, Family.BATCHNORM, Family.LRN):
+    if kind in (Family.SOFTMAX, Family.LAYERNORM, Family.BATCHNORM, Family.LRN):
         return 5.0 * out
-    if family is Family.POOL and in_shapes[0]:
+    if kind is Family.POOL and in_shapes[0]:
         return float(max(out, _numel(in_shapes[0])))
-    if family is Family.REDUCE and in_shapes[0]:
-        return float(_numel(in_shapes[0]))
-    if family in (Family.RESHAPE, Family.TRANSPOSE, Family.CONCAT, Family.SPLIT, Family.SLICE, Family.EXPAND):
+    if kind in (Family.RESHAPE, Family.TRANSPOSE, Family.CONCAT, Family.SPLIT, Family.SLICE, Family.EXPAND):
         return 0.0
     return float(out)
 

@@ -28,7 +28,17 @@ from typing import Any
 from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
-from unity_eq.ops.registry import OPS, plugin_for
+from unity_eq.ops.cases import (
+    absent_options,
+    broadcast_positions,
+    oa16,
+    other_shapes,
+    rank_dims,
+    shape_pool,
+    shapes_of_rank,
+)
+from unity_eq.ops.family import IndexShape, OpCase
+from unity_eq.ops.registry import OPS, family_for
 from unity_eq.ops.spec import Family, OpSpec
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
@@ -54,50 +64,6 @@ class GenConfig:
 
 # ----------------------------------------------------------------------------------------------------------
 # Shapes
-
-
-def _gf4_mul(a: int, b: int) -> int:
-    if not a or not b:
-        return 0
-    log = {1: 0, 2: 1, 3: 2}
-    exp = [1, 2, 3]
-    return exp[(log[a] + log[b]) % 3]
-
-
-@cache
-def _oa16() -> tuple[tuple[int, ...], ...]:
-    """OA(16, 5, 4, 2): rows (x, y, x+y, x+2y, x+3y) over GF(4)."""
-    rows = []
-    for x in range(4):
-        for y in range(4):
-            rows.append((x, y, x ^ y, x ^ _gf4_mul(2, y), x ^ _gf4_mul(3, y)))
-    return tuple(rows)
-
-
-@cache
-def shapes_of_rank(
-    rank: int, dims: tuple[int, ...] = (1, 2, 3, 4), sample: bool = False
-) -> tuple[tuple[int, ...], ...]:
-    """Every shape of ``rank`` over ``dims``; with ``sample``, the OA(16) rows for ranks 3 to 5."""
-    if rank <= 2 or not sample:
-        return tuple(itertools.product(dims, repeat=rank))
-    assert len(dims) == 4 and rank <= 5
-    return tuple(tuple(dims[row[i]] for i in range(rank)) for row in _oa16())
-
-
-def _pool(cfg: GenConfig, ranks: Sequence[int] | None = None) -> list[tuple[int, ...]]:
-    ranks = range(cfg.max_rank + 1) if ranks is None else ranks
-    return [s for r in ranks for s in shapes_of_rank(r, _rank_dims(cfg, r), cfg.sample)]
-
-
-def _rank_dims(cfg: GenConfig, rank: int) -> tuple[int, ...]:
-    """The dims of tensors of ``rank``: ``dims`` up to rank 3, ``rank4_dims`` beyond."""
-    return cfg.dims if rank <= 3 or cfg.sample else cfg.rank4_dims
-
-
-def _other(cfg: GenConfig) -> list[tuple[int, ...]]:
-    """Shapes of rank 1 to ``other_rank`` (the families whose rules do not need rank 4)."""
-    return _pool(cfg, range(1, min(cfg.other_rank, cfg.max_rank) + 1))
 
 
 _LIST_POOL = [(2,), (4,), (1, 2), (2, 2), (4, 2)]
@@ -145,22 +111,10 @@ def _make(spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: i
 
 def _unary(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out = []
-    for shape in _pool(cfg):
+    for shape in shape_pool(cfg):
         inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec))
         if inst:
             out.append(inst)
-    return out
-
-
-def _broadcast_positions(k: int, dims: Sequence[int]) -> list[tuple[int, tuple[bool, ...]]]:
-    """Every (output size, which of the ``k`` operands are size 1 there) at one position: size 1 makes
-    every operand 1 (one pattern); a larger size any pattern that leaves one operand full."""
-    out: list[tuple[int, tuple[bool, ...]]] = []
-    for n in dims:
-        for ones in itertools.product((False, True), repeat=k):
-            if (n == 1 and any(ones)) or (n > 1 and all(ones)):
-                continue
-            out.append((n, ones))
     return out
 
 
@@ -172,7 +126,7 @@ def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
     for r in range(min(cfg.other_rank, cfg.max_rank) + 1):
         dims = _broadcast_dims(cfg, r, k)
-        positions = _broadcast_positions(k, dims)
+        positions = broadcast_positions(k, dims)
         rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
         if cfg.sample and r >= 3:
             rows = rows[:: max(1, len(rows) // 32)]
@@ -186,7 +140,7 @@ def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
                 lack.append(j)
             deficits = [range(lack[i] + 1) for i in range(k)]
             for cut in itertools.product(*deficits):
-                for absent in _absent_options(tensors):
+                for absent in absent_options(tensors):
                     specs: dict[str, Any] = {}
                     for i, arg in enumerate(tensors):
                         if i in absent:
@@ -209,15 +163,6 @@ def _broadcast_dims(cfg: GenConfig, rank: int, k: int) -> Sequence[int]:
     return cfg.rank4_dims if k <= 2 else cfg.dims[:2]
 
 
-def _absent_options(tensors: Sequence[Any]) -> list[frozenset[int]]:
-    """Which optional operands are absent: none, each alone, all together."""
-    optional = [i for i, t in enumerate(tensors) if t.optional]
-    options = [frozenset[int]()] + [frozenset([i]) for i in optional]
-    if len(optional) > 1:
-        options.append(frozenset(optional))
-    return options
-
-
 def _matmul(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     """Every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every pattern of which operand is
     size 1 or lacks it (rank-4 pairs: dims ``rank4_dims``)."""
@@ -227,7 +172,7 @@ def _matmul(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
         batch = max(ra, rb) - 2
         dims = cfg.dims if max(ra, rb) <= 3 or cfg.sample else cfg.rank4_dims
         mkn = list(itertools.product(dims, repeat=3))
-        positions = list(itertools.product(_broadcast_positions(2, dims), repeat=max(0, batch)))
+        positions = list(itertools.product(broadcast_positions(2, dims), repeat=max(0, batch)))
         if cfg.sample and max(ra, rb) >= 3:
             mkn, positions = mkn[::7], positions[::5]
         for (m, k, n), row in itertools.product(mkn, positions):
@@ -250,7 +195,7 @@ def _gemm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
     d = cfg.dims
     for ta, tb in itertools.product((0, 1), repeat=2):
-        for i, row in enumerate(_oa16()):
+        for i, row in enumerate(oa16()):
             m, k, n = d[row[0]], d[row[1]], d[row[2]]
             a = (k, m) if ta else (m, k)
             b = (n, k) if tb else (k, n)
@@ -269,7 +214,7 @@ def _gemm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _softmax(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out = []
-    for shape in _other(cfg):
+    for shape in other_shapes(cfg):
         for axis in range(len(shape)):
             inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec, axis=axis))
             if inst:
@@ -279,7 +224,7 @@ def _softmax(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _layernorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out = []
-    for i, shape in enumerate(_other(cfg)):
+    for i, shape in enumerate(other_shapes(cfg)):
         for axis in range(len(shape)):
             norm = shape[axis:]
             bias = VarSpec(norm) if (i + axis) % 2 == 0 else None
@@ -307,7 +252,7 @@ _CONV_2D = [  # (H, W, kernel, pads, strides, dilations)
 def _conv(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
     d = cfg.dims
-    for i, row in enumerate(_oa16()):
+    for i, row in enumerate(oa16()):
         n, c, m = d[row[0]], d[row[1]], d[row[2]]
         configs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
         h, k, pads, s, dil = _CONV_1D[i % len(_CONV_1D)]
@@ -405,7 +350,7 @@ def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ..
 
 def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    pool = _other(cfg)
+    pool = other_shapes(cfg)
     for i, shape in enumerate(pool):
         if spec.name == "Reshape":
             total = 1
@@ -444,7 +389,7 @@ def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out = []
-    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
+    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
         for perm in itertools.permutations(range(len(shape))):
             inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, perm=perm))
             if inst:
@@ -455,12 +400,12 @@ def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 def _concat(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it."""
     out: list[Instance] = []
-    for shape in _pool(cfg, range(1, cfg.max_rank + 1)):
+    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
             if shape[axis] != cfg.dims[0]:
                 continue  # the other dims range over every shape; the axis dim is each operand's own
             for count in (1, 2, 3) if len(shape) <= 2 else (1, 2):
-                for sizes in itertools.product(_rank_dims(cfg, len(shape)), repeat=count):
+                for sizes in itertools.product(rank_dims(cfg, len(shape)), repeat=count):
                     items = [VarSpec((*shape[:axis], n, *shape[axis + 1 :])) for n in sizes]
                     inst = _make(spec, {"inputs": items}, _attrs(spec, axis=axis))
                     if inst:
@@ -476,7 +421,7 @@ def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
 
 def _split(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
-    for i, shape in enumerate(_pool(cfg, range(1, cfg.max_rank + 1))):
+    for i, shape in enumerate(shape_pool(cfg, range(1, cfg.max_rank + 1))):
         for axis in range(len(shape)):
             options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
             for j, sizes in enumerate(options):
@@ -505,7 +450,7 @@ def _slice(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     """Every non-empty one-axis slice of every shape (:func:`_axis_slices`); two-axis slices of rank-2
     shapes from the smaller per-axis set."""
     out: list[Instance] = []
-    for shape in _other(cfg):
+    for shape in other_shapes(cfg):
         rank = len(shape)
         choices: list[tuple[tuple[int, ...], list[tuple[tuple[int, int, int], ...]]]] = [
             ((a,), [(sl,) for sl in _axis_slices(shape[a], every=True)]) for a in range(rank)
@@ -534,7 +479,7 @@ def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     ``dims``, a larger one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new
     leading dim of each size."""
     out: list[Instance] = []
-    for shape in _pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
+    for shape in shape_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
         per_dim = [cfg.dims if n == 1 else (n, 1) for n in shape]
         leads: list[tuple[int, ...]] = [()]
         if len(shape) < cfg.other_rank:
@@ -551,7 +496,7 @@ def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     out: list[Instance] = []
     idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
-    for i, shape in enumerate(_other(cfg)):
+    for i, shape in enumerate(other_shapes(cfg)):
         for axis in range(len(shape)):
             picked = (idx_shapes[(i + axis) % len(idx_shapes)], idx_shapes[(i + axis + 3) % len(idx_shapes)])
             for idx in picked if cfg.sample else idx_shapes:
@@ -559,23 +504,6 @@ def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
                 inst = _make(spec, tensors, _attrs(spec, axis=axis))
                 if inst:
                     out.append(inst)
-    return out
-
-
-def _reduce(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    for shape in _other(cfg):
-        rank = len(shape)
-        for size in range(1, rank + 1):
-            for axes in itertools.combinations(range(rank), size):
-                for keep in (0, 1):
-                    inst = _make(
-                        spec,
-                        {"data": VarSpec(shape)},
-                        _attrs(spec, axes=axes, keepdims=keep, noop_with_empty_axes=0),
-                    )
-                    if inst:
-                        out.append(inst)
     return out
 
 
@@ -597,22 +525,34 @@ _GENERATORS = {
     Family.SLICE: _slice,
     Family.EXPAND: _expand,
     Family.GATHER: _gather,
-    Family.REDUCE: _reduce,
 }
 
 
 def _instances_of(spec: OpSpec, cfg: GenConfig) -> Iterator[Instance]:
-    """A built-in family's generator, or a plug-in family's instances (shapes and attributes by name) made
-    into argument tuples here, so that the family module needs none of the verifier's types."""
-    plugin = plugin_for(spec.name)
-    if plugin is None:
+    """The op's family's instances (shapes and attributes by name) made into argument tuples here, so that a
+    family module needs none of the verifier's types; a family not yet moved to unity_eq/ops/ uses its
+    generator here."""
+    family = family_for(spec.name)
+    if family is None:
         yield from _GENERATORS[spec.family](spec, cfg)
         return
-    for shapes, attrs in plugin.instances(spec, cfg):
-        tensors = {name: VarSpec(tuple(shape)) for name, shape in shapes.items()}
-        inst = _make(spec, tensors, _attrs(spec, **attrs))
+    for case in family.instances(spec, cfg):
+        case = case if isinstance(case, OpCase) else OpCase(*case)
+        tensors = {name: _var_spec(shape) for name, shape in case.tensors.items()}
+        inst = _make(spec, tensors, _attrs(spec, **case.attrs), case.index)
         if inst:
             yield inst
+
+
+def _var_spec(shape: Any) -> Any:
+    """A family's tensor argument as the verifier's pattern variable (None and lists kept as they are)."""
+    if shape is None:
+        return None
+    if isinstance(shape, IndexShape):
+        return VarSpec(tuple(shape.shape), integer=True, high=shape.high)
+    if isinstance(shape, list):
+        return [_var_spec(item) for item in shape]
+    return VarSpec(tuple(shape))
 
 
 @cache
@@ -736,7 +676,7 @@ class _Gen:
                 spec = integer if integer is not None and integer.shape == want else VarSpec(want)
                 yield {**binding, term.name: spec}, want
                 return
-            for shape in pool if pool is not None else _pool(self.cfg):
+            for shape in pool if pool is not None else shape_pool(self.cfg):
                 yield {**binding, term.name: VarSpec(shape)}, shape
             if optional:
                 yield {**binding, term.name: None}, NONE

@@ -54,7 +54,7 @@ from unity_eq.verify._semantics import (
     tensor_nodes,
 )
 
-from unity_eq.ops.registry import OPS
+from unity_eq.ops.registry import FAMILIES, OPS
 from unity_eq.ops.spec import Family
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
@@ -185,7 +185,9 @@ class _Vocab:
         return [self.vlen(v) == len(value), *(self.vget(v, k) == x for k, x in enumerate(value))]
 
     # --- axioms
-    def _add(self, group: str, axiom: Any) -> None:
+    def add(self, group: str, axiom: Any) -> None:
+        """Add an axiom to ``group`` (an op's name, or ``ew``/``lists``…: the prover picks groups by a rule's
+        heads)."""
         self.axioms.setdefault(group, []).append(axiom)
 
     def _build_axioms(self) -> None:
@@ -203,6 +205,9 @@ class _Vocab:
             self._axioms_algebra,
         ):
             build()
+        for family in FAMILIES:
+            if family.axioms is not None:
+                family.axioms(self)
 
     @functools.cached_property
     def _symbol_table(self) -> dict[str, Any]:
@@ -219,22 +224,20 @@ class _Vocab:
         table.update(ch=self.chunk, ew=self.ew, rel=self.rel, FA=z3.ForAll, P=_multi_pattern)
         return table
 
-    def _symbols(self, names: str) -> tuple[Any, ...]:
+    def symbols(self, names: str) -> tuple[Any, ...]:
         """``names`` (space-separated) from the symbol table, for unpacking."""
         return tuple(self._symbol_table[name] for name in names.split())
 
     def _axioms_core(self) -> None:
         """Chunks of absent inputs, pieces of pending sums."""
-        x, d, i, n, ch, FA = self._symbols("x d i n ch FA")
-        self._add("core", FA([d, i, n], ch(self.none, d, i, n) == self.none, patterns=[ch(self.none, d, i, n)]))
-        self._add("core", FA([x, i, n], self.is_partial(self.part(x, i, n), x, i, n), patterns=[self.part(x, i, n)]))
+        x, d, i, n, ch, FA = self.symbols("x d i n ch FA")
+        self.add("core", FA([d, i, n], ch(self.none, d, i, n) == self.none, patterns=[ch(self.none, d, i, n)]))
+        self.add("core", FA([x, i, n], self.is_partial(self.part(x, i, n), x, i, n), patterns=[self.part(x, i, n)]))
 
     def _axioms_elementwise(self) -> None:
         """Elementwise ops commute with slicing: every split mask, operands broadcast or full."""
-        x, a, b, c, d, da, db, dc, i, n, f, ch, ew, rel, FA, P = self._symbols(
-            "x a b c d da db dc i n f ch ew rel FA P"
-        )
-        self._add(
+        x, a, b, c, d, da, db, dc, i, n, f, ch, ew, rel, FA, P = self.symbols("x a b c d da db dc i n f ch ew rel FA P")
+        self.add(
             "ew",
             FA(
                 [f, x, d, i, n],
@@ -255,7 +258,7 @@ class _Vocab:
                 ]
                 bound = [f, *args, d, i, n, *[dims3[j] for j in range(arity) if mask >> j & 1]]
                 first = next(j for j in range(arity) if mask >> j & 1)
-                self._add(
+                self.add(
                     "ew",
                     FA(
                         bound,
@@ -266,10 +269,10 @@ class _Vocab:
 
     def _axioms_linear(self) -> None:
         """Pending sums are linear: Add and Sub of partial pieces."""
-        x, y, p, q, i, n, ew, FA, P = self._symbols("x y p q i n ew FA P")
+        x, y, p, q, i, n, ew, FA, P = self.symbols("x y p q i n ew FA P")
         for op in ("Add", "Sub"):
             fo = self.fn(op, ())
-            self._add(
+            self.add(
                 "linear",
                 FA(
                     [p, q, x, y, i, n],
@@ -283,9 +286,9 @@ class _Vocab:
 
     def _axioms_matmul(self) -> None:
         """MatMul: rows, batch, columns, contraction (a pending sum)."""
-        a, b, d, da, db, i, n, ch, rel, FA, P = self._symbols("a b d da db i n ch rel FA P")
+        a, b, d, da, db, i, n, ch, rel, FA, P = self.symbols("a b d da db i n ch rel FA P")
         mm = self.op("MatMul")
-        self._add(
+        self.add(
             "MatMul",
             FA(
                 [a, b, d, da, i, n],
@@ -293,7 +296,7 @@ class _Vocab:
                 patterns=[P(mm(ch(a, da, i, n), b), rel["mm-row"](mm(a, b), d, da))],
             ),
         )
-        self._add(
+        self.add(
             "MatMul",
             FA(
                 [a, b, d, da, db, i, n],
@@ -304,7 +307,7 @@ class _Vocab:
                 patterns=[P(mm(ch(a, da, i, n), ch(b, db, i, n)), rel["mm-batch"](mm(a, b), d, da, db))],
             ),
         )
-        self._add(
+        self.add(
             "MatMul",
             FA(
                 [a, b, d, db, i, n],
@@ -312,7 +315,7 @@ class _Vocab:
                 patterns=[P(mm(a, ch(b, db, i, n)), rel["mm-col"](mm(a, b), d, db))],
             ),
         )
-        self._add(
+        self.add(
             "MatMul",
             FA(
                 [a, b, da, db, i, n],
@@ -326,7 +329,7 @@ class _Vocab:
 
     def _axioms_gemm(self) -> None:
         """Gemm = alpha * op(A) @ op(B) + beta * C."""
-        a, b, c, dc, i, n, k, ta, tb, al, be, ch, rel, FA = self._symbols("a b c dc i n k ta tb al be ch rel FA")
+        a, b, c, dc, i, n, k, ta, tb, al, be, ch, rel, FA = self.symbols("a b c dc i n k ta tb al be ch rel FA")
         gm = self.op("Gemm")
 
         def gemm(a_: Any, b_: Any, c_: Any) -> Any:
@@ -334,7 +337,7 @@ class _Vocab:
 
         full = gemm(a, b, c)
         gb = [a, b, c, al, be, ta, tb, i, n]
-        self._add(
+        self.add(
             "Gemm",
             FA(
                 [*gb, k],
@@ -345,7 +348,7 @@ class _Vocab:
                 patterns=[gemm(ch(a, k, i, n), b, c)],
             ),
         )
-        self._add(
+        self.add(
             "Gemm",
             FA(
                 [*gb, k, dc],
@@ -356,7 +359,7 @@ class _Vocab:
                 patterns=[gemm(ch(a, k, i, n), b, ch(c, dc, i, n))],
             ),
         )
-        self._add(
+        self.add(
             "Gemm",
             FA(
                 [*gb, k],
@@ -367,7 +370,7 @@ class _Vocab:
                 patterns=[gemm(a, ch(b, k, i, n), c)],
             ),
         )
-        self._add(
+        self.add(
             "Gemm",
             FA(
                 [*gb, k, dc],
@@ -380,7 +383,7 @@ class _Vocab:
         )
         kb = z3.Int("kb")
         nogemm = gm(a, b, self.none, al, be, ta, tb)
-        self._add(
+        self.add(
             "Gemm",
             FA(
                 [a, b, al, be, ta, tb, i, n, k, kb],
@@ -394,14 +397,14 @@ class _Vocab:
 
     def _axioms_conv(self) -> None:
         """Conv: batch, output channels (group 1), input channels (group 1, no bias: a pending sum)."""
-        x, b, w, i, n, g, dil, ks, pads, st, ap, ch, FA = self._symbols("x b w i n g dil ks pads st ap ch FA")
+        x, b, w, i, n, g, dil, ks, pads, st, ap, ch, FA = self.symbols("x b w i n g dil ks pads st ap ch FA")
         cv = self.op("Conv")
 
         def conv(x_: Any, w_: Any, b_: Any, g_: Any) -> Any:
             return cv(x_, w_, b_, ap, dil, g_, ks, pads, st)
 
         cb = [x, w, b, ap, dil, ks, pads, st, i, n]
-        self._add(
+        self.add(
             "Conv",
             FA(
                 [*cb, g],
@@ -409,7 +412,7 @@ class _Vocab:
                 patterns=[conv(ch(x, 0, i, n), w, b, g)],
             ),
         )
-        self._add(
+        self.add(
             "Conv",
             FA(
                 cb,
@@ -417,7 +420,7 @@ class _Vocab:
                 patterns=[conv(x, ch(w, 0, i, n), ch(b, 0, i, n), 1)],
             ),
         )
-        self._add(
+        self.add(
             "Conv",
             FA(
                 [x, w, ap, dil, ks, pads, st, i, n],
@@ -431,7 +434,7 @@ class _Vocab:
 
     def _axioms_pooling(self) -> None:
         """Pooling per (batch, channel) plane; LRN per batch item; BatchNormalization per channel."""
-        T, x, b, w, d, i, n, k, al, be, eps, mom, dil, ks, pads, st, ap, ch, FA = self._symbols(
+        T, x, b, w, d, i, n, k, al, be, eps, mom, dil, ks, pads, st, ap, ch, FA = self.symbols(
             "T x b w d i n k al be eps mom dil ks pads st ap ch FA"
         )
         cm, so_, cip = z3.Int("cm"), z3.Int("so_"), z3.Int("cip")
@@ -446,7 +449,7 @@ class _Vocab:
             ("GlobalAveragePool", lambda t: self.op("GlobalAveragePool")(t), []),
             ("GlobalMaxPool", lambda t: self.op("GlobalMaxPool")(t), []),
         ):
-            self._add(
+            self.add(
                 name,
                 FA(
                     [x, d, i, n, *extra],
@@ -456,7 +459,7 @@ class _Vocab:
             )
         lrn = self.op("LRN")
         bi = z3.Real("bi")
-        self._add(
+        self.add(
             "LRN",
             FA(
                 [x, al, be, bi, k, i, n],
@@ -466,7 +469,7 @@ class _Vocab:
         )
         bn = self.op("BatchNormalization")
         m_, v_ = z3.Const("m", T), z3.Const("v", T)
-        self._add(
+        self.add(
             "BatchNormalization",
             FA(
                 [x, w, b, m_, v_, eps, mom, i, n],
@@ -474,7 +477,7 @@ class _Vocab:
                 patterns=[bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0)],
             ),
         )
-        self._add(
+        self.add(
             "BatchNormalization",
             FA(
                 [x, w, b, m_, v_, eps, mom, i, n],
@@ -506,10 +509,10 @@ class _Vocab:
 
     def _axioms_normalization(self) -> None:
         """Normalizations along an axis commute with slicing another (LayerNorm: an outer dim)."""
-        x, b, w, d, i, n, k, axis, eps, ch, FA = self._symbols("x b w d i n k axis eps ch FA")
+        x, b, w, d, i, n, k, axis, eps, ch, FA = self.symbols("x b w d i n k axis eps ch FA")
         for name in ("Softmax", "LogSoftmax"):
             sm = self.op(name)
-            self._add(
+            self.add(
                 name,
                 FA(
                     [x, d, axis, i, n],
@@ -518,7 +521,7 @@ class _Vocab:
                 ),
             )
         ln = self.op("LayerNormalization")
-        self._add(
+        self.add(
             "LayerNormalization",
             FA(
                 [x, w, b, axis, eps, k, d, i, n],
@@ -531,13 +534,13 @@ class _Vocab:
         )
 
     def _axioms_layout(self) -> None:
-        """Data movement: a split of d before is a split of d2 after (reshape-map, perm-map, reduce-map)."""
-        x, idx, d, d2, da, i, n, k, axis, kd, s, s2, axes, lst, ch, rel, FA, P = self._symbols(
-            "x idx d d2 da i n k axis kd s s2 axes lst ch rel FA P"
+        """Data movement: a split of d before is a split of d2 after (reshape-map, perm-map)."""
+        x, idx, d, d2, da, i, n, k, axis, s, s2, axes, lst, ch, rel, FA, P = self.symbols(
+            "x idx d d2 da i n k axis s s2 axes lst ch rel FA P"
         )
         rs, zz = self.op("Reshape"), z3.Int("zz")
         out = rs(x, s, zz)
-        self._add(
+        self.add(
             "Reshape",
             FA(
                 [x, s, zz, d, d2, i, n],
@@ -552,7 +555,7 @@ class _Vocab:
                 patterns=[rs(ch(x, d, i, n), self.lshape(out, d2, n), zz)],
             ),
         )
-        self._add(
+        self.add(
             "Reshape",
             FA([x, s, zz], rs(x, self.shape(out), zz) == out, patterns=[rs(x, self.shape(out), zz)]),
         )
@@ -563,7 +566,7 @@ class _Vocab:
         ):
             o = build(x)
             bound = [x, d, d2, i, n, axis if name == "Flatten" else axes]
-            self._add(
+            self.add(
                 name,
                 FA(
                     bound,
@@ -579,7 +582,7 @@ class _Vocab:
                 ),
             )
         tr = self.op("Transpose")
-        self._add(
+        self.add(
             "Transpose",
             FA(
                 [x, s, d, d2, i, n],
@@ -588,7 +591,7 @@ class _Vocab:
             ),
         )
         cc = self.op("Concat")
-        self._add(
+        self.add(
             "Concat",
             FA(
                 [lst, d, axis, i, n],
@@ -599,7 +602,7 @@ class _Vocab:
                 patterns=[cc(self.chunkl(lst, d, i, n), axis)],
             ),
         )
-        self._add(
+        self.add(
             "lists",
             FA(
                 [x, lst, d, i, n],
@@ -607,7 +610,7 @@ class _Vocab:
                 patterns=[self.chunkl(self.cons(x, lst), d, i, n)],
             ),
         )
-        self._add(
+        self.add(
             "lists",
             FA(
                 [d, i, n],
@@ -615,7 +618,7 @@ class _Vocab:
                 patterns=[self.chunkl(self.nil, d, i, n)],
             ),
         )
-        self._add(
+        self.add(
             "lists",
             FA(
                 [x, lst, d, n],
@@ -624,7 +627,7 @@ class _Vocab:
             ),
         )
         sp = self.op("Split")
-        self._add(
+        self.add(
             "Split",
             FA(
                 [x, s, axis, k, d, i, n],
@@ -634,7 +637,7 @@ class _Vocab:
         )
         sl = self.op("Slice")
         s3 = z3.Const("s3", self.V)
-        self._add(
+        self.add(
             "Slice",
             FA(
                 [x, s, s2, axes, s3, d, i, n],
@@ -647,7 +650,7 @@ class _Vocab:
         )
         ex = self.op("Expand")
         eo = ex(x, s)
-        self._add(
+        self.add(
             "Expand",
             FA(
                 [x, s, d, da, i, n],
@@ -658,9 +661,9 @@ class _Vocab:
                 patterns=[P(ex(ch(x, da, i, n), self.lshape(eo, d, n)), rel["bc-dim"](x, eo, d, da))],
             ),
         )
-        self._add("Expand", FA([x, s], ex(x, self.shape(eo)) == eo, patterns=[ex(x, self.shape(eo))]))
+        self.add("Expand", FA([x, s], ex(x, self.shape(eo)) == eo, patterns=[ex(x, self.shape(eo))]))
         ga = self.op("Gather")
-        self._add(
+        self.add(
             "Gather",
             FA(
                 [x, idx, axis, d, i, n],
@@ -668,7 +671,7 @@ class _Vocab:
                 patterns=[ga(x, ch(idx, d, i, n), axis)],
             ),
         )
-        self._add(
+        self.add(
             "Gather",
             FA(
                 [x, idx, axis, d, i, n],
@@ -676,7 +679,7 @@ class _Vocab:
                 patterns=[ga(ch(x, d, i, n), idx, axis)],
             ),
         )
-        self._add(
+        self.add(
             "Gather",
             FA(
                 [x, idx, axis, d, i, n],
@@ -687,46 +690,16 @@ class _Vocab:
                 patterns=[ga(ch(x, d, i, n), idx, axis)],
             ),
         )
-        for name in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
-            rd = self.op(name)
-            self._add(
-                name,
-                FA(
-                    [x, axes, k, kd, d, d2, i, n],
-                    z3.Implies(
-                        rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2),
-                        rd(ch(x, d, i, n), axes, k, kd) == ch(rd(x, axes, k, kd), d2, i, n),
-                    ),
-                    patterns=[
-                        P(
-                            rd(ch(x, d, i, n), axes, k, kd),
-                            rel["reduce-map"](axes, k, self.vlen(self.shape(x)), d, d2),
-                        )
-                    ],
-                ),
-            )
-        rsum = self.op("ReduceSum")
-        self._add(
-            "ReduceSum",
-            FA(
-                [x, axes, k, kd, d, i, n],
-                z3.Implies(
-                    z3.And(rel["vec-contains"](axes, d), self.div(x, d, n)),
-                    self.is_partial(rsum(ch(x, d, i, n), axes, k, kd), rsum(x, axes, k, kd), i, n),
-                ),
-                patterns=[rsum(ch(x, d, i, n), axes, k, kd)],
-            ),
-        )
 
     def _axioms_algebra(self) -> None:
         """Algebra on global values (TASO's kind of axioms)."""
-        a, b, c, axis, f, s, ew, FA = self._symbols("a b c axis f s ew FA")
+        a, b, c, axis, f, s, ew, FA = self.symbols("a b c axis f s ew FA")
         mm, cc, sp = self.op("MatMul"), self.op("Concat"), self.op("Split")
 
         def rank2(t: Any) -> Any:
             return self.vlen(self.shape(t)) >= 2
 
-        self._add(
+        self.add(
             "algebra",
             FA(
                 [a, b, c],
@@ -735,7 +708,7 @@ class _Vocab:
             ),
         )
         add, mul = self.fn("Add", ()), self.fn("Mul", ())
-        self._add(
+        self.add(
             "algebra",
             FA(
                 [a, b, c],
@@ -743,7 +716,7 @@ class _Vocab:
                 patterns=[mm(a, ew[2](add, b, c))],
             ),
         )
-        self._add(
+        self.add(
             "algebra",
             FA(
                 [a, b, c],
@@ -752,10 +725,10 @@ class _Vocab:
             ),
         )
         for fo in (add, mul):
-            self._add("algebra", FA([a, b], ew[2](fo, a, b) == ew[2](fo, b, a), patterns=[ew[2](fo, a, b)]))
+            self.add("algebra", FA([a, b], ew[2](fo, a, b) == ew[2](fo, b, a), patterns=[ew[2](fo, a, b)]))
         two = self.cons(a, self.cons(b, self.nil))
         for index, part in ((0, a), (1, b)):  # Split(Concat(a, b)) gives back a and b
-            self._add(
+            self.add(
                 "algebra",
                 FA(
                     [a, b, axis, s],
@@ -766,7 +739,7 @@ class _Vocab:
                     patterns=[sp(cc(two, axis), s, axis, index)],
                 ),
             )
-        self._add(
+        self.add(
             "algebra",
             FA(
                 [f, a, b, axis],

@@ -195,13 +195,4 @@ def builtin_specs() -> list[OpSpec]:
         OpSpec("Expand", Family.EXPAND, (tensor("input"), static("shape"))),
         OpSpec("Gather", Family.GATHER, (tensor("data"), tensor("indices"), int_attr("axis", 0))),
     ]
-    for name in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
-        specs.append(
-            OpSpec(
-                name,
-                Family.REDUCE,
-                (tensor("data"), static("axes", True), int_attr("keepdims", 1), int_attr("noop_with_empty_axes", 0)),
-                linear=name == "ReduceSum",
-            )
-        )
     return specs

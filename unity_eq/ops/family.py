@@ -1,13 +1,14 @@
 """The plug-in shape of an op family: one value that says everything the stages need to know about its ops.
 
-A family added this way lives in one module of ``unity_eq/ops/`` with its rule file: the registry puts its
-specs in the language (so ``rules/schema.egg`` declares them), ``optimize`` loads its rule file, the cost model
-asks it for FLOPs, ``explain`` names its rule file, and the verifier takes its shape inference, its semantics
-(over the verifier's numpy or Z3 backend) and the instances that make up its proof ranges from it.
-Nothing outside the module and its ``.egg`` file changes (docs/architecture.md, "Adding an op family").
+Every family, built-in or added later, is one module of ``unity_eq/ops/`` with its rule file: the registry puts
+its specs in the language (so ``rules/schema.egg`` declares them), ``optimize`` loads its rule file, the cost
+model asks it for FLOPs, ``explain`` names its rule file, and the verifier takes its shape inference, its
+semantics (over the verifier's numpy or Z3 backend), the instances that make up its proof ranges and, where it
+has them, the shape-generic prover's axioms from it. Nothing outside the module and its ``.egg`` file changes
+(docs/architecture.md, "Adding an op family").
 
-The hooks are plain functions so that a family module imports nothing heavier than numpy: the engine does not
-need z3, and the verifier passes its backend in.
+The hooks are plain functions so that a family module imports nothing heavier than numpy at load time: the
+engine does not need z3, and the verifier passes its backend (and its axiom vocabulary) in.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 from unity_eq.ops.spec import OpSpec
 
-__all__ = ["InstanceRanges", "OpFamily", "ShapeError"]
+__all__ = ["IndexShape", "Instance", "InstanceRanges", "OpCase", "OpFamily", "ShapeError"]
 
 Shape = tuple[int, ...]
 
@@ -28,27 +29,61 @@ class ShapeError(ValueError):
 
 
 class InstanceRanges(Protocol):
-    """The proof ranges the verifier asks a family to cover (verify/_gen.py's GenConfig)."""
+    """The proof ranges the verifier asks a family to cover (verify/_gen.py's GenConfig, docs/verify.md).
 
-    dims: tuple[int, ...]
-    max_rank: int
-    other_rank: int
+    ``dims``: the sizes every dimension takes; ``max_rank`` of free tensors and of the elementwise, MatMul and
+    layout families; ``other_rank`` of the other families; ``rank4_dims``: the dims of rank-4 instances;
+    ``sample``: a sample for the numeric back-up instead of every instance (never a proof)."""
+
+    @property
+    def dims(self) -> tuple[int, ...]: ...
+    @property
+    def max_rank(self) -> int: ...
+    @property
+    def other_rank(self) -> int: ...
+    @property
+    def rank4_dims(self) -> tuple[int, ...]: ...
+    @property
+    def sample(self) -> bool: ...
 
 
-#: One instance of an op for the verifier: the shapes of its tensor arguments by name, and its attributes.
-Instance = tuple[Mapping[str, Shape], Mapping[str, Any]]
+@dataclass(frozen=True)
+class IndexShape:
+    """The shape of a tensor of indices whose values lie in ``[-high, high)`` (Gather's ``indices``)."""
+
+    shape: Shape
+    high: int
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One instance of an op for the verifier, by argument name: ``tensors`` maps a tensor argument to its shape
+    (``None``: an absent optional input; a list of shapes: a ``TList``; an :class:`IndexShape`: a tensor of
+    indices), ``attrs`` the attributes and static lists given (the
+    others take the spec's defaults, float ones a free symbol), ``index`` the output of a multi-output op."""
+
+    tensors: Mapping[str, Any]
+    attrs: Mapping[str, Any]
+    index: int | None = None
+
+
+#: What ``instances`` yields: an :class:`OpCase`, or ``(tensors, attrs)`` for short.
+Instance = OpCase | tuple[Mapping[str, Any], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
 class OpFamily:
-    """An op family as a plug-in.
+    """An op family: ops that share their semantics' shape and their rule file (MatMul and Gemm, the poolings…).
 
     ``infer_shape(op, args)``: the output shape, tensor arguments given as shapes (``ShapeError`` when they do
     not fit). ``evaluate(op, args, bk)``: the output as an array of the backend's scalars, tensor arguments as
     numpy object arrays of them; ``bk`` offers ``add``, ``mul``, ``where``, ``compare``… (verify/_tensor.py).
     ``instances(spec, ranges)``: every instance of the proof ranges, completely (a proof is exhaustive over
-    them; docs/verify.md). ``flops(in_shapes, out_shape)``: floating-point operations on local shapes.
-    ``ranges``: the ranges in words, for docs/verify.md.
+    them; docs/verify.md). ``flops(op, in_shapes, out_shape)``: floating-point operations on local shapes.
+    ``ranges``: the ranges in words, for docs/verify.md. ``axioms(vocab)``: adds the shape-generic prover's
+    axioms for the family's ops to the verifier's vocabulary (verify/_generic.py: ``vocab.add(group, axiom)``,
+    ``vocab.op(name)``, ``vocab.symbols("x d i n")``); without it the family's rules are proven on every case
+    of its ranges only.
     """
 
     name: str
@@ -57,10 +92,10 @@ class OpFamily:
     infer_shape: Callable[[str, Sequence[Any]], Shape]
     evaluate: Callable[[str, Sequence[Any], Any], Any]
     instances: Callable[[OpSpec, InstanceRanges], Iterable[Instance]]
-    flops: Callable[[Sequence[Sequence[int] | None], Sequence[int]], float]
+    flops: Callable[[str, Sequence[Sequence[int] | None], Sequence[int]], float]
     ranges: str = ""
+    axioms: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:
-        for spec in self.specs:
-            if spec.family.value != "plugin":
-                raise ValueError(f"{self.name}: spec {spec.name} must have family Family.PLUGIN")
+        if not self.specs:
+            raise ValueError(f"op family {self.name} has no ops")

@@ -1,29 +1,49 @@
-"""The op registry: the built-in families and the plug-in families, in one place.
+"""The op registry: every op family, built-in or added later, in one place.
 
 Adding a family is one module in this package (an :class:`~unity_eq.ops.family.OpFamily`), its rule file under
-``rules/``, and one entry in :data:`PLUGINS` below. Everything else reads the registry.
+``rules/``, and one entry in :data:`FAMILIES` below. Everything else reads the registry: the schema
+(``rules/schema.egg``), the encoder, the cost model, ``explain`` and the verifier.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from unity_eq.ops.builtin import BUILTIN_RULE_FILES, builtin_specs
 from unity_eq.ops.family import OpFamily
+from unity_eq.ops.reduce import REDUCE
 from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
-from unity_eq.ops.spec import OpSpec
+from unity_eq.ops.spec import Family, OpSpec
 
-__all__ = ["OPS", "PLUGINS", "plugin_for", "rule_file_for", "spec_for"]
+__all__ = ["FAMILIES", "OPS", "PLUGINS", "family_for", "plugin_for", "rule_file_for", "spec_for"]
+
+#: The built-in families (their rule files ship in rulesets.HAND_WRITTEN_RULE_FILES).
+BUILTINS: tuple[OpFamily, ...] = (REDUCE,)
 
 #: The families added as plug-ins, in load order of their rule files.
 PLUGINS: tuple[OpFamily, ...] = (SPACE_TO_DEPTH,)
 
-OPS: dict[str, OpSpec] = {s.name: s for s in builtin_specs()}
-_PLUGIN_OF: dict[str, OpFamily] = {}
-for _family in PLUGINS:
-    for _spec in _family.specs:
-        if _spec.name in OPS:
-            raise ValueError(f"op family {_family.name}: {_spec.name} is already in the language")
-        OPS[_spec.name] = _spec
-        _PLUGIN_OF[_spec.name] = _family
+FAMILIES: tuple[OpFamily, ...] = BUILTINS + PLUGINS
+
+_KIND_ORDER = {kind: index for index, kind in enumerate(Family)}
+
+
+def _language(families: Iterable[OpFamily]) -> tuple[dict[str, OpSpec], dict[str, OpFamily]]:
+    """Every op's spec, ordered by kind (the order of ``Family``, then of each family's specs: the order in
+    which ``rules/schema.egg`` declares them), and the family of each."""
+    specs: list[OpSpec] = list(builtin_specs())
+    family_of: dict[str, OpFamily] = {}
+    for family in families:
+        for spec in family.specs:
+            if spec.name in family_of or any(s.name == spec.name for s in specs):
+                raise ValueError(f"op family {family.name}: {spec.name} is already in the language")
+            specs.append(spec)
+            family_of[spec.name] = family
+    specs.sort(key=lambda spec: _KIND_ORDER[spec.family])  # stable: each family keeps its own order
+    return {spec.name: spec for spec in specs}, family_of
+
+
+OPS, _FAMILY_OF = _language(FAMILIES)
 
 
 def spec_for(op_type: str, domain: str = "") -> OpSpec | None:
@@ -33,15 +53,21 @@ def spec_for(op_type: str, domain: str = "") -> OpSpec | None:
     return OPS.get(op_type)
 
 
+def family_for(op_type: str) -> OpFamily | None:
+    """The family of a typed op (None for an opaque op)."""
+    return _FAMILY_OF.get(op_type)
+
+
 def plugin_for(op_type: str) -> OpFamily | None:
-    """The plug-in family of an op, or None for a built-in (or opaque) op."""
-    return _PLUGIN_OF.get(op_type)
+    """The family of an op added as a plug-in, or None."""
+    family = _FAMILY_OF.get(op_type)
+    return family if family in PLUGINS else None
 
 
 def rule_file_for(op_type: str) -> str:
     """The rule file that shards ``op_type`` (what ``explain`` tells a user to extend)."""
-    plugin = plugin_for(op_type)
-    if plugin is not None:
-        return f"rules/{plugin.rule_file}"
+    family = family_for(op_type)
+    if family is not None:
+        return f"rules/{family.rule_file}"
     spec = OPS.get(op_type)
     return BUILTIN_RULE_FILES.get(spec.family, "rules/parallel/layout.egg") if spec else "rules/parallel/layout.egg"

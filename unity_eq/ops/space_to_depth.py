@@ -55,7 +55,7 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
                 yield {"input": shape}, {"blocksize": block}
 
 
-def flops(in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
+def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
     """None: a copy, priced by the bytes it moves (the roofline's memory term)."""
     return 0.0
 

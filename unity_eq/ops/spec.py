@@ -22,7 +22,9 @@ __all__ = [
 
 
 class Family(Enum):
-    """How an operator's outputs relate to its inputs, which decides how it may be sharded and costed."""
+    """How an operator's outputs relate to its inputs, which decides how it may be sharded and costed.
+
+    The order is the language's: ``rules/schema.egg`` declares the constructors kind by kind in this order."""
 
     UNARY = "unary"  # elementwise, one tensor input
     BROADCAST = "broadcast"  # elementwise over several numpy-broadcast inputs
@@ -39,9 +41,9 @@ class Family(Enum):
     CONCAT = "concat"
     SPLIT = "split"
     SLICE = "slice"
-    REDUCE = "reduce"
-    GATHER = "gather"
     EXPAND = "expand"
+    GATHER = "gather"
+    REDUCE = "reduce"
     PLUGIN = "plugin"  # a family of its own module (unity_eq/ops/registry.py): its hooks say what it does
 
 

@@ -1,0 +1,122 @@
+"""Reductions: ReduceSum, ReduceMean, ReduceMax, ReduceMin over a set of axes, dims kept or dropped.
+
+They shard along any dim they keep (each device reduces its own rows), and ReduceSum along a reduced dim too:
+each device's sum is a piece of a pending sum (``Partial``), which an all-reduce completes. Their rules are in
+``rules/parallel/layout.egg`` with the other data-movement ops, whose ``reduce-map`` analysis they share.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from unity_eq.ops.cases import other_shapes
+from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, ShapeError
+from unity_eq.ops.spec import Family, OpSpec, int_attr, static, tensor
+from unity_eq.ops.tensors import Shape, need, reduce_elements
+
+__all__ = ["REDUCE"]
+
+SPECS = tuple(
+    OpSpec(
+        name,
+        Family.REDUCE,
+        (tensor("data"), static("axes", True), int_attr("keepdims", 1), int_attr("noop_with_empty_axes", 0)),
+        linear=name == "ReduceSum",
+    )
+    for name in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
+)
+
+
+def infer_shape(op: str, args: Sequence[Any]) -> Shape:
+    """The reduced axes become 1 (``keepdims``) or disappear; no axes reduce every dim."""
+    x, axes, keep = need(args[0]), tuple(args[1]), args[2]
+    axes = axes or tuple(range(len(x)))
+    if len(set(axes)) != len(axes) or any(not 0 <= a < len(x) for a in axes):
+        raise ShapeError(f"reduction axes {list(axes)} for rank {len(x)}")
+    return tuple(1 if i in axes else n for i, n in enumerate(x) if keep or i not in axes)
+
+
+def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
+    """Sums and means exactly, maxima and minima as the backend's ``largest``/``smallest``."""
+    x, axes, keep, _nop = args
+    axes = list(axes) or list(range(x.ndim))
+    if op == "ReduceMax":
+        return reduce_elements(bk, x, axes, bool(keep), bk.largest)
+    if op == "ReduceMin":
+        return reduce_elements(bk, x, axes, bool(keep), bk.smallest)
+    if op in ("ReduceSum", "ReduceMean"):
+        s = reduce_elements(bk, x, axes, bool(keep), bk.total)
+        return bk.div(s, math.prod(x.shape[a] for a in axes)) if op == "ReduceMean" else s
+    # a reduction added to SPECS without semantics here must not be proven as a sum
+    raise NotImplementedError(f"{op}: no semantics in unity_eq/ops/reduce.py; add them with its spec")
+
+
+def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
+    """Every shape of rank 1 to ``other_rank``, every non-empty set of axes, dims kept or not."""
+    for shape in other_shapes(ranges):
+        rank = len(shape)
+        for size in range(1, rank + 1):
+            for axes in itertools.combinations(range(rank), size):
+                for keep in (0, 1):
+                    yield {"data": shape}, {"axes": axes, "keepdims": keep, "noop_with_empty_axes": 0}
+
+
+def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
+    """One operation per input element."""
+    if in_shapes[0]:
+        return float(math.prod(in_shapes[0]))
+    return float(math.prod(out_shape))
+
+
+def axioms(v: Any) -> None:
+    """A reduction commutes with slicing a dim it keeps (``reduce-map`` says where that dim goes); ReduceSum
+    over a sliced dim is a piece of a pending sum."""
+    import z3  # the verifier's vocabulary is z3's; the engine never calls this
+
+    x, axes, k, kd, d, d2, i, n, ch, rel, FA, P = v.symbols("x axes k kd d d2 i n ch rel FA P")
+    for name in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"):
+        rd = v.op(name)
+        v.add(
+            name,
+            FA(
+                [x, axes, k, kd, d, d2, i, n],
+                z3.Implies(
+                    rel["reduce-map"](axes, k, v.vlen(v.shape(x)), d, d2),
+                    rd(ch(x, d, i, n), axes, k, kd) == ch(rd(x, axes, k, kd), d2, i, n),
+                ),
+                patterns=[
+                    P(
+                        rd(ch(x, d, i, n), axes, k, kd),
+                        rel["reduce-map"](axes, k, v.vlen(v.shape(x)), d, d2),
+                    )
+                ],
+            ),
+        )
+    rsum = v.op("ReduceSum")
+    v.add(
+        "ReduceSum",
+        FA(
+            [x, axes, k, kd, d, i, n],
+            z3.Implies(
+                z3.And(rel["vec-contains"](axes, d), v.div(x, d, n)),
+                v.is_partial(rsum(ch(x, d, i, n), axes, k, kd), rsum(x, axes, k, kd), i, n),
+            ),
+            patterns=[rsum(ch(x, d, i, n), axes, k, kd)],
+        ),
+    )
+
+
+REDUCE = OpFamily(
+    name="reduce",
+    specs=SPECS,
+    rule_file="parallel/layout.egg",
+    infer_shape=infer_shape,
+    evaluate=evaluate,
+    instances=instances,
+    flops=flops,
+    ranges="every shape of rank 1-3 with dims 1-4, every non-empty set of axes, keepdims 0 and 1",
+    axioms=axioms,
+)
