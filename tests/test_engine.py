@@ -14,13 +14,13 @@ from unity_eq.egraph import (
     StopReason,
     encode,
     parse_serialized,
-    reduce_pairs,
-    reshape_pairs,
     saturate,
 )
 from unity_eq.errors import RuleError, SaturationError
 from unity_eq.ir import Graph, Mesh, Node, TensorType
+from unity_eq.ops.reduce import reduce_pairs
 from unity_eq.rulesets import DEFAULT_RULE_FILES, load_rule_files, rules_dir
+from unity_eq.typed_nodes import reshape_pairs
 
 
 def _mlp_graph(batch: int = 8, hidden: int = 64, ffn: int = 256) -> Graph:

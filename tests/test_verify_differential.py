@@ -41,11 +41,11 @@ from unity_eq.frontends.onnx import load_onnx
 from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
 
-from unity_eq.egraph import _normalize, _Opaque, _typed_values, _used_outputs
 from unity_eq.extract.build import typed_attrs
 from unity_eq.ops import registry
 from unity_eq.ops.registry import OPS, PLUGINS, plugin_for, spec_for
 from unity_eq.ops.spec import Family, OpSpec
+from unity_eq.typed_nodes import typed_values, used_outputs
 
 OPSET = 21
 IR_VERSION = 10  # onnxruntime 1.31 refuses the IR version onnx 1.23 writes by default
@@ -550,10 +550,8 @@ def _constructor(model: onnx.ModelProto, folder: Path) -> tuple[OpSpec, dict[str
     (node,) = graph.nodes
     spec = spec_for(node.op_type, node.domain)
     assert spec is not None
-    try:
-        return spec, _normalize(node, graph, spec, _typed_values(node, graph, spec, _used_outputs(graph))), graph
-    except _Opaque:
-        return None
+    values = typed_values(node, graph, spec, used_outputs(graph))
+    return None if values is None else (spec, values, graph)
 
 
 def _lowered_node(spec: OpSpec, values: dict[str, Any], inst: Instance) -> tuple[list[onnx.NodeProto], Instance]:

@@ -22,26 +22,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from unity_eq.errors import RuleError, SaturationError
 from unity_eq.files import die_with_parent, owned_tempdir, raise_if_stopped
 from unity_eq.ir import Graph, Mesh, Node
 from unity_eq.ops.registry import spec_for
-from unity_eq.ops.spec import Family, OpSpec
+from unity_eq.ops.spec import OpSpec
 from unity_eq.rulesets import RuleFile
+from unity_eq.typed_nodes import guard_facts, typed_values, used_outputs
 
 __all__ = [
     "EClass",
@@ -92,186 +90,10 @@ def _egg_ivec(values: tuple[int, ...] | list[int]) -> str:
     return f"(vec-of {' '.join(str(int(v)) for v in values)})" if len(values) else "(vec-empty)"
 
 
-def _const_ints(graph: Graph, name: str) -> tuple[int, ...] | None:
-    """The value of a constant integer tensor input, or None when it is not a constant."""
-    array = graph.initializers.get(name)
-    if array is None or array.dtype.kind not in "iu":
-        return None
-    return tuple(int(v) for v in np.asarray(array).reshape(-1))
-
-
-def _used_outputs(graph: Graph) -> set[str]:
-    used = set(graph.outputs)
-    for node in graph.nodes:
-        used.update(name for name in node.inputs if name)
-    return used
-
-
-class _Opaque(Exception):
-    """Internal: this node cannot be typed; encode it opaquely."""
-
-
-def _norm_axis(axis: int, rank: int) -> int:
-    axis = int(axis)
-    if not -rank <= axis < max(rank, 1):
-        raise _Opaque
-    return axis + rank if axis < 0 else axis
-
-
-#: attributes that the normalized constructor already states (Split's sizes come from its output shapes)
-_IMPLIED_ATTRS = {"Split": {"num_outputs"}}
-
-
-def _typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict[str, Any]:
-    """Collect a typed node's arguments by name (inputs and attributes), defaults filled in."""
-    if set(node.attrs) - {a.name for a in spec.args if a.kind == "attr"} - _IMPLIED_ATTRS.get(spec.name, set()):
-        raise _Opaque  # an attribute we do not model
-    if not spec.multi_output and any(out in used for out in node.outputs[1:]):
-        raise _Opaque  # a secondary output (MaxPool indices, LayerNorm mean…) is used
-    inputs = [a for a in spec.args if a.kind == "input"]
-    if inputs and inputs[-1].sort != "TList" and len(node.inputs) > len(inputs):
-        raise _Opaque
-    values: dict[str, Any] = {}
-    for position, arg in enumerate(inputs):
-        if arg.sort == "TList":
-            values[arg.name] = [name for name in node.inputs if name]
-            continue
-        name = node.inputs[position] if position < len(node.inputs) else ""
-        if arg.sort == "T":
-            if not name and not arg.optional:
-                raise _Opaque
-            values[arg.name] = name or None
-        else:  # a constant integer list given as an input
-            if not name:
-                values[arg.name] = None
-                continue
-            const = _const_ints(graph, name)
-            if const is None:
-                raise _Opaque
-            values[arg.name] = const
-    for arg in spec.args:
-        if arg.kind == "attr":
-            values[arg.name] = node.attrs.get(arg.name, arg.default)
-    return values
-
-
-def _rank(graph: Graph, name: str | None) -> int:
-    return graph.types[name].rank if name else 0
-
-
-def _normalize(node: Node, graph: Graph, spec: OpSpec, v: dict[str, Any]) -> dict[str, Any]:
-    """Make implicit ONNX conventions explicit so that equal computations become equal terms."""
-    op = node.op_type
-    out_type = graph.types.get(node.outputs[0]) if node.outputs and node.outputs[0] else None
-    first = next((a.name for a in spec.args if a.kind == "input"), None)
-    in_rank = _rank(graph, v[first]) if first and spec.args[0].sort == "T" else 0
-    if op in ("Softmax", "LogSoftmax", "LayerNormalization", "Split", "Gather"):
-        v["axis"] = _norm_axis(v["axis"], in_rank)
-    elif op == "Flatten":
-        v["axis"] = int(v["axis"]) + in_rank if int(v["axis"]) < 0 else int(v["axis"])
-    elif op == "Concat":
-        v["axis"] = _norm_axis(v["axis"], _rank(graph, v["inputs"][0]))
-    elif op == "Transpose":
-        v["perm"] = tuple(v["perm"]) if v["perm"] else tuple(reversed(range(in_rank)))
-    elif op in ("Reshape", "Expand"):
-        if out_type is None:
-            raise _Opaque
-        v["shape"] = out_type.shape
-        if op == "Reshape":
-            v["allowzero"] = 0
-    elif op == "Squeeze":
-        shape = graph.types[v["data"]].shape
-        axes = v["axes"] if v["axes"] else tuple(i for i, n in enumerate(shape) if n == 1)
-        v["axes"] = tuple(sorted(_norm_axis(a, in_rank) for a in axes))
-    elif op == "Unsqueeze":
-        out_rank = in_rank + len(v["axes"])
-        v["axes"] = tuple(sorted(_norm_axis(a, out_rank) for a in v["axes"]))
-    elif op == "Slice":
-        v.update(_normalize_slice(graph.types[v["data"]].shape, v))
-    elif op.startswith("Reduce"):
-        if not v["axes"]:
-            if int(v["noop_with_empty_axes"]):
-                raise _Opaque
-            v["axes"] = tuple(range(in_rank))
-        v["axes"] = tuple(sorted(_norm_axis(a, in_rank) for a in v["axes"]))
-        v["noop_with_empty_axes"] = 0
-    elif op == "Conv":
-        w_shape = graph.types[v["W"]].shape
-        spatial = len(w_shape) - 2
-        v["kernel_shape"] = tuple(v["kernel_shape"]) or tuple(w_shape[2:])
-        v.update(_window_defaults(v, spatial))
-    elif op in ("MaxPool", "AveragePool"):
-        if not v["kernel_shape"]:
-            raise _Opaque
-        if str(v["auto_pad"]).startswith("SAME") and any(int(d) != 1 for d in v["dilations"] or ()):
-            raise _Opaque  # onnxruntime pads for the undilated kernel here, not as ONNX says (verify/_tensor.py)
-        v.update(_window_defaults(v, len(v["kernel_shape"])))
-    elif op == "BatchNormalization" and int(v["training_mode"]):
-        raise _Opaque
-    if op == "Split":  # the sizes, whether given, implied by `num_outputs` or by the number of outputs
-        v["split"] = tuple(graph.types[o].shape[v["axis"]] for o in node.outputs)
-    for arg in spec.args:
-        if arg.kind == "attr" and v[arg.name] is None:
-            raise _Opaque  # required attribute missing: let onnxruntime complain, not us
-        if arg.sort == "f64" and not math.isfinite(float(v[arg.name])):
-            raise _Opaque
-    return v
-
-
-def _window_defaults(v: dict[str, Any], spatial: int) -> dict[str, Any]:
-    out = {
-        "strides": tuple(v["strides"]) or (1,) * spatial,
-        "dilations": tuple(v.get("dilations") or ()) or (1,) * spatial,
-    }
-    if v.get("auto_pad", "NOTSET") == "NOTSET":
-        out["pads"] = tuple(v["pads"]) or (0,) * (2 * spatial)
-    return out
-
-
-def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any]:
-    starts, ends = list(v["starts"]), list(v["ends"])
-    axes = list(v["axes"]) if v["axes"] else list(range(len(starts)))
-    steps = list(v["steps"]) if v["steps"] else [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps) or any(s <= 0 for s in steps):
-        raise _Opaque
-    axes = [_norm_axis(a, len(shape)) for a in axes]
-    norm_starts, norm_ends = [], []
-    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
-        begin, stop, _ = slice(start, end, step).indices(shape[axis])
-        norm_starts.append(begin)
-        norm_ends.append(max(stop, begin))
-    return {
-        "starts": tuple(norm_starts),
-        "ends": tuple(norm_ends),
-        "axes": tuple(axes),
-        "steps": tuple(steps),
-    }
-
-
-def reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple[int, int]]:
-    """Dimension pairs (d, d2) where splitting d of ``src`` equals splitting d2 of the reshaped ``dst``.
-
-    They are the dims, both of size > 1, before which the two shapes hold the same number of elements: a
-    contiguous chunking of the data at that point is the same chunking in either shape.
-    """
-    prefix_dst: dict[int, list[int]] = {}
-    acc = 1
-    for d2, n in enumerate(dst):
-        if n > 1:
-            prefix_dst.setdefault(acc, []).append(d2)
-        acc *= n
-    acc = 1
-    for d, n in enumerate(src):
-        if n > 1:
-            for d2 in prefix_dst.get(acc, [])[:1]:
-                yield d, d2
-        acc *= n
-
-
-def reduce_pairs(axes: tuple[int, ...], keepdims: int, rank: int) -> Iterator[tuple[int, int]]:
-    for d in range(rank):
-        if d not in axes:
-            yield d, d if keepdims else d - sum(1 for a in axes if a < d)
+def _egg_fact(fact: tuple[Any, ...]) -> str:
+    """A family's guard fact (name, then ints and int tuples) as egglog text."""
+    name, *args = fact
+    return f"({name} {' '.join(_egg_ivec(a) if isinstance(a, tuple | list) else str(int(a)) for a in args)})"
 
 
 class _ProgramWriter:
@@ -351,21 +173,6 @@ def _typed_term(w: _ProgramWriter, spec: OpSpec, values: dict[str, Any], index: 
     return "(" + " ".join(parts) + ")"
 
 
-def _guard_facts(w: _ProgramWriter, node: Node, spec: OpSpec, values: dict[str, Any]) -> None:
-    """Literal-keyed facts for guards egglog cannot compute itself (see analysis.egg)."""
-    graph = w.graph
-    if spec.family is Family.RESHAPE:
-        src = graph.types[values[spec.args[0].name]].shape
-        dst = graph.types[node.outputs[0]].shape
-        for d, d2 in reshape_pairs(src, dst):
-            w.fact(f"(reshape-map {_egg_ivec(src)} {_egg_ivec(dst)} {d} {d2})")
-    elif spec.family is Family.REDUCE:
-        rank = graph.types[values["data"]].rank
-        axes, keep = tuple(values["axes"]), int(values["keepdims"])
-        for d, d2 in reduce_pairs(axes, keep, rank):
-            w.fact(f"(reduce-map {_egg_ivec(axes)} {keep} {rank} {d} {d2})")
-
-
 def encode(graph: Graph, mesh: Mesh) -> Encoding:
     """Write the egglog program for ``graph`` on ``mesh`` (no rules: those come from the rule files)."""
     w = _ProgramWriter(graph, mesh)
@@ -377,20 +184,16 @@ def encode(graph: Graph, mesh: Mesh) -> Encoding:
         w.lines.append(f"(dim-range {d})")
     for name in graph.inputs:
         w.define(name, f"(Input {_egg_string(name)})")
-    used = _used_outputs(graph)
+    used = used_outputs(graph)
     opaque: dict[str, Node] = {}
     typed = 0
     for node in graph.nodes:
         spec = spec_for(node.op_type, node.domain)
-        values = None
-        if spec is not None:
-            try:
-                values = _normalize(node, graph, spec, _typed_values(node, graph, spec, used))
-            except _Opaque:
-                values = None
+        values = typed_values(node, graph, spec, used) if spec is not None else None
         if spec is not None and values is not None:
             typed += 1
-            _guard_facts(w, node, spec, values)
+            for fact in guard_facts(node, graph, spec, values):
+                w.fact(_egg_fact(fact))
             for index, out in enumerate(node.outputs):
                 if out and out in used and (index == 0 or spec.multi_output):
                     w.define(out, _typed_term(w, spec, values, index))

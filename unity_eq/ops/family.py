@@ -14,18 +14,40 @@ engine does not need z3, and the verifier passes its backend (and its axiom voca
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from unity_eq.ops.spec import OpSpec
 
-__all__ = ["IndexShape", "Instance", "InstanceRanges", "OpCase", "OpFamily", "ShapeError"]
+__all__ = ["IndexShape", "Instance", "InstanceRanges", "NodeView", "NotModeled", "OpCase", "OpFamily", "ShapeError"]
 
 Shape = tuple[int, ...]
 
 
 class ShapeError(ValueError):
     """The arguments do not fit the op (the verifier skips such an instance; the engine never builds one)."""
+
+
+class NotModeled(Exception):
+    """A node the family's typed constructor does not model (an attribute value, a convention): the encoder
+    carries it opaquely instead, so it runs as onnxruntime runs it but is never sharded."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What a family's ``normalize`` and ``guard_facts`` see of an ONNX node: the shapes of the tensors it reads
+    (by tensor name) and of its outputs (``None`` for an output nobody reads)."""
+
+    op: str
+    shapes: Mapping[str, Shape]
+    outputs: tuple[Shape | None, ...]
+
+    def shape(self, name: str) -> Shape:
+        return self.shapes[name]
+
+    def rank(self, name: str | None) -> int:
+        """The rank of an input (0 for an absent one)."""
+        return len(self.shapes[name]) if name else 0
 
 
 class InstanceRanges(Protocol):
@@ -83,7 +105,12 @@ class OpFamily:
     ``ranges``: the ranges in words, for docs/verify.md. ``axioms(vocab)``: adds the shape-generic prover's
     axioms for the family's ops to the verifier's vocabulary (verify/_generic.py: ``vocab.add(group, axiom)``,
     ``vocab.op(name)``, ``vocab.symbols("x d i n")``); without it the family's rules are proven on every case
-    of its ranges only.
+    of its ranges only. ``normalize(op, values, node)``: the encoder's argument values made canonical (negative
+    axes, defaults ONNX leaves implicit, shapes read off the node), so that equal computations become equal
+    terms; raises :class:`NotModeled` for a node the constructor cannot express. ``guard_facts(op, values,
+    node)``: literal-keyed facts for the guards of its rules that egglog cannot compute (``("reduce-map",
+    axes, keepdims, rank, d, d2)``: ints and int tuples). ``implied_attrs``: ONNX attributes an op's
+    constructor states in another form (Split's ``num_outputs``: its sizes).
     """
 
     name: str
@@ -95,6 +122,9 @@ class OpFamily:
     flops: Callable[[str, Sequence[Sequence[int] | None], Sequence[int]], float]
     ranges: str = ""
     axioms: Callable[[Any], None] | None = None
+    normalize: Callable[[str, dict[str, Any], NodeView], dict[str, Any]] | None = None
+    guard_facts: Callable[[str, Mapping[str, Any], NodeView], Iterable[tuple[Any, ...]]] | None = None
+    implied_attrs: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.specs:

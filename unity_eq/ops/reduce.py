@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from unity_eq.ops.cases import other_shapes
-from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, static, tensor
-from unity_eq.ops.tensors import Shape, need, reduce_elements
+from unity_eq.ops.tensors import Shape, need, norm_axis, reduce_elements
 
-__all__ = ["REDUCE"]
+__all__ = ["REDUCE", "reduce_pairs"]
 
 SPECS = tuple(
     OpSpec(
@@ -37,6 +37,33 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     if len(set(axes)) != len(axes) or any(not 0 <= a < len(x) for a in axes):
         raise ShapeError(f"reduction axes {list(axes)} for rank {len(x)}")
     return tuple(1 if i in axes else n for i, n in enumerate(x) if keep or i not in axes)
+
+
+def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
+    """Axes sorted and non-negative; no axes means every axis (unless ``noop_with_empty_axes``: not modeled)."""
+    in_rank = node.rank(v["data"])
+    if not v["axes"]:
+        if int(v["noop_with_empty_axes"]):
+            raise NotModeled
+        v["axes"] = tuple(range(in_rank))
+    v["axes"] = tuple(sorted(norm_axis(a, in_rank) for a in v["axes"]))
+    v["noop_with_empty_axes"] = 0
+    return v
+
+
+def reduce_pairs(axes: tuple[int, ...], keepdims: int, rank: int) -> Iterator[tuple[int, int]]:
+    """The dims (d, d2) that a reduction over ``axes`` keeps: dim d of the input is dim d2 of the output."""
+    for d in range(rank):
+        if d not in axes:
+            yield d, d if keepdims else d - sum(1 for a in axes if a < d)
+
+
+def guard_facts(op: str, values: Mapping[str, Any], node: NodeView) -> Iterator[tuple[Any, ...]]:
+    """``reduce-map``: where each kept dim goes (analysis.egg), for the rules that shard a kept dim."""
+    rank = node.rank(values["data"])
+    axes, keep = tuple(values["axes"]), int(values["keepdims"])
+    for d, d2 in reduce_pairs(axes, keep, rank):
+        yield ("reduce-map", axes, keep, rank, d, d2)
 
 
 def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
@@ -119,4 +146,6 @@ REDUCE = OpFamily(
     flops=flops,
     ranges="every shape of rank 1-3 with dims 1-4, every non-empty set of axes, keepdims 0 and 1",
     axioms=axioms,
+    normalize=normalize,
+    guard_facts=guard_facts,
 )

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.family import ShapeError
+from unity_eq.ops.family import NotModeled, ShapeError
 
-__all__ = ["Shape", "bcast", "check_axis", "need", "obj", "out_dtype", "reduce_elements"]
+__all__ = ["Shape", "bcast", "check_axis", "need", "norm_axis", "obj", "out_dtype", "reduce_elements"]
 
 Shape = tuple[int, ...]
 
@@ -71,3 +71,12 @@ def reduce_elements(
     if keepdims:
         out = out.reshape(tuple(1 if d in axes else x.shape[d] for d in range(rank)))
     return out
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    """An ONNX axis attribute made non-negative, for the encoder (``NotModeled`` when out of range: ONNX
+    Runtime, not us, reports that)."""
+    axis = int(axis)
+    if not -rank <= axis < max(rank, 1):
+        raise NotModeled
+    return axis + rank if axis < 0 else axis
