@@ -61,7 +61,7 @@ def live_display(quiet: bool, transient: bool = False) -> Any:
 
 
 def input_shapes(values: list[str]) -> dict[str, tuple[int, ...]]:
-    from unity_eq.frontends.onnx import parse_input_shape
+    from unity_eq.frontends.onnx_inputs import parse_input_shape
 
     shapes: dict[str, tuple[int, ...]] = {}
     for text in values:
