@@ -75,9 +75,9 @@ def test_usage_error_class_is_the_one_typer_raises() -> None:
     """The cause of the tracebacks: typer ≥ 0.25 raises its own click's exceptions."""
     import typer
 
-    from unity_eq.cli import _CLICK_ERROR
+    from unity_eq.cli.dispatch import CLICK_ERROR
 
-    assert issubclass(typer.BadParameter, _CLICK_ERROR)
+    assert issubclass(typer.BadParameter, CLICK_ERROR)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -337,27 +337,27 @@ def test_run_outputs_path_errors_are_one_line(examples: Path, tmp_path: Path) ->
 
 
 def test_mpi_outcome_names_the_failing_rank() -> None:
-    from unity_eq.runtime.mpi import RankStatus, _outcome
+    from unity_eq.runtime.mpi_status import RankStatus, outcome
 
     ok = RankStatus(0, 1, True)
     boom = RankStatus(2, 1, False, "ValueError: boom", exit_code=2)
     stopped = RankStatus(1, 1, False, "stopped in all_reduce #3 because rank 2 failed", primary=False)
-    assert _outcome({0: ok, 1: ok}, [], 5) is None
-    error = _outcome({0: ok, 1: stopped, 2: boom}, [], 5)
+    assert outcome({0: ok, 1: ok}, [], 5) is None
+    error = outcome({0: ok, 1: stopped, 2: boom}, [], 5)
     assert error is not None and str(error) == "rank 2: ValueError: boom"
     same = [RankStatus(r, 0, False, "world size: …", exit_code=2) for r in range(3)]
-    assert str(_outcome(dict(enumerate(same)), [], 5)) == "world size: …"
-    hung = _outcome({0: RankStatus(0, 1, False, "all_gather #1 did not complete within 5 s", primary=False)}, [1], 5)
+    assert str(outcome(dict(enumerate(same)), [], 5)) == "world size: …"
+    hung = outcome({0: RankStatus(0, 1, False, "all_gather #1 did not complete within 5 s", primary=False)}, [1], 5)
     assert str(hung).startswith("rank 1 did not answer within 5 s (hung") and "rank 0: all_gather #1" in str(hung)
-    two = _outcome({0: boom, 1: RankStatus(1, 1, False, "KeyError: 'x'", exit_code=2)}, [], 5)
+    two = outcome({0: boom, 1: RankStatus(1, 1, False, "KeyError: 'x'", exit_code=2)}, [], 5)
     assert str(two) == "rank 1: KeyError: 'x' (rank 2 failed too)"  # the lowest failing rank first
 
 
 def test_mpi_backend_without_mpi4py_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from unity_eq.runtime.mpi import _import_mpi
+    from unity_eq.runtime.mpi_supervisor import import_mpi
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(RuntimeBackendError, match=r"pip install 'unity-eq\[mpi\]'"):
-        _import_mpi()
+        import_mpi()

@@ -166,7 +166,8 @@ class Graph:
     extra_opsets: dict[str, int] = field(default_factory=dict)
     ir_version: int = 8
     source: str = ""
-    #: :func:`unity_eq.frontends.onnx.model_fingerprint` of the file it was read from ("" when built in memory)
+    #: :func:`unity_eq.frontends.onnx_read.model_fingerprint` of the file it was read from ("" when built in
+    #: memory)
     fingerprint: str = ""
 
     def producers(self) -> dict[str, Node]:

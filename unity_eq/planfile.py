@@ -121,7 +121,7 @@ class RunRecord:
 
     model_name: str
     source: str | None
-    fingerprint: str | None  # of what the model computes (frontends.onnx.model_fingerprint)
+    fingerprint: str | None  # of what the model computes (frontends.onnx_read.model_fingerprint)
     inputs: Mapping[str, InputRecord]
     outputs: tuple[str, ...]
     files: tuple[str, ...]

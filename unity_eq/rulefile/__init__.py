@@ -6,7 +6,10 @@ module      what it holds
 ==========  ==============================================================================================
 terms       the syntax tree of rules: ``App``, ``Var``, ``Lit``, ``Rule``, analysis declarations
 env         signatures: the schema's constructors, the analyses' functions and relations, egglog primitives
-parse       the parser (lark) and the load-time checks (commands, constructors, arity, sorts, rulesets)
+sexp        the grammar (lark): a file's text as s-expressions, syntax errors at file:line:column
+commands    the allowed commands: declarations into the Env, rewrites and rules into the rule AST
+checks      the load-time checks of a rule (constructors, arity, sorts, bound variables, rulesets)
+parse       ``parse_program``: files through those three, every error one line in ``Program.errors``
 load        the shipped files then the chosen ones, parsed and then loaded by egglog itself
 ==========  ==============================================================================================
 

@@ -27,17 +27,20 @@ Plans written today use only ``all_gather`` and ``all_reduce``; the runtime acce
 
 The package, one module per job:
 
-==============  ==========================================================================================
-module          what it does
-==============  ==========================================================================================
-plandir         the plan directory as the runtime reads it (plan.json through planfile, file identities)
-devices         CPU threads, CUDA devices and onnxruntime sessions (shared with lowering and profiling)
-segments        a rank's device model cut into sessions at the collectives
-collectives     the Communicator interface, reference semantics, and the in-process backend
-execute         running all ranks on the local backend
-mpi             the MPI backend (mpi4py, under ``mpiexec``); imported only when asked for
-checker         ``check``: original vs plan on the same random inputs
-==============  ==========================================================================================
+================  ==========================================================================================
+module            what it does
+================  ==========================================================================================
+plandir           the plan directory as the runtime reads it (plan.json through planfile, file identities)
+devices           CPU threads, CUDA devices and onnxruntime sessions (shared with lowering and profiling)
+segments          a rank's device model cut into sessions at the collectives
+collectives       the Communicator interface, reference semantics, and the in-process backend
+execute           running all ranks on the local backend
+mpi               the MPI backend (mpi4py, under ``mpiexec``): running a plan; imported only when asked for
+mpi_supervisor    its process plumbing: loading mpi4py, the supervisor forked before MPI starts
+mpi_status        its status rounds: the ranks agree on one error, the others end quietly
+mpi_communicator  its Communicator over MPI sub-communicators (``open_communicator`` for your own code)
+checker           ``check``: original vs plan on the same random inputs
+================  ==========================================================================================
 """
 
 from __future__ import annotations

@@ -273,7 +273,7 @@ def check_plan_is_of(model_path: str | Path, plan: PlanDir) -> None:
     recorded = plan.record.fingerprint
     if not recorded:
         return
-    from unity_eq.frontends.onnx import file_fingerprint
+    from unity_eq.frontends.onnx_read import file_fingerprint
 
     if file_fingerprint(model_path) != recorded:
         made_from = plan.record.source or plan.record.model_name

@@ -1,0 +1,196 @@
+"""Reading an ONNX file (step 1 of :mod:`unity_eq.frontends.onnx`): every way the file can be wrong becomes a
+one-line :class:`~unity_eq.errors.ModelError`; external data is checked to lie in the model's folder and is
+memory-mapped; and the fingerprint of what a model computes, which plans record.
+
+Separate from normalizing and folding because it touches the file system and protobuf parsing only; later
+steps work on the parsed model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import external_data_helper, helper, numpy_helper
+
+from unity_eq.errors import ModelError
+
+__all__ = ["file_fingerprint", "model_fingerprint", "one_line", "read_model"]
+
+
+def model_fingerprint(model: onnx.ModelProto) -> str:
+    """A hash of what a model computes apart from its weights' values: every node (op, domain, inputs,
+    outputs, attributes), the graph's inputs and outputs, and each initializer's name, dtype and dims.
+
+    A plan records it, so `check` can tell a model the plan was not made from (exit 2) from a wrong plan
+    (exit 1): two models with the same input and output shapes otherwise just "mismatch". Weight values are
+    left out: they need not be read (external data), and new weights are a real mismatch to report."""
+    digest = hashlib.sha256()
+
+    def feed(*parts: bytes | str) -> None:
+        for part in parts:
+            data = part.encode() if isinstance(part, str) else part
+            digest.update(len(data).to_bytes(8, "little"))
+            digest.update(data)
+
+    graph = model.graph
+    for node in graph.node:
+        feed("node", node.op_type, node.domain, *node.input, "->", *node.output)
+        for attr in node.attribute:
+            feed(attr.SerializeToString(deterministic=True))
+    for value in (*graph.input, *graph.output):
+        feed("io", value.name, value.type.SerializeToString(deterministic=True))
+    for tensor in graph.initializer:
+        feed("init", tensor.name, str(tensor.data_type), ",".join(map(str, tensor.dims)))
+    return digest.hexdigest()
+
+
+def read_model(path: Path, where: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Parse the file and map its external data, turning each failure into a ModelError."""
+    model = _parse_model(path, where)
+    _check_external_locations(model, path.parent, where)
+    uses_external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+    external = _map_external_data(model, path, where) if uses_external else {}
+    return model, external
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """:func:`model_fingerprint` of an ONNX file, its external data left unread. Raises ModelError."""
+    return model_fingerprint(_parse_model(Path(path), str(path)))
+
+
+def _parse_model(path: Path, where: str) -> onnx.ModelProto:
+    """The file's ModelProto without its external data; each failure a ModelError."""
+    if not path.exists():
+        raise ModelError(f"{where}: no such file. Check the path.")
+    if path.is_dir():
+        raise ModelError(f"{where}: is a directory, expected an .onnx file. Pass the model file inside it.")
+    try:
+        with path.open("rb") as f:
+            empty = not f.read(1)
+        if not empty:
+            model = onnx.load(path, load_external_data=False)
+    except OSError as e:
+        raise ModelError(f"{where}: cannot read the file ({e.strerror}). Check its permissions.") from e
+    except Exception as e:  # protobuf/text parsers raise several unrelated types; all mean "not ONNX"
+        raise ModelError(
+            f"{where}: not an ONNX model ({one_line(e)}). Pass a model saved with `onnx.save` or an exporter."
+        ) from e
+    if empty:
+        raise ModelError(f"{where}: the file is empty, expected an ONNX model. Re-export the model.")
+    if not model.HasField("graph") or not model.opset_import:
+        raise ModelError(f"{where}: not an ONNX model (no graph or opset found). Pass a model saved with `onnx.save`.")
+    return model
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor a graph stores: initializers, sparse initializers, and node attributes, subgraphs too."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("sparse_tensor"):
+                yield attr.sparse_tensor.values
+                yield attr.sparse_tensor.indices
+            if attr.HasField("g"):
+                yield from _all_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _all_tensors(sub)
+
+
+def _check_external_locations(model: onnx.ModelProto, base: Path, where: str) -> None:
+    """Refuse external data that lies outside the model's folder, as onnx and onnxruntime do.
+
+    A location is a path relative to the model's folder; an absolute path, a ``..`` that climbs out, or a
+    symlink that resolves outside would let a model file make unity-eq read (and copy into a plan) any file
+    the user can read.
+    """
+    root = base.resolve()
+    for t in _all_tensors(model.graph):
+        if not external_data_helper.uses_external_data(t):
+            continue
+        location = external_data_helper.ExternalDataInfo(t).location
+        resolved = (root / location).resolve()
+        if Path(location).is_absolute() or not location or not resolved.is_relative_to(root):
+            raise ModelError(
+                f"{where}: external tensor {t.name!r} points outside the model's folder ({location!r} is "
+                f"{resolved}, not inside {root}). External data must be a relative path inside the model's "
+                "folder; move the weight file next to the model and re-save it."
+            )
+
+
+_MAPPABLE_TYPES = frozenset(
+    {
+        onnx.TensorProto.FLOAT,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.FLOAT16,
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.BOOL,
+    }
+)
+"""Element types stored exactly as numpy lays them out, so external data can be memory-mapped."""
+
+
+def _map_external_data(model: onnx.ModelProto, path: Path, where: str) -> dict[str, np.ndarray]:
+    """Memory-map tensors stored in separate files (relative to the model's directory), read-only.
+
+    Optimizing only reads shapes, and lowering reads each rank's slice, so weights are never loaded whole.
+    Types numpy cannot view directly (bfloat16, float8, 4-bit) are loaded through onnx instead.
+    """
+    base = path.parent
+    mapped: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        if not external_data_helper.uses_external_data(t):
+            continue
+        info = external_data_helper.ExternalDataInfo(t)
+        file = base / info.location
+        if not file.is_file():
+            raise ModelError(
+                f"{where}: external data file {info.location!r} not found in '{base}'. "
+                "Keep the weight files next to the model."
+            )
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        shape = tuple(int(d) for d in t.dims)
+        count = int(np.prod(shape, dtype=np.int64))
+        offset = int(info.offset or 0)
+        if t.data_type not in _MAPPABLE_TYPES:
+            mapped[t.name] = _load_one_external(t, base, where)
+            continue
+        if info.length is not None and int(info.length) != count * dtype.itemsize:
+            raise ModelError(
+                f"{where}: external tensor {t.name!r} has {info.length} bytes, expected "
+                f"{count * dtype.itemsize} for {dtype}{list(shape)}. Re-save the model."
+            )
+        if offset + count * dtype.itemsize > file.stat().st_size:
+            raise ModelError(f"{where}: external tensor {t.name!r} runs past the end of {info.location!r}.")
+        mapped[t.name] = np.memmap(file, dtype=dtype.newbyteorder("<"), mode="r", offset=offset, shape=shape)
+    return mapped
+
+
+def _load_one_external(t: onnx.TensorProto, base: Path, where: str) -> np.ndarray:
+    try:
+        external_data_helper.load_external_data_for_tensor(t, str(base))
+        return numpy_helper.to_array(t)
+    except Exception as e:  # onnx raises ValidationError, OSError or ValueError for bad locations/offsets
+        raise ModelError(f"{where}: cannot load external data ({one_line(e)}). Re-save the model.") from e
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception's message collapsed to one line, so CLI errors stay one line."""
+    text = " ".join(str(error).split()).rstrip(".") or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"

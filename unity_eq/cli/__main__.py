@@ -1,0 +1,9 @@
+"""``python -m unity_eq.cli``: the ``unity-eq`` console script (:func:`unity_eq.cli.dispatch.entry`)."""
+
+from __future__ import annotations
+
+import sys
+
+from unity_eq.cli.dispatch import entry
+
+sys.exit(entry())

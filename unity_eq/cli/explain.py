@@ -1,0 +1,70 @@
+"""``unity-eq explain``: a plan directory as a text or JSON report, or as a picture (dot, svg, html).
+
+Separate from the commands that make and run plans: it only reads one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from unity_eq.cli.shared import err, out
+from unity_eq.errors import OptionError
+from unity_eq.files import check_output_file
+
+__all__ = ["explain"]
+
+
+def explain(
+    plan_dir: Path = typer.Argument(..., help="A plan directory written by `unity-eq optimize`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (same as `--format json`)."),
+    fmt: str = typer.Option(
+        "text", "--format", "-f", help="text or json (printed), or a picture: dot, svg or html (written to a file)."
+    ),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="File to write (default for a picture: plan.FORMAT in the plan directory)."
+    ),
+    max_ops: int = typer.Option(
+        None, "--max-ops", help="Ops to show: text report 60 (PCG lines twice that), pictures 150 (the rest noted)."
+    ),
+) -> None:
+    """Explain a plan: shardings, cost split, memory, baselines with their ratio to the plan, and the PCG.
+
+    `--format svg|html|dot` draws it: the parallel computation graph coloured by placement, the mesh on the
+    machine's nodes and the cost split as a chart."""
+    import json
+
+    from unity_eq.explain import explain as build_report
+    from unity_eq.explain import reading_plan, render
+
+    if as_json and fmt not in ("text", "json"):
+        raise OptionError(f"`--json` and `--format {fmt}` disagree: pass one of them.")
+    fmt = "json" if as_json else fmt
+    if fmt in ("dot", "svg", "html"):
+        from unity_eq.picture import write_picture
+
+        picture = write_picture(plan_dir, fmt, output, max_ops=150 if max_ops is None else max_ops)
+        if picture.note:
+            err.print(f"[yellow]{escape(picture.note)}[/yellow]")
+        out.print(f"wrote {picture.path}", markup=False)
+        return
+    if fmt not in ("text", "json"):
+        raise OptionError(f"`--format`: expected text, json, dot, svg or html; got {fmt!r}.")
+    if output is not None:
+        check_output_file(output, "`-o`")
+    report = build_report(plan_dir)
+    with reading_plan(plan_dir):
+        text = (
+            json.dumps(report, indent=1)
+            if fmt == "json"
+            else render(report, max_ops=60 if max_ops is None else max_ops)
+        )
+    if output is None:
+        out.print(text, markup=False)
+        return
+    from unity_eq.files import write_file_atomic
+
+    write_file_atomic(output, text + "\n", "`-o`")
+    out.print(f"wrote {output}", markup=False)

@@ -1,0 +1,196 @@
+"""``unity-eq optimize``: find a parallel plan for a model, write it, and print its summary.
+
+Separate because the summary table (the plan's mesh, cost, collectives, baselines, search) is most of the
+command line's printing code and belongs to this one command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from unity_eq.cli.run import print_check
+from unity_eq.cli.shared import input_shapes, live_display, out, progress_printer
+from unity_eq.errors import OptionError
+
+__all__ = ["optimize"]
+
+
+def optimize(
+    model: Path = typer.Argument(..., help="The ONNX model to parallelize."),
+    devices: int = typer.Option(None, "--devices", "-n", help="N A100-80G GPUs in one node on NVLink."),
+    machine: str = typer.Option(
+        None, "--machine", "-m", help="A machine TOML file or a preset (a100x8, h100x8, pcie-a100x8)."
+    ),
+    nodes: int = typer.Option(None, "--nodes", help="Repeat the machine's node N times (presets and one-node files)."),
+    interconnect: str = typer.Option(
+        None, "--interconnect", help="Network between nodes: ib100, ib200, ib400 or eth100 (default: the preset's)."
+    ),
+    output: Path = typer.Option(None, "--output", "-o", help="Plan directory to write (default: MODEL.plan/)."),
+    input_shape: list[str] = typer.Option([], "--input-shape", help="Fix a dynamic input: name=2x16 (repeatable)."),
+    objective: str = typer.Option("inference", "--objective", help="inference (forward latency) or training."),
+    mesh: str = typer.Option(None, "--mesh", help="Force a device mesh, e.g. 2x4 or dp=2,tp=4 (default: search)."),
+    max_axes: int = typer.Option(3, "--max-axes", help="Search meshes of at most this many axes (1-3)."),
+    rules: list[Path] = typer.Option([], "--rules", help="Extra .egg rule files to load (repeatable)."),
+    no_generated_rules: bool = typer.Option(
+        False, "--no-generated-rules", help="Load only the hand-written rules (not rules/generated/shrinking.egg)."
+    ),
+    max_iterations: int = typer.Option(12, "--max-iterations", help="Parallel rewrite iterations at most."),
+    max_nodes: int = typer.Option(200_000, "--max-nodes", help="Stop saturating past this many e-nodes."),
+    time_limit: float = typer.Option(120.0, "--time-limit", help="Stop saturating after this many seconds."),
+    memory_limit: float = typer.Option(6.0, "--memory-limit", help="Memory limit of the e-graph engine, GiB."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+    profile: Path = typer.Option(
+        None, "--profile", help="Measured op times from `unity-eq profile` (the roofline prices the rest)."
+    ),
+    blocks: str = typer.Option(
+        "auto", "--blocks", help="Optimize piece by piece, reusing repeated blocks: auto (large models), on, off."
+    ),
+    extractor: str = typer.Option("greedy", "--extractor", help="greedy, or ilp (exact, seeded with greedy)."),
+    ilp_time_limit: float = typer.Option(60.0, "--ilp-time-limit", help="Seconds for the ILP extraction."),
+    check_plan: bool = typer.Option(
+        False, "--check", help="Then run `unity-eq check` on the plan written (exit 1 when it does not match)."
+    ),
+) -> None:
+    """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
+    from unity_eq.egraph import Limits
+    from unity_eq.pipeline import optimize as run_optimize
+    from unity_eq.rulesets import default_rule_files
+
+    if max_iterations < 1 or max_nodes < 1 or not time_limit > 0:
+        raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
+    if not memory_limit > 0:
+        raise OptionError(f"`--memory-limit`: expected a positive number of GiB, got {memory_limit:g}.")
+    target = output or model.with_suffix(".plan")
+    limits = Limits(
+        max_iterations=max_iterations,
+        max_nodes=max_nodes,
+        time_limit_s=time_limit,
+        memory_limit_gib=memory_limit,
+    )
+    rule_files = None
+    if rules:
+        rule_files = default_rule_files(not no_generated_rules) + list(rules)
+    live = live_display(quiet)
+    with live or contextlib.nullcontext():
+        result = run_optimize(
+            model,
+            devices=devices,
+            machine=machine,
+            nodes=nodes,
+            interconnect=interconnect,
+            max_axes=max_axes,
+            output_dir=target,
+            input_shapes=input_shapes(input_shape),
+            objective=objective,
+            mesh=mesh,
+            limits=limits,
+            rule_files=rule_files,
+            generated_rules=not no_generated_rules,
+            progress=progress_printer(quiet),
+            profile=profile,
+            blocks=blocks,
+            extractor=extractor,
+            ilp_time_limit=ilp_time_limit,
+            tracker=live,
+        )
+    _print_plan_summary(result)
+    if check_plan and result.plan_dir is not None:
+        print_check(model, result.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
+
+
+def _print_plan_summary(result: Any) -> None:
+    from unity_eq.report import device_span
+
+    plan = result.plan
+    summary = plan.summary()
+    table = Table(title=f"plan for {plan.model}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("machine", plan.machine.describe())
+    usage = plan.report.get("parallelism", {})
+    unused = usage.get("unused_axes", [])
+    idle = usage.get("idle_devices", 0)
+    where = f" on {device_span(plan.mesh.devices)}" if idle else ""
+    table.add_row("mesh", str(plan.mesh) + where + (f" (unused: {', '.join(unused)})" if unused else ""))
+    if usage:
+        devices = f"{usage['devices_used']} of {usage.get('machine_devices', usage['devices'])}"
+        table.add_row(
+            "devices used", devices + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
+        )
+    table.add_row("objective", plan.objective.name)
+    cost = plan.cost
+    table.add_row(
+        "predicted cost",
+        f"{cost.total * 1e3:.3f} ms (compute {cost.compute * 1e3:.3f} ms, communication {cost.comm * 1e3:.3f} ms)",
+    )
+    collectives: dict[str, int] = {}
+    for step in plan.collectives():
+        key = f"{type(step).__name__}@{step.axis}"
+        collectives[key] = collectives.get(key, 0) + 1
+    table.add_row("collectives", ", ".join(f"{k}×{v}" for k, v in collectives.items()) or "none")
+    table.add_row("sharded tensors", f"{summary['sharded_tensors']} of {summary['tensors']}")
+    memory = plan.report.get("memory")
+    if memory:
+        table.add_row(
+            "memory per device",
+            f"{memory['total_bytes'] / 2**30:.2f} GiB of {memory['capacity_bytes'] / 2**30:.2f} GiB usable",
+        )
+    baselines = plan.report.get("baselines", {})
+    if baselines:
+        table.add_row("baselines (×plan)", ", ".join(_baseline_text(name, b) for name, b in baselines.items()))
+    extraction = plan.report.get("extraction", {})
+    choice = extraction.get("plan_choice") or {}
+    tie_break = extraction.get("tie_break") or {}
+    for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note"), tie_break.get("note")):
+        if note:
+            table.add_row("note", note)
+    search = plan.report.get("mesh_search")
+    if search:
+        runner = search.get("runner_up")
+        tried = len(search.get("tried", []))
+        table.add_row(
+            "mesh search",
+            f"{tried} mesh(es) tried, {len(search.get('skipped', []))} skipped"
+            + (f"; runner-up {runner['mesh']} {runner['cost_s'] * 1e3:.3f} ms" if runner else ""),
+        )
+    sat = plan.stats.get("saturation", {})
+    table.add_row(
+        "search",
+        f"{sat.get('enodes')} e-nodes, {sat.get('iterations')} iterations ({sat.get('stop_reason')}), "
+        + _search_time(result.timings),
+    )
+    if result.plan_dir is not None:
+        table.add_row("written to", str(result.plan_dir))
+    out.print(table)
+
+
+def _baseline_text(name: str, baseline: dict[str, Any]) -> str:
+    """``data_parallel 1.24 (x=16, 16 devices)``: the ratio to the plan, the mesh it ran on, how many devices
+    did distinct work, and whether it fits: a ratio means little without what it compares."""
+    ratio = "-" if baseline.get("ratio") is None else f"{baseline['ratio']:.2f}"
+    devices, used = baseline.get("devices", 1), baseline.get("devices_used", 1)
+    if devices == 1:
+        where = "1 device"
+    else:
+        where = f"on {baseline.get('mesh', '?')}, " + (
+            f"{devices} devices" if used == devices else f"{used} of {devices} devices do distinct work"
+        )
+    fits = "" if baseline.get("fits", True) else ", does not fit"
+    return f"{name} {ratio} ({where}{fits})"
+
+
+def _search_time(timings: dict[str, float]) -> str:
+    """The search's wall time, and the meshes' time summed over the workers that ran side by side."""
+    text = f"{timings.get('search_s', 0.0):.2f} s"
+    worker = timings.get("worker_s")
+    if worker is not None:
+        text += f" (meshes' time summed over parallel workers: {worker:.2f} s)"
+    wall = timings.get("wall_s")
+    if wall is not None:
+        text += f"; {wall:.2f} s in all"
+    return text
