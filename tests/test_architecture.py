@@ -227,3 +227,13 @@ def test_the_engine_never_imports_the_verifier(lower: str) -> None:
         if edge.target.startswith("unity_eq.verify")
     ]
     assert not offenders, "\n".join(offenders)
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    """pyproject lists the packages setuptools puts in a wheel: a package left out installs editable (as in
+    development) but is missing from `pip install .` (unity_eq.runtime, ops, extract… once were)."""
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {module for module, path in module_files().items() if path.name == "__init__.py"}
+    missing = sorted(packages - listed)
+    assert not missing, f"packages missing from pyproject.toml [tool.setuptools] packages: {missing}"
