@@ -164,7 +164,7 @@ def op_flops(op_type: str, in_shapes: Sequence[Sequence[int] | None], out_shape:
         return 2.0 * out * _numel(in_shapes[0]) / max(out_shape[0], 1)  # K = |A| / M, either layout
     if kind is Family.CONV and in_shapes[1]:
         return 2.0 * out * _numel(in_shapes[1][1:])
-    if kind in (Family.SOFTMAX, Family.LAYERNORM, Family.BATCHNORM, Family.LRN):
+    if kind in (Family.BATCHNORM, Family.LRN):
         return 5.0 * out
     if kind is Family.POOL and in_shapes[0]:
         return float(max(out, _numel(in_shapes[0])))

@@ -29,7 +29,6 @@ from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
 from unity_eq.ops.cases import (
-    absent_options,
     broadcast_positions,
     oa16,
     other_shapes,
@@ -109,60 +108,6 @@ def _make(spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: i
     return tuple(args), out
 
 
-def _unary(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out = []
-    for shape in shape_pool(cfg):
-        inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec))
-        if inst:
-            out.append(inst)
-    return out
-
-
-def _broadcast(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    """Every output shape and, at every position, every pattern of full / size-1 operands; an operand may
-    also lack leading dims where it is size 1 (every rank deficit), and an optional one be absent."""
-    tensors = [a for a in spec.args if a.sort == "T"]
-    k = len(tensors)
-    out: list[Instance] = []
-    for r in range(min(cfg.other_rank, cfg.max_rank) + 1):
-        dims = _broadcast_dims(cfg, r, k)
-        positions = broadcast_positions(k, dims)
-        rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
-        if cfg.sample and r >= 3:
-            rows = rows[:: max(1, len(rows) // 32)]
-        for row in rows:
-            # how many leading dims each operand may lack: a prefix of positions where it is size 1
-            lack = []
-            for i in range(k):
-                j = 0
-                while j < r and (row[j][1][i] or row[j][0] == 1):
-                    j += 1
-                lack.append(j)
-            deficits = [range(lack[i] + 1) for i in range(k)]
-            for cut in itertools.product(*deficits):
-                for absent in absent_options(tensors):
-                    specs: dict[str, Any] = {}
-                    for i, arg in enumerate(tensors):
-                        if i in absent:
-                            specs[arg.name] = None
-                            continue
-                        shape = tuple(1 if row[p][1][i] else row[p][0] for p in range(cut[i], r))
-                        specs[arg.name] = VarSpec(shape)
-                    inst = _make(spec, specs, _attrs(spec))
-                    if inst:
-                        out.append(inst)
-    return out
-
-
-def _broadcast_dims(cfg: GenConfig, rank: int, k: int) -> Sequence[int]:
-    """``dims`` up to rank 2; at rank 3 ``rank4_dims`` (two operands) or 1-2 (three: Where, Clip). Every
-    pattern of three operands at rank 3 over 1-4 is over 10^5 instances, and each nested operator multiplies
-    them."""
-    if cfg.sample or rank <= 2:
-        return cfg.dims
-    return cfg.rank4_dims if k <= 2 else cfg.dims[:2]
-
-
 def _matmul(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
     """Every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every pattern of which operand is
     size 1 or lacks it (rank-4 pairs: dims ``rank4_dims``)."""
@@ -209,28 +154,6 @@ def _gemm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
                 )
                 if inst:
                     out.append(inst)
-    return out
-
-
-def _softmax(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out = []
-    for shape in other_shapes(cfg):
-        for axis in range(len(shape)):
-            inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec, axis=axis))
-            if inst:
-                out.append(inst)
-    return out
-
-
-def _layernorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out = []
-    for i, shape in enumerate(other_shapes(cfg)):
-        for axis in range(len(shape)):
-            norm = shape[axis:]
-            bias = VarSpec(norm) if (i + axis) % 2 == 0 else None
-            inst = _make(spec, {"X": VarSpec(shape), "Scale": VarSpec(norm), "B": bias}, _attrs(spec, axis=axis))
-            if inst:
-                out.append(inst)
     return out
 
 
@@ -508,12 +431,8 @@ def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 
 _GENERATORS = {
-    Family.UNARY: _unary,
-    Family.BROADCAST: _broadcast,
     Family.MATMUL: _matmul,
     Family.GEMM: _gemm,
-    Family.SOFTMAX: _softmax,
-    Family.LAYERNORM: _layernorm,
     Family.CONV: _conv,
     Family.POOL: _pooling,
     Family.LRN: _lrn,

@@ -194,13 +194,10 @@ class _Vocab:
         """Every axiom group, family by family, in a fixed order (the prover picks groups by a rule's ops)."""
         for build in (
             self._axioms_core,
-            self._axioms_elementwise,
-            self._axioms_linear,
             self._axioms_matmul,
             self._axioms_gemm,
             self._axioms_conv,
             self._axioms_pooling,
-            self._axioms_normalization,
             self._axioms_layout,
             self._axioms_algebra,
         ):
@@ -233,56 +230,6 @@ class _Vocab:
         x, d, i, n, ch, FA = self.symbols("x d i n ch FA")
         self.add("core", FA([d, i, n], ch(self.none, d, i, n) == self.none, patterns=[ch(self.none, d, i, n)]))
         self.add("core", FA([x, i, n], self.is_partial(self.part(x, i, n), x, i, n), patterns=[self.part(x, i, n)]))
-
-    def _axioms_elementwise(self) -> None:
-        """Elementwise ops commute with slicing: every split mask, operands broadcast or full."""
-        x, a, b, c, d, da, db, dc, i, n, f, ch, ew, rel, FA, P = self.symbols("x a b c d da db dc i n f ch ew rel FA P")
-        self.add(
-            "ew",
-            FA(
-                [f, x, d, i, n],
-                ew[1](f, ch(x, d, i, n)) == ch(ew[1](f, x), d, i, n),
-                patterns=[ew[1](f, ch(x, d, i, n))],
-            ),
-        )
-        ops3 = (a, b, c)
-        dims3 = (da, db, dc)
-        for arity in (2, 3):
-            args = ops3[:arity]
-            for mask in range(1, 2**arity):
-                e_ = ew[arity](f, *args)
-                sliced = [ch(args[j], dims3[j], i, n) if mask >> j & 1 else args[j] for j in range(arity)]
-                premises = [
-                    rel["bc-dim"](args[j], e_, d, dims3[j]) if mask >> j & 1 else rel["bc-bcast"](args[j], e_, d)
-                    for j in range(arity)
-                ]
-                bound = [f, *args, d, i, n, *[dims3[j] for j in range(arity) if mask >> j & 1]]
-                first = next(j for j in range(arity) if mask >> j & 1)
-                self.add(
-                    "ew",
-                    FA(
-                        bound,
-                        z3.Implies(z3.And(premises), ew[arity](f, *sliced) == ch(e_, d, i, n)),
-                        patterns=[P(ew[arity](f, *sliced), rel["bc-dim"](args[first], e_, d, dims3[first]))],
-                    ),
-                )
-
-    def _axioms_linear(self) -> None:
-        """Pending sums are linear: Add and Sub of partial pieces."""
-        x, y, p, q, i, n, ew, FA, P = self.symbols("x y p q i n ew FA P")
-        for op in ("Add", "Sub"):
-            fo = self.fn(op, ())
-            self.add(
-                "linear",
-                FA(
-                    [p, q, x, y, i, n],
-                    z3.Implies(
-                        z3.And(self.is_partial(p, x, i, n), self.is_partial(q, y, i, n)),
-                        self.is_partial(ew[2](fo, p, q), ew[2](fo, x, y), i, n),
-                    ),
-                    patterns=[P(ew[2](fo, p, q), self.is_partial(p, x, i, n), self.is_partial(q, y, i, n))],
-                ),
-            )
 
     def _axioms_matmul(self) -> None:
         """MatMul: rows, batch, columns, contraction (a pending sum)."""
@@ -504,32 +451,6 @@ class _Vocab:
                         0,
                     )
                 ],
-            ),
-        )
-
-    def _axioms_normalization(self) -> None:
-        """Normalizations along an axis commute with slicing another (LayerNorm: an outer dim)."""
-        x, b, w, d, i, n, k, axis, eps, ch, FA = self.symbols("x b w d i n k axis eps ch FA")
-        for name in ("Softmax", "LogSoftmax"):
-            sm = self.op(name)
-            self.add(
-                name,
-                FA(
-                    [x, d, axis, i, n],
-                    z3.Implies(d != axis, sm(ch(x, d, i, n), axis) == ch(sm(x, axis), d, i, n)),
-                    patterns=[sm(ch(x, d, i, n), axis)],
-                ),
-            )
-        ln = self.op("LayerNormalization")
-        self.add(
-            "LayerNormalization",
-            FA(
-                [x, w, b, axis, eps, k, d, i, n],
-                z3.Implies(
-                    z3.And(d >= 0, d < axis),
-                    ln(ch(x, d, i, n), w, b, axis, eps, k) == ch(ln(x, w, b, axis, eps, k), d, i, n),
-                ),
-                patterns=[ln(ch(x, d, i, n), w, b, axis, eps, k)],
             ),
         )
 

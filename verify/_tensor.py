@@ -38,22 +38,6 @@ __all__ = ["NumpyBackend", "ShapeError", "Z3Backend", "evaluate", "infer_shape"]
 
 Shape = tuple[int, ...]
 
-EXACT_UNARY = {"Neg", "Identity"}
-EXACT_BINARY = {
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Max",
-    "Min",
-    "Equal",
-    "Less",
-    "Greater",
-    "LessOrEqual",
-    "GreaterOrEqual",
-    "PRelu",
-}
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Backends
@@ -512,10 +496,6 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
         return tuple(family.infer_shape(op, args))
     spec = OPS[op]
     fam = spec.family
-    if fam is Family.UNARY:
-        return need(args[0])
-    if fam is Family.BROADCAST:
-        return bcast(*[need(a) if i == 0 else a for i, a in enumerate(args[: len(spec.tensor_args)]) if a is not None])
     if fam is Family.MATMUL:
         return _matmul_shape(need(args[0]), need(args[1]))
     if fam is Family.GEMM:
@@ -530,17 +510,6 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
         if c is not None and bcast(c, (m, n)) != (m, n):
             raise ShapeError(f"Gemm: C {list(c)} does not broadcast to {[m, n]}")
         return (m, n)
-    if fam is Family.SOFTMAX:
-        x = need(args[0])
-        check_axis(args[1], len(x))
-        return x
-    if fam is Family.LAYERNORM:
-        x, scale, bias, axis = need(args[0]), need(args[1]), args[2], args[3]
-        check_axis(axis, len(x))
-        for p in (scale, bias):
-            if p is not None and bcast(p, x[axis:]) != x[axis:]:
-                raise ShapeError("LayerNormalization: Scale/B do not broadcast to the normalized shape")
-        return x
     if fam is Family.CONV:
         x, w, b, auto_pad, dils, group, kernel, pads, strides = args
         x, w = need(x), need(w)
@@ -652,18 +621,6 @@ def _pool_shape(x: Shape, auto_pad: str, ceil_mode: int, dils: Any, kernel: Any,
 # Evaluation
 
 
-def _fn_name(op: str, args: Sequence[Any], start: int) -> tuple[str, list[Any]]:
-    """Name of the uninterpreted function for an op with attributes: string and int attributes are part of
-    the name, float attributes are extra arguments."""
-    tags, extra = [], []
-    for value in args[start:]:
-        if isinstance(value, str | int) and not isinstance(value, bool):
-            tags.append(str(value))
-        else:
-            extra.append(value)
-    return (f"{op}[{','.join(tags)}]" if tags else op), extra
-
-
 def evaluate(op: str, args: Sequence[Any], bk: Backend) -> Any:
     """Apply ``op`` to argument values (see module docstring); raise ShapeError when they do not fit."""
     shapes = [_shape_arg(a) for a in args]
@@ -681,53 +638,6 @@ def _shape_arg(a: Any) -> Any:
     if isinstance(a, list):
         return [x.shape for x in a]
     return a
-
-
-def _unary(op: str, args: list[Any], bk: Backend) -> Any:
-    x = args[0]
-    if op == "Neg":
-        return bk.neg(x)
-    if op == "Identity":
-        return x.copy()
-    name, extra = _fn_name(op, args, 1)
-    return bk.apply(name, x, *extra)
-
-
-def _broadcast(op: str, args: list[Any], bk: Backend) -> Any:
-    if op == "Where":
-        c, x, y = np.broadcast_arrays(*args)
-        return bk.where(bk.nonzero(c), x, y)
-    if op == "Clip":
-        x, lo, hi = args
-        arrays = [a for a in (x, lo, hi) if a is not None]
-        shape = np.broadcast_shapes(*[a.shape for a in arrays])
-        out = np.broadcast_to(x, shape)
-        if lo is not None:
-            lo_b = np.broadcast_to(lo, shape)
-            out = bk.where(bk.compare("<", out, lo_b), lo_b, out)
-        if hi is not None:
-            hi_b = np.broadcast_to(hi, shape)
-            out = bk.where(bk.compare(">", out, hi_b), hi_b, out)
-        return out
-    a, b = np.broadcast_arrays(args[0], args[1])
-    if op == "Add":
-        return bk.add(a, b)
-    if op == "Sub":
-        return bk.sub(a, b)
-    if op == "Mul":
-        return bk.mul(a, b)
-    if op == "Div":
-        return bk.div(a, b)
-    if op == "Max":
-        return bk.where(bk.compare(">", b, a), b, a)
-    if op == "Min":
-        return bk.where(bk.compare("<", b, a), b, a)
-    if op == "PRelu":
-        return bk.where(bk.compare("<", a, bk.zero), bk.mul(a, b), a)
-    if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
-        sym = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "GreaterOrEqual": ">="}[op]
-        return bk.truth(bk.compare(sym, a, b))
-    return bk.apply(op, a, b)  # Pow, And, Or, Xor
 
 
 def _matmul(op: str, args: list[Any], bk: Backend) -> Any:
@@ -765,26 +675,6 @@ def _gemm(op: str, args: list[Any], bk: Backend) -> Any:
     if c is not None:
         y = bk.add(y, bk.mul(np.broadcast_to(c, y.shape), beta))
     return y
-
-
-def _softmax(op: str, args: list[Any], bk: Backend) -> Any:
-    x, axis = args
-    e = bk.apply("exp", x)
-    s = reduce_elements(bk, e, [axis], True, bk.total)
-    if op == "Softmax":
-        return bk.div(e, s)
-    return bk.sub(x, bk.apply("log", s))
-
-
-def _layernorm(op: str, args: list[Any], bk: Backend) -> Any:
-    x, scale, bias, axis, eps, _stash = args
-    axes = list(range(axis, x.ndim))
-    count = math.prod(x.shape[axis:])
-    mean = bk.div(reduce_elements(bk, x, axes, True, bk.total), count)
-    centered = bk.sub(x, mean)
-    var = bk.div(reduce_elements(bk, bk.mul(centered, centered), axes, True, bk.total), count)
-    y = bk.mul(bk.div(centered, bk.apply("sqrt", bk.add(var, eps))), scale)
-    return bk.add(y, bias) if bias is not None else y
 
 
 def _window_positions(
@@ -946,12 +836,8 @@ def _gather(op: str, args: list[Any], bk: Backend) -> Any:
 
 
 _EVAL: dict[Family, Callable[[str, list[Any], Any], Any]] = {
-    Family.UNARY: _unary,
-    Family.BROADCAST: _broadcast,
     Family.MATMUL: _matmul,
     Family.GEMM: _gemm,
-    Family.SOFTMAX: _softmax,
-    Family.LAYERNORM: _layernorm,
     Family.CONV: _conv,
     Family.POOL: _pool,
     Family.LRN: _lrn,

@@ -13,8 +13,6 @@ __all__ = ["BUILTIN_RULE_FILES", "builtin_specs"]
 
 #: Where the parallel rules of each built-in family are (``explain`` names the file to extend).
 BUILTIN_RULE_FILES = {
-    Family.UNARY: "rules/parallel/elementwise.egg",
-    Family.BROADCAST: "rules/parallel/elementwise.egg",
     Family.MATMUL: "rules/parallel/matmul.egg",
     Family.GEMM: "rules/parallel/matmul.egg",
     Family.CONV: "rules/parallel/conv.egg",
@@ -25,69 +23,9 @@ BUILTIN_RULE_FILES = {
 
 
 def builtin_specs() -> list[OpSpec]:
-    U, B = Family.UNARY, Family.BROADCAST
     x = tensor("X")
-    specs: list[OpSpec] = []
-    linear_unary = {"Neg", "Identity"}
-    for name in [
-        "Relu",
-        "Sigmoid",
-        "Tanh",
-        "Exp",
-        "Log",
-        "Neg",
-        "Sqrt",
-        "Reciprocal",
-        "Erf",
-        "Abs",
-        "Identity",
-        "Softplus",
-        "Softsign",
-        "Floor",
-        "Ceil",
-        "Sin",
-        "Cos",
-        "Not",
-        "Sign",
-        "Round",
-        "IsNaN",
-        "HardSwish",
-        "Mish",
-    ]:
-        specs.append(OpSpec(name, U, (x,), linear=name in linear_unary))
-    specs += [
-        OpSpec("LeakyRelu", U, (x, float_attr("alpha", 0.01))),
-        OpSpec("Elu", U, (x, float_attr("alpha", 1.0))),
-        OpSpec("Celu", U, (x, float_attr("alpha", 1.0))),
-        OpSpec("Selu", U, (x, float_attr("alpha", 1.6732632423543772), float_attr("gamma", 1.0507009873554805))),
-        OpSpec("ThresholdedRelu", U, (x, float_attr("alpha", 1.0))),
-        OpSpec("HardSigmoid", U, (x, float_attr("alpha", 0.2), float_attr("beta", 0.5))),
-        OpSpec("Gelu", U, (x, str_attr("approximate", "none"))),
-        OpSpec("Cast", U, (x, int_attr("saturate", 1), int_attr("to"))),
-    ]
     a, b = tensor("A"), tensor("B")
-    for name in [
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Pow",
-        "Max",
-        "Min",
-        "Equal",
-        "Less",
-        "Greater",
-        "LessOrEqual",
-        "GreaterOrEqual",
-        "And",
-        "Or",
-        "Xor",
-        "PRelu",
-    ]:
-        specs.append(OpSpec(name, B, (a, b), linear=name in ("Add", "Sub")))
-    specs += [
-        OpSpec("Where", B, (tensor("condition"), tensor("X"), tensor("Y"))),
-        OpSpec("Clip", B, (tensor("input"), tensor("min", True), tensor("max", True))),
+    specs: list[OpSpec] = [
         OpSpec("MatMul", Family.MATMUL, (a, b)),
         OpSpec(
             "Gemm",
@@ -100,20 +38,6 @@ def builtin_specs() -> list[OpSpec]:
                 float_attr("beta", 1.0),
                 int_attr("transA", 0),
                 int_attr("transB", 0),
-            ),
-        ),
-        OpSpec("Softmax", Family.SOFTMAX, (x, int_attr("axis", -1))),
-        OpSpec("LogSoftmax", Family.SOFTMAX, (x, int_attr("axis", -1))),
-        OpSpec(
-            "LayerNormalization",
-            Family.LAYERNORM,
-            (
-                x,
-                tensor("Scale"),
-                tensor("B", True),
-                int_attr("axis", -1),
-                float_attr("epsilon", 1e-5),
-                int_attr("stash_type", 1),
             ),
         ),
         OpSpec(

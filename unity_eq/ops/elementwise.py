@@ -1,0 +1,346 @@
+"""Elementwise ops: the unary ones (Relu … Cast) and those over numpy-broadcast operands (Add … PRelu, Where,
+Clip).
+
+They shard along any output dim: each device computes its own slice, operands broadcast along that dim used
+whole. Add and Sub are linear, so they also map pieces of pending sums (``Partial``) to a pending sum. Their
+rules are in ``rules/parallel/elementwise.egg``.
+
+The verifier models Neg, Identity and the arithmetic and comparison ops exactly (:data:`EXACT_UNARY`,
+:data:`EXACT_BINARY`, Where, Clip); every other one is an uninterpreted function of its operands (float
+attributes are extra arguments, string and int attributes part of its name), so a rule proven about it holds
+for every such function.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from unity_eq.ops.cases import absent_options, broadcast_positions, shape_pool
+from unity_eq.ops.family import Instance, InstanceRanges, OpFamily
+from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, str_attr, tensor
+from unity_eq.ops.tensors import Shape, bcast, need
+
+__all__ = ["ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY"]
+
+EXACT_UNARY = {"Neg", "Identity"}
+EXACT_BINARY = {
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Max",
+    "Min",
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "PRelu",
+}
+
+
+def _specs() -> tuple[OpSpec, ...]:
+    U, B = Family.UNARY, Family.BROADCAST
+    x = tensor("X")
+    specs: list[OpSpec] = []
+    linear_unary = {"Neg", "Identity"}
+    for name in [
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Exp",
+        "Log",
+        "Neg",
+        "Sqrt",
+        "Reciprocal",
+        "Erf",
+        "Abs",
+        "Identity",
+        "Softplus",
+        "Softsign",
+        "Floor",
+        "Ceil",
+        "Sin",
+        "Cos",
+        "Not",
+        "Sign",
+        "Round",
+        "IsNaN",
+        "HardSwish",
+        "Mish",
+    ]:
+        specs.append(OpSpec(name, U, (x,), linear=name in linear_unary))
+    specs += [
+        OpSpec("LeakyRelu", U, (x, float_attr("alpha", 0.01))),
+        OpSpec("Elu", U, (x, float_attr("alpha", 1.0))),
+        OpSpec("Celu", U, (x, float_attr("alpha", 1.0))),
+        OpSpec("Selu", U, (x, float_attr("alpha", 1.6732632423543772), float_attr("gamma", 1.0507009873554805))),
+        OpSpec("ThresholdedRelu", U, (x, float_attr("alpha", 1.0))),
+        OpSpec("HardSigmoid", U, (x, float_attr("alpha", 0.2), float_attr("beta", 0.5))),
+        OpSpec("Gelu", U, (x, str_attr("approximate", "none"))),
+        OpSpec("Cast", U, (x, int_attr("saturate", 1), int_attr("to"))),
+    ]
+    a, b = tensor("A"), tensor("B")
+    for name in [
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Max",
+        "Min",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+        "PRelu",
+    ]:
+        specs.append(OpSpec(name, B, (a, b), linear=name in ("Add", "Sub")))
+    specs += [
+        OpSpec("Where", B, (tensor("condition"), tensor("X"), tensor("Y"))),
+        OpSpec("Clip", B, (tensor("input"), tensor("min", True), tensor("max", True))),
+    ]
+    return tuple(specs)
+
+
+SPECS = _specs()
+_SPEC = {spec.name: spec for spec in SPECS}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shapes
+
+
+def infer_shape(op: str, args: Sequence[Any]) -> Shape:
+    """A unary op keeps its operand's shape; a broadcasting op broadcasts its (present) operands."""
+    spec = _SPEC[op]
+    if spec.family is Family.UNARY:
+        return need(args[0])
+    return bcast(*[need(a) if i == 0 else a for i, a in enumerate(args[: len(spec.tensor_args)]) if a is not None])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Semantics
+
+
+def _fn_name(op: str, args: Sequence[Any], start: int) -> tuple[str, list[Any]]:
+    """Name of the uninterpreted function for an op with attributes: string and int attributes are part of
+    the name, float attributes are extra arguments."""
+    tags, extra = [], []
+    for value in args[start:]:
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            tags.append(str(value))
+        else:
+            extra.append(value)
+    return (f"{op}[{','.join(tags)}]" if tags else op), extra
+
+
+def _unary(op: str, args: Sequence[Any], bk: Any) -> Any:
+    x = args[0]
+    if op == "Neg":
+        return bk.neg(x)
+    if op == "Identity":
+        return x.copy()
+    name, extra = _fn_name(op, args, 1)
+    return bk.apply(name, x, *extra)
+
+
+def _broadcast(op: str, args: Sequence[Any], bk: Any) -> Any:
+    if op == "Where":
+        c, x, y = np.broadcast_arrays(*args)
+        return bk.where(bk.nonzero(c), x, y)
+    if op == "Clip":
+        x, lo, hi = args
+        arrays = [a for a in (x, lo, hi) if a is not None]
+        shape = np.broadcast_shapes(*[a.shape for a in arrays])
+        out = np.broadcast_to(x, shape)
+        if lo is not None:
+            lo_b = np.broadcast_to(lo, shape)
+            out = bk.where(bk.compare("<", out, lo_b), lo_b, out)
+        if hi is not None:
+            hi_b = np.broadcast_to(hi, shape)
+            out = bk.where(bk.compare(">", out, hi_b), hi_b, out)
+        return out
+    a, b = np.broadcast_arrays(args[0], args[1])
+    if op == "Add":
+        return bk.add(a, b)
+    if op == "Sub":
+        return bk.sub(a, b)
+    if op == "Mul":
+        return bk.mul(a, b)
+    if op == "Div":
+        return bk.div(a, b)
+    if op == "Max":
+        return bk.where(bk.compare(">", b, a), b, a)
+    if op == "Min":
+        return bk.where(bk.compare("<", b, a), b, a)
+    if op == "PRelu":
+        return bk.where(bk.compare("<", a, bk.zero), bk.mul(a, b), a)
+    if op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+        sym = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "GreaterOrEqual": ">="}[op]
+        return bk.truth(bk.compare(sym, a, b))
+    return bk.apply(op, a, b)  # Pow, And, Or, Xor
+
+
+def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
+    """Neg, Identity, arithmetic, comparisons (1 or 0), Where and Clip exactly; the others as the backend's
+    uninterpreted functions."""
+    if _SPEC[op].family is Family.UNARY:
+        return _unary(op, args, bk)
+    return _broadcast(op, args, bk)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Instances
+
+
+def _unary_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    for shape in shape_pool(cfg):
+        yield {"X": shape}, {}
+
+
+def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    """Every output shape and, at every position, every pattern of full / size-1 operands; an operand may
+    also lack leading dims where it is size 1 (every rank deficit), and an optional one be absent."""
+    tensors = [a for a in spec.args if a.sort == "T"]
+    k = len(tensors)
+    for r in range(min(cfg.other_rank, cfg.max_rank) + 1):
+        dims = _broadcast_dims(cfg, r, k)
+        positions = broadcast_positions(k, dims)
+        rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
+        if cfg.sample and r >= 3:
+            rows = rows[:: max(1, len(rows) // 32)]
+        for row in rows:
+            # how many leading dims each operand may lack: a prefix of positions where it is size 1
+            lack = []
+            for i in range(k):
+                j = 0
+                while j < r and (row[j][1][i] or row[j][0] == 1):
+                    j += 1
+                lack.append(j)
+            deficits = [range(lack[i] + 1) for i in range(k)]
+            for cut in itertools.product(*deficits):
+                for absent in absent_options(tensors):
+                    specs: dict[str, Any] = {}
+                    for i, arg in enumerate(tensors):
+                        if i in absent:
+                            specs[arg.name] = None
+                            continue
+                        shape = tuple(1 if row[p][1][i] else row[p][0] for p in range(cut[i], r))
+                        specs[arg.name] = shape
+                    yield specs, {}
+
+
+def _broadcast_dims(cfg: InstanceRanges, rank: int, k: int) -> Sequence[int]:
+    """``dims`` up to rank 2; at rank 3 ``rank4_dims`` (two operands) or 1-2 (three: Where, Clip). Every
+    pattern of three operands at rank 3 over 1-4 is over 10^5 instances, and each nested operator multiplies
+    them."""
+    if cfg.sample or rank <= 2:
+        return cfg.dims
+    return cfg.rank4_dims if k <= 2 else cfg.dims[:2]
+
+
+def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
+    """Unary ops: every shape of rank 0 to ``max_rank``; broadcasting ops: every broadcast pattern."""
+    if spec.family is Family.UNARY:
+        return _unary_instances(spec, ranges)
+    return _broadcast_instances(spec, ranges)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FLOPs and axioms
+
+
+def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
+    """One operation per output element."""
+    return float(math.prod(out_shape))
+
+
+def axioms(v: Any) -> None:
+    """Elementwise ops commute with slicing: every split mask, operands broadcast or full (``ew``); pending
+    sums are linear: Add and Sub of partial pieces (``linear``)."""
+    _axioms_elementwise(v)
+    _axioms_linear(v)
+
+
+def _axioms_elementwise(v: Any) -> None:
+    """Elementwise ops commute with slicing: every split mask, operands broadcast or full."""
+    import z3  # the verifier's vocabulary is z3's; the engine never calls this
+
+    x, a, b, c, d, da, db, dc, i, n, f, ch, ew, rel, FA, P = v.symbols("x a b c d da db dc i n f ch ew rel FA P")
+    v.add(
+        "ew",
+        FA(
+            [f, x, d, i, n],
+            ew[1](f, ch(x, d, i, n)) == ch(ew[1](f, x), d, i, n),
+            patterns=[ew[1](f, ch(x, d, i, n))],
+        ),
+    )
+    ops3 = (a, b, c)
+    dims3 = (da, db, dc)
+    for arity in (2, 3):
+        args = ops3[:arity]
+        for mask in range(1, 2**arity):
+            e_ = ew[arity](f, *args)
+            sliced = [ch(args[j], dims3[j], i, n) if mask >> j & 1 else args[j] for j in range(arity)]
+            premises = [
+                rel["bc-dim"](args[j], e_, d, dims3[j]) if mask >> j & 1 else rel["bc-bcast"](args[j], e_, d)
+                for j in range(arity)
+            ]
+            bound = [f, *args, d, i, n, *[dims3[j] for j in range(arity) if mask >> j & 1]]
+            first = next(j for j in range(arity) if mask >> j & 1)
+            v.add(
+                "ew",
+                FA(
+                    bound,
+                    z3.Implies(z3.And(premises), ew[arity](f, *sliced) == ch(e_, d, i, n)),
+                    patterns=[P(ew[arity](f, *sliced), rel["bc-dim"](args[first], e_, d, dims3[first]))],
+                ),
+            )
+
+
+def _axioms_linear(v: Any) -> None:
+    """Pending sums are linear: Add and Sub of partial pieces."""
+    import z3  # the verifier's vocabulary is z3's; the engine never calls this
+
+    x, y, p, q, i, n, ew, FA, P = v.symbols("x y p q i n ew FA P")
+    for op in ("Add", "Sub"):
+        fo = v.fn(op, ())
+        v.add(
+            "linear",
+            FA(
+                [p, q, x, y, i, n],
+                z3.Implies(
+                    z3.And(v.is_partial(p, x, i, n), v.is_partial(q, y, i, n)),
+                    v.is_partial(ew[2](fo, p, q), ew[2](fo, x, y), i, n),
+                ),
+                patterns=[P(ew[2](fo, p, q), v.is_partial(p, x, i, n), v.is_partial(q, y, i, n))],
+            ),
+        )
+
+
+ELEMENTWISE = OpFamily(
+    name="elementwise",
+    specs=SPECS,
+    rule_file="parallel/elementwise.egg",
+    infer_shape=infer_shape,
+    evaluate=evaluate,
+    instances=instances,
+    flops=flops,
+    ranges=(
+        "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-3, "
+        "every output shape and, at every position, every pattern of full or size-1 operands, every rank "
+        "deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, {1, 2} for three "
+        "operands)"
+    ),
+    axioms=axioms,
+)

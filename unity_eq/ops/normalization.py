@@ -1,0 +1,148 @@
+"""Normalizations along an axis: Softmax and LogSoftmax (along ``axis``), LayerNormalization (over the dims
+from ``axis`` on).
+
+They shard along any dim they do not normalize (each device normalizes its own rows): another dim than
+Softmax's axis, a dim before LayerNormalization's. Their rules are in ``rules/parallel/layout.egg``. The
+verifier models their arithmetic exactly and ``exp``, ``log`` and ``sqrt`` as uninterpreted functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from unity_eq.ops.cases import other_shapes
+from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, ShapeError
+from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
+from unity_eq.ops.tensors import Shape, bcast, check_axis, need, reduce_elements
+
+__all__ = ["NORMALIZATION"]
+
+SPECS = (
+    OpSpec("Softmax", Family.SOFTMAX, (tensor("X"), int_attr("axis", -1))),
+    OpSpec("LogSoftmax", Family.SOFTMAX, (tensor("X"), int_attr("axis", -1))),
+    OpSpec(
+        "LayerNormalization",
+        Family.LAYERNORM,
+        (
+            tensor("X"),
+            tensor("Scale"),
+            tensor("B", True),
+            int_attr("axis", -1),
+            float_attr("epsilon", 1e-5),
+            int_attr("stash_type", 1),
+        ),
+    ),
+)
+_KIND = {spec.name: spec.family for spec in SPECS}
+
+
+def infer_shape(op: str, args: Sequence[Any]) -> Shape:
+    """The input's shape, ``axis`` in range; LayerNormalization's Scale and B broadcast to the normalized
+    shape."""
+    if _KIND[op] is Family.SOFTMAX:
+        x = need(args[0])
+        check_axis(args[1], len(x))
+        return x
+    x, scale, bias, axis = need(args[0]), need(args[1]), args[2], args[3]
+    check_axis(axis, len(x))
+    for p in (scale, bias):
+        if p is not None and bcast(p, x[axis:]) != x[axis:]:
+            raise ShapeError("LayerNormalization: Scale/B do not broadcast to the normalized shape")
+    return x
+
+
+def _softmax(op: str, args: Sequence[Any], bk: Any) -> Any:
+    x, axis = args
+    e = bk.apply("exp", x)
+    s = reduce_elements(bk, e, [axis], True, bk.total)
+    if op == "Softmax":
+        return bk.div(e, s)
+    return bk.sub(x, bk.apply("log", s))
+
+
+def _layernorm(op: str, args: Sequence[Any], bk: Any) -> Any:
+    x, scale, bias, axis, eps, _stash = args
+    axes = list(range(axis, x.ndim))
+    count = math.prod(x.shape[axis:])
+    mean = bk.div(reduce_elements(bk, x, axes, True, bk.total), count)
+    centered = bk.sub(x, mean)
+    var = bk.div(reduce_elements(bk, bk.mul(centered, centered), axes, True, bk.total), count)
+    y = bk.mul(bk.div(centered, bk.apply("sqrt", bk.add(var, eps))), scale)
+    return bk.add(y, bias) if bias is not None else y
+
+
+def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
+    """Sums, means and divisions exactly; ``exp``, ``log`` and ``sqrt`` as the backend's functions."""
+    if _KIND[op] is Family.SOFTMAX:
+        return _softmax(op, args, bk)
+    return _layernorm(op, args, bk)
+
+
+def _softmax_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    for shape in other_shapes(cfg):
+        for axis in range(len(shape)):
+            yield {"X": shape}, {"axis": axis}
+
+
+def _layernorm_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    for i, shape in enumerate(other_shapes(cfg)):
+        for axis in range(len(shape)):
+            norm = shape[axis:]
+            bias = norm if (i + axis) % 2 == 0 else None
+            yield {"X": shape, "Scale": norm, "B": bias}, {"axis": axis}
+
+
+def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
+    """Every shape of rank 1 to ``other_rank``, every axis; LayerNormalization with and without B."""
+    if spec.family is Family.SOFTMAX:
+        return _softmax_instances(spec, ranges)
+    return _layernorm_instances(spec, ranges)
+
+
+def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
+    """Five operations per output element."""
+    return 5.0 * math.prod(out_shape)
+
+
+def axioms(v: Any) -> None:
+    """Normalizations along an axis commute with slicing another (LayerNorm: an outer dim)."""
+    import z3  # the verifier's vocabulary is z3's; the engine never calls this
+
+    x, b, w, d, i, n, k, axis, eps, ch, FA = v.symbols("x b w d i n k axis eps ch FA")
+    for name in ("Softmax", "LogSoftmax"):
+        sm = v.op(name)
+        v.add(
+            name,
+            FA(
+                [x, d, axis, i, n],
+                z3.Implies(d != axis, sm(ch(x, d, i, n), axis) == ch(sm(x, axis), d, i, n)),
+                patterns=[sm(ch(x, d, i, n), axis)],
+            ),
+        )
+    ln = v.op("LayerNormalization")
+    v.add(
+        "LayerNormalization",
+        FA(
+            [x, w, b, axis, eps, k, d, i, n],
+            z3.Implies(
+                z3.And(d >= 0, d < axis),
+                ln(ch(x, d, i, n), w, b, axis, eps, k) == ch(ln(x, w, b, axis, eps, k), d, i, n),
+            ),
+            patterns=[ln(ch(x, d, i, n), w, b, axis, eps, k)],
+        ),
+    )
+
+
+NORMALIZATION = OpFamily(
+    name="normalization",
+    specs=SPECS,
+    rule_file="parallel/layout.egg",
+    infer_shape=infer_shape,
+    evaluate=evaluate,
+    instances=instances,
+    flops=flops,
+    ranges="every shape of rank 1-3 with dims 1-4, every axis; LayerNormalization with and without B",
+    axioms=axioms,
+)
