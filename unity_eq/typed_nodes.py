@@ -138,7 +138,7 @@ def _legacy_normalize(node: Node, spec: OpSpec, v: dict[str, Any], view: NodeVie
     out_shape = view.outputs[0] if view.outputs else None
     first = next((a.name for a in spec.args if a.kind == "input"), None)
     in_rank = view.rank(v[first]) if first and spec.args[0].sort == "T" else 0
-    if op in ("Softmax", "LogSoftmax", "LayerNormalization", "Split", "Gather"):
+    if op in ("Split", "Gather"):
         v["axis"] = norm_axis(v["axis"], in_rank)
     elif op == "Flatten":
         v["axis"] = int(v["axis"]) + in_rank if int(v["axis"]) < 0 else int(v["axis"])

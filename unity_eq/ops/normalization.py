@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from unity_eq.ops.cases import other_shapes
-from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
-from unity_eq.ops.tensors import Shape, bcast, check_axis, need, reduce_elements
+from unity_eq.ops.tensors import Shape, bcast, check_axis, need, norm_axis, reduce_elements
 
 __all__ = ["NORMALIZATION"]
 
@@ -101,6 +101,12 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     return _layernorm_instances(spec, ranges)
 
 
+def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
+    """The axis made non-negative (ONNX's default -1 is the last dim)."""
+    v["axis"] = norm_axis(v["axis"], node.rank(v["X"]))
+    return v
+
+
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
     """Five operations per output element."""
     return 5.0 * math.prod(out_shape)
@@ -145,4 +151,5 @@ NORMALIZATION = OpFamily(
     flops=flops,
     ranges="every shape of rank 1-3 with dims 1-4, every axis; LayerNormalization with and without B",
     axioms=axioms,
+    normalize=normalize,
 )
