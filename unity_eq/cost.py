@@ -158,16 +158,6 @@ def op_flops(op_type: str, in_shapes: Sequence[Sequence[int] | None], out_shape:
     spec = spec_for(op_type)
     out = _numel(out_shape)
     kind = spec.family if spec else None
-    if kind is Family.MATMUL and in_shapes[0]:
-        return 2.0 * out * in_shapes[0][-1]
-    if kind is Family.GEMM and in_shapes[0]:
-        return 2.0 * out * _numel(in_shapes[0]) / max(out_shape[0], 1)  # K = |A| / M, either layout
-    if kind is Family.CONV and in_shapes[1]:
-        return 2.0 * out * _numel(in_shapes[1][1:])
-    if kind in (Family.BATCHNORM, Family.LRN):
-        return 5.0 * out
-    if kind is Family.POOL and in_shapes[0]:
-        return float(max(out, _numel(in_shapes[0])))
     if kind in (Family.RESHAPE, Family.TRANSPOSE, Family.CONCAT, Family.SPLIT, Family.SLICE, Family.EXPAND):
         return 0.0
     return float(out)

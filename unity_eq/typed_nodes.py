@@ -161,34 +161,11 @@ def _legacy_normalize(node: Node, spec: OpSpec, v: dict[str, Any], view: NodeVie
         v["axes"] = tuple(sorted(norm_axis(a, out_rank) for a in v["axes"]))
     elif op == "Slice":
         v.update(_normalize_slice(view.shape(v["data"]), v))
-    elif op == "Conv":
-        w_shape = view.shape(v["W"])
-        spatial = len(w_shape) - 2
-        v["kernel_shape"] = tuple(v["kernel_shape"]) or tuple(w_shape[2:])
-        v.update(_window_defaults(v, spatial))
-    elif op in ("MaxPool", "AveragePool"):
-        if not v["kernel_shape"]:
-            raise NotModeled
-        if str(v["auto_pad"]).startswith("SAME") and any(int(d) != 1 for d in v["dilations"] or ()):
-            raise NotModeled  # onnxruntime pads for the undilated kernel here, not as ONNX says (verify/_tensor.py)
-        v.update(_window_defaults(v, len(v["kernel_shape"])))
-    elif op == "BatchNormalization" and int(v["training_mode"]):
-        raise NotModeled
     if op == "Split":  # the sizes, whether given, implied by `num_outputs` or by the number of outputs
         if any(shape is None for shape in view.outputs):
             raise NotModeled
         v["split"] = tuple(shape[v["axis"]] for shape in view.outputs if shape is not None)
     return v
-
-
-def _window_defaults(v: dict[str, Any], spatial: int) -> dict[str, Any]:
-    out = {
-        "strides": tuple(v["strides"]) or (1,) * spatial,
-        "dilations": tuple(v.get("dilations") or ()) or (1,) * spatial,
-    }
-    if v.get("auto_pad", "NOTSET") == "NOTSET":
-        out["pads"] = tuple(v["pads"]) or (0,) * (2 * spatial)
-    return out
 
 
 def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any]:

@@ -29,8 +29,6 @@ from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
 from unity_eq.ops.cases import (
-    broadcast_positions,
-    oa16,
     other_shapes,
     rank_dims,
     shape_pool,
@@ -106,159 +104,6 @@ def _make(spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: i
     except ShapeError:
         return None
     return tuple(args), out
-
-
-def _matmul(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    """Every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every pattern of which operand is
-    size 1 or lacks it (rank-4 pairs: dims ``rank4_dims``)."""
-    out: list[Instance] = []
-    top = max(2, min(4, cfg.max_rank))
-    for ra, rb in itertools.product(range(1, top + 1), repeat=2):
-        batch = max(ra, rb) - 2
-        dims = cfg.dims if max(ra, rb) <= 3 or cfg.sample else cfg.rank4_dims
-        mkn = list(itertools.product(dims, repeat=3))
-        positions = list(itertools.product(broadcast_positions(2, dims), repeat=max(0, batch)))
-        if cfg.sample and max(ra, rb) >= 3:
-            mkn, positions = mkn[::7], positions[::5]
-        for (m, k, n), row in itertools.product(mkn, positions):
-            ba = [1 if ones[0] else size for size, ones in row][max(0, batch - (ra - 2)) :] if ra > 2 else []
-            bb = [1 if ones[1] else size for size, ones in row][max(0, batch - (rb - 2)) :] if rb > 2 else []
-            if ra > 2 and rb > 2 and ra != rb:
-                # the shorter operand lacks leading batch dims: only where the longer one is full
-                lacking = row[: batch - (min(ra, rb) - 2)]
-                if any(ones[0 if ra > rb else 1] for _size, ones in lacking):
-                    continue
-            a = (k,) if ra == 1 else (*ba, m, k)
-            b = (k,) if rb == 1 else (*bb, k, n)
-            inst = _make(spec, {"A": VarSpec(a), "B": VarSpec(b)}, {})
-            if inst:
-                out.append(inst)
-    return out
-
-
-def _gemm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    d = cfg.dims
-    for ta, tb in itertools.product((0, 1), repeat=2):
-        for i, row in enumerate(oa16()):
-            m, k, n = d[row[0]], d[row[1]], d[row[2]]
-            a = (k, m) if ta else (m, k)
-            b = (n, k) if tb else (k, n)
-            for c in (None, (m, n), (n,), (1, n), (m, 1), (), (1, 1)):
-                if c is not None and c not in ((m, n), (n,)) and i % 2:
-                    continue  # the rarer bias shapes on every other row
-                inst = _make(
-                    spec,
-                    {"A": VarSpec(a), "B": VarSpec(b), "C": None if c is None else VarSpec(c)},
-                    _attrs(spec, transA=ta, transB=tb),
-                )
-                if inst:
-                    out.append(inst)
-    return out
-
-
-_CONV_1D = [  # (H, kernel, pads, stride, dilation)
-    (3, 2, (0, 0), 1, 1),
-    (4, 3, (1, 1), 2, 1),
-    (2, 1, (0, 0), 1, 1),
-    (4, 2, (1, 0), 1, 2),
-    (1, 1, (0, 0), 2, 1),
-    (3, 3, (1, 1), 1, 1),
-]
-_CONV_2D = [  # (H, W, kernel, pads, strides, dilations)
-    ((3, 2), (2, 2), (0, 0, 0, 0), (1, 1), (1, 1)),
-    ((2, 3), (1, 2), (0, 1, 0, 0), (1, 2), (1, 1)),
-    ((3, 3), (3, 1), (1, 0, 1, 0), (2, 1), (1, 1)),
-]
-
-
-def _conv(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    d = cfg.dims
-    for i, row in enumerate(oa16()):
-        n, c, m = d[row[0]], d[row[1]], d[row[2]]
-        configs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = []
-        h, k, pads, s, dil = _CONV_1D[i % len(_CONV_1D)]
-        configs.append(((h,), (k,), pads, (s,), (dil,)))
-        if i % 2 == 0:
-            hw, kk, pads2, st, dl = _CONV_2D[(i // 2) % len(_CONV_2D)]
-            configs.append((hw, kk, pads2, st, dl))
-        groups = [1] + ([2] if c % 2 == 0 and m % 2 == 0 else [])
-        for (spatial, kern, pads_, strides, dils), g in itertools.product(configs, groups):
-            for with_bias in (True, False):
-                if not with_bias and (i + g) % 2:
-                    continue
-                x, w = VarSpec((n, c, *spatial)), VarSpec((m, c // g, *kern))
-                auto = "VALID" if i % 7 == 3 else "NOTSET"
-                attrs = _attrs(
-                    spec,
-                    auto_pad=auto,
-                    dilations=dils,
-                    group=g,
-                    kernel_shape=kern,
-                    pads=pads_ if auto == "NOTSET" else (),
-                    strides=strides,
-                )
-                inst = _make(spec, {"X": x, "W": w, "B": VarSpec((m,)) if with_bias else None}, attrs)
-                if inst:
-                    out.append(inst)
-    return out
-
-
-Shape = tuple[int, ...]
-_POOL_WINDOWS: list[tuple[Shape, Shape, Shape, Shape, Shape, int, int]] = [
-    # (spatial, kernel, pads, strides, dilations, ceil_mode, count_include_pad)
-    ((3,), (2,), (0, 0), (1,), (1,), 0, 0),
-    ((4,), (3,), (1, 1), (2,), (1,), 1, 1),
-    ((2,), (1,), (0, 0), (2,), (1,), 0, 0),
-    ((3, 2), (2, 2), (1, 0, 0, 1), (2, 1), (1, 1), 1, 0),
-    ((4,), (2,), (0, 0), (1,), (2,), 0, 1),
-    ((3, 3), (2, 1), (0, 0, 0, 0), (1, 1), (1, 1), 0, 1),
-]
-
-
-def _pooling(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
-        if spec.name in ("GlobalAveragePool", "GlobalMaxPool"):
-            for plane in ((3,), (2, 2), (1,))[: 1 + i % 3]:
-                inst = _make(spec, {"X": VarSpec((n, c, *plane))}, {})
-                if inst:
-                    out.append(inst)
-            continue
-        for spatial, kern, pads, strides, dils, ceil, cip in (
-            _POOL_WINDOWS[i % 6],
-            _POOL_WINDOWS[(i + 3) % 6],
-        ):
-            given = dict(kernel_shape=kern, pads=pads, strides=strides, dilations=dils, ceil_mode=ceil)
-            if spec.name == "AveragePool":
-                given["count_include_pad"] = cip
-            inst = _make(spec, {"X": VarSpec((n, c, *spatial))}, _attrs(spec, **given))
-            if inst:
-                out.append(inst)
-    return out
-
-
-def _lrn(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
-        spatial = ((2,), (1, 2), (3,))[i % 3]
-        inst = _make(spec, {"X": VarSpec((n, c, *spatial))}, _attrs(spec, size=1 + i % 3))
-        if inst:
-            out.append(inst)
-    return out
-
-
-def _batchnorm(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out = []
-    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
-        for spatial in ((), (2,), (2, 1))[: 1 + i % 3]:
-            p = VarSpec((c,))
-            tensors = {"X": VarSpec((n, c, *spatial)), "scale": p, "B": p, "input_mean": p, "input_var": p}
-            inst = _make(spec, tensors, _attrs(spec, training_mode=0))
-            if inst:
-                out.append(inst)
-    return out
 
 
 def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ...]]:
@@ -431,12 +276,6 @@ def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
 
 
 _GENERATORS = {
-    Family.MATMUL: _matmul,
-    Family.GEMM: _gemm,
-    Family.CONV: _conv,
-    Family.POOL: _pooling,
-    Family.LRN: _lrn,
-    Family.BATCHNORM: _batchnorm,
     Family.RESHAPE: _reshape,
     Family.TRANSPOSE: _transpose,
     Family.CONCAT: _concat,

@@ -21,7 +21,6 @@ The numeric backend replaces each uninterpreted function by a fixed smooth funct
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +31,7 @@ import z3
 from unity_eq.ops.family import ShapeError  # one class: a plug-in family's shape errors are the verifier's
 from unity_eq.ops.registry import OPS, family_for
 from unity_eq.ops.spec import Family
-from unity_eq.ops.tensors import bcast, check_axis, need, obj, out_dtype, reduce_elements
+from unity_eq.ops.tensors import bcast, check_axis, need, obj
 
 __all__ = ["NumpyBackend", "ShapeError", "Z3Backend", "evaluate", "infer_shape"]
 
@@ -392,77 +391,6 @@ _NP_CMP = {
 # Shape inference
 
 
-def _matmul_shape(a: Shape, b: Shape) -> Shape:
-    if not a or not b:
-        raise ShapeError("MatMul of a scalar")
-    a2 = (1, *a) if len(a) == 1 else a
-    b2 = (*b, 1) if len(b) == 1 else b
-    if a2[-1] != b2[-2]:
-        raise ShapeError(f"MatMul contracts {a2[-1]} with {b2[-2]}")
-    batch = bcast(a2[:-2], b2[:-2])
-    out = (*batch, a2[-2], b2[-1])
-    if len(a) == 1:
-        out = out[:-2] + out[-1:]
-    if len(b) == 1:
-        out = out[:-1]
-    return out
-
-
-def _window_out(size: int, k: int, head: int, tail: int, stride: int, dil: int, ceil: bool) -> int:
-    """Output size along one spatial dim with ``head``/``tail`` padding. With ``ceil`` a last window that
-    would start in the right padding (at or past ``size + head`` in padded coordinates) is dropped, as ONNX
-    and onnxruntime do: with asymmetric pads that point is not ``size + (head + tail) / 2``."""
-    pad = head + tail
-    span = dil * (k - 1) + 1
-    if size + pad < span:
-        raise ShapeError("window larger than the padded input")
-    n = (size + pad - span) / stride
-    out = (math.ceil(n) if ceil else math.floor(n)) + 1
-    if ceil and (out - 1) * stride >= size + head:
-        out -= 1  # the last window would start in the right padding
-    return out
-
-
-def _window_attrs(
-    spatial: Shape,
-    kernel: Sequence[int],
-    pads: Sequence[int],
-    strides: Sequence[int],
-    dils: Sequence[int],
-    auto_pad: str,
-) -> tuple[list[int], list[int], list[int], list[int]]:
-    k = len(spatial)
-    kernel = list(kernel)
-    strides = list(strides) or [1] * k
-    dils = list(dils) or [1] * k
-    if len(kernel) != k or len(strides) != k or len(dils) != k:
-        raise ShapeError("window attributes do not match the spatial rank")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begins, ends = [], []
-        for size, kk, s, d in zip(spatial, kernel, strides, dils, strict=True):
-            total = max(0, (math.ceil(size / s) - 1) * s + (kk - 1) * d + 1 - size)
-            small, big = total // 2, total - total // 2
-            begins.append(small if auto_pad == "SAME_UPPER" else big)
-            ends.append(big if auto_pad == "SAME_UPPER" else small)
-        pads = begins + ends
-    elif auto_pad == "VALID":
-        pads = [0] * (2 * k)
-    else:
-        pads = list(pads) or [0] * (2 * k)
-    if len(pads) != 2 * k or any(p < 0 for p in pads) or any(s < 1 for s in strides) or any(d < 1 for d in dils):
-        raise ShapeError("invalid pads, strides or dilations")
-    if any(kk < 1 for kk in kernel):
-        raise ShapeError("invalid kernel shape")
-    return kernel, pads, strides, dils
-
-
-def _pool_out(
-    spatial: Shape, kernel: list[int], pads: list[int], strides: list[int], dils: list[int], ceil: bool
-) -> Shape:
-    k = len(spatial)
-    return tuple(_window_out(spatial[i], kernel[i], pads[i], pads[i + k], strides[i], dils[i], ceil) for i in range(k))
-
-
 def _reshape_target(src: Shape, target: Sequence[int]) -> Shape:
     target = tuple(int(t) for t in target)
     if any(t < 1 for t in target) or math.prod(target) != math.prod(src):
@@ -496,58 +424,6 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
         return tuple(family.infer_shape(op, args))
     spec = OPS[op]
     fam = spec.family
-    if fam is Family.MATMUL:
-        return _matmul_shape(need(args[0]), need(args[1]))
-    if fam is Family.GEMM:
-        a, b, c, _al, _be, ta, tb = args
-        a, b = need(a), need(b)
-        if len(a) != 2 or len(b) != 2 or ta not in (0, 1) or tb not in (0, 1):
-            raise ShapeError("Gemm needs 2-D A and B and transA/transB in {0, 1}")
-        m, k = (a[1], a[0]) if ta else a
-        k2, n = (b[1], b[0]) if tb else b
-        if k != k2:
-            raise ShapeError(f"Gemm contracts {k} with {k2}")
-        if c is not None and bcast(c, (m, n)) != (m, n):
-            raise ShapeError(f"Gemm: C {list(c)} does not broadcast to {[m, n]}")
-        return (m, n)
-    if fam is Family.CONV:
-        x, w, b, auto_pad, dils, group, kernel, pads, strides = args
-        x, w = need(x), need(w)
-        if len(x) < 3 or len(w) != len(x) or group < 1:
-            raise ShapeError("Conv needs X [N, C, ...] and W [M, C/group, ...] of the same rank")
-        n, c, m = x[0], x[1], w[0]
-        if c % group or m % group or w[1] != c // group:
-            raise ShapeError(f"Conv: {c} channels, group {group}, W {list(w)}")
-        if kernel and tuple(kernel) != tuple(w[2:]):
-            raise ShapeError("Conv: kernel_shape differs from W")
-        if b is not None and tuple(b) != (m,):
-            raise ShapeError(f"Conv: B {list(b)} is not [{m}]")
-        kern, pads_, strides_, dils_ = _window_attrs(x[2:], w[2:], pads, strides, dils, auto_pad)
-        return (n, m, *_pool_out(x[2:], kern, pads_, strides_, dils_, False))
-    if op == "MaxPool":
-        x, auto_pad, ceil_mode, dils, kernel, pads, _so, strides = args
-        return _pool_shape(need(x), auto_pad, ceil_mode, dils, kernel, pads, strides)
-    if op == "AveragePool":
-        x, auto_pad, ceil_mode, _cip, dils, kernel, pads, strides = args
-        return _pool_shape(need(x), auto_pad, ceil_mode, dils, kernel, pads, strides)
-    if op in ("GlobalAveragePool", "GlobalMaxPool"):
-        x = need(args[0])
-        if len(x) < 3:
-            raise ShapeError(f"{op} needs rank >= 3")
-        return (*x[:2], *([1] * (len(x) - 2)))
-    if fam is Family.LRN:
-        x = need(args[0])
-        if len(x) < 3 or args[4] < 1:
-            raise ShapeError("LRN needs rank >= 3 and size >= 1")
-        return x
-    if fam is Family.BATCHNORM:
-        x = need(args[0])
-        if len(x) < 2 or args[7] != 0:
-            raise ShapeError("BatchNormalization (inference) needs rank >= 2 and training_mode 0")
-        for p in args[1:5]:
-            if need(p) != (x[1],):
-                raise ShapeError(f"BatchNormalization: parameter {list(p)} is not [{x[1]}]")
-        return x
     if op == "Reshape":
         return _reshape_target(need(args[0]), args[1])
     if op == "Flatten":
@@ -604,19 +480,6 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     raise ShapeError(f"no semantics for {op}")  # pragma: no cover - every family is handled
 
 
-def _pool_shape(x: Shape, auto_pad: str, ceil_mode: int, dils: Any, kernel: Any, pads: Any, strides: Any) -> Shape:
-    if len(x) < 3 or not kernel:
-        raise ShapeError("pooling needs rank >= 3 and a kernel shape")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER") and any(d != 1 for d in dils):
-        # onnxruntime pads for the undilated kernel here (AveragePool's output then differs from the ONNX
-        # spec's ceil(size / stride), MaxPool may refuse): not modeled, the encoder leaves it opaque
-        raise ShapeError(f"pooling with auto_pad {auto_pad} and dilations {list(dils)} is not modeled")
-    kern, pads_, strides_, dils_ = _window_attrs(x[2:], kernel, pads, strides, dils, auto_pad)
-    if any(p >= k for p, k in zip(pads_, kern + kern, strict=True)):
-        raise ShapeError("pooling pads must be smaller than the kernel")
-    return (x[0], x[1], *_pool_out(x[2:], kern, pads_, strides_, dils_, bool(ceil_mode)))
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Evaluation
 
@@ -638,137 +501,6 @@ def _shape_arg(a: Any) -> Any:
     if isinstance(a, list):
         return [x.shape for x in a]
     return a
-
-
-def _matmul(op: str, args: list[Any], bk: Backend) -> Any:
-    a, b = args
-    if isinstance(bk, Z3Backend):
-        return _z3_matmul(bk, a, b)
-    return np.matmul(a, b)
-
-
-def _z3_matmul(bk: Z3Backend, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """numpy matmul semantics with n-ary sums (canonical for z3)."""
-    a2 = a.reshape(1, -1) if a.ndim == 1 else a
-    b2 = b.reshape(-1, 1) if b.ndim == 1 else b
-    batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-    ab = np.broadcast_to(a2, (*batch, *a2.shape[-2:]))
-    bb = np.broadcast_to(b2, (*batch, *b2.shape[-2:]))
-    m, n = a2.shape[-2], b2.shape[-1]
-    out = np.empty((*batch, m, n), dtype=object)
-    for idx in np.ndindex(*batch) if batch else [()]:
-        for i in range(m):
-            for j in range(n):
-                out[(*idx, i, j)] = bk.total(list(bk.mul(ab[(*idx, i)], bb[(*idx, slice(None), j)])))
-    if a.ndim == 1:
-        out = out.reshape((*out.shape[:-2], out.shape[-1]))
-    if b.ndim == 1:
-        out = out.reshape(out.shape[:-1])
-    return out
-
-
-def _gemm(op: str, args: list[Any], bk: Backend) -> Any:
-    a, b, c, alpha, beta, ta, tb = args
-    a = a.T if ta else a
-    b = b.T if tb else b
-    y = bk.mul(_matmul("MatMul", [a, b], bk), alpha)
-    if c is not None:
-        y = bk.add(y, bk.mul(np.broadcast_to(c, y.shape), beta))
-    return y
-
-
-def _window_positions(
-    spatial: Shape, out: Shape, kern: list[int], pads: list[int], strides: list[int], dils: list[int]
-) -> list[tuple[tuple[int, ...], list[tuple[tuple[int, ...], tuple[int, ...]]]]]:
-    """For every output position: the (input position, kernel offset) pairs inside the input."""
-    k = len(spatial)
-    result = []
-    for o in itertools.product(*[range(n) for n in out]):
-        taps = []
-        for off in itertools.product(*[range(n) for n in kern]):
-            pos = tuple(o[i] * strides[i] - pads[i] + off[i] * dils[i] for i in range(k))
-            if all(0 <= pos[i] < spatial[i] for i in range(k)):
-                taps.append((pos, off))
-        result.append((o, taps))
-    return result
-
-
-def _conv(op: str, args: list[Any], bk: Backend) -> Any:
-    x, w, b, auto_pad, dils, group, _kernel, pads, strides = args
-    n, c = x.shape[:2]
-    m = w.shape[0]
-    cg, mg = c // group, m // group
-    kern, pads_, strides_, dils_ = _window_attrs(x.shape[2:], w.shape[2:], pads, strides, dils, auto_pad)
-    out_sp = _pool_out(x.shape[2:], kern, pads_, strides_, dils_, False)
-    out = np.empty((n, m, *out_sp), dtype=out_dtype(bk))
-    positions = _window_positions(x.shape[2:], out_sp, kern, pads_, strides_, dils_)
-    for bi in range(n):
-        for mi in range(m):
-            g = mi // mg
-            for o, taps in positions:
-                terms = [bk.mul(x[(bi, g * cg + ci, *pos)], w[(mi, ci, *off)]) for ci in range(cg) for pos, off in taps]
-                if b is not None:
-                    terms.append(b[mi])
-                out[(bi, mi, *o)] = bk.total(terms) if terms else bk.zero
-    return out
-
-
-def _pool(op: str, args: list[Any], bk: Backend) -> Any:
-    x = args[0]
-    if op in ("GlobalAveragePool", "GlobalMaxPool"):
-        axes = list(range(2, x.ndim))
-        if op == "GlobalMaxPool":
-            return reduce_elements(bk, x, axes, True, bk.largest)
-        return bk.div(reduce_elements(bk, x, axes, True, bk.total), math.prod(x.shape[2:]))
-    if op == "MaxPool":
-        _x, auto_pad, ceil_mode, dils, kernel, pads, _so, strides = args
-        cip = 0
-    else:
-        _x, auto_pad, ceil_mode, cip, dils, kernel, pads, strides = args
-    kern, pads_, strides_, dils_ = _window_attrs(x.shape[2:], kernel, pads, strides, dils, auto_pad)
-    out_sp = _pool_out(x.shape[2:], kern, pads_, strides_, dils_, bool(ceil_mode))
-    out = np.empty((*x.shape[:2], *out_sp), dtype=out_dtype(bk))
-    positions = _window_positions(x.shape[2:], out_sp, kern, pads_, strides_, dils_)
-    k = len(kern)
-    for lead in np.ndindex(*x.shape[:2]):
-        for o, taps in positions:
-            vals = [x[(*lead, *pos)] for pos, _off in taps]
-            if not vals:
-                raise ShapeError("a pooling window lies entirely in the padding")
-            if op == "MaxPool":
-                out[(*lead, *o)] = bk.largest(vals)
-            else:
-                if cip:  # count the padded positions too (but not past the padded input)
-                    count = 1
-                    for i in range(k):
-                        lo = o[i] * strides_[i] - pads_[i]
-                        hi = min(lo + (kern[i] - 1) * dils_[i], x.shape[2 + i] + pads_[i + k] - 1)
-                        count *= len(range(lo, hi + 1, dils_[i]))
-                else:
-                    count = len(vals)
-                out[(*lead, *o)] = bk.div(bk.total(vals), count)
-    return out
-
-
-def _lrn(op: str, args: list[Any], bk: Backend) -> Any:
-    x, alpha, beta, bias, size = args
-    c = x.shape[1]
-    lo, hi = (size - 1) // 2, math.ceil((size - 1) / 2)
-    sq = bk.mul(x, x)
-    out = np.empty(x.shape, dtype=out_dtype(bk))
-    for idx in np.ndindex(*x.shape):
-        ci = idx[1]
-        terms = [sq[(idx[0], j, *idx[2:])] for j in range(max(0, ci - lo), min(c - 1, ci + hi) + 1)]
-        out[idx] = bk.total(terms)
-    base = bk.add(bk.mul(out, bk.div(alpha, size)), bias)
-    return bk.div(x, bk.apply("pow", base, np.broadcast_to(np.array(beta, dtype=object), base.shape)))
-
-
-def _batchnorm(op: str, args: list[Any], bk: Backend) -> Any:
-    x, scale, bias, mean, var, eps, _mom, _train = args
-    shape = (x.shape[1], *([1] * (x.ndim - 2)))
-    s, b, m, v = (p.reshape(shape) for p in (scale, bias, mean, var))
-    return bk.add(bk.mul(bk.div(bk.sub(x, m), bk.apply("sqrt", bk.add(v, eps))), s), b)
 
 
 def _reshape(op: str, args: list[Any], bk: Backend) -> Any:
@@ -836,12 +568,6 @@ def _gather(op: str, args: list[Any], bk: Backend) -> Any:
 
 
 _EVAL: dict[Family, Callable[[str, list[Any], Any], Any]] = {
-    Family.MATMUL: _matmul,
-    Family.GEMM: _gemm,
-    Family.CONV: _conv,
-    Family.POOL: _pool,
-    Family.LRN: _lrn,
-    Family.BATCHNORM: _batchnorm,
     Family.RESHAPE: _reshape,
     Family.TRANSPOSE: _transpose,
     Family.CONCAT: _concat,

@@ -7,103 +7,17 @@ added as a plug-in keeps all of that in its own module instead (unity_eq/ops/reg
 
 from __future__ import annotations
 
-from unity_eq.ops.spec import Arg, Family, OpSpec, float_attr, int_attr, ints_attr, static, str_attr, tensor
+from unity_eq.ops.spec import Arg, Family, OpSpec, int_attr, ints_attr, static, tensor
 
 __all__ = ["BUILTIN_RULE_FILES", "builtin_specs"]
 
 #: Where the parallel rules of each built-in family are (``explain`` names the file to extend).
-BUILTIN_RULE_FILES = {
-    Family.MATMUL: "rules/parallel/matmul.egg",
-    Family.GEMM: "rules/parallel/matmul.egg",
-    Family.CONV: "rules/parallel/conv.egg",
-    Family.POOL: "rules/parallel/conv.egg",
-    Family.LRN: "rules/parallel/conv.egg",
-    Family.BATCHNORM: "rules/parallel/conv.egg",
-}
+BUILTIN_RULE_FILES: dict[Family, str] = {}
 
 
 def builtin_specs() -> list[OpSpec]:
     x = tensor("X")
-    a, b = tensor("A"), tensor("B")
     specs: list[OpSpec] = [
-        OpSpec("MatMul", Family.MATMUL, (a, b)),
-        OpSpec(
-            "Gemm",
-            Family.GEMM,
-            (
-                a,
-                b,
-                tensor("C", True),
-                float_attr("alpha", 1.0),
-                float_attr("beta", 1.0),
-                int_attr("transA", 0),
-                int_attr("transB", 0),
-            ),
-        ),
-        OpSpec(
-            "Conv",
-            Family.CONV,
-            (
-                x,
-                tensor("W"),
-                tensor("B", True),
-                str_attr("auto_pad", "NOTSET"),
-                ints_attr("dilations"),
-                int_attr("group", 1),
-                ints_attr("kernel_shape"),
-                ints_attr("pads"),
-                ints_attr("strides"),
-            ),
-        ),
-        OpSpec(
-            "MaxPool",
-            Family.POOL,
-            (
-                x,
-                str_attr("auto_pad", "NOTSET"),
-                int_attr("ceil_mode", 0),
-                ints_attr("dilations"),
-                ints_attr("kernel_shape"),
-                ints_attr("pads"),
-                int_attr("storage_order", 0),
-                ints_attr("strides"),
-            ),
-        ),
-        OpSpec(
-            "AveragePool",
-            Family.POOL,
-            (
-                x,
-                str_attr("auto_pad", "NOTSET"),
-                int_attr("ceil_mode", 0),
-                int_attr("count_include_pad", 0),
-                ints_attr("dilations"),
-                ints_attr("kernel_shape"),
-                ints_attr("pads"),
-                ints_attr("strides"),
-            ),
-        ),
-        OpSpec("GlobalAveragePool", Family.POOL, (x,)),
-        OpSpec("GlobalMaxPool", Family.POOL, (x,)),
-        OpSpec(
-            "LRN",
-            Family.LRN,
-            (x, float_attr("alpha", 0.0001), float_attr("beta", 0.75), float_attr("bias", 1.0), int_attr("size")),
-        ),
-        OpSpec(
-            "BatchNormalization",
-            Family.BATCHNORM,
-            (
-                x,
-                tensor("scale"),
-                tensor("B"),
-                tensor("input_mean"),
-                tensor("input_var"),
-                float_attr("epsilon", 1e-5),
-                float_attr("momentum", 0.9),
-                int_attr("training_mode", 0),
-            ),
-        ),
         OpSpec("Flatten", Family.RESHAPE, (x, int_attr("axis", 1))),
         OpSpec("Reshape", Family.RESHAPE, (tensor("data"), static("shape"), int_attr("allowzero", 0))),
         OpSpec("Squeeze", Family.RESHAPE, (tensor("data"), static("axes", True))),

@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from unity_eq.ops.builtin import BUILTIN_RULE_FILES, builtin_specs
+from unity_eq.ops.conv import CONV
 from unity_eq.ops.elementwise import ELEMENTWISE
 from unity_eq.ops.family import OpFamily
+from unity_eq.ops.matmul import MATMUL
 from unity_eq.ops.normalization import NORMALIZATION
+from unity_eq.ops.pooling import POOLING
 from unity_eq.ops.reduce import REDUCE
 from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
 from unity_eq.ops.spec import Family, OpSpec
@@ -20,7 +23,7 @@ from unity_eq.ops.spec import Family, OpSpec
 __all__ = ["FAMILIES", "OPS", "PLUGINS", "family_for", "plugin_for", "rule_file_for", "spec_for"]
 
 #: The built-in families (their rule files ship in rulesets.HAND_WRITTEN_RULE_FILES).
-BUILTINS: tuple[OpFamily, ...] = (ELEMENTWISE, NORMALIZATION, REDUCE)
+BUILTINS: tuple[OpFamily, ...] = (ELEMENTWISE, MATMUL, NORMALIZATION, CONV, POOLING, REDUCE)
 
 #: The families added as plug-ins, in load order of their rule files.
 PLUGINS: tuple[OpFamily, ...] = (SPACE_TO_DEPTH,)

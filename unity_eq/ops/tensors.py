@@ -7,6 +7,7 @@ generator's fingerprints, float64 arrays for the numeric back-up (verify/_tensor
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -15,7 +16,21 @@ import numpy as np
 
 from unity_eq.ops.family import NotModeled, ShapeError
 
-__all__ = ["Shape", "bcast", "check_axis", "need", "norm_axis", "obj", "out_dtype", "reduce_elements"]
+__all__ = [
+    "Shape",
+    "bcast",
+    "check_axis",
+    "need",
+    "norm_axis",
+    "obj",
+    "out_dtype",
+    "pool_out",
+    "reduce_elements",
+    "window_attrs",
+    "window_defaults",
+    "window_out",
+    "window_positions",
+]
 
 Shape = tuple[int, ...]
 
@@ -80,3 +95,89 @@ def norm_axis(axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise NotModeled
     return axis + rank if axis < 0 else axis
+
+
+def window_out(size: int, k: int, head: int, tail: int, stride: int, dil: int, ceil: bool) -> int:
+    """Output size along one spatial dim with ``head``/``tail`` padding. With ``ceil`` a last window that
+    would start in the right padding (at or past ``size + head`` in padded coordinates) is dropped, as ONNX
+    and onnxruntime do: with asymmetric pads that point is not ``size + (head + tail) / 2``."""
+    pad = head + tail
+    span = dil * (k - 1) + 1
+    if size + pad < span:
+        raise ShapeError("window larger than the padded input")
+    n = (size + pad - span) / stride
+    out = (math.ceil(n) if ceil else math.floor(n)) + 1
+    if ceil and (out - 1) * stride >= size + head:
+        out -= 1  # the last window would start in the right padding
+    return out
+
+
+def window_attrs(
+    spatial: Shape,
+    kernel: Sequence[int],
+    pads: Sequence[int],
+    strides: Sequence[int],
+    dils: Sequence[int],
+    auto_pad: str,
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The kernel, pads (every begin, then every end), strides and dilations of a window over ``spatial``:
+    defaults filled in, ``auto_pad`` applied; ShapeError when they do not fit."""
+    k = len(spatial)
+    kernel = list(kernel)
+    strides = list(strides) or [1] * k
+    dils = list(dils) or [1] * k
+    if len(kernel) != k or len(strides) != k or len(dils) != k:
+        raise ShapeError("window attributes do not match the spatial rank")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begins, ends = [], []
+        for size, kk, s, d in zip(spatial, kernel, strides, dils, strict=True):
+            total = max(0, (math.ceil(size / s) - 1) * s + (kk - 1) * d + 1 - size)
+            small, big = total // 2, total - total // 2
+            begins.append(small if auto_pad == "SAME_UPPER" else big)
+            ends.append(big if auto_pad == "SAME_UPPER" else small)
+        pads = begins + ends
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * k)
+    else:
+        pads = list(pads) or [0] * (2 * k)
+    if len(pads) != 2 * k or any(p < 0 for p in pads) or any(s < 1 for s in strides) or any(d < 1 for d in dils):
+        raise ShapeError("invalid pads, strides or dilations")
+    if any(kk < 1 for kk in kernel):
+        raise ShapeError("invalid kernel shape")
+    return kernel, pads, strides, dils
+
+
+def pool_out(
+    spatial: Shape, kernel: list[int], pads: list[int], strides: list[int], dils: list[int], ceil: bool
+) -> Shape:
+    """The output's spatial shape of a window (attributes as :func:`window_attrs` returns them)."""
+    k = len(spatial)
+    return tuple(window_out(spatial[i], kernel[i], pads[i], pads[i + k], strides[i], dils[i], ceil) for i in range(k))
+
+
+def window_positions(
+    spatial: Shape, out: Shape, kern: list[int], pads: list[int], strides: list[int], dils: list[int]
+) -> list[tuple[tuple[int, ...], list[tuple[tuple[int, ...], tuple[int, ...]]]]]:
+    """For every output position: the (input position, kernel offset) pairs inside the input."""
+    k = len(spatial)
+    result = []
+    for o in itertools.product(*[range(n) for n in out]):
+        taps = []
+        for off in itertools.product(*[range(n) for n in kern]):
+            pos = tuple(o[i] * strides[i] - pads[i] + off[i] * dils[i] for i in range(k))
+            if all(0 <= pos[i] < spatial[i] for i in range(k)):
+                taps.append((pos, off))
+        result.append((o, taps))
+    return result
+
+
+def window_defaults(v: dict[str, Any], spatial: int) -> dict[str, Any]:
+    """The encoder's window attributes with ONNX's implicit defaults written out: strides and dilations of 1,
+    and zero pads unless ``auto_pad`` computes them."""
+    out = {
+        "strides": tuple(v["strides"]) or (1,) * spatial,
+        "dilations": tuple(v.get("dilations") or ()) or (1,) * spatial,
+    }
+    if v.get("auto_pad", "NOTSET") == "NOTSET":
+        out["pads"] = tuple(v["pads"]) or (0,) * (2 * spatial)
+    return out
