@@ -168,8 +168,6 @@ def op_flops(op_type: str, in_shapes: Sequence[Sequence[int] | None], out_shape:
         return 5.0 * out
     if kind is Family.POOL and in_shapes[0]:
         return float(max(out, _numel(in_shapes[0])))
-    if kind in (Family.RESHAPE, Family.TRANSPOSE, Family.CONCAT, Family.SPLIT, Family.SLICE, Family.EXPAND):
-        return 0.0
     return float(out)
 
 

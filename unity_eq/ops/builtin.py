@@ -7,7 +7,7 @@ added as a plug-in keeps all of that in its own module instead (unity_eq/ops/reg
 
 from __future__ import annotations
 
-from unity_eq.ops.spec import Arg, Family, OpSpec, float_attr, int_attr, ints_attr, static, str_attr, tensor
+from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, ints_attr, str_attr, tensor
 
 __all__ = ["BUILTIN_RULE_FILES", "builtin_specs"]
 
@@ -180,19 +180,5 @@ def builtin_specs() -> list[OpSpec]:
                 int_attr("training_mode", 0),
             ),
         ),
-        OpSpec("Flatten", Family.RESHAPE, (x, int_attr("axis", 1))),
-        OpSpec("Reshape", Family.RESHAPE, (tensor("data"), static("shape"), int_attr("allowzero", 0))),
-        OpSpec("Squeeze", Family.RESHAPE, (tensor("data"), static("axes", True))),
-        OpSpec("Unsqueeze", Family.RESHAPE, (tensor("data"), static("axes"))),
-        OpSpec("Transpose", Family.TRANSPOSE, (tensor("data"), ints_attr("perm"))),
-        OpSpec("Concat", Family.CONCAT, (Arg("inputs", "TList", "input"), int_attr("axis"))),
-        OpSpec("Split", Family.SPLIT, (tensor("input"), static("split", True), int_attr("axis", 0)), multi_output=True),
-        OpSpec(
-            "Slice",
-            Family.SLICE,
-            (tensor("data"), static("starts"), static("ends"), static("axes", True), static("steps", True)),
-        ),
-        OpSpec("Expand", Family.EXPAND, (tensor("input"), static("shape"))),
-        OpSpec("Gather", Family.GATHER, (tensor("data"), tensor("indices"), int_attr("axis", 0))),
     ]
     return specs

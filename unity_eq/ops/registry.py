@@ -12,13 +12,15 @@ from collections.abc import Iterable
 from unity_eq.ops.builtin import BUILTIN_RULE_FILES, builtin_specs
 from unity_eq.ops.family import OpFamily
 from unity_eq.ops.reduce import REDUCE
+from unity_eq.ops.reshape import RESHAPE
+from unity_eq.ops.slicing import SLICING
 from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
 from unity_eq.ops.spec import Family, OpSpec
 
 __all__ = ["FAMILIES", "OPS", "PLUGINS", "family_for", "plugin_for", "rule_file_for", "spec_for"]
 
 #: The built-in families (their rule files ship in rulesets.HAND_WRITTEN_RULE_FILES).
-BUILTINS: tuple[OpFamily, ...] = (REDUCE,)
+BUILTINS: tuple[OpFamily, ...] = (RESHAPE, SLICING, REDUCE)
 
 #: The families added as plug-ins, in load order of their rule files.
 PLUGINS: tuple[OpFamily, ...] = (SPACE_TO_DEPTH,)
