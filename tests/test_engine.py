@@ -19,8 +19,8 @@ from unity_eq.egraph import (
 from unity_eq.errors import RuleError, SaturationError
 from unity_eq.ir import Graph, Mesh, Node, TensorType
 from unity_eq.ops.reduce import reduce_pairs
+from unity_eq.ops.reshape import reshape_pairs
 from unity_eq.rulesets import DEFAULT_RULE_FILES, load_rule_files, rules_dir
-from unity_eq.typed_nodes import reshape_pairs
 
 
 def _mlp_graph(batch: int = 8, hidden: int = 64, ffn: int = 256) -> Graph:

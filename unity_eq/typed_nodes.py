@@ -19,10 +19,9 @@ import numpy as np
 from unity_eq.ir import Graph, Node
 from unity_eq.ops.family import NodeView, NotModeled
 from unity_eq.ops.registry import family_for
-from unity_eq.ops.spec import Family, OpSpec
-from unity_eq.ops.tensors import norm_axis
+from unity_eq.ops.spec import OpSpec
 
-__all__ = ["guard_facts", "node_view", "reshape_pairs", "typed_values", "used_outputs"]
+__all__ = ["const_ints", "guard_facts", "node_view", "typed_values", "used_outputs"]
 
 
 def const_ints(graph: Graph, name: str) -> tuple[int, ...] | None:
@@ -60,7 +59,7 @@ def typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict
 def _collect(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict[str, Any]:
     """Collect a typed node's arguments by name (inputs and attributes), defaults filled in."""
     family = family_for(spec.name)
-    implied = family.implied_attrs.get(spec.name, frozenset()) if family else _IMPLIED_ATTRS.get(spec.name, set())
+    implied = family.implied_attrs.get(spec.name, frozenset()) if family else frozenset()
     if set(node.attrs) - {a.name for a in spec.args if a.kind == "attr"} - implied:
         raise NotModeled  # an attribute we do not model
     if not spec.multi_output and any(out in used for out in node.outputs[1:]):
@@ -105,104 +104,12 @@ def _checked(spec: OpSpec, v: dict[str, Any]) -> dict[str, Any]:
 def _normalize(node: Node, spec: OpSpec, v: dict[str, Any], view: NodeView) -> dict[str, Any]:
     """The family's normalization (a family without one has nothing implicit to make explicit)."""
     family = family_for(spec.name)
-    if family is not None:
-        return family.normalize(spec.name, v, view) if family.normalize else v
-    return _legacy_normalize(node, spec, v, view)
+    return family.normalize(spec.name, v, view) if family is not None and family.normalize else v
 
 
 def guard_facts(node: Node, graph: Graph, spec: OpSpec, values: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
     """Literal-keyed facts for guards egglog cannot compute itself (see analysis.egg), as tuples: the fact's
     name, then ints and int tuples."""
     family = family_for(spec.name)
-    if family is not None:
-        if family.guard_facts is not None:
-            yield from family.guard_facts(spec.name, values, node_view(node, graph))
-        return
-    if spec.family is Family.RESHAPE:
-        src = graph.types[values[spec.args[0].name]].shape
-        dst = graph.types[node.outputs[0]].shape
-        for d, d2 in reshape_pairs(src, dst):
-            yield ("reshape-map", src, dst, d, d2)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The normalization of the families not yet moved to unity_eq/ops/ (moved family by family)
-
-#: attributes that the normalized constructor already states (Split's sizes come from its output shapes)
-_IMPLIED_ATTRS = {"Split": {"num_outputs"}}
-
-
-def _legacy_normalize(node: Node, spec: OpSpec, v: dict[str, Any], view: NodeView) -> dict[str, Any]:
-    """Make implicit ONNX conventions explicit so that equal computations become equal terms."""
-    op = node.op_type
-    out_shape = view.outputs[0] if view.outputs else None
-    first = next((a.name for a in spec.args if a.kind == "input"), None)
-    in_rank = view.rank(v[first]) if first and spec.args[0].sort == "T" else 0
-    if op in ("Split", "Gather"):
-        v["axis"] = norm_axis(v["axis"], in_rank)
-    elif op == "Flatten":
-        v["axis"] = int(v["axis"]) + in_rank if int(v["axis"]) < 0 else int(v["axis"])
-    elif op == "Concat":
-        v["axis"] = norm_axis(v["axis"], view.rank(v["inputs"][0]))
-    elif op == "Transpose":
-        v["perm"] = tuple(v["perm"]) if v["perm"] else tuple(reversed(range(in_rank)))
-    elif op in ("Reshape", "Expand"):
-        if out_shape is None:
-            raise NotModeled
-        v["shape"] = out_shape
-        if op == "Reshape":
-            v["allowzero"] = 0
-    elif op == "Squeeze":
-        shape = view.shape(v["data"])
-        axes = v["axes"] if v["axes"] else tuple(i for i, n in enumerate(shape) if n == 1)
-        v["axes"] = tuple(sorted(norm_axis(a, in_rank) for a in axes))
-    elif op == "Unsqueeze":
-        out_rank = in_rank + len(v["axes"])
-        v["axes"] = tuple(sorted(norm_axis(a, out_rank) for a in v["axes"]))
-    elif op == "Slice":
-        v.update(_normalize_slice(view.shape(v["data"]), v))
-    if op == "Split":  # the sizes, whether given, implied by `num_outputs` or by the number of outputs
-        if any(shape is None for shape in view.outputs):
-            raise NotModeled
-        v["split"] = tuple(shape[v["axis"]] for shape in view.outputs if shape is not None)
-    return v
-
-
-def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any]:
-    starts, ends = list(v["starts"]), list(v["ends"])
-    axes = list(v["axes"]) if v["axes"] else list(range(len(starts)))
-    steps = list(v["steps"]) if v["steps"] else [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps) or any(s <= 0 for s in steps):
-        raise NotModeled
-    axes = [norm_axis(a, len(shape)) for a in axes]
-    norm_starts, norm_ends = [], []
-    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
-        begin, stop, _ = slice(start, end, step).indices(shape[axis])
-        norm_starts.append(begin)
-        norm_ends.append(max(stop, begin))
-    return {
-        "starts": tuple(norm_starts),
-        "ends": tuple(norm_ends),
-        "axes": tuple(axes),
-        "steps": tuple(steps),
-    }
-
-
-def reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple[int, int]]:
-    """Dimension pairs (d, d2) where splitting d of ``src`` equals splitting d2 of the reshaped ``dst``.
-
-    They are the dims, both of size > 1, before which the two shapes hold the same number of elements: a
-    contiguous chunking of the data at that point is the same chunking in either shape.
-    """
-    prefix_dst: dict[int, list[int]] = {}
-    acc = 1
-    for d2, n in enumerate(dst):
-        if n > 1:
-            prefix_dst.setdefault(acc, []).append(d2)
-        acc *= n
-    acc = 1
-    for d, n in enumerate(src):
-        if n > 1:
-            for d2 in prefix_dst.get(acc, [])[:1]:
-                yield d, d2
-        acc *= n
+    if family is not None and family.guard_facts is not None:
+        yield from family.guard_facts(spec.name, values, node_view(node, graph))

@@ -29,14 +29,12 @@ from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
 from unity_eq.ops.cases import (
-    other_shapes,
-    rank_dims,
     shape_pool,
     shapes_of_rank,
 )
 from unity_eq.ops.family import IndexShape, OpCase
 from unity_eq.ops.registry import OPS, family_for
-from unity_eq.ops.spec import Family, OpSpec
+from unity_eq.ops.spec import OpSpec
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
 __all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]
@@ -106,194 +104,12 @@ def _make(spec: OpSpec, tensors: dict[str, Any], attrs: dict[str, Any], index: i
     return tuple(args), out
 
 
-def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ...]]:
-    if rank == 0:
-        return [()] if total == 1 else []
-    out: list[tuple[int, ...]] = []
-    for first in range(1, min(total, limit) + 1):
-        if total % first == 0:
-            out.extend((first, *rest) for rest in _factorizations(total // first, rank - 1, limit))
-    return out
-
-
-def _reshape(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    pool = other_shapes(cfg)
-    for i, shape in enumerate(pool):
-        if spec.name == "Reshape":
-            total = 1
-            for n in shape:
-                total *= n
-            targets = [t for r in range(1, cfg.other_rank + 1) for t in _factorizations(total, r)]
-            if cfg.sample and len(targets) > 8:
-                targets = targets[i % 2 :: 2]
-            for target in targets:
-                inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, shape=target, allowzero=0))
-                if inst:
-                    out.append(inst)
-        elif spec.name == "Flatten":
-            for axis in range(len(shape) + 1):
-                inst = _make(spec, {"X": VarSpec(shape)}, _attrs(spec, axis=axis))
-                if inst:
-                    out.append(inst)
-        elif spec.name == "Squeeze":
-            ones = [d for d, n in enumerate(shape) if n == 1]
-            for size in range(1, len(ones) + 1):
-                for axes in itertools.combinations(ones, size):
-                    inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, axes=axes))
-                    if inst:
-                        out.append(inst)
-        else:
-            rank = len(shape)
-            for size in (1, 2):
-                for axes in itertools.combinations(range(rank + size), size):
-                    if cfg.sample and size == 2 and (sum(axes) + i) % 2:
-                        continue
-                    inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, axes=axes))
-                    if inst:
-                        out.append(inst)
-    return out
-
-
-def _transpose(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out = []
-    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
-        for perm in itertools.permutations(range(len(shape))):
-            inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, perm=perm))
-            if inst:
-                out.append(inst)
-    return out
-
-
-def _concat(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it."""
-    out: list[Instance] = []
-    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
-        for axis in range(len(shape)):
-            if shape[axis] != cfg.dims[0]:
-                continue  # the other dims range over every shape; the axis dim is each operand's own
-            for count in (1, 2, 3) if len(shape) <= 2 else (1, 2):
-                for sizes in itertools.product(rank_dims(cfg, len(shape)), repeat=count):
-                    items = [VarSpec((*shape[:axis], n, *shape[axis + 1 :])) for n in sizes]
-                    inst = _make(spec, {"inputs": items}, _attrs(spec, axis=axis))
-                    if inst:
-                        out.append(inst)
-    return out[:: 5 if cfg.sample else 1]
-
-
-def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
-    if parts == 1:
-        return [(total,)] if total >= 1 else []
-    return [(first, *rest) for first in range(1, total) for rest in _compositions(total - first, parts - 1)]
-
-
-def _split(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    for i, shape in enumerate(shape_pool(cfg, range(1, cfg.max_rank + 1))):
-        for axis in range(len(shape)):
-            options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
-            for j, sizes in enumerate(options):
-                if cfg.sample and len(options) > 3 and (i + j) % 2:
-                    continue
-                for index in range(len(sizes)):
-                    inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, split=sizes, axis=axis), index)
-                    if inst:
-                        out.append(inst)
-    return out
-
-
-def _axis_slices(n: int, every: bool) -> list[tuple[int, int, int]]:
-    """(start, end, step) on a dim of size ``n`` that select at least one element. ``every``: each start
-    from ``-n`` to ``n-1``, each end from ``-n`` to ``n`` and past it (clamped, as exporters write
-    INT64_MAX), steps 1-3, so a guard on the numbers (``(<= (vec-get st 0) 1)``) meets every slice it admits,
-    negative spellings included. Otherwise the few a rule over two axes needs: from the start, from 1 or
-    from the last element, to the end, to 1 or to the last, steps 1 and 2."""
-    starts = range(-n, n) if every else sorted({0, min(1, n - 1), -1})
-    ends = [*range(-n, n + 1), n + 3] if every else sorted({1, -1, n, n + 3})
-    steps = (1, 2, 3) if every else (1, 2)
-    return [(s, e, st) for s in starts for e in ends for st in steps if len(range(n)[s:e:st]) > 0]
-
-
-def _slice(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    """Every non-empty one-axis slice of every shape (:func:`_axis_slices`); two-axis slices of rank-2
-    shapes from the smaller per-axis set."""
-    out: list[Instance] = []
-    for shape in other_shapes(cfg):
-        rank = len(shape)
-        choices: list[tuple[tuple[int, ...], list[tuple[tuple[int, int, int], ...]]]] = [
-            ((a,), [(sl,) for sl in _axis_slices(shape[a], every=True)]) for a in range(rank)
-        ]
-        if rank == 2:
-            pairs = itertools.product(_axis_slices(shape[0], every=False), _axis_slices(shape[1], every=False))
-            choices.append(((0, 1), list(pairs)))
-        for axes, options in choices:
-            for j, picked in enumerate(options):
-                if cfg.sample and j % 7:
-                    continue
-                given = dict(
-                    starts=tuple(sl[0] for sl in picked),
-                    ends=tuple(sl[1] for sl in picked),
-                    axes=axes,
-                    steps=tuple(sl[2] for sl in picked),
-                )
-                inst = _make(spec, {"data": VarSpec(shape)}, _attrs(spec, **given))
-                if inst:
-                    out.append(inst)
-    return out
-
-
-def _expand(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    """Every target shape of every input shape up to ``other_rank``: a size-1 dim expands to each of
-    ``dims``, a larger one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new
-    leading dim of each size."""
-    out: list[Instance] = []
-    for shape in shape_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
-        per_dim = [cfg.dims if n == 1 else (n, 1) for n in shape]
-        leads: list[tuple[int, ...]] = [()]
-        if len(shape) < cfg.other_rank:
-            leads += [(n,) for n in cfg.dims]
-        for j, (lead, rest) in enumerate(itertools.product(leads, itertools.product(*per_dim))):
-            if cfg.sample and j % 3:
-                continue
-            inst = _make(spec, {"input": VarSpec(shape)}, _attrs(spec, shape=(*lead, *rest)))
-            if inst:
-                out.append(inst)
-    return out
-
-
-def _gather(spec: OpSpec, cfg: GenConfig) -> list[Instance]:
-    out: list[Instance] = []
-    idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
-    for i, shape in enumerate(other_shapes(cfg)):
-        for axis in range(len(shape)):
-            picked = (idx_shapes[(i + axis) % len(idx_shapes)], idx_shapes[(i + axis + 3) % len(idx_shapes)])
-            for idx in picked if cfg.sample else idx_shapes:
-                tensors = {"data": VarSpec(shape), "indices": VarSpec(idx, integer=True, high=shape[axis])}
-                inst = _make(spec, tensors, _attrs(spec, axis=axis))
-                if inst:
-                    out.append(inst)
-    return out
-
-
-_GENERATORS = {
-    Family.RESHAPE: _reshape,
-    Family.TRANSPOSE: _transpose,
-    Family.CONCAT: _concat,
-    Family.SPLIT: _split,
-    Family.SLICE: _slice,
-    Family.EXPAND: _expand,
-    Family.GATHER: _gather,
-}
-
-
 def _instances_of(spec: OpSpec, cfg: GenConfig) -> Iterator[Instance]:
     """The op's family's instances (shapes and attributes by name) made into argument tuples here, so that a
-    family module needs none of the verifier's types; a family not yet moved to unity_eq/ops/ uses its
-    generator here."""
+    family module needs none of the verifier's types."""
     family = family_for(spec.name)
     if family is None:
-        yield from _GENERATORS[spec.family](spec, cfg)
-        return
+        raise KeyError(f"{spec.name}: no op family in unity_eq/ops/registry.py")
     for case in family.instances(spec, cfg):
         case = case if isinstance(case, OpCase) else OpCase(*case)
         tensors = {name: _var_spec(shape) for name, shape in case.tensors.items()}

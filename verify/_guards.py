@@ -34,8 +34,8 @@ from unity_eq.verify._tensor import ShapeError, infer_shape
 from unity_eq.egraph import MAX_RANK
 from unity_eq.ops.reduce import reduce_pairs
 from unity_eq.ops.registry import OPS
+from unity_eq.ops.reshape import reshape_pairs
 from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Term, Var
-from unity_eq.typed_nodes import reshape_pairs
 
 __all__ = [
     "BUILTIN_RELATIONS",

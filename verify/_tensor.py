@@ -21,17 +21,15 @@ The numeric backend replaces each uninterpreted function by a fixed smooth funct
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import z3
 
-from unity_eq.ops.family import ShapeError  # one class: a plug-in family's shape errors are the verifier's
-from unity_eq.ops.registry import OPS, family_for
-from unity_eq.ops.spec import Family
-from unity_eq.ops.tensors import bcast, check_axis, need, obj
+from unity_eq.ops.family import OpFamily, ShapeError  # one class: a plug-in family's shape errors are the verifier's
+from unity_eq.ops.registry import family_for
+from unity_eq.ops.tensors import obj
 
 __all__ = ["NumpyBackend", "ShapeError", "Z3Backend", "evaluate", "infer_shape"]
 
@@ -391,93 +389,18 @@ _NP_CMP = {
 # Shape inference
 
 
-def _reshape_target(src: Shape, target: Sequence[int]) -> Shape:
-    target = tuple(int(t) for t in target)
-    if any(t < 1 for t in target) or math.prod(target) != math.prod(src):
-        raise ShapeError(f"cannot reshape {list(src)} to {list(target)}")
-    return target
-
-
-def _slice_params(
-    shape: Shape, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], steps: Sequence[int]
-) -> list[slice]:
-    axes = list(axes) if axes else list(range(len(starts)))
-    steps = list(steps) if steps else [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise ShapeError("Slice: starts, ends, axes and steps differ in length")
-    out = [slice(None)] * len(shape)
-    seen = set()
-    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
-        a = check_axis(a, len(shape), "Slice axis")
-        if a in seen or st <= 0:
-            raise ShapeError("Slice: repeated axis or non-positive step")
-        seen.add(a)
-        out[a] = slice(s, e, st)
-    return out
-
-
 def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     """The output shape of ``op`` applied to ``args`` (tensor arguments given as shapes, ``None`` for
     ``NoneT``, lists of shapes for ``TList``; other arguments as values). Raises ShapeError."""
+    return tuple(_family(op).infer_shape(op, args))
+
+
+def _family(op: str) -> OpFamily:
+    """The op's family, which holds its semantics (unity_eq/ops/)."""
     family = family_for(op)
-    if family is not None:
-        return tuple(family.infer_shape(op, args))
-    spec = OPS[op]
-    fam = spec.family
-    if op == "Reshape":
-        return _reshape_target(need(args[0]), args[1])
-    if op == "Flatten":
-        x, axis = need(args[0]), args[1]
-        if not 0 <= axis <= len(x):
-            raise ShapeError(f"Flatten axis {axis} out of range")
-        return (math.prod(x[:axis]), math.prod(x[axis:]))
-    if op == "Squeeze":
-        x, axes = need(args[0]), tuple(args[1])
-        if not axes:
-            return tuple(n for n in x if n != 1)
-        if len(set(axes)) != len(axes) or any(not 0 <= a < len(x) or x[a] != 1 for a in axes):
-            raise ShapeError(f"Squeeze axes {list(axes)} of {list(x)}")
-        return tuple(n for i, n in enumerate(x) if i not in axes)
-    if op == "Unsqueeze":
-        x, axes = need(args[0]), tuple(args[1])
-        rank = len(x) + len(axes)
-        if not axes or len(set(axes)) != len(axes) or any(not 0 <= a < rank for a in axes):
-            raise ShapeError(f"Unsqueeze axes {list(axes)} for rank {len(x)}")
-        rest = iter(x)
-        return tuple(1 if i in axes else next(rest) for i in range(rank))
-    if fam is Family.TRANSPOSE:
-        x, perm = need(args[0]), tuple(args[1]) or tuple(reversed(range(len(need(args[0])))))
-        if sorted(perm) != list(range(len(x))):
-            raise ShapeError(f"Transpose perm {list(perm)} for rank {len(x)}")
-        return tuple(x[p] for p in perm)
-    if fam is Family.CONCAT:
-        shapes, axis = args[0], args[1]
-        if not shapes:
-            raise ShapeError("Concat of an empty list")
-        first = need(shapes[0])
-        check_axis(axis, len(first))
-        for s in shapes[1:]:
-            if len(s) != len(first) or any(s[i] != first[i] for i in range(len(first)) if i != axis):
-                raise ShapeError("Concat inputs differ outside the axis")
-        return (*first[:axis], sum(s[axis] for s in shapes), *first[axis + 1 :])
-    if fam is Family.SPLIT:
-        x, sizes, axis, index = need(args[0]), tuple(args[1]), args[2], args[3]
-        check_axis(axis, len(x))
-        if not sizes or sum(sizes) != x[axis] or any(s < 0 for s in sizes) or not 0 <= index < len(sizes):
-            raise ShapeError(f"Split sizes {list(sizes)} of dim {x[axis]}")
-        return (*x[:axis], sizes[index], *x[axis + 1 :])
-    if fam is Family.SLICE:
-        x = need(args[0])
-        slices = _slice_params(x, *args[1:5])
-        return tuple(len(range(*sl.indices(n))) for sl, n in zip(slices, x, strict=True))
-    if fam is Family.EXPAND:
-        x, target = need(args[0]), tuple(args[1])
-        return bcast(x, target)
-    if fam is Family.GATHER:
-        data, idx, axis = need(args[0]), need(args[1]), args[2]
-        check_axis(axis, len(data))
-        return (*data[:axis], *idx, *data[axis + 1 :])
-    raise ShapeError(f"no semantics for {op}")  # pragma: no cover - every family is handled
+    if family is None:
+        raise KeyError(f"{op}: no op family in unity_eq/ops/registry.py")
+    return family
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -488,8 +411,7 @@ def evaluate(op: str, args: Sequence[Any], bk: Backend) -> Any:
     """Apply ``op`` to argument values (see module docstring); raise ShapeError when they do not fit."""
     shapes = [_shape_arg(a) for a in args]
     out_shape = infer_shape(op, shapes)
-    family = family_for(op)
-    value = family.evaluate(op, list(args), bk) if family else _EVAL[OPS[op].family](op, list(args), bk)
+    value = _family(op).evaluate(op, list(args), bk)
     value = obj(value) if isinstance(bk, Z3Backend) else np.asarray(value)
     assert value.shape == out_shape, f"{op}: evaluated {value.shape}, inferred {out_shape}"
     return value
@@ -501,78 +423,3 @@ def _shape_arg(a: Any) -> Any:
     if isinstance(a, list):
         return [x.shape for x in a]
     return a
-
-
-def _reshape(op: str, args: list[Any], bk: Backend) -> Any:
-    x = args[0]
-    if op == "Reshape":
-        return x.reshape(tuple(args[1]))
-    if op == "Flatten":
-        axis = args[1]
-        return x.reshape((math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
-    if op == "Squeeze":
-        axes = tuple(args[1]) or tuple(i for i, n in enumerate(x.shape) if n == 1)
-        return x.reshape(tuple(n for i, n in enumerate(x.shape) if i not in axes))
-    return x.reshape(infer_shape("Unsqueeze", [x.shape, args[1]]))
-
-
-def _transpose(op: str, args: list[Any], bk: Backend) -> Any:
-    x, perm = args
-    return np.transpose(x, tuple(perm) or None)
-
-
-def _concat(op: str, args: list[Any], bk: Backend) -> Any:
-    return np.concatenate(args[0], axis=args[1])
-
-
-def _split(op: str, args: list[Any], bk: Backend) -> Any:
-    x, sizes, axis, index = args
-    start = sum(sizes[:index])
-    sl = [slice(None)] * x.ndim
-    sl[axis] = slice(start, start + sizes[index])
-    return x[tuple(sl)]
-
-
-def _slice(op: str, args: list[Any], bk: Backend) -> Any:
-    x = args[0]
-    return x[tuple(_slice_params(x.shape, *args[1:5]))]
-
-
-def _expand(op: str, args: list[Any], bk: Backend) -> Any:
-    x, target = args
-    return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(target))).copy()
-
-
-def _gather(op: str, args: list[Any], bk: Backend) -> Any:
-    data, idx, axis = args
-    if isinstance(bk, NumpyBackend):
-        ints = np.asarray(idx, dtype=np.int64)
-        if ints.size and (ints.min() < -data.shape[axis] or ints.max() >= data.shape[axis]):
-            raise ShapeError(f"Gather index out of range for a dim of size {data.shape[axis]}")
-        return np.take(data, ints, axis=axis)
-    size = data.shape[axis]
-    moved = np.moveaxis(data, axis, 0)
-    rest = moved.shape[1:]
-    out = np.empty((*idx.shape, *rest), dtype=object)
-    for p in np.ndindex(*idx.shape):
-        i = idx[p]
-        for r in np.ndindex(*rest):
-            expr = moved[(size - 1, *r)]
-            for k in range(size - 2, -1, -1):
-                expr = z3.If(z3.Or(i == k, i == k - size), moved[(k, *r)], expr)
-            out[(*p, *r)] = expr
-    # out is idx + data[:axis] + data[axis+1:]; move data[:axis] in front
-    ri = idx.ndim
-    order = list(range(ri, ri + axis)) + list(range(ri)) + list(range(ri + axis, out.ndim))
-    return np.transpose(out, order)
-
-
-_EVAL: dict[Family, Callable[[str, list[Any], Any], Any]] = {
-    Family.RESHAPE: _reshape,
-    Family.TRANSPOSE: _transpose,
-    Family.CONCAT: _concat,
-    Family.SPLIT: _split,
-    Family.SLICE: _slice,
-    Family.EXPAND: _expand,
-    Family.GATHER: _gather,
-}

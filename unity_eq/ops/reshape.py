@@ -1,0 +1,323 @@
+"""Data moved as in memory order or by a permutation: Flatten, Reshape, Squeeze, Unsqueeze, Transpose, Expand.
+
+They compute nothing: a split of one dim of the input is a split of the dim it becomes in the output when
+``reshape-map`` (Reshape and its kin) or ``perm-map`` (Transpose) pairs the two, and Expand splits a dim it
+keeps or broadcasts (``bc-dim``). Their rules are in ``rules/parallel/layout.egg`` with the other data-movement
+ops.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from unity_eq.ops.cases import other_shapes, shape_pool
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, ShapeError
+from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, static, tensor
+from unity_eq.ops.tensors import Shape, bcast, need, norm_axis
+
+__all__ = ["RESHAPE", "reshape_pairs"]
+
+SPECS = (
+    OpSpec("Flatten", Family.RESHAPE, (tensor("X"), int_attr("axis", 1))),
+    OpSpec("Reshape", Family.RESHAPE, (tensor("data"), static("shape"), int_attr("allowzero", 0))),
+    OpSpec("Squeeze", Family.RESHAPE, (tensor("data"), static("axes", True))),
+    OpSpec("Unsqueeze", Family.RESHAPE, (tensor("data"), static("axes"))),
+    OpSpec("Transpose", Family.TRANSPOSE, (tensor("data"), ints_attr("perm"))),
+    OpSpec("Expand", Family.EXPAND, (tensor("input"), static("shape"))),
+)
+
+
+def _reshape_target(src: Shape, target: Sequence[int]) -> Shape:
+    target = tuple(int(t) for t in target)
+    if any(t < 1 for t in target) or math.prod(target) != math.prod(src):
+        raise ShapeError(f"cannot reshape {list(src)} to {list(target)}")
+    return target
+
+
+def infer_shape(op: str, args: Sequence[Any]) -> Shape:
+    """Reshape to a concrete target of as many elements; Flatten at ``axis``; Squeeze drops size-1 dims,
+    Unsqueeze inserts them; Transpose permutes (no perm: reverses); Expand broadcasts both ways."""
+    if op == "Reshape":
+        return _reshape_target(need(args[0]), args[1])
+    if op == "Flatten":
+        x, axis = need(args[0]), args[1]
+        if not 0 <= axis <= len(x):
+            raise ShapeError(f"Flatten axis {axis} out of range")
+        return (math.prod(x[:axis]), math.prod(x[axis:]))
+    if op == "Squeeze":
+        x, axes = need(args[0]), tuple(args[1])
+        if not axes:
+            return tuple(n for n in x if n != 1)
+        if len(set(axes)) != len(axes) or any(not 0 <= a < len(x) or x[a] != 1 for a in axes):
+            raise ShapeError(f"Squeeze axes {list(axes)} of {list(x)}")
+        return tuple(n for i, n in enumerate(x) if i not in axes)
+    if op == "Unsqueeze":
+        x, axes = need(args[0]), tuple(args[1])
+        rank = len(x) + len(axes)
+        if not axes or len(set(axes)) != len(axes) or any(not 0 <= a < rank for a in axes):
+            raise ShapeError(f"Unsqueeze axes {list(axes)} for rank {len(x)}")
+        rest = iter(x)
+        return tuple(1 if i in axes else next(rest) for i in range(rank))
+    if op == "Transpose":
+        x, perm = need(args[0]), tuple(args[1]) or tuple(reversed(range(len(need(args[0])))))
+        if sorted(perm) != list(range(len(x))):
+            raise ShapeError(f"Transpose perm {list(perm)} for rank {len(x)}")
+        return tuple(x[p] for p in perm)
+    if op == "Expand":
+        x, target = need(args[0]), tuple(args[1])
+        return bcast(x, target)
+    raise ShapeError(f"no semantics for {op}")
+
+
+def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
+    """numpy's reshape, transpose and broadcast, on object arrays as on floats."""
+    x = args[0]
+    if op == "Reshape":
+        return x.reshape(tuple(args[1]))
+    if op == "Flatten":
+        axis = args[1]
+        return x.reshape((math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+    if op == "Squeeze":
+        axes = tuple(args[1]) or tuple(i for i, n in enumerate(x.shape) if n == 1)
+        return x.reshape(tuple(n for i, n in enumerate(x.shape) if i not in axes))
+    if op == "Unsqueeze":
+        return x.reshape(infer_shape("Unsqueeze", [x.shape, args[1]]))
+    if op == "Transpose":
+        x, perm = args
+        return np.transpose(x, tuple(perm) or None)
+    if op == "Expand":
+        x, target = args
+        return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(target))).copy()
+    raise NotImplementedError(f"{op}: no semantics in unity_eq/ops/reshape.py; add them with its spec")
+
+
+def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ...]]:
+    if rank == 0:
+        return [()] if total == 1 else []
+    out: list[tuple[int, ...]] = []
+    for first in range(1, min(total, limit) + 1):
+        if total % first == 0:
+            out.extend((first, *rest) for rest in _factorizations(total // first, rank - 1, limit))
+    return out
+
+
+def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    pool = other_shapes(cfg)
+    for i, shape in enumerate(pool):
+        if spec.name == "Reshape":
+            total = 1
+            for n in shape:
+                total *= n
+            targets = [t for r in range(1, cfg.other_rank + 1) for t in _factorizations(total, r)]
+            if cfg.sample and len(targets) > 8:
+                targets = targets[i % 2 :: 2]
+            for target in targets:
+                yield {"data": shape}, {"shape": target, "allowzero": 0}
+        elif spec.name == "Flatten":
+            for axis in range(len(shape) + 1):
+                yield {"X": shape}, {"axis": axis}
+        elif spec.name == "Squeeze":
+            ones = [d for d, n in enumerate(shape) if n == 1]
+            for size in range(1, len(ones) + 1):
+                for axes in itertools.combinations(ones, size):
+                    yield {"data": shape}, {"axes": axes}
+        else:
+            rank = len(shape)
+            for size in (1, 2):
+                for axes in itertools.combinations(range(rank + size), size):
+                    if cfg.sample and size == 2 and (sum(axes) + i) % 2:
+                        continue
+                    yield {"data": shape}, {"axes": axes}
+
+
+def _transpose_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
+        for perm in itertools.permutations(range(len(shape))):
+            yield {"data": shape}, {"perm": perm}
+
+
+def _expand_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    """Every target shape of every input shape up to ``other_rank``: a size-1 dim expands to each of
+    ``dims``, a larger one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new
+    leading dim of each size."""
+    for shape in shape_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
+        per_dim = [cfg.dims if n == 1 else (n, 1) for n in shape]
+        leads: list[tuple[int, ...]] = [()]
+        if len(shape) < cfg.other_rank:
+            leads += [(n,) for n in cfg.dims]
+        for j, (lead, rest) in enumerate(itertools.product(leads, itertools.product(*per_dim))):
+            if cfg.sample and j % 3:
+                continue
+            yield {"input": shape}, {"shape": (*lead, *rest)}
+
+
+def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
+    """Reshape and its kin on shapes of rank 1 to ``other_rank``, Transpose up to ``max_rank``, Expand of
+    inputs of rank 0 to ``other_rank`` (docs/verify.md's table)."""
+    if spec.family is Family.TRANSPOSE:
+        return _transpose_cases(spec, ranges)
+    if spec.family is Family.EXPAND:
+        return _expand_cases(spec, ranges)
+    return _reshape_cases(spec, ranges)
+
+
+def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
+    """Data movement: no floating-point operations."""
+    return 0.0
+
+
+def axioms(v: Any) -> None:
+    """A chunk of the input is a chunk of the output along the dim ``reshape-map`` or ``perm-map`` pairs it
+    with; Expand of a chunk of a kept dim to the chunk's shape is a chunk of the Expand; a Reshape or Expand to
+    the shape it has is the value itself."""
+    import z3  # the verifier's vocabulary is z3's; the engine never calls this
+
+    x, d, d2, da, i, n, axis, s, axes, ch, rel, FA, P = v.symbols("x d d2 da i n axis s axes ch rel FA P")
+    rs, zz = v.op("Reshape"), z3.Int("zz")
+    out = rs(x, s, zz)
+    v.add(
+        "Reshape",
+        FA(
+            [x, s, zz, d, d2, i, n],
+            z3.Implies(
+                z3.And(
+                    rel["reshape-map"](v.shape(x), v.shape(out), d, d2),
+                    v.div(x, d, n),
+                    v.vget(v.shape(out), d2) % n == 0,
+                ),
+                rs(ch(x, d, i, n), v.lshape(out, d2, n), zz) == ch(out, d2, i, n),
+            ),
+            patterns=[rs(ch(x, d, i, n), v.lshape(out, d2, n), zz)],
+        ),
+    )
+    v.add(
+        "Reshape",
+        FA([x, s, zz], rs(x, v.shape(out), zz) == out, patterns=[rs(x, v.shape(out), zz)]),
+    )
+    for name, build in (
+        ("Flatten", lambda t: v.op("Flatten")(t, axis)),
+        ("Squeeze", lambda t: v.op("Squeeze")(t, axes)),
+        ("Unsqueeze", lambda t: v.op("Unsqueeze")(t, axes)),
+    ):
+        o = build(x)
+        bound = [x, d, d2, i, n, axis if name == "Flatten" else axes]
+        v.add(
+            name,
+            FA(
+                bound,
+                z3.Implies(
+                    z3.And(
+                        rel["reshape-map"](v.shape(x), v.shape(o), d, d2),
+                        v.div(x, d, n),
+                        v.vget(v.shape(o), d2) % n == 0,
+                    ),
+                    build(ch(x, d, i, n)) == ch(o, d2, i, n),
+                ),
+                patterns=[P(build(ch(x, d, i, n)), rel["reshape-map"](v.shape(x), v.shape(o), d, d2))],
+            ),
+        )
+    tr = v.op("Transpose")
+    v.add(
+        "Transpose",
+        FA(
+            [x, s, d, d2, i, n],
+            z3.Implies(rel["perm-map"](s, d, d2), tr(ch(x, d, i, n), s) == ch(tr(x, s), d2, i, n)),
+            patterns=[P(tr(ch(x, d, i, n), s), rel["perm-map"](s, d, d2))],
+        ),
+    )
+    ex = v.op("Expand")
+    eo = ex(x, s)
+    v.add(
+        "Expand",
+        FA(
+            [x, s, d, da, i, n],
+            z3.Implies(
+                z3.And(rel["bc-dim"](x, eo, d, da), v.div(x, da, n)),
+                ex(ch(x, da, i, n), v.lshape(eo, d, n)) == ch(eo, d, i, n),
+            ),
+            patterns=[P(ex(ch(x, da, i, n), v.lshape(eo, d, n)), rel["bc-dim"](x, eo, d, da))],
+        ),
+    )
+    v.add("Expand", FA([x, s], ex(x, v.shape(eo)) == eo, patterns=[ex(x, v.shape(eo))]))
+
+
+_FIRST_INPUT = {spec.name: next(a.name for a in spec.args if a.kind == "input") for spec in SPECS}
+
+
+def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
+    """Axes non-negative and sorted, Transpose's default reversed perm written out, and the target shape of
+    Reshape and Expand read off the output (a shape given as a constant may hold 0 and -1)."""
+    in_rank = node.rank(v[_FIRST_INPUT[op]])
+    if op == "Flatten":
+        v["axis"] = int(v["axis"]) + in_rank if int(v["axis"]) < 0 else int(v["axis"])
+    elif op == "Transpose":
+        v["perm"] = tuple(v["perm"]) if v["perm"] else tuple(reversed(range(in_rank)))
+    elif op in ("Reshape", "Expand"):
+        if not node.outputs or node.outputs[0] is None:
+            raise NotModeled
+        v["shape"] = node.outputs[0]
+        if op == "Reshape":
+            v["allowzero"] = 0
+    elif op == "Squeeze":
+        shape = node.shape(v["data"])
+        axes = v["axes"] if v["axes"] else tuple(i for i, n in enumerate(shape) if n == 1)
+        v["axes"] = tuple(sorted(norm_axis(a, in_rank) for a in axes))
+    elif op == "Unsqueeze":
+        out_rank = in_rank + len(v["axes"])
+        v["axes"] = tuple(sorted(norm_axis(a, out_rank) for a in v["axes"]))
+    return v
+
+
+def reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple[int, int]]:
+    """Dimension pairs (d, d2) where splitting d of ``src`` equals splitting d2 of the reshaped ``dst``.
+
+    They are the dims, both of size > 1, before which the two shapes hold the same number of elements: a
+    contiguous chunking of the data at that point is the same chunking in either shape.
+    """
+    prefix_dst: dict[int, list[int]] = {}
+    acc = 1
+    for d2, n in enumerate(dst):
+        if n > 1:
+            prefix_dst.setdefault(acc, []).append(d2)
+        acc *= n
+    acc = 1
+    for d, n in enumerate(src):
+        if n > 1:
+            for d2 in prefix_dst.get(acc, [])[:1]:
+                yield d, d2
+        acc *= n
+
+
+def guard_facts(op: str, values: Mapping[str, Any], node: NodeView) -> Iterator[tuple[Any, ...]]:
+    """``reshape-map`` for Flatten, Reshape, Squeeze and Unsqueeze: which dim of the output a split input dim
+    becomes (analysis.egg)."""
+    if op in ("Transpose", "Expand") or not node.outputs or node.outputs[0] is None:
+        return
+    src, dst = node.shape(values[_FIRST_INPUT[op]]), node.outputs[0]
+    for d, d2 in reshape_pairs(src, dst):
+        yield ("reshape-map", src, dst, d, d2)
+
+
+RESHAPE = OpFamily(
+    name="reshape",
+    specs=SPECS,
+    rule_file="parallel/layout.egg",
+    infer_shape=infer_shape,
+    evaluate=evaluate,
+    instances=instances,
+    flops=flops,
+    ranges=(
+        "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
+        " number of elements, Flatten at every axis, Squeeze of every set of size-1 dims, Unsqueeze of every one"
+        " or two new axes; Transpose: rank 1-4, every permutation; Expand: input rank 0-3, every target (a size-1"
+        " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size)"
+    ),
+    axioms=axioms,
+    normalize=normalize,
+    guard_facts=guard_facts,
+)

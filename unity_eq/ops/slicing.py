@@ -1,0 +1,381 @@
+"""Data cut and joined along an axis: Concat, Split, Slice and Gather.
+
+They compute nothing and shard along any dim they do not cut or join: a split of another dim of the operands
+is a split of the result (Gather also along its indices' dims, which take the place of ``axis``). Their rules
+are in ``rules/parallel/layout.egg`` with the other data-movement ops.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from unity_eq.ops.cases import other_shapes, rank_dims, shape_pool
+from unity_eq.ops.family import (
+    IndexShape,
+    Instance,
+    InstanceRanges,
+    NodeView,
+    NotModeled,
+    OpCase,
+    OpFamily,
+    ShapeError,
+)
+from unity_eq.ops.spec import Arg, Family, OpSpec, int_attr, static, tensor
+from unity_eq.ops.tensors import Shape, check_axis, need, norm_axis
+
+__all__ = ["SLICING"]
+
+SPECS = (
+    OpSpec("Concat", Family.CONCAT, (Arg("inputs", "TList", "input"), int_attr("axis"))),
+    OpSpec("Split", Family.SPLIT, (tensor("input"), static("split", True), int_attr("axis", 0)), multi_output=True),
+    OpSpec(
+        "Slice",
+        Family.SLICE,
+        (tensor("data"), static("starts"), static("ends"), static("axes", True), static("steps", True)),
+    ),
+    OpSpec("Gather", Family.GATHER, (tensor("data"), tensor("indices"), int_attr("axis", 0))),
+)
+
+
+def _slice_params(
+    shape: Shape, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int], steps: Sequence[int]
+) -> list[slice]:
+    axes = list(axes) if axes else list(range(len(starts)))
+    steps = list(steps) if steps else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError("Slice: starts, ends, axes and steps differ in length")
+    out = [slice(None)] * len(shape)
+    seen = set()
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
+        a = check_axis(a, len(shape), "Slice axis")
+        if a in seen or st <= 0:
+            raise ShapeError("Slice: repeated axis or non-positive step")
+        seen.add(a)
+        out[a] = slice(s, e, st)
+    return out
+
+
+def infer_shape(op: str, args: Sequence[Any]) -> Shape:
+    """Concat adds the operands' sizes along ``axis`` (they agree elsewhere); Split's output ``index`` has its
+    part's size; Slice as Python slices (positive steps); Gather puts the indices' shape in place of ``axis``."""
+    if op == "Concat":
+        shapes, axis = args[0], args[1]
+        if not shapes:
+            raise ShapeError("Concat of an empty list")
+        first = need(shapes[0])
+        check_axis(axis, len(first))
+        for s in shapes[1:]:
+            if len(s) != len(first) or any(s[i] != first[i] for i in range(len(first)) if i != axis):
+                raise ShapeError("Concat inputs differ outside the axis")
+        return (*first[:axis], sum(s[axis] for s in shapes), *first[axis + 1 :])
+    if op == "Split":
+        x, sizes, axis, index = need(args[0]), tuple(args[1]), args[2], args[3]
+        check_axis(axis, len(x))
+        if not sizes or sum(sizes) != x[axis] or any(s < 0 for s in sizes) or not 0 <= index < len(sizes):
+            raise ShapeError(f"Split sizes {list(sizes)} of dim {x[axis]}")
+        return (*x[:axis], sizes[index], *x[axis + 1 :])
+    if op == "Slice":
+        x = need(args[0])
+        slices = _slice_params(x, *args[1:5])
+        return tuple(len(range(*sl.indices(n))) for sl, n in zip(slices, x, strict=True))
+    if op == "Gather":
+        data, idx, axis = need(args[0]), need(args[1]), args[2]
+        check_axis(axis, len(data))
+        return (*data[:axis], *idx, *data[axis + 1 :])
+    raise ShapeError(f"no semantics for {op}")
+
+
+def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
+    """numpy's concatenate and indexing; a symbolic Gather picks each element with if-then-else terms over
+    its (free, in-range) index."""
+    if op == "Concat":
+        return np.concatenate(args[0], axis=args[1])
+    if op == "Split":
+        x, sizes, axis, index = args
+        start = sum(sizes[:index])
+        sl = [slice(None)] * x.ndim
+        sl[axis] = slice(start, start + sizes[index])
+        return x[tuple(sl)]
+    if op == "Slice":
+        x = args[0]
+        return x[tuple(_slice_params(x.shape, *args[1:5]))]
+    if op == "Gather":
+        return _gather(args, bk)
+    raise NotImplementedError(f"{op}: no semantics in unity_eq/ops/slicing.py; add them with its spec")
+
+
+def _gather(args: Sequence[Any], bk: Any) -> Any:
+    data, idx, axis = args
+    if not getattr(bk, "symbolic", False):
+        ints = np.asarray(idx, dtype=np.int64)
+        if ints.size and (ints.min() < -data.shape[axis] or ints.max() >= data.shape[axis]):
+            raise ShapeError(f"Gather index out of range for a dim of size {data.shape[axis]}")
+        return np.take(data, ints, axis=axis)
+    import z3  # only the verifier's symbolic backend gets here; the engine never does
+
+    size = data.shape[axis]
+    moved = np.moveaxis(data, axis, 0)
+    rest = moved.shape[1:]
+    out = np.empty((*idx.shape, *rest), dtype=object)
+    for p in np.ndindex(*idx.shape):
+        i = idx[p]
+        for r in np.ndindex(*rest):
+            expr = moved[(size - 1, *r)]
+            for k in range(size - 2, -1, -1):
+                expr = z3.If(z3.Or(i == k, i == k - size), moved[(k, *r)], expr)
+            out[(*p, *r)] = expr
+    # out is idx + data[:axis] + data[axis+1:]; move data[:axis] in front
+    ri = idx.ndim
+    order = list(range(ri, ri + axis)) + list(range(ri)) + list(range(ri + axis, out.ndim))
+    return np.transpose(out, order)
+
+
+def _concat_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it."""
+    out: list[Instance] = []
+    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
+        for axis in range(len(shape)):
+            if shape[axis] != cfg.dims[0]:
+                continue  # the other dims range over every shape; the axis dim is each operand's own
+            for count in (1, 2, 3) if len(shape) <= 2 else (1, 2):
+                for sizes in itertools.product(rank_dims(cfg, len(shape)), repeat=count):
+                    items = [(*shape[:axis], n, *shape[axis + 1 :]) for n in sizes]
+                    out.append(({"inputs": items}, {"axis": axis}))
+    # every case fits (the operands agree outside the axis), so this strides the instances themselves
+    return iter(out[:: 5 if cfg.sample else 1])
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(total,)] if total >= 1 else []
+    return [(first, *rest) for first in range(1, total) for rest in _compositions(total - first, parts - 1)]
+
+
+def _split_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    for i, shape in enumerate(shape_pool(cfg, range(1, cfg.max_rank + 1))):
+        for axis in range(len(shape)):
+            options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
+            for j, sizes in enumerate(options):
+                if cfg.sample and len(options) > 3 and (i + j) % 2:
+                    continue
+                for index in range(len(sizes)):
+                    yield OpCase({"input": shape}, {"split": sizes, "axis": axis}, index)
+
+
+def _axis_slices(n: int, every: bool) -> list[tuple[int, int, int]]:
+    """(start, end, step) on a dim of size ``n`` that select at least one element. ``every``: each start
+    from ``-n`` to ``n-1``, each end from ``-n`` to ``n`` and past it (clamped, as exporters write
+    INT64_MAX), steps 1-3, so a guard on the numbers (``(<= (vec-get st 0) 1)``) meets every slice it admits,
+    negative spellings included. Otherwise the few a rule over two axes needs: from the start, from 1 or
+    from the last element, to the end, to 1 or to the last, steps 1 and 2."""
+    starts = range(-n, n) if every else sorted({0, min(1, n - 1), -1})
+    ends = [*range(-n, n + 1), n + 3] if every else sorted({1, -1, n, n + 3})
+    steps = (1, 2, 3) if every else (1, 2)
+    return [(s, e, st) for s in starts for e in ends for st in steps if len(range(n)[s:e:st]) > 0]
+
+
+def _slice_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    """Every non-empty one-axis slice of every shape (:func:`_axis_slices`); two-axis slices of rank-2
+    shapes from the smaller per-axis set."""
+    for shape in other_shapes(cfg):
+        rank = len(shape)
+        choices: list[tuple[tuple[int, ...], list[tuple[tuple[int, int, int], ...]]]] = [
+            ((a,), [(sl,) for sl in _axis_slices(shape[a], every=True)]) for a in range(rank)
+        ]
+        if rank == 2:
+            pairs = itertools.product(_axis_slices(shape[0], every=False), _axis_slices(shape[1], every=False))
+            choices.append(((0, 1), list(pairs)))
+        for axes, options in choices:
+            for j, picked in enumerate(options):
+                if cfg.sample and j % 7:
+                    continue
+                given = dict(
+                    starts=tuple(sl[0] for sl in picked),
+                    ends=tuple(sl[1] for sl in picked),
+                    axes=axes,
+                    steps=tuple(sl[2] for sl in picked),
+                )
+                yield {"data": shape}, given
+
+
+def _gather_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
+    for i, shape in enumerate(other_shapes(cfg)):
+        for axis in range(len(shape)):
+            picked = (idx_shapes[(i + axis) % len(idx_shapes)], idx_shapes[(i + axis + 3) % len(idx_shapes)])
+            for idx in picked if cfg.sample else idx_shapes:
+                yield {"data": shape, "indices": IndexShape(idx, shape[axis])}, {"axis": axis}
+
+
+def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
+    """Concat and Split up to ``max_rank``, Slice and Gather up to ``other_rank`` (docs/verify.md's table)."""
+    if spec.family is Family.CONCAT:
+        return _concat_cases(spec, ranges)
+    if spec.family is Family.SPLIT:
+        return _split_cases(spec, ranges)
+    if spec.family is Family.SLICE:
+        return _slice_cases(spec, ranges)
+    return _gather_cases(spec, ranges)
+
+
+def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
+    """Concat, Split and Slice move data (none); Gather one operation per output element."""
+    if op == "Gather":
+        return float(math.prod(out_shape))
+    return 0.0
+
+
+def axioms(v: Any) -> None:
+    """Concat, Split and Slice commute with chunks of a dim they do not cut or join (a list's chunk is the list
+    of its items' chunks); Gather with chunks of the indices and of the data's dims other than ``axis``."""
+    import z3  # the verifier's vocabulary is z3's; the engine never calls this
+
+    x, idx, d, i, n, k, axis, s, s2, axes, lst, ch, rel, FA = v.symbols("x idx d i n k axis s s2 axes lst ch rel FA")
+    cc = v.op("Concat")
+    v.add(
+        "Concat",
+        FA(
+            [lst, d, axis, i, n],
+            z3.Implies(
+                z3.And(d != axis, v.list_div(lst, d, n)),
+                cc(v.chunkl(lst, d, i, n), axis) == ch(cc(lst, axis), d, i, n),
+            ),
+            patterns=[cc(v.chunkl(lst, d, i, n), axis)],
+        ),
+    )
+    v.add(
+        "lists",
+        FA(
+            [x, lst, d, i, n],
+            v.chunkl(v.cons(x, lst), d, i, n) == v.cons(ch(x, d, i, n), v.chunkl(lst, d, i, n)),
+            patterns=[v.chunkl(v.cons(x, lst), d, i, n)],
+        ),
+    )
+    v.add(
+        "lists",
+        FA(
+            [d, i, n],
+            v.chunkl(v.nil, d, i, n) == v.nil,
+            patterns=[v.chunkl(v.nil, d, i, n)],
+        ),
+    )
+    v.add(
+        "lists",
+        FA(
+            [x, lst, d, n],
+            v.list_div(v.cons(x, lst), d, n) == z3.And(v.div(x, d, n), v.list_div(lst, d, n)),
+            patterns=[v.list_div(v.cons(x, lst), d, n)],
+        ),
+    )
+    sp = v.op("Split")
+    v.add(
+        "Split",
+        FA(
+            [x, s, axis, k, d, i, n],
+            z3.Implies(d != axis, sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n)),
+            patterns=[sp(ch(x, d, i, n), s, axis, k)],
+        ),
+    )
+    sl = v.op("Slice")
+    s3 = z3.Const("s3", v.V)
+    v.add(
+        "Slice",
+        FA(
+            [x, s, s2, axes, s3, d, i, n],
+            z3.Implies(
+                z3.Not(rel["vec-contains"](axes, d)),
+                sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
+            ),
+            patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
+        ),
+    )
+    ga = v.op("Gather")
+    v.add(
+        "Gather",
+        FA(
+            [x, idx, axis, d, i, n],
+            ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n),
+            patterns=[ga(x, ch(idx, d, i, n), axis)],
+        ),
+    )
+    v.add(
+        "Gather",
+        FA(
+            [x, idx, axis, d, i, n],
+            z3.Implies(z3.And(d >= 0, d < axis), ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n)),
+            patterns=[ga(ch(x, d, i, n), idx, axis)],
+        ),
+    )
+    v.add(
+        "Gather",
+        FA(
+            [x, idx, axis, d, i, n],
+            z3.Implies(
+                d > axis,
+                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d + v.vlen(v.shape(idx)) - 1, i, n),
+            ),
+            patterns=[ga(ch(x, d, i, n), idx, axis)],
+        ),
+    )
+
+
+def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
+    """Axes non-negative; Slice's starts and ends clamped as ONNX clamps them, defaults written out; Split's
+    sizes read off its outputs (whether given, implied by ``num_outputs`` or by the number of outputs)."""
+    if op == "Concat":
+        v["axis"] = norm_axis(v["axis"], node.rank(v["inputs"][0]))
+    elif op == "Slice":
+        v.update(_normalize_slice(node.shape(v["data"]), v))
+    elif op in ("Split", "Gather"):
+        v["axis"] = norm_axis(v["axis"], node.rank(v["input" if op == "Split" else "data"]))
+    if op == "Split":
+        if any(shape is None for shape in node.outputs):
+            raise NotModeled
+        v["split"] = tuple(shape[v["axis"]] for shape in node.outputs if shape is not None)
+    return v
+
+
+def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any]:
+    starts, ends = list(v["starts"]), list(v["ends"])
+    axes = list(v["axes"]) if v["axes"] else list(range(len(starts)))
+    steps = list(v["steps"]) if v["steps"] else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or any(s <= 0 for s in steps):
+        raise NotModeled
+    axes = [norm_axis(a, len(shape)) for a in axes]
+    norm_starts, norm_ends = [], []
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        begin, stop, _ = slice(start, end, step).indices(shape[axis])
+        norm_starts.append(begin)
+        norm_ends.append(max(stop, begin))
+    return {
+        "starts": tuple(norm_starts),
+        "ends": tuple(norm_ends),
+        "axes": tuple(axes),
+        "steps": tuple(steps),
+    }
+
+
+SLICING = OpFamily(
+    name="slicing",
+    specs=SPECS,
+    rule_file="parallel/layout.egg",
+    infer_shape=infer_shape,
+    evaluate=evaluate,
+    instances=instances,
+    flops=flops,
+    ranges=(
+        "Concat: rank 1-4, every axis, 1-2 operands (3 up to rank 2), every size of every operand along the axis;"
+        " Split: rank 1-4, every axis, every composition of the dim into 1-3 parts, every output; Slice: rank 1-3,"
+        " every axis, every (start, end, step) that selects at least one element (starts -n … n-1, ends -n … n"
+        " and past the end, steps 1-3), two-axis slices of rank-2 tensors; Gather: data rank 1-3, every axis,"
+        " indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
+    ),
+    axioms=axioms,
+    normalize=normalize,
+    implied_attrs={"Split": frozenset({"num_outputs"})},
+)
