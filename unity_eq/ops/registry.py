@@ -1,8 +1,9 @@
 """The op registry: every op family, built-in or added later, in one place.
 
 Adding a family is one module in this package (an :class:`~unity_eq.ops.family.OpFamily`), its rule file under
-``rules/``, and one entry in :data:`FAMILIES` below. Everything else reads the registry: the schema
-(``rules/schema.egg``), the encoder, the cost model, ``explain`` and the verifier.
+``rules/``, and one entry in :data:`PLUGINS` below (:data:`BUILTINS` for the families that ship). Everything
+else reads the registry: the schema (``rules/schema.egg``), the encoder, the cost model, ``explain`` and the
+verifier.
 """
 
 from __future__ import annotations
