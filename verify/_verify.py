@@ -201,7 +201,7 @@ class Report:
 # ----------------------------------------------------------------------------------------------------------
 # Instances of a rule over uninterpreted functions
 
-# elementwise ops the verifier models as an uninterpreted scalar function (verify/_tensor.py): a rule proven
+# elementwise ops the verifier models as an uninterpreted scalar function (unity_eq/ops/elementwise.py): a rule proven
 # with them holds for every function, so for every elementwise op put in their place
 _ELEMENTWISE = (Family.UNARY, Family.BROADCAST)
 _INTERPRETED = {"Neg", "Identity", "Add", "Sub", "Mul", "Div", "Max", "Min", "Where", "Clip", "PRelu"}
