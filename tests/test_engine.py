@@ -163,3 +163,18 @@ def test_break_cycles_rechooses_a_class_on_a_cycle() -> None:
     costs = {"a1": Cost(5.0), "a2": Cost(1.0), "b1": Cost(1.0)}
     fixed = break_cycles(data, {"A": a_loop, "B": b_loop}, costs, ["B"])
     assert fixed["A"] is a_leaf and fixed["B"] is b_loop
+
+
+def test_every_op_belongs_to_one_family_whose_rules_ship() -> None:
+    """The registry is the one place a family is declared: every typed op has a family holding its spec, every
+    family's rule file is loaded by `optimize` and proven by `verify`, and says its proof ranges in words."""
+    from unity_eq.ops.registry import FAMILIES, OPS, family_for
+    from unity_eq.rulesets import HAND_WRITTEN_RULE_FILES
+
+    for name, spec in OPS.items():
+        family = family_for(name)
+        assert family is not None and spec in family.specs, name
+    assert sum(len(family.specs) for family in FAMILIES) == len(OPS)
+    for family in FAMILIES:
+        assert family.rule_file in HAND_WRITTEN_RULE_FILES, family.name
+        assert family.ranges, f"{family.name}: say its proof ranges in words (docs/verify.md)"
