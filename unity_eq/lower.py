@@ -31,6 +31,8 @@ from unity_eq.cost import Cost
 from unity_eq.errors import PlanError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph, Replicate, Shard
+from unity_eq.ops.registry import spec_for
+from unity_eq.ops.spec import Family
 from unity_eq.plan import (
     PLAN_FORMAT_VERSION,
     AllGather,
@@ -63,9 +65,6 @@ from unity_eq.weightfile import (
 )
 
 __all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
-
-#: Data-movement ops that lowering evaluates when every tensor input is a weight (or a piece of one).
-_FOLDABLE = frozenset({"Split", "Concat", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 # A rank whose weights exceed this writes them to ``device_<rank>.onnx.data`` one tensor at a time (streamed:
 # memory holds one tensor, not the rank); smaller ranks stay one self-contained file.
@@ -194,7 +193,7 @@ def derived_names(plan: Plan) -> dict[str, str]:
     names = {tid: name for tid, t in plan.tensors.items() if (name := t.value or t.source)}
     made: dict[str, str] = {}
     for step in plan.steps:  # forward, through data movement only: pieces -> what they make
-        if isinstance(step, Compute) and step.op_type not in _FOLDABLE:
+        if isinstance(step, Compute) and not _moves_data(step.op_type):
             continue
         ins = [names.get(i) or made.get(i) for i in step_inputs(step)]
         if ins and all(ins):
@@ -208,6 +207,12 @@ def derived_names(plan: Plan) -> dict[str, str]:
             if known and tid not in names and tid not in made and tid not in feeds:
                 feeds[tid] = known
     return {**feeds, **made}
+
+
+def _moves_data(op_type: str) -> bool:
+    """A pure data-layout op (lowering folds it over weights): its outputs are named after its inputs."""
+    spec = spec_for(op_type)
+    return spec is not None and spec.foldable
 
 
 def _joined(names: Iterable[str], most: int = 4) -> str:
@@ -374,7 +379,8 @@ class _DeviceGraphBuilder:
     def _fold(self, step: Compute) -> bool:
         """Evaluate data movement over weights now (the generated rules split and concatenate weights:
         ``Split(W)``, ``Concat(W1, W2)``): the result is an initializer, as the cost model assumes."""
-        if step.op_type not in _FOLDABLE or step.domain:
+        spec = None if step.domain else spec_for(step.op_type)
+        if spec is None or not spec.foldable:
             return False
         refs = [r for r in step.inputs if isinstance(r, str)]
         if not refs or any(self.alias.get(r, r) not in self.consts for r in refs):
@@ -382,7 +388,7 @@ class _DeviceGraphBuilder:
         consts = [self.consts[self.alias.get(r, r)] for r in refs]
         outs = [o for o in step.outputs if o]
         axis = int(step.attrs.get("axis", 0))
-        if step.op_type == "Concat":  # a copy: made when written (see Deferred)
+        if spec.family is Family.CONCAT:  # a copy: made when written (see Deferred)
             shape = list(consts[0].shape)
             shape[axis] = sum(c.shape[axis] for c in consts)
             concat = Deferred(
@@ -393,14 +399,15 @@ class _DeviceGraphBuilder:
             self.consts[outs[0]] = concat
             return True
         values = [value_of(c) for c in consts]  # views, except of a deferred Concat (rare: made now)
-        if step.op_type == "Split":
-            given = step.inputs[1] if len(step.inputs) > 1 else None
+        if spec.output_sizes is not None:  # Split: its outputs' sizes are given, or the plan's local shapes
+            position = spec.input_index(spec.output_sizes)
+            given = step.inputs[position] if len(step.inputs) > position else None
             sizes = (
                 list(given.values) if isinstance(given, Const) else [self.local_shape(o)[axis] for o in step.outputs]
             )
             parts = np.split(values[0], np.cumsum(sizes)[:-1], axis=axis)
             results = {o: p for o, p in zip(step.outputs, parts, strict=True) if o}
-        elif step.op_type == "Transpose":
+        elif spec.family is Family.TRANSPOSE:
             perm = step.attrs.get("perm") or list(reversed(range(values[0].ndim)))
             results = {outs[0]: np.transpose(values[0], perm)}
         else:  # Reshape, Flatten, Squeeze, Unsqueeze: this rank's piece in the output's local shape
