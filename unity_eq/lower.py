@@ -747,7 +747,7 @@ def write_plan_dir(
         metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)
         metadata["plan_hash"] = lowered.plan_hash
         metadata["memory"] = {**lowered.plan.report.get("memory", {}), "weight_bytes_per_rank": weight_bytes}
-        write_plan_json(tmp / "plan.json", metadata, default=_json_default)
+        write_plan_json(tmp / "plan.json", metadata)
         replace_plan_files(tmp, target)
     return target
 
