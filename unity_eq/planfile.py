@@ -131,9 +131,9 @@ def read_plan_json(meta_path: Path, need: Sequence[str] = ()) -> dict[str, Any]:
     return meta
 
 
-def write_plan_json(path: Path, content: Mapping[str, Any]) -> None:
+def write_plan_json(path: Path, plan: PlanRecord) -> None:
     """Write ``plan.json`` (indent 1, as every plan so far: plan hashes and diffs stay comparable)."""
-    path.write_text(json.dumps(content, indent=1, default=json_default))
+    path.write_text(json.dumps(plan.to_json(), indent=1, default=json_default))
 
 
 def json_default(value: Any) -> Any:
@@ -939,7 +939,7 @@ class StatsRecord(Record):
 class PlanRecord(Record):
     """The content of plan.json (docs/plan-format.md)."""
 
-    format_version: int = PLAN_FORMAT_VERSION
+    format_version: int
     unity_eq_version: str
     model: ModelRecord
     objective: str
@@ -959,9 +959,6 @@ class PlanRecord(Record):
     stats: StatsRecord
     plan_hash: str
     memory: PlanMemoryRecord
-
-    def to_json(self) -> dict[str, Any]:
-        return {"format_version": self.format_version, **super().to_json()}
 
 
 @dataclass(frozen=True, kw_only=True)
