@@ -69,29 +69,31 @@ def main() -> int:
         )
     wall = time.perf_counter() - start
     plan, report = result.plan, result.plan.report
-    tried = report.get("mesh_search", {}).get("tried", [])
+    tried = report.mesh_search.tried if report.mesh_search else ()
+    saturation = plan.stats.saturation
+    assert saturation is not None
+    ilp = report.extraction.ilp if report.extraction else None
     record = {
         "wall_s": round(wall, 3),
         "timings": {k: round(v, 3) for k, v in result.timings.items()},
         "peak_mib": round(peak_rss_mib(), 1),
-        "worker_peak_mib": plan.stats["saturation"].get("worker_peak_mib"),
-        "enodes": plan.stats["saturation"]["enodes"],
-        "enodes_all_meshes": sum(t.get("enodes", 0) for t in tried),
+        "worker_peak_mib": saturation.worker_peak_mib,
+        "enodes": saturation.enodes,
+        "enodes_all_meshes": sum(t.enodes or 0 for t in tried),
         "meshes_tried": len(tried),
-        "stop_reason": plan.stats["saturation"]["stop_reason"],
-        "mesh": report.get("mesh_search", {}).get("chosen", str(plan.mesh)),
+        "stop_reason": saturation.stop_reason,
+        "mesh": report.mesh_search.chosen if report.mesh_search else str(plan.mesh),
         "cost_s": plan.cost.total,
         "compute_s": plan.cost.compute,
         "comm_s": plan.cost.comm,
         "collectives": len(plan.collectives()),
         "nodes": len(result.graph.nodes),
         "baselines": {
-            name: {"ratio": b.get("ratio"), "sharded": b.get("sharded"), "fits": b.get("fits")}
-            for name, b in report.get("baselines", {}).items()
+            name: {"ratio": b.ratio, "sharded": b.sharded, "fits": b.fits} for name, b in report.baselines.items()
         },
-        "blocks": report.get("blocks"),
-        "ilp": report.get("extraction", {}).get("ilp"),
-        "fits": report.get("memory", {}).get("fits"),
+        "blocks": report.blocks.to_json() if report.blocks else None,
+        "ilp": ilp.to_json() if ilp else None,
+        "fits": report.memory.fits if report.memory else None,
     }
     json.dump(record, sys.stdout)
     return 0

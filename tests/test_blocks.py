@@ -35,7 +35,7 @@ def test_split_finds_repeated_layers(bert: dict[int, Path]) -> None:
     # Two more layers add pieces, not distinct pieces: the work is that of the distinct ones.
     assert len(deep.pieces) > len(small.pieces)
     assert set(deep.distinct) == set(small.distinct)
-    assert max(deep.to_json()["copies"]) >= 3
+    assert max(deep.to_record().copies) >= 3
     for piece in deep.pieces[1:]:
         assert piece.stream_in is not None
 
@@ -110,8 +110,9 @@ def test_ilp_extractor_in_the_pipeline(examples: Path, tmp_path: Path) -> None:
 
 def test_ilp_with_blocks(bert: dict[int, Path]) -> None:
     result = optimize(bert[2], devices=2, mesh="2", blocks="on", extractor="ilp", ilp_time_limit=20)
-    report = result.plan.report["extraction"]["ilp"]
-    assert report["programs"] and report["ilp_total_s"] <= report["greedy_total_s"] * (1 + 1e-9)
+    extraction = result.plan.report.extraction
+    report = extraction.ilp if extraction else None
+    assert report is not None and report.programs and report.ilp_total_s <= report.greedy_total_s * (1 + 1e-9)
 
 
 def test_block_plans_do_not_depend_on_string_hashing(examples: Path, tmp_path: Path) -> None:

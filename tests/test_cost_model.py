@@ -235,5 +235,5 @@ def test_the_one_device_baseline_is_the_same_on_any_device_count(examples: Path)
     costs = set()
     for devices in (2, 4, 8):
         report = optimize(examples / "mlp.onnx", devices=devices, max_axes=1).plan.report
-        costs.add(round(report["baselines"]["one_device"]["total_s"], 15))
+        costs.add(round(report.baselines["one_device"].total_s, 15))
     assert len(costs) == 1

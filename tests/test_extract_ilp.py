@@ -98,7 +98,7 @@ def test_ilp_on_the_mlp_example_is_optimal_and_no_worse_than_greedy(examples: Pa
     model = CostModel(default_machine(4), mesh, "training")
     plan, report = extract_ilp(data, encoding, graph, model, time_limit_s=30)
     assert report.optimal and plan.cost.total <= report.greedy_objective * (1 + 1e-9)
-    assert report.as_dict()["gap"] == report.gap
+    assert report.to_record().gap == report.gap and plan.stats.ilp == report.to_record()
 
 
 def test_time_limit_keeps_the_greedy_incumbent(examples: Path) -> None:

@@ -130,7 +130,7 @@ def test_mesh_enumeration_of_many_nodes_is_fast(examples: Path) -> None:
     trials = candidate_meshes(machine, load_onnx(examples / "mlp.onnx"))
     assert time.perf_counter() - start < 5.0
     first = trials[0].axes[0]
-    assert first["spans_nodes"] and first["nodes"] == 8192 and first["ranks_per_node"] == 8
+    assert first.spans_nodes and first.nodes == 8192 and first.ranks_per_node == 8
 
 
 def _reference_topologies(machine: Machine, mesh: Mesh, axis: str) -> tuple[GroupTopology, ...]:

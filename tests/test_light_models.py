@@ -55,7 +55,7 @@ def test_light_model_gets_a_sharded_plan_that_checks(
     machine = compute_bound_machine(tmp_path, devices)
     result = optimize(model, machine=machine, output_dir=tmp_path / "plan")
     assert result.plan.validate() == []
-    assert result.plan.stats["saturation"]["stop_reason"] == "saturated"
+    assert result.plan.stats.saturation is not None and result.plan.stats.saturation.stop_reason == "saturated"
     ops_on_shards = sharded_compute(tmp_path / "plan")
     assert len(ops_on_shards) >= 3, f"{name} on {devices}: ops on shards {ops_on_shards}; the check would be vacuous"
     outcome = check(model, tmp_path / "plan")

@@ -164,10 +164,11 @@ def test_heterogeneous_machine_optimizes(examples: Path) -> None:
     result = optimize(examples / "mlp.onnx", machine=ROOT / "examples" / "machines" / "mixed.toml")
     plan = result.plan
     assert plan.validate() == []
-    assert 0 < plan.cost.total < result.plan.report["baselines"]["one_device"]["total_s"] * 10
+    assert 0 < plan.cost.total < result.plan.report.baselines["one_device"].total_s * 10
     # the plan leaves the A100 node idle (tests/test_progress.py): its capacity is the H100s'
     assert plan.mesh.devices == (0, 1, 2, 3)
-    assert plan.report["memory"]["capacity_bytes"] == pytest.approx(80 * 2**30 * 0.9)
+    assert plan.report.memory is not None
+    assert plan.report.memory.capacity_bytes == pytest.approx(80 * 2**30 * 0.9)
 
 
 def test_device_groups_of_homogeneous_and_mixed_machines(examples: Path) -> None:

@@ -20,8 +20,9 @@ import pytest
 
 from unity_eq import optimize
 from unity_eq.cli import main
-from unity_eq.explain import report_of, tensor_bytes
+from unity_eq.explain import load_plan, report_of, tensor_bytes
 from unity_eq.picture import BACKWARD, FORWARD, REPLICATED, cost_chart_svg, html_page, pcg_dot, placement_colours
+from unity_eq.planfile import ExplainRecord
 
 DOT = shutil.which("dot")
 CHROMIUM = shutil.which("chromium")
@@ -40,6 +41,11 @@ def meta(plan_dir: Path) -> dict[str, Any]:
     return json.loads((plan_dir / "plan.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def plan(plan_dir: Path) -> ExplainRecord:
+    return load_plan(plan_dir)
+
+
 def _nodes(dot: str) -> dict[str, str]:
     """Node id -> its attribute text, for the ``opN``/``input …``/``output …`` nodes of the DOT text."""
     return {m[1]: m[2] for m in re.finditer(r'^\t+(op\d+|"(?:input|output) [^"]+") \[(.*)\]$', dot, re.M)}
@@ -55,46 +61,48 @@ def _fill(attrs: str) -> str:
     return found[1]
 
 
-def test_every_op_is_a_node_filled_by_its_placement(meta: dict[str, Any]) -> None:
-    report = report_of(meta)
-    nodes = _nodes(pcg_dot(meta))
-    colours = placement_colours(report["ops"])
-    assert len(report["ops"]) == sum(1 for s in meta["steps"] if s["kind"] == "compute") > 20
+def test_every_op_is_a_node_filled_by_its_placement(meta: dict[str, Any], plan: ExplainRecord) -> None:
+    report = report_of(plan)
+    nodes = _nodes(pcg_dot(plan))
+    colours = placement_colours(report.ops)
+    assert len(report.ops) == sum(1 for s in meta["steps"] if s["kind"] == "compute") > 20
     sharded: dict[str, str] = {}  # placement -> fill of the ops sharded somewhere
-    for op in report["ops"]:
-        attrs = nodes[f"op{op['step']}"]
-        key = " ".join(f"{a}:{p}" for a, p in op["placement"].items())
-        assert key in attrs and op["op"] in attrs, attrs
+    for op in report.ops:
+        attrs = nodes[f"op{op.step}"]
+        key = " ".join(f"{a}:{p}" for a, p in op.placement.items())
+        assert key in attrs and op.op in attrs, attrs
         assert _fill(attrs) == colours[key]
-        if any(p != "R" for p in op["placement"].values()):
+        if any(p != "R" for p in op.placement.values()):
             sharded[key] = _fill(attrs)
     assert len(sharded) >= 3, "the plan should mix placements, or the colouring is not exercised"
     assert len(set(sharded.values())) == len(sharded) and REPLICATED not in sharded.values()
 
 
-def test_the_legend_names_every_placement_with_its_colour(meta: dict[str, Any]) -> None:
-    dot = pcg_dot(meta)
+def test_the_legend_names_every_placement_with_its_colour(plan: ExplainRecord) -> None:
+    dot = pcg_dot(plan)
     legend = next(line for line in dot.splitlines() if line.strip().startswith("legend ["))
-    for key, colour in placement_colours(report_of(meta)["ops"]).items():
+    for key, colour in placement_colours(report_of(plan).ops).items():
         assert f'BGCOLOR="{colour}"' in legend and key in legend
 
 
-def test_every_collective_is_a_marked_edge_with_kind_axis_bytes_and_time(meta: dict[str, Any]) -> None:
-    edges = _edges(pcg_dot(meta))
+def test_every_collective_is_a_marked_edge_with_kind_axis_bytes_and_time(
+    meta: dict[str, Any], plan: ExplainRecord
+) -> None:
+    edges = _edges(pcg_dot(plan))
     forward = [attrs for _, _, attrs in edges if f'color="{FORWARD}"' in attrs]
     steps = [s for s in meta["steps"] if s["kind"] in ("combine", "reduce")]
     assert len(steps) == len(meta["collectives"]) >= 3
     for step in steps:
         kind = "all-gather" if step["kind"] == "combine" else "all-reduce"
-        size = tensor_bytes(meta["tensors"][step["out"]]) / 2**20
+        size = tensor_bytes(plan.tensors[step["out"]]) / 2**20
         label = f"{kind} on {step['axis']}\\n{size:.2f} MiB, {step['communication_s'] * 1e6:.1f} µs"
         assert any(label in attrs for attrs in forward), (label, forward)
     backward = [attrs for _, _, attrs in edges if f'color="{BACKWARD}"' in attrs]
     assert backward and all("gradient all-reduce on y" in attrs and "style=dashed" in attrs for attrs in backward)
 
 
-def test_edges_follow_the_plan_from_input_to_output(meta: dict[str, Any]) -> None:
-    edges = _edges(pcg_dot(meta))
+def test_edges_follow_the_plan_from_input_to_output(meta: dict[str, Any], plan: ExplainRecord) -> None:
+    edges = _edges(pcg_dot(plan))
     ends = {(a, b) for a, b, _ in edges}
     first = next(i for i, s in enumerate(meta["steps"]) if s["kind"] == "compute" and s["op"] == "LayerNormalization")
     assert ('"input X"', f"op{first}") in ends
@@ -105,25 +113,25 @@ def test_edges_follow_the_plan_from_input_to_output(meta: dict[str, Any]) -> Non
 
 
 @pytest.mark.skipif(DOT is None, reason="graphviz's `dot` is not installed")
-def test_dot_parses_the_graph_with_every_op_and_the_mesh(meta: dict[str, Any]) -> None:
+def test_dot_parses_the_graph_with_every_op_and_the_mesh(plan: ExplainRecord) -> None:
     assert DOT is not None
-    drawn = json.loads(subprocess.run([DOT, "-Tjson"], input=pcg_dot(meta), capture_output=True, text=True).stdout)
+    drawn = json.loads(subprocess.run([DOT, "-Tjson"], input=pcg_dot(plan), capture_output=True, text=True).stdout)
     names = {o["name"] for o in drawn["objects"]}
-    assert {f"op{op['step']}" for op in report_of(meta)["ops"]} <= names
+    assert {f"op{op.step}" for op in report_of(plan).ops} <= names
     assert {"node 0", "node 1"} <= names  # the two machine nodes of the mesh drawing
     mesh = next(o for o in drawn["objects"] if o["name"] == "node 1")
     assert all(f"rank {r}" in mesh["label"] for r in range(8, 16))
 
 
-def test_large_graphs_are_capped_with_a_note(meta: dict[str, Any]) -> None:
-    dot = pcg_dot(meta, max_ops=5)
+def test_large_graphs_are_capped_with_a_note(plan: ExplainRecord) -> None:
+    dot = pcg_dot(plan, max_ops=5)
     assert sum(1 for n in _nodes(dot) if n.startswith("op")) == 5
-    total = len(report_of(meta)["ops"])
+    total = len(report_of(plan).ops)
     assert f"… {total - 5} more ops not drawn" in dot and f"--max-ops {total}" in dot
 
 
-def test_the_html_page_is_self_contained(meta: dict[str, Any]) -> None:
-    page, drawn = html_page(meta)
+def test_the_html_page_is_self_contained(plan: ExplainRecord) -> None:
+    page, drawn = html_page(plan)
     assert drawn == (DOT is not None)
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
     assert "<script" not in page.lower() and "<link" not in page.lower() and "@import" not in page
@@ -135,8 +143,8 @@ def test_the_html_page_is_self_contained(meta: dict[str, Any]) -> None:
     assert "x=2,y=2,z=4" in page and "dgx0" in page and "dgx1" in page
 
 
-def test_the_cost_chart_draws_every_time_to_one_scale(meta: dict[str, Any]) -> None:
-    chart = cost_chart_svg(report_of(meta))
+def test_the_cost_chart_draws_every_time_to_one_scale(meta: dict[str, Any], plan: ExplainRecord) -> None:
+    chart = cost_chart_svg(report_of(plan))
     bars = {m[2]: float(m[1]) for m in re.finditer(r'<rect [^>]*width="([\d.]+)"[^>]*><title>([^<]*)</title>', chart)}
     compute = {name: width for name, width in bars.items() if name.startswith("compute: ")}
     assert len(compute) == 1 + len(meta["baselines"])  # this plan and each baseline

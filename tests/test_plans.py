@@ -55,10 +55,10 @@ def test_megatron_sizes_train_with_no_more_communication_than_megatron(blocks: s
     assert plan.cost.comm <= megatron * (1 + 1e-9), (plan.cost.comm, megatron)
     dp_gradients = _dp_gradient_comm(graph, "h100x8")
     assert plan.cost.comm < dp_gradients / 5, (plan.cost.comm, dp_gradients)
-    baselines = plan.report["baselines"]
-    assert baselines["data_parallel"]["communication_s"] > 5 * plan.cost.comm
-    assert plan.cost.total <= baselines["tensor_parallel"]["total_s"] * (1 + 1e-9)
-    assert baselines["tensor_parallel"]["communication_s"] <= megatron * (1 + 1e-9)  # the TP baseline is Megatron
+    baselines = plan.report.baselines
+    assert baselines["data_parallel"].communication_s > 5 * plan.cost.comm
+    assert plan.cost.total <= baselines["tensor_parallel"].total_s * (1 + 1e-9)
+    assert baselines["tensor_parallel"].communication_s <= megatron * (1 + 1e-9)  # the TP baseline is Megatron
     assert _weight_axes(plan), "the plan shards weights"
 
 
@@ -67,12 +67,12 @@ def test_many_samples_and_small_weights_choose_data_parallel_or_better(blocks: s
     """Batch 512 × sequence 1, H=256, FFN 1024 (float32), training, one node of 8 H100."""
     graph = transformer_graph(blocks, batch=512, seq=1, hidden=256, ffn=1024, heads=4, dtype="float32")
     plan = optimize(graph, machine="h100x8", objective="training").plan
-    baselines = plan.report["baselines"]
+    baselines = plan.report.baselines
     dp = baselines["data_parallel"]
-    assert dp["sharded"] and dp["fits"]
-    assert plan.cost.total <= dp["total_s"] * (1 + 1e-9)  # a tie never goes to a plan dearer than a baseline
-    assert dp["total_s"] < baselines["tensor_parallel"]["total_s"]
-    assert dp["total_s"] < baselines["one_device"]["total_s"]
+    assert dp.sharded and dp.fits
+    assert plan.cost.total <= dp.total_s * (1 + 1e-9)  # a tie never goes to a plan dearer than a baseline
+    assert dp.total_s < baselines["tensor_parallel"].total_s
+    assert dp.total_s < baselines["one_device"].total_s
     kinds = tensor_kinds(plan)
     assert any(isinstance(s, Slice) and kinds.get(s.src) == "input" and s.dim == 0 for s in plan.steps), (
         "the batch of X is split"
@@ -94,14 +94,15 @@ def test_two_nodes_keep_tensor_parallelism_inside_a_node() -> None:
     assert across and inside, f"expected a mesh with axes across and inside nodes, got {plan.mesh}"
     tp = _weight_axes(plan)
     assert tp and tp <= inside, (tp, across)
-    by_axis = plan.report["cost"]["communication_by_axis"]
-    critical_across = sum(by_axis[a]["forward_s"] + by_axis[a]["backward_s"] for a in across)
-    critical_inside = sum(by_axis[a]["forward_s"] + by_axis[a]["backward_s"] for a in inside)
-    assert all(by_axis[a]["backward_s"] == 0 for a in across)
+    assert plan.report.cost is not None and plan.report.cost.communication_by_axis is not None
+    by_axis = plan.report.cost.communication_by_axis
+    critical_across = sum(by_axis[a].forward_s + by_axis[a].backward_s for a in across)
+    critical_inside = sum(by_axis[a].forward_s + by_axis[a].backward_s for a in inside)
+    assert all(by_axis[a].backward_s == 0 for a in across)
     assert critical_across < critical_inside
-    assert sum(by_axis[a]["gradient_s"] for a in across) > 0  # the data-parallel traffic goes between nodes
+    assert sum(by_axis[a].gradient_s for a in across) > 0  # the data-parallel traffic goes between nodes
     # tensor parallelism over all 16 GPUs (across the nodes) is much worse
-    assert plan.report["baselines"]["tensor_parallel"]["total_s"] > 1.2 * plan.cost.total
+    assert plan.report.baselines["tensor_parallel"].total_s > 1.2 * plan.cost.total
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -133,19 +134,20 @@ def test_weights_larger_than_a_device_get_a_plan_that_fits(tmp_path: Path) -> No
     graph = transformer_graph("m", batch=512, seq=1, hidden=H, ffn=FFN, layers=2)
     assert graph.weight_bytes > 4 * 0.1 * 2**30
     plan = optimize(graph, machine=_tiny(tmp_path, 0.1)).plan
-    memory = plan.report["memory"]
-    assert memory["fits"] and memory["total_bytes"] <= memory["capacity_bytes"]
-    assert memory["weight_bytes"] < graph.weight_bytes / 4
-    assert not plan.report["baselines"]["one_device"]["fits"]
-    assert not plan.report["baselines"]["data_parallel"]["fits"]
+    memory = plan.report.memory
+    assert memory is not None and memory.fits and memory.total_bytes <= memory.capacity_bytes
+    assert memory.weight_bytes < graph.weight_bytes / 4
+    assert not plan.report.baselines["one_device"].fits
+    assert not plan.report.baselines["data_parallel"].fits
 
 
 def test_a_plan_that_does_not_fit_is_re_extracted_with_a_memory_penalty(tmp_path: Path) -> None:
     graph = transformer_graph("m", batch=512, seq=1, hidden=H, ffn=FFN, layers=2)
     plan = optimize(graph, machine=_tiny(tmp_path, 0.1), mesh="2x4").plan
-    extraction = plan.report["extraction"]
-    assert extraction["memory_penalty_rounds"] >= 1 and "did not fit" in extraction["memory_handling"]
-    assert plan.report["memory"]["fits"] and plan.validate() == []
+    extraction = plan.report.extraction
+    assert extraction is not None
+    assert extraction.memory_penalty_rounds >= 1 and "did not fit" in extraction.memory_handling
+    assert plan.report.memory is not None and plan.report.memory.fits and plan.validate() == []
 
 
 def test_when_nothing_fits_the_error_says_how_much_memory_is_needed(tmp_path: Path) -> None:
@@ -160,10 +162,10 @@ def test_two_wide_layers_too_big_for_one_h100_train_on_eight() -> None:
     nor data parallelism fits, and the plan shards them to fit on 8 H100s (about 2 s)."""
     graph = transformer_graph("wide", batch=1, seq=512, hidden=16384, ffn=65536, heads=128, layers=2)
     plan = optimize(graph, machine="h100x8", objective="training").plan
-    baselines = plan.report["baselines"]
-    assert not baselines["one_device"]["fits"] and not baselines["data_parallel"]["fits"]
-    memory = plan.report["memory"]
-    assert memory["fits"] and memory["total_bytes"] <= memory["capacity_bytes"]
+    baselines = plan.report.baselines
+    assert not baselines["one_device"].fits and not baselines["data_parallel"].fits
+    memory = plan.report.memory
+    assert memory is not None and memory.fits and memory.total_bytes <= memory.capacity_bytes
     assert plan.mesh.size == 8
 
 
@@ -172,9 +174,9 @@ def test_a_model_too_big_for_one_h100_trains_on_eight() -> None:
     """24 layers at H=4096 (4.8 B parameters, float16): weights + Adam state need 76 GiB on one device."""
     graph = transformer_graph("am", batch=1, seq=512, hidden=H, ffn=FFN, heads=32, layers=24)
     plan = optimize(graph, machine="h100x8", objective="training").plan
-    baselines = plan.report["baselines"]
-    assert not baselines["one_device"]["fits"] and not baselines["data_parallel"]["fits"]
-    assert plan.report["memory"]["fits"]
+    baselines = plan.report.baselines
+    assert not baselines["one_device"].fits and not baselines["data_parallel"].fits
+    assert plan.report.memory is not None and plan.report.memory.fits
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -188,7 +190,7 @@ def test_candidate_meshes_on_two_nodes() -> None:
     kept = {label for label, t in trials.items() if t.status == "pending"}
     assert kept == {"x=16", "x=2,y=8", "x=4,y=4", "x=8,y=2", "x=2,y=2,z=4", "x=4,y=2,z=2"}
     assert trials["x=2,y=4,z=2"].reason == "equivalent to x=2,y=2,z=4"
-    crossing = {a["name"]: a["spans_nodes"] for a in trials["x=2,y=8"].axes}
+    crossing = {a.name: a.spans_nodes for a in trials["x=2,y=8"].axes}
     assert crossing == {"x": True, "y": False}
     one_node = {t.label: t for t in candidate_meshes(load_machine("h100x8"), graph)}
     assert {label for label, t in one_node.items() if t.status == "pending"} == {"x=8", "x=2,y=4", "x=2,y=2,z=2"}
@@ -211,26 +213,26 @@ def test_misaligned_and_useless_meshes_are_skipped() -> None:
 
 def test_search_reports_every_mesh_with_its_time_and_the_runner_up(examples: Path, tmp_path: Path) -> None:
     result = optimize(examples / "transformer.onnx", machine="h100x8", nodes=2, objective="training")
-    search = result.plan.report["mesh_search"]
-    assert search["chosen"] == result.plan.report["mesh_search"]["chosen"]
-    assert search["runner_up"] is not None and search["runner_up"]["mesh"] != search["chosen"]
-    assert search["runner_up"]["cost_s"] >= result.plan.cost.total
-    for trial in search["tried"]:
-        assert trial["status"] == "ok" and trial["enodes"] > 0
+    search = result.plan.report.mesh_search
+    assert search is not None
+    assert search.runner_up is not None and search.runner_up.mesh != search.chosen
+    assert search.runner_up.cost_s >= result.plan.cost.total
+    for trial in search.tried:
+        assert trial.status == "ok" and trial.enodes and trial.seconds is not None
         # the one-device plan reuses the 1-axis mesh's e-graph (no saturation of its own)
-        assert trial["seconds"]["saturate"] > 0 or trial["egraph_of"] == "x=16"
-    assert "x=1 on device 0" in [t["mesh"] for t in search["tried"]]
-    assert search["skipped"] and all(s["reason"] for s in search["skipped"])
+        assert trial.seconds.saturate > 0 or trial.egraph_of == "x=16"
+    assert "x=1 on device 0" in [t.mesh for t in search.tried]
+    assert search.skipped and all(s.reason for s in search.skipped)
     assert result.timings["search_s"] < 60
 
 
 def test_mesh_option_forces_one_mesh(examples: Path) -> None:
     result = optimize(examples / "mlp.onnx", machine="h100x8", mesh="2x4")
-    search = result.plan.report["mesh_search"]
-    assert search["chosen"] == "x=2,y=4" and result.plan.mesh.sizes == (2, 4)
-    candidates = [t for t in search["tried"] if not t.get("baseline_only")]
-    assert [t["mesh"] for t in candidates] == ["x=2,y=4"]
-    assert {"one_device", "data_parallel", "tensor_parallel"} <= set(result.plan.report["baselines"])
+    search = result.plan.report.mesh_search
+    assert search is not None and search.chosen == "x=2,y=4" and result.plan.mesh.sizes == (2, 4)
+    candidates = [t for t in search.tried if not t.baseline_only]
+    assert [t.mesh for t in candidates] == ["x=2,y=4"]
+    assert {"one_device", "data_parallel", "tensor_parallel"} <= set(result.plan.report.baselines)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from unity_eq import optimize
 from unity_eq.extract import Restriction
 from unity_eq.machine import default_machine
 from unity_eq.memory import plan_memory
+from unity_eq.planfile import PlanReport
 from unity_eq.progress import LiveTracker
 from unity_eq.rulesets import default_rule_files, load_rule_files
 from unity_eq.search import search
@@ -33,6 +34,13 @@ def _assert_never_dearer_than_a_baseline(meta: dict) -> None:  # type: ignore[ty
         if b["fits"]:
             assert b["total_s"] >= total * (1 - 1e-9), (name, b["total_s"], total)
             assert b["ratio"] >= 1 - 1e-9, (name, b["ratio"])
+
+
+def _as_meta(report: PlanReport, leave_out: str = "") -> dict:  # type: ignore[type-arg]
+    """The search's report as the plan.json sections ``cost`` and ``baselines`` (without ``leave_out``)."""
+    assert report.cost is not None
+    baselines = {name: b.to_json() for name, b in report.baselines.items() if name != leave_out}
+    return {"cost": report.cost.to_json(), "baselines": baselines}
 
 
 def _axes_holding_non_replicated(meta: dict) -> set[str]:  # type: ignore[type-arg]
@@ -119,7 +127,8 @@ def test_live_display_shows_iterations_extraction_baselines_and_files(examples: 
     for needle in ("mesh x=2", "e-nodes", "baselines", "device files", f"2 written to {result.plan_dir}"):
         assert needle in shown, needle
     iterations = [s for s in steps if s.startswith("mesh x=2: saturating: ") and " iteration " in s]
-    assert len(iterations) >= result.plan.stats["saturation"]["iterations"]
+    assert result.plan.stats.saturation is not None
+    assert len(iterations) >= result.plan.stats.saturation.iterations
     assert any(s.startswith("mesh x=2: extracting (greedy)") for s in steps)
     assert "device files: 1 of 2 written" in steps and "device files: 2 of 2 written" in steps
 
@@ -141,8 +150,8 @@ def test_tie_break_never_returns_a_plan_dearer_than_a_baseline(examples: Path, m
     unbounded, tie_break = search_module.choose_trial([flat])
     assert unbounded.plan is replicated.plan  # without the ceiling the tie-break returns the dearer plan
     # and says so: the summary and `explain` show this note next to a runner-up that costs less
-    assert tie_break is not None and tie_break["cheapest"]["total_s"] < replicated.plan.cost.total
-    note = tie_break["note"]
+    assert tie_break is not None and tie_break.cheapest.total_s < replicated.plan.cost.total
+    note = tie_break.note
     assert note.startswith(f"{flat.label} ") and "less than this plan" in note and "communicates less" in note
 
     chosen, _ = search_module.choose_trial([flat], search_module.baseline_ceiling(result.baselines))
@@ -161,11 +170,12 @@ def test_tie_break_never_returns_a_plan_dearer_than_a_baseline(examples: Path, m
 def test_plan_never_costs_more_than_a_baseline_it_reports(examples: Path, model: str, options: dict) -> None:  # type: ignore[type-arg]
     result = optimize(examples / model, **options)
     report = result.plan.report
-    _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": report["baselines"]})
-    choice = report["extraction"]["plan_choice"]
-    if choice["baseline"] is not None:  # the plan is a baseline's own extraction: said so
-        assert report["baselines"][choice["baseline"]]["total_s"] == result.plan.cost.total
-        assert choice["baseline"] in choice["note"]
+    _assert_never_dearer_than_a_baseline(_as_meta(report))
+    assert report.extraction is not None
+    choice = report.extraction.plan_choice
+    if choice.baseline is not None:  # the plan is a baseline's own extraction: said so
+        assert report.baselines[choice.baseline].total_s == result.plan.cost.total
+        assert choice.note is not None and choice.baseline in choice.note
 
 
 def test_on_a_mixed_machine_the_plan_may_leave_the_slow_devices_idle(examples: Path, tmp_path: Path) -> None:
@@ -176,19 +186,20 @@ def test_on_a_mixed_machine_the_plan_may_leave_the_slow_devices_idle(examples: P
     machine = examples / "machines" / "mixed.toml"
     result = optimize(examples / "mlp.onnx", machine=machine, max_axes=2, output_dir=tmp_path / "plan")
     report = result.plan.report
-    _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": report["baselines"]})
-    assert report["baselines"]["one_device"]["total_s"] < report["baselines"]["data_parallel"]["total_s"]
-    assert "cheaper_baseline" not in report["extraction"]["plan_choice"]
+    _assert_never_dearer_than_a_baseline(_as_meta(report))
+    assert report.baselines["one_device"].total_s < report.baselines["data_parallel"].total_s
+    assert report.extraction is not None and report.extraction.plan_choice.cheaper_baseline is None
     assert result.plan.mesh.devices == (0, 1, 2, 3)  # the H100 node
-    tried = {t["mesh"]: t for t in report["mesh_search"]["tried"]}
+    assert report.mesh_search is not None
+    tried = {t.mesh: t for t in report.mesh_search.tried}
     assert {"x=8", "x=4 on devices 0-3", "x=1 on device 0"} <= set(tried)
-    assert tried["x=4 on devices 0-3"]["device_kind"] == "H100-SXM-80G"
-    assert tried["x=4 on devices 0-3"]["devices"] == "0-3"
-    skipped = {t["mesh"]: t["reason"] for t in report["mesh_search"]["skipped"]}
+    assert tried["x=4 on devices 0-3"].device_kind == "H100-SXM-80G"
+    assert tried["x=4 on devices 0-3"].devices == "0-3"
+    skipped = {t.mesh: t.reason for t in report.mesh_search.skipped}
     assert skipped["x=4 on devices 4-7"].startswith("dominated: devices 0-3")
-    usage = report["parallelism"]
-    assert usage["machine_devices"] == 8 and usage["idle_devices"] == 4
-    assert "devices 4-7 (4 × A100-PCIe-40G) stay idle" in usage["note"]
+    usage = report.parallelism
+    assert usage is not None and usage.machine_devices == 8 and usage.idle_devices == 4
+    assert usage.note is not None and "devices 4-7 (4 × A100-PCIe-40G) stay idle" in usage.note
 
     meta = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert meta["mesh"]["devices"] == [0, 1, 2, 3]
@@ -212,10 +223,11 @@ def test_the_one_device_plan_is_returned_on_a_device_other_than_0(examples: Path
     machine.write_text(head + "[[nodes]]" + ampere.rstrip() + "\n\n[[nodes]]" + hopper)
     result = optimize(examples / "mlp.onnx", machine=machine, max_axes=2, output_dir=tmp_path / "plan")
     report = result.plan.report
-    _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": report["baselines"]})
-    assert result.plan.mesh.devices == (4,) and report["mesh_search"]["chosen"] == "x=1 on device 4"
-    assert report["extraction"]["plan_choice"]["baseline"] == "one_device"
-    assert report["parallelism"]["unused_axes"] == [] and report["parallelism"]["idle_devices"] == 7
+    _assert_never_dearer_than_a_baseline(_as_meta(report))
+    assert report.mesh_search is not None and report.extraction is not None and report.parallelism is not None
+    assert result.plan.mesh.devices == (4,) and report.mesh_search.chosen == "x=1 on device 4"
+    assert report.extraction.plan_choice.baseline == "one_device"
+    assert report.parallelism.unused_axes == () and report.parallelism.idle_devices == 7
     meta = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert meta["files"] == ["device_0.onnx"]
     rank = {"rank": 0, "coords": [0], "device": 4, "device_kind": "H100-SXM-80G", "node": 1}
@@ -229,11 +241,11 @@ def test_a_cheaper_baseline_the_search_cannot_return_is_named_under_forced_mesh(
     note naming it and what to do (drop `--mesh`)."""
     result = optimize(examples / "mlp.onnx", machine=examples / "machines" / "mixed.toml", mesh="x=8")
     report = result.plan.report
-    one = report["baselines"]["one_device"]
-    assert one["fits"] and one["total_s"] < result.plan.cost.total  # the case this test is about
-    cheaper = report["extraction"]["plan_choice"]["cheaper_baseline"]
-    assert cheaper["name"] == "one_device" and cheaper["total_s"] == one["total_s"]
-    assert "H100" in cheaper["note"] and "drop `--mesh`" in cheaper["note"]
+    one = report.baselines["one_device"]
+    assert one.fits and one.total_s < result.plan.cost.total  # the case this test is about
+    assert report.extraction is not None
+    cheaper = report.extraction.plan_choice.cheaper_baseline
+    assert cheaper is not None and cheaper.name == "one_device" and cheaper.total_s == one.total_s
+    assert "H100" in cheaper.note and "drop `--mesh`" in cheaper.note
     assert result.plan.mesh.devices == tuple(range(8))
-    others = {k: b for k, b in report["baselines"].items() if k != "one_device"}
-    _assert_never_dearer_than_a_baseline({"cost": report["cost"], "baselines": others})
+    _assert_never_dearer_than_a_baseline(_as_meta(report, leave_out="one_device"))

@@ -12,8 +12,7 @@ import pytest
 from unity_eq import runtime
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.ir import Mesh
-from unity_eq.plan import PLAN_FORMAT_VERSION
-from unity_eq.planfile import CollectiveRecord, read_run_record
+from unity_eq.planfile import PLAN_FORMAT_VERSION, CollectiveRecord, read_run_record
 from unity_eq.runtime import (
     Board,
     DeviceChoice,

@@ -40,13 +40,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from unity_eq.ir import Mesh, machine_order
 from unity_eq.machine import DeviceSpec, GroupTopology, LinkSpec, Machine
 from unity_eq.ops.registry import family_for
+from unity_eq.planfile import AxisRecord
 
 if TYPE_CHECKING:
     from unity_eq.profile_table import ProfileTable
@@ -463,20 +464,20 @@ class CostModel:
         return Cost(comm=self.all_reduce(axis, local_bytes))
 
 
-def axis_info(model: CostModel, axis: str) -> dict[str, Any]:
+def axis_info(model: CostModel, axis: str) -> AxisRecord:
     """How an axis sits on the machine, for plan.json and explain."""
     tops = model.group_topologies(axis)
     worst = max(tops, key=lambda t: (t.m, t.k))
     link = model.axis_link(axis)
-    return {
-        "name": axis,
-        "size": model.mesh.axis_size(axis),
-        "spans_nodes": worst.m > 1,
-        "nodes": worst.m,
-        "ranks_per_node": worst.k,
-        "link": link.name or "?",
-        "bandwidth_gbs": round(link.bandwidth / 1e9, 3) if math.isfinite(link.bandwidth) else None,
-    }
+    return AxisRecord(
+        name=axis,
+        size=model.mesh.axis_size(axis),
+        spans_nodes=worst.m > 1,
+        nodes=worst.m,
+        ranks_per_node=worst.k,
+        link=link.name or "?",
+        bandwidth_gbs=round(link.bandwidth / 1e9, 3) if math.isfinite(link.bandwidth) else None,
+    )
 
 
 def _all_reduce(t: GroupTopology, s: float) -> AlphaBeta:

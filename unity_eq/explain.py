@@ -9,16 +9,49 @@ replicated. :func:`explain` returns it as plain data (``--json`` prints that); :
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import assert_never
+
 from unity_eq.errors import PlanError
 from unity_eq.ops.registry import rule_file_for, spec_for
-from unity_eq.planfile import check_explain_fields, read_plan_json
+from unity_eq.planfile import (
+    AxisRecord,
+    BaselineRecord,
+    CombineStepRecord,
+    ComputeStepRecord,
+    CostRecord,
+    ExplainRecord,
+    ExtractionRecord,
+    InputStepRecord,
+    MemoryUsageRecord,
+    MeshSearchRecord,
+    ParallelismRecord,
+    PartitionStepRecord,
+    ReduceStepRecord,
+    ReplicateStepRecord,
+    StepRecord,
+    TensorRecord,
+    WeightStepRecord,
+    read_explain_record,
+)
 
-__all__ = ["explain", "load_plan_json", "reading_plan", "render", "report_of", "tensor_bytes"]
+__all__ = [
+    "Explanation",
+    "OpInput",
+    "OpRow",
+    "TrafficRow",
+    "explain",
+    "load_plan",
+    "reading_plan",
+    "render",
+    "report_of",
+    "tensor_bytes",
+]
 
 BASELINE_ORDER = ("one_device", "data_parallel", "tensor_parallel")
 
@@ -28,19 +61,18 @@ def plan_json_path(plan_dir: str | Path) -> Path:
     return root / "plan.json" if root.is_dir() else root
 
 
-def load_plan_json(plan_dir: str | Path) -> dict[str, Any]:
+def load_plan(plan_dir: str | Path) -> ExplainRecord:
+    """The records explain reads from the plan.json of ``plan_dir`` (or that plan.json), checked."""
     root = Path(plan_dir)
     path = plan_json_path(root)
     if not path.exists():
         raise PlanError(f"{root}: no plan.json. Pass the directory written by `unity-eq optimize`.")
-    meta = read_plan_json(path, need=("steps", "tensors"))  # the checks `run` makes too
-    check_explain_fields(meta, path)  # and the types of every field explain reads
-    return meta
+    return read_explain_record(path)  # the checks `run` makes, and the types of every field explain reads
 
 
 @contextmanager
 def reading_plan(plan_dir: str | Path) -> Iterator[None]:
-    """Last resort around code that reads a checked plan.json: a field of a shape `check_explain_fields` does
+    """Last resort around code that reads a checked plan.json: a field of a shape `read_explain_record` does
     not cover becomes a PlanError naming the file, with the original exception chained (``__cause__``), so a
     bug in explain is not hidden: its message says to report it when plan.json is as optimize wrote it."""
     try:
@@ -52,141 +84,265 @@ def reading_plan(plan_dir: str | Path) -> Iterator[None]:
         ) from exc
 
 
-def _kinds(steps: list[dict[str, Any]]) -> dict[str, str]:
+# ----------------------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass(frozen=True)
+class OpInput:
+    tensor: str
+    placement: Mapping[str, str]  # mesh axis -> placement
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One compute step: its op, the tensor it makes (with the source model's name) and their placements."""
+
+    step: int
+    op: str
+    output: str
+    source: str | None
+    placement: Mapping[str, str]
+    shape: tuple[int, ...] | None
+    local_shape: tuple[int, ...] | None
+    inputs: tuple[OpInput, ...]
+    compute_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "op": self.op,
+            "output": self.output,
+            "source": self.source,
+            "placement": dict(self.placement),
+            "shape": None if self.shape is None else list(self.shape),
+            "local_shape": None if self.local_shape is None else list(self.local_shape),
+            "inputs": [{"tensor": i.tensor, "placement": dict(i.placement)} for i in self.inputs],
+            "compute_s": self.compute_s,
+        }
+
+
+@dataclass(frozen=True)
+class TrafficRow:
+    """One step that communicates: the collective, its mesh axis, the tensor it moves and its time."""
+
+    step: int
+    kind: str
+    axis: str | None
+    tensor: str | None
+    of: str  # the source model's tensor it moves (a piece of)
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "kind": self.kind,
+            "axis": self.axis,
+            "tensor": self.tensor,
+            "of": self.of,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The explain report: what :func:`render` prints and ``--json`` writes (:meth:`to_json`)."""
+
+    model: str
+    machine: str | None
+    objective: str | None
+    mesh_label: str  # ``x=2,y=4``, and `` on devices 0-3`` when the plan leaves devices idle
+    axis_names: tuple[str, ...]
+    axes: tuple[AxisRecord, ...]  # how the mesh axes sit on the machine (none when plan.json has no machine)
+    cost: CostRecord | None
+    memory: MemoryUsageRecord | None
+    baselines: tuple[tuple[str, BaselineRecord], ...]  # in BASELINE_ORDER
+    mesh_search: MeshSearchRecord | None
+    parallelism: ParallelismRecord | None
+    extraction: ExtractionRecord | None
+    ops: tuple[OpRow, ...]
+    communication: tuple[TrafficRow, ...]
+    pcg: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def total_s(self) -> float | None:
+        return self.cost.total_s if self.cost else None
+
+    @property
+    def compute_s(self) -> float | None:
+        return self.cost.compute_s if self.cost else None
+
+    @property
+    def communication_s(self) -> float | None:
+        return self.cost.communication_s if self.cost else None
+
+    def to_json(self) -> dict[str, Any]:
+        axes = [a.to_json() for a in self.axes] if self.axes else [{"name": a} for a in self.axis_names]
+        return {
+            "model": self.model,
+            "machine": self.machine,
+            "objective": self.objective,
+            "mesh": {"label": self.mesh_label, "axes": axes},
+            "cost": self.cost.to_json() if self.cost else {},
+            "memory": self.memory.to_json() if self.memory else {},
+            "baselines": [{"name": name, **b.to_json()} for name, b in self.baselines],
+            "plan_vs_baselines": {name: b.ratio for name, b in self.baselines},
+            "mesh_search": self.mesh_search.to_json() if self.mesh_search else {},
+            "parallelism": self.parallelism.to_json() if self.parallelism else {},
+            "extraction": self.extraction.to_json() if self.extraction else {},
+            "ops": [op.to_json() for op in self.ops],
+            "communication": [row.to_json() for row in self.communication],
+            "pcg": list(self.pcg),
+            "notes": list(self.notes),
+        }
+
+
+def _kinds(steps: tuple[StepRecord, ...]) -> dict[str, str]:
+    """'weight', 'input' or 'activation' for every tensor; slices and replicas keep their source's kind."""
     kinds: dict[str, str] = {}
     for step in steps:
-        kind = step["kind"]
-        if kind == "weight":
-            kinds[step["out"]] = "weight"
-        elif kind == "input":
-            kinds[step["out"]] = "input"
-        elif kind in ("partition", "replicate"):
-            kinds[step["out"]] = kinds.get(step["src"], "activation")
-        elif kind == "compute":
-            for out in step["outputs"]:
-                if out:
-                    kinds[out] = "activation"
-        else:
-            kinds[step["out"]] = "activation"
+        match step:
+            case WeightStepRecord():
+                kinds[step.out] = "weight"
+            case InputStepRecord():
+                kinds[step.out] = "input"
+            case PartitionStepRecord() | ReplicateStepRecord():
+                kinds[step.out] = kinds.get(step.src, "activation")
+            case ComputeStepRecord():
+                for out in step.outputs:
+                    if out:
+                        kinds[out] = "activation"
+            case CombineStepRecord() | ReduceStepRecord():
+                kinds[step.out] = "activation"
+            case _:
+                assert_never(step)
     return kinds
 
 
-def explain(plan_dir: str | Path) -> dict[str, Any]:
-    """The explain report of a plan directory (or a plan.json) as plain data."""
-    meta = load_plan_json(plan_dir)
+def explain(plan_dir: str | Path) -> Explanation:
+    """The explain report of a plan directory (or a plan.json)."""
+    plan = load_plan(plan_dir)
     with reading_plan(plan_dir):
-        return report_of(meta)
+        return report_of(plan)
 
 
-def report_of(meta: dict[str, Any]) -> dict[str, Any]:
+def _placement(axes: tuple[str, ...], tensor: TensorRecord | None) -> dict[str, str]:
+    return dict(zip(axes, tensor.placement if tensor else (), strict=False))
+
+
+def _named(tensor: TensorRecord | None) -> str | None:
+    """The source model's name of what a plan tensor holds, if it has one."""
+    return (tensor.value or tensor.source) if tensor else None
+
+
+#: how each step that communicates is shown (a replicated weight's gradient is all-reduced: said apart)
+_TRAFFIC = {
+    "combine": "all-gather",
+    "reduce": "all-reduce",
+    "partition": "gradient all-gather (backward)",
+    "replicate": "gradient all-reduce",
+}
+
+
+def report_of(plan: ExplainRecord) -> Explanation:
     """The explain report of a plan.json already read (``explain --format html`` draws from both)."""
-    axes = meta["mesh"]["axes"]
-    tensors = meta["tensors"]
-    steps = meta["steps"]
-    kinds = _kinds(steps)
-    cost = meta.get("cost", {})
-    total = cost.get("total_s") or 0.0
+    axes = plan.mesh.axes
+    tensors = plan.tensors
+    kinds = _kinds(plan.steps)
+    total = (plan.cost.total_s if plan.cost else None) or 0.0
 
     ops = []
-    for index, step in enumerate(steps):
-        if step["kind"] != "compute":
+    for index, step in enumerate(plan.steps):
+        if not isinstance(step, ComputeStepRecord):
             continue
-        outs = [o for o in step["outputs"] if o]
+        outs = [o for o in step.outputs if o]
         out = outs[0] if outs else ""
-        t = tensors.get(out, {})
+        t = tensors.get(out)
         ops.append(
-            {
-                "step": index,
-                "op": step["op"],
-                "output": out,
-                "source": t.get("value") or t.get("source"),
-                "placement": dict(zip(axes, t.get("placement", []), strict=False)),
-                "shape": t.get("shape"),
-                "local_shape": t.get("local_shape"),
-                "inputs": [
-                    {"tensor": i, "placement": dict(zip(axes, tensors[i]["placement"], strict=False))}
-                    for i in step["inputs"]
-                    if isinstance(i, str) and i in tensors
-                ],
-                "compute_s": step.get("compute_s"),
-            }
+            OpRow(
+                step=index,
+                op=step.op,
+                output=out,
+                source=_named(t),
+                placement=_placement(axes, t),
+                shape=t.shape if t else None,
+                local_shape=t.local_shape if t else None,
+                inputs=tuple(
+                    OpInput(i, _placement(axes, tensors[i])) for i in step.inputs if isinstance(i, str) and i in tensors
+                ),
+                compute_s=step.compute_s,
+            )
         )
 
     communication = []
-    for index, step in enumerate(steps):
-        seconds = step.get("communication_s") or 0.0
+    for index, step in enumerate(plan.steps):
+        seconds = step.communication_s or 0.0
         if seconds <= 0:
             continue
-        src = step.get("src", "")
-        kind = {
-            "combine": "all-gather",
-            "reduce": "all-reduce",
-            "partition": "gradient all-gather (backward)",
-            "replicate": "gradient all-reduce"
-            + (" (weight)" if kinds.get(src) == "weight" else " (activation, backward)"),
-        }.get(step["kind"], step["kind"])
-        src_tensor = tensors.get(src, {})
+        moved = None if isinstance(step, ComputeStepRecord) else step.out
+        src = step.src if isinstance(step, _MOVES) else ""
+        kind = _TRAFFIC.get(step.KIND, step.KIND)
+        if isinstance(step, ReplicateStepRecord):
+            kind += " (weight)" if kinds.get(src) == "weight" else " (activation, backward)"
         communication.append(
-            {
-                "step": index,
-                "kind": kind,
-                "axis": step.get("axis"),
-                "tensor": step.get("out"),
-                "of": src_tensor.get("value") or src_tensor.get("source") or src,
-                "seconds": seconds,
-            }
+            TrafficRow(
+                step=index,
+                kind=kind,
+                axis=step.axis if isinstance(step, _MOVES) else None,
+                tensor=moved,
+                of=_named(tensors.get(src)) or src,
+                seconds=seconds,
+            )
         )
 
-    baselines = []
-    for name in BASELINE_ORDER:
-        b = meta.get("baselines", {}).get(name)
-        if b is not None:
-            baselines.append({"name": name, **b})
-
-    return {
-        "model": meta["model"]["name"],
-        "machine": meta.get("machine", {}).get("name"),
-        "objective": meta.get("objective"),
-        "mesh": {
-            "label": ",".join(f"{a}={n}" for a, n in zip(axes, meta["mesh"]["sizes"], strict=True)) + _on_devices(meta),
-            "axes": meta.get("machine", {}).get("mesh_axes", [{"name": a} for a in axes]),
-        },
-        "cost": cost,
-        "memory": {k: v for k, v in meta.get("memory", {}).items() if k != "weight_bytes_per_rank"},
-        "baselines": baselines,
-        "plan_vs_baselines": {b["name"]: b.get("ratio") for b in baselines},
-        "mesh_search": meta.get("mesh_search", {}),
-        "parallelism": meta.get("parallelism", {}),
-        "extraction": meta.get("extraction", {}),
-        "ops": ops,
-        "communication": communication,
-        "pcg": pcg_lines(meta, kinds),
-        "notes": _notes(ops, total),
-    }
+    baselines = tuple((name, plan.baselines[name]) for name in BASELINE_ORDER if name in plan.baselines)
+    return Explanation(
+        model=plan.model.name,
+        machine=plan.machine.name if plan.machine else None,
+        objective=plan.objective,
+        mesh_label=plan.mesh.label + _on_devices(plan),
+        axis_names=axes,
+        axes=plan.machine.mesh_axes if plan.machine else (),
+        cost=plan.cost,
+        memory=plan.memory.usage if plan.memory else None,
+        baselines=baselines,
+        mesh_search=plan.mesh_search,
+        parallelism=plan.parallelism,
+        extraction=plan.extraction,
+        ops=tuple(ops),
+        communication=tuple(communication),
+        pcg=tuple(pcg_lines(plan, kinds)),
+        notes=tuple(_notes(ops, total)),
+    )
 
 
-def _on_devices(meta: dict[str, Any]) -> str:
+#: the steps that move a tensor along a mesh axis
+_MOVES = PartitionStepRecord | CombineStepRecord | ReduceStepRecord | ReplicateStepRecord
+
+
+def _on_devices(plan: ExplainRecord) -> str:
     """`` on devices 0-3`` when the plan leaves some of the machine's devices idle, else ""."""
-    if not meta.get("parallelism", {}).get("idle_devices"):
+    if not (plan.parallelism and plan.parallelism.idle_devices):
         return ""
     from unity_eq.report import device_span
 
-    return " on " + device_span([r["device"] for r in meta["mesh"]["ranks"]])
+    return " on " + device_span([r.device for r in plan.mesh.ranks])
 
 
-def _notes(ops: list[dict[str, Any]], total: float) -> list[str]:
+def _notes(ops: list[OpRow], total: float) -> list[str]:
     """Op types that stayed replicated on every axis while the plan shards others, with the file to extend."""
-    sharded_any = any(any(p != "R" for p in op["placement"].values()) for op in ops)
+    sharded_any = any(any(p != "R" for p in op.placement.values()) for op in ops)
     if not sharded_any:
         return []
-    by_type: dict[str, list[dict[str, Any]]] = {}
+    by_type: dict[str, list[OpRow]] = {}
     for op in ops:
-        by_type.setdefault(op["op"], []).append(op)
+        by_type.setdefault(op.op, []).append(op)
     notes = []
     for op_type, found in sorted(by_type.items()):
-        if any(any(p != "R" for p in op["placement"].values()) for op in found):
+        if any(any(p != "R" for p in op.placement.values()) for op in found):
             continue
-        share = sum(op.get("compute_s") or 0.0 for op in found)
+        share = sum(op.compute_s or 0.0 for op in found)
         if total and share < 0.01 * total:
             continue
         spec = spec_for(op_type)
@@ -201,27 +357,24 @@ def _notes(ops: list[dict[str, Any]], total: float) -> list[str]:
     return notes
 
 
-def _fmt_placement(placement: list[str], axes: list[str]) -> str:
+def _fmt_placement(placement: tuple[str, ...], axes: tuple[str, ...]) -> str:
     return " ".join(f"{a}:{p}" for a, p in zip(axes, placement, strict=False))
 
 
-def _fmt_shape(shape: list[int] | None) -> str:
+def _fmt_shape(shape: tuple[int, ...] | None) -> str:
     return "[" + ",".join(str(d) for d in shape or []) + "]"
 
 
-def pcg_lines(meta: dict[str, Any], kinds: dict[str, str] | None = None) -> list[str]:
+def pcg_lines(plan: ExplainRecord, kinds: dict[str, str] | None = None) -> list[str]:
     """A text picture of the PCG: one line per op and per collective, weights folded into their last slice.
 
     ``=>`` marks a collective in the forward pass, ``<=`` one in the backward pass (training only).
     """
-    axes = meta["mesh"]["axes"]
-    tensors = meta["tensors"]
-    steps = meta["steps"]
-    kinds = kinds or _kinds(steps)
-    training = meta.get("objective") == "training"
-    name_of: dict[str, str] = {}
-    for tid, t in tensors.items():
-        name_of[tid] = t.get("value") or t.get("source") or tid
+    axes = plan.mesh.axes
+    tensors = plan.tensors
+    kinds = kinds or _kinds(plan.steps)
+    training = plan.training
+    name_of = {tid: _named(t) or tid for tid, t in tensors.items()}
 
     def label(tid: str) -> str:
         return name_of.get(tid, tid)
@@ -229,52 +382,56 @@ def pcg_lines(meta: dict[str, Any], kinds: dict[str, str] | None = None) -> list
     gradients: dict[str, list[float]] = {}  # axis -> [count, bytes, seconds]
     summed: set[str] = set()  # weight pieces whose gradient is all-reduced
     lines = []
-    for step in steps:
-        kind = step["kind"]
-        if kind == "weight":
-            continue
-        if kind == "input":
-            t = tensors[step["out"]]
-            lines.append(f"  input  {step['name']} {_fmt_shape(t['shape'])}")
-        elif kind == "compute":
-            outs = [o for o in step["outputs"] if o]
-            t = tensors[outs[0]] if outs else {"placement": [], "local_shape": []}
-            args = []
-            for i in step["inputs"]:
-                if isinstance(i, str) and i in tensors:
-                    arg = label(i)
-                    if kinds.get(i) == "weight":
-                        arg += "{" + ",".join(tensors[i]["placement"]) + "}" + ("Σ" if i in summed else "")
-                    args.append(arg)
-            lines.append(
-                f"  {step['op']:<12} {label(outs[0]) if outs else '?'} {_fmt_placement(t['placement'], axes)} "
-                f"local {_fmt_shape(t.get('local_shape'))} <- {', '.join(args)}"
-            )
-        elif kind == "partition":
-            if kinds.get(step["src"]) == "activation":
-                back = f", backward all-gather {_us(step)}" if training else ""
-                lines.append(f"  slice        {label(step['src'])} dim {step['dim']} on {step['axis']}{back}")
-        elif kind == "combine":
-            lines.append(
-                f"=> all-gather  {label(step['out'])} dim {step['dim']} on {step['axis']} "
-                f"({_mib(tensors[step['out']])}, {_us(step)})"
-            )
-        elif kind == "reduce":
-            lines.append(
-                f"=> all-reduce  {label(step['out'])} on {step['axis']} ({_mib(tensors[step['out']])}, {_us(step)})"
-            )
-        elif kind == "replicate" and training and (step.get("communication_s") or 0) > 0:
-            if kinds.get(step["src"]) == "weight":
-                summed.add(step["out"])
-                entry = gradients.setdefault(step["axis"], [0, 0.0, 0.0])
-                entry[0] += 1
-                entry[1] += tensor_bytes(tensors[step["src"]])
-                entry[2] += step.get("communication_s") or 0.0
-            else:
+    for step in plan.steps:
+        match step:
+            case WeightStepRecord():
+                pass
+            case InputStepRecord():
+                lines.append(f"  input  {step.name} {_fmt_shape(tensors[step.out].shape)}")
+            case ComputeStepRecord():
+                outs = [o for o in step.outputs if o]
+                t = tensors[outs[0]] if outs else None
+                args = []
+                for i in step.inputs:
+                    if isinstance(i, str) and i in tensors:
+                        arg = label(i)
+                        if kinds.get(i) == "weight":
+                            arg += "{" + ",".join(tensors[i].placement) + "}" + ("Σ" if i in summed else "")
+                        args.append(arg)
                 lines.append(
-                    f"<= all-reduce  activation gradient of {label(step['src'])} on {step['axis']} "
-                    f"({_mib(tensors[step['src']])}, {_us(step)})"
+                    f"  {step.op:<12} {label(outs[0]) if outs else '?'} "
+                    f"{_fmt_placement(t.placement if t else (), axes)} "
+                    f"local {_fmt_shape(t.local_shape if t else ())} <- {', '.join(args)}"
                 )
+            case PartitionStepRecord():
+                if kinds.get(step.src) == "activation":
+                    back = f", backward all-gather {_us(step)}" if training else ""
+                    lines.append(f"  slice        {label(step.src)} dim {step.dim} on {step.axis}{back}")
+            case CombineStepRecord():
+                lines.append(
+                    f"=> all-gather  {label(step.out)} dim {step.dim} on {step.axis} "
+                    f"({_mib(tensors[step.out])}, {_us(step)})"
+                )
+            case ReduceStepRecord():
+                lines.append(
+                    f"=> all-reduce  {label(step.out)} on {step.axis} ({_mib(tensors[step.out])}, {_us(step)})"
+                )
+            case ReplicateStepRecord():
+                if not (training and (step.communication_s or 0) > 0):
+                    continue
+                if kinds.get(step.src) == "weight":
+                    summed.add(step.out)
+                    entry = gradients.setdefault(step.axis, [0, 0.0, 0.0])
+                    entry[0] += 1
+                    entry[1] += tensor_bytes(tensors[step.src])
+                    entry[2] += step.communication_s or 0.0
+                else:
+                    lines.append(
+                        f"<= all-reduce  activation gradient of {label(step.src)} on {step.axis} "
+                        f"({_mib(tensors[step.src])}, {_us(step)})"
+                    )
+            case _:
+                assert_never(step)
     for axis, (count, nbytes, seconds) in gradients.items():
         lines.append(
             f"<= all-reduce  gradients of {int(count)} weights (marked Σ) on {axis} "
@@ -283,21 +440,23 @@ def pcg_lines(meta: dict[str, Any], kinds: dict[str, str] | None = None) -> list
     return lines
 
 
-def tensor_bytes(t: dict[str, Any]) -> float:
+_ITEMSIZE = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "float16": 2, "bfloat16": 2}
+
+
+def tensor_bytes(t: TensorRecord) -> float:
     """Bytes of one rank's piece of a plan.json tensor (its local shape)."""
     numel = 1
-    for d in t.get("local_shape", []):
+    for d in t.local_shape:
         numel *= d
-    itemsize = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "float16": 2, "bfloat16": 2}.get(t["dtype"], 1)
-    return float(numel * itemsize)
+    return float(numel * _ITEMSIZE.get(t.dtype, 1))
 
 
-def _mib(t: dict[str, Any]) -> str:
+def _mib(t: TensorRecord) -> str:
     return f"{tensor_bytes(t) / 2**20:.2f} MiB"
 
 
-def _us(step: dict[str, Any]) -> str:
-    return f"{(step.get('communication_s') or 0.0) * 1e6:.1f} µs"
+def _us(step: StepRecord) -> str:
+    return f"{(step.communication_s or 0.0) * 1e6:.1f} µs"
 
 
 def _ms(seconds: float | None) -> str:
@@ -308,121 +467,111 @@ def _gib(nbytes: float | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
 
 
-def render(report: dict[str, Any], max_ops: int = 60) -> str:
+def render(report: Explanation, max_ops: int = 60) -> str:
     """The explain report as text."""
     out: list[str] = []
-    out.append(f"plan for {report['model']} on {report['machine']} ({report['objective']})")
-    out.append(f"mesh {report['mesh']['label']}")
-    for axis in report["mesh"]["axes"]:
-        if "size" not in axis:
-            continue
+    out.append(f"plan for {report.model} on {report.machine} ({report.objective})")
+    out.append(f"mesh {report.mesh_label}")
+    for axis in report.axes:
         where = (
-            f"across {axis['nodes']} nodes, {axis['ranks_per_node']} rank(s) per node"
-            if axis["spans_nodes"]
+            f"across {axis.nodes} nodes, {axis.ranks_per_node} rank(s) per node"
+            if axis.spans_nodes
             else "inside a node"
         )
-        bandwidth = f", {axis['bandwidth_gbs']:g} GB/s" if axis.get("bandwidth_gbs") else ""
-        out.append(f"  axis {axis['name']}: {axis['size']} devices, {where} ({axis['link']}{bandwidth})")
-    usage = report.get("parallelism") or {}
+        bandwidth = f", {axis.bandwidth_gbs:g} GB/s" if axis.bandwidth_gbs else ""
+        out.append(f"  axis {axis.name}: {axis.size} devices, {where} ({axis.link}{bandwidth})")
+    usage = report.parallelism
     if usage:
         out.append(
-            f"devices used: {usage['devices_used']} of {usage.get('machine_devices', usage['devices'])}"
-            + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
+            f"devices used: {usage.devices_used} of {usage.machine_devices}"
+            + (f": {usage.note}" if usage.note else ", every one doing distinct work")
         )
 
-    cost = report["cost"]
+    cost = report.cost
+    total, compute, communication = report.total_s, report.compute_s, report.communication_s
     out.append("")
-    out.append(
-        f"predicted cost per step: {_ms(cost.get('total_s'))} = compute {_ms(cost.get('compute_s'))} "
-        f"+ communication {_ms(cost.get('communication_s'))}"
-    )
-    for axis, parts in cost.get("communication_by_axis", {}).items():
+    out.append(f"predicted cost per step: {_ms(total)} = compute {_ms(compute)} + communication {_ms(communication)}")
+    for axis_name, parts in ((cost.communication_by_axis if cost else None) or {}).items():
         out.append(
-            f"  axis {axis}: forward {_ms(parts['forward_s'])}, backward {_ms(parts['backward_s'])}, "
-            f"weight gradients {_ms(parts['gradient_s'])}"
+            f"  axis {axis_name}: forward {_ms(parts.forward_s)}, backward {_ms(parts.backward_s)}, "
+            f"weight gradients {_ms(parts.gradient_s)}"
         )
-    overlap = cost.get("overlap")
+    overlap = cost.overlap if cost else None
     if overlap:
         out.append(
-            f"  gradient all-reduce {_ms(overlap['gradient_all_reduce_s'])}, of which "
-            f"{_ms(overlap['overlappable_s'])} can overlap the backward pass ({_ms(overlap['exposed_s'])} exposed)"
+            f"  gradient all-reduce {_ms(overlap.gradient_all_reduce_s)}, of which "
+            f"{_ms(overlap.overlappable_s)} can overlap the backward pass ({_ms(overlap.exposed_s)} exposed)"
         )
-    memory = report["memory"]
+    memory = report.memory
     if memory:
-        fits = "fits" if memory.get("fits") else "DOES NOT FIT"
+        fits = "fits" if memory.fits else "DOES NOT FIT"
         out.append(
-            f"memory per device: {_gib(memory.get('total_bytes'))} of {_gib(memory.get('capacity_bytes'))} usable "
-            f"({fits}): weights {_gib(memory.get('weight_bytes'))}, gradients + optimizer "
-            f"{_gib(memory.get('weight_state_bytes'))}, activations {_gib(memory.get('activation_bytes'))}"
+            f"memory per device: {_gib(memory.total_bytes)} of {_gib(memory.capacity_bytes)} usable "
+            f"({fits}): weights {_gib(memory.weight_bytes)}, gradients + optimizer "
+            f"{_gib(memory.weight_state_bytes)}, activations {_gib(memory.activation_bytes)}"
         )
-    extraction = report.get("extraction", {})
+    extraction = report.extraction
     if extraction:
-        out.append(f"extraction: {extraction.get('method')}; memory: {extraction.get('memory_handling')}")
-        choice = extraction.get("plan_choice") or {}
-        tie_break = extraction.get("tie_break") or {}
-        for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note"), tie_break.get("note")):
+        out.append(f"extraction: {extraction.method}; memory: {extraction.memory_handling}")
+        choice, tie_break = extraction.plan_choice, extraction.tie_break
+        cheaper = choice.cheaper_baseline
+        for note in (choice.note, cheaper.note if cheaper else None, tie_break.note if tie_break else None):
             if note:
                 out.append(f"note: {note}")
 
-    if report["baselines"]:
+    if report.baselines:
         out.append("")
         out.append("baselines (same model, same cost model)        total       compute     comm        memory    ×plan")
         out.append(
-            f"  {'this plan':<44} {_ms(cost.get('total_s')):>11} {_ms(cost.get('compute_s')):>11} "
-            f"{_ms(cost.get('communication_s')):>11} {_gib(memory.get('total_bytes')):>9}  1.00"
+            f"  {'this plan':<44} {_ms(total):>11} {_ms(compute):>11} "
+            f"{_ms(communication):>11} {_gib(memory.total_bytes if memory else None):>9}  1.00"
         )
-        for b in report["baselines"]:
-            ratio = b.get("ratio")
-            flag = "" if b.get("fits", True) else " (does not fit)"
+        for name, b in report.baselines:
+            flag = "" if b.fits else " (does not fit)"
             out.append(
-                f"  {b['name'] + ' [' + b['mesh'] + ']':<44} {_ms(b['total_s']):>11} {_ms(b['compute_s']):>11} "
-                f"{_ms(b['communication_s']):>11} {_gib(b['memory_bytes']):>9}  "
-                f"{'-' if ratio is None else f'{ratio:.2f}'}{flag}"
+                f"  {name + ' [' + b.mesh + ']':<44} {_ms(b.total_s):>11} {_ms(b.compute_s):>11} "
+                f"{_ms(b.communication_s):>11} {_gib(b.memory_bytes):>9}  "
+                f"{'-' if b.ratio is None else f'{b.ratio:.2f}'}{flag}"
             )
-            used, devices = b.get("devices_used"), b.get("devices")
+            used, devices = b.devices_used, b.devices
             share = f" ({used} of {devices} devices do distinct work)" if used and devices and used < devices else ""
-            out.append(f"      {b['description']}{share}")
+            out.append(f"      {b.description}{share}")
 
-    search = report.get("mesh_search") or {}
-    if search.get("tried"):
+    search = report.mesh_search
+    if search and search.tried:
         out.append("")
-        out.append(f"meshes tried (chosen {search.get('chosen')}):")
-        width = max(
-            [14, *(len(t["mesh"]) for t in search["tried"]), *(len(t["mesh"]) for t in search.get("skipped", []))]
-        )
-        for t in search["tried"]:
-            seconds = t.get("seconds", {})
-            cost_text = _ms(t.get("cost_s")) if "cost_s" in t else t.get("status")
-            extra = " (baseline only)" if t.get("baseline_only") else ""
-            if t.get("egraph_of"):
-                extra += f" (the e-graph of {t['egraph_of']}, nothing partitioned)"
+        out.append(f"meshes tried (chosen {search.chosen}):")
+        width = max([14, *(len(t.mesh) for t in search.tried), *(len(t.mesh) for t in search.skipped)])
+        for t in search.tried:
+            cost_text = _ms(t.cost_s) if t.cost_s is not None else t.status
+            extra = " (baseline only)" if t.baseline_only else ""
+            if t.egraph_of:
+                extra += f" (the e-graph of {t.egraph_of}, nothing partitioned)"
+            saturate, extract = (t.seconds.saturate, t.seconds.extract) if t.seconds else (0, 0)
             out.append(
-                f"  {t['mesh']:<{width}} {cost_text:>12}  {t.get('enodes', 0):>7} e-nodes  "
-                f"saturate {seconds.get('saturate', 0):.2f} s, extract {seconds.get('extract', 0):.2f} s{extra}"
+                f"  {t.mesh:<{width}} {cost_text:>12}  {t.enodes or 0:>7} e-nodes  "
+                f"saturate {saturate:.2f} s, extract {extract:.2f} s{extra}"
             )
-        for t in search.get("skipped", []):
-            out.append(f"  {t['mesh']:<{width}} skipped: {t['reason']}")
+        for skipped in search.skipped:
+            out.append(f"  {skipped.mesh:<{width}} skipped: {skipped.reason}")
 
     out.append("")
     out.append("sharding per op (placement per mesh axis, local shape):")
-    ops = report["ops"]
+    ops = report.ops
     for op in ops[:max_ops]:
-        placement = " ".join(f"{a}:{p}" for a, p in op["placement"].items())
-        out.append(
-            f"  {op['op']:<20} {(op['source'] or op['output'])[:36]:<36} {placement:<16} "
-            f"{_fmt_shape(op['local_shape'])}"
-        )
+        placement = " ".join(f"{a}:{p}" for a, p in op.placement.items())
+        out.append(f"  {op.op:<20} {(op.source or op.output)[:36]:<36} {placement:<16} {_fmt_shape(op.local_shape)}")
     if len(ops) > max_ops:
         out.append(f"  … {len(ops) - max_ops} more (`--json` lists them all)")
 
     out.append("")
     out.append("PCG (=> forward collective, <= backward collective; {…} a weight's placement):")
-    pcg = report["pcg"]
+    pcg = report.pcg
     out.extend(pcg[: max_ops * 2])
     if len(pcg) > max_ops * 2:
         out.append(f"  … {len(pcg) - max_ops * 2} more lines")
-    if report["notes"]:
+    if report.notes:
         out.append("")
         out.append("notes:")
-        out.extend(f"  {note}" for note in report["notes"])
+        out.extend(f"  {note}" for note in report.notes)
     return "\n".join(out)

@@ -31,8 +31,9 @@ from unity_eq.cost import Cost
 from unity_eq.errors import PlanError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph, Replicate, Shard
+from unity_eq.ops.registry import spec_for
+from unity_eq.ops.spec import Family
 from unity_eq.plan import (
-    PLAN_FORMAT_VERSION,
     AllGather,
     AllReduce,
     Compute,
@@ -46,7 +47,33 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
-from unity_eq.planfile import write_plan_json
+from unity_eq.planfile import (
+    PLAN_FORMAT_VERSION,
+    CollectiveRecord,
+    CombineStepRecord,
+    ComputeStepRecord,
+    CostRecord,
+    DeviceKindRecord,
+    InputStepRecord,
+    LinkRecord,
+    MachineRecord,
+    MeshRecord,
+    ModelInputRecord,
+    ModelOutputRecord,
+    ModelRecord,
+    NodeRecord,
+    PartitionStepRecord,
+    PlanMemoryRecord,
+    PlanRecord,
+    RankRecord,
+    ReduceStepRecord,
+    ReplicateStepRecord,
+    StepRecord,
+    TensorRecord,
+    WeightStepRecord,
+    json_default,
+    write_plan_json,
+)
 from unity_eq.version import __version__
 from unity_eq.weightfile import (
     META_COLLECTIVES,
@@ -62,10 +89,7 @@ from unity_eq.weightfile import (
     value_of,
 )
 
-__all__ = ["LoweredPlan", "lower", "plan_metadata", "write_plan_dir"]
-
-#: Data-movement ops that lowering evaluates when every tensor input is a weight (or a piece of one).
-_FOLDABLE = frozenset({"Split", "Concat", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+__all__ = ["LoweredPlan", "lower", "plan_record", "step_record", "write_plan_dir"]
 
 # A rank whose weights exceed this writes them to ``device_<rank>.onnx.data`` one tensor at a time (streamed:
 # memory holds one tensor, not the rank); smaller ranks stay one self-contained file.
@@ -194,7 +218,7 @@ def derived_names(plan: Plan) -> dict[str, str]:
     names = {tid: name for tid, t in plan.tensors.items() if (name := t.value or t.source)}
     made: dict[str, str] = {}
     for step in plan.steps:  # forward, through data movement only: pieces -> what they make
-        if isinstance(step, Compute) and step.op_type not in _FOLDABLE:
+        if isinstance(step, Compute) and not _moves_data(step.op_type):
             continue
         ins = [names.get(i) or made.get(i) for i in step_inputs(step)]
         if ins and all(ins):
@@ -208,6 +232,12 @@ def derived_names(plan: Plan) -> dict[str, str]:
             if known and tid not in names and tid not in made and tid not in feeds:
                 feeds[tid] = known
     return {**feeds, **made}
+
+
+def _moves_data(op_type: str) -> bool:
+    """A pure data-layout op (lowering folds it over weights): its outputs are named after its inputs."""
+    spec = spec_for(op_type)
+    return spec is not None and spec.foldable
 
 
 def _joined(names: Iterable[str], most: int = 4) -> str:
@@ -374,7 +404,8 @@ class _DeviceGraphBuilder:
     def _fold(self, step: Compute) -> bool:
         """Evaluate data movement over weights now (the generated rules split and concatenate weights:
         ``Split(W)``, ``Concat(W1, W2)``): the result is an initializer, as the cost model assumes."""
-        if step.op_type not in _FOLDABLE or step.domain:
+        spec = None if step.domain else spec_for(step.op_type)
+        if spec is None or not spec.foldable:
             return False
         refs = [r for r in step.inputs if isinstance(r, str)]
         if not refs or any(self.alias.get(r, r) not in self.consts for r in refs):
@@ -382,7 +413,7 @@ class _DeviceGraphBuilder:
         consts = [self.consts[self.alias.get(r, r)] for r in refs]
         outs = [o for o in step.outputs if o]
         axis = int(step.attrs.get("axis", 0))
-        if step.op_type == "Concat":  # a copy: made when written (see Deferred)
+        if spec.family is Family.CONCAT:  # a copy: made when written (see Deferred)
             shape = list(consts[0].shape)
             shape[axis] = sum(c.shape[axis] for c in consts)
             concat = Deferred(
@@ -393,14 +424,15 @@ class _DeviceGraphBuilder:
             self.consts[outs[0]] = concat
             return True
         values = [value_of(c) for c in consts]  # views, except of a deferred Concat (rare: made now)
-        if step.op_type == "Split":
-            given = step.inputs[1] if len(step.inputs) > 1 else None
+        if spec.output_sizes is not None:  # Split: its outputs' sizes are given, or the plan's local shapes
+            position = spec.input_index(spec.output_sizes)
+            given = step.inputs[position] if len(step.inputs) > position else None
             sizes = (
                 list(given.values) if isinstance(given, Const) else [self.local_shape(o)[axis] for o in step.outputs]
             )
             parts = np.split(values[0], np.cumsum(sizes)[:-1], axis=axis)
             results = {o: p for o, p in zip(step.outputs, parts, strict=True) if o}
-        elif step.op_type == "Transpose":
+        elif spec.family is Family.TRANSPOSE:
             perm = step.attrs.get("perm") or list(reversed(range(values[0].ndim)))
             results = {outs[0]: np.transpose(values[0], perm)}
         else:  # Reshape, Flatten, Squeeze, Unsqueeze: this rank's piece in the output's local shape
@@ -519,12 +551,12 @@ def plan_hash(plan: Plan, graph: Graph) -> str:
     structure = {
         "model": plan.model,
         "mesh": [list(plan.mesh.axes), list(plan.mesh.sizes), list(plan.mesh.devices)],
-        "steps": [_step_fields(s) for s in plan.steps],
+        "steps": [step_record(s).to_json() for s in plan.steps],
         "tensors": {tid: [list(t.shape), t.dtype, t.placement_str()] for tid, t in plan.tensors.items()},
         "outputs": plan.outputs,
         "inputs": {n: [list(t.shape), t.dtype] for n, t in graph.inputs.items()},
     }
-    digest.update(json.dumps(structure, sort_keys=True, default=_json_default).encode())
+    digest.update(json.dumps(structure, sort_keys=True, default=json_default).encode())
     for name in sorted(graph.initializers):
         array = np.asarray(graph.initializers[name])
         digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
@@ -540,121 +572,109 @@ def _weight_bytes(weights: dict[str, np.ndarray | Deferred]) -> int:
     return sum(int(array.nbytes) for array in weights.values())
 
 
-def _step_json(step: Step, cost: Cost | None = None) -> dict[str, Any]:
-    entry = _step_fields(step)
-    if cost is not None:
-        entry["compute_s"] = cost.compute
-        entry["communication_s"] = cost.comm
-    return entry
-
-
-def _step_fields(step: Step) -> dict[str, Any]:
+def step_record(step: Step, cost: Cost | None = None) -> StepRecord:
+    """A step as plan.json lists it, with its predicted seconds when the plan was priced step by step."""
+    seconds = {"compute_s": cost.compute, "communication_s": cost.comm} if cost is not None else {}
     match step:
         case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain):
-            refs = [list(i.values) if isinstance(i, Const) else i for i in inputs]
+            refs = tuple(tuple(i.values) if isinstance(i, Const) else i for i in inputs)
             plain = {k: v for k, v in attrs.items() if isinstance(v, int | float | str | list)}
-            entry: dict[str, Any] = {"kind": "compute", "op": op, "inputs": refs, "outputs": list(outputs)}
-            if plain:
-                entry["attrs"] = plain
-            if domain:
-                entry["domain"] = domain
-            return entry
+            return ComputeStepRecord(op=op, inputs=refs, outputs=outputs, attrs=plain, domain=domain, **seconds)
         case LoadInput(out=out, name=name):
-            return {"kind": "input", "out": out, "name": name}
+            return InputStepRecord(out=out, name=name, **seconds)
         case LoadWeight(out=out, name=name):
-            return {"kind": "weight", "out": out, "name": name}
+            return WeightStepRecord(out=out, name=name, **seconds)
         case Slice(out=out, src=src, dim=dim, axis=axis):
-            return {"kind": "partition", "out": out, "src": src, "dim": dim, "axis": axis}
+            return PartitionStepRecord(out=out, src=src, dim=dim, axis=axis, **seconds)
         case AllGather(out=out, src=src, dim=dim, axis=axis):
-            return {"kind": "combine", "out": out, "src": src, "dim": dim, "axis": axis}
+            return CombineStepRecord(out=out, src=src, dim=dim, axis=axis, **seconds)
         case AllReduce(out=out, src=src, axis=axis):
-            return {"kind": "reduce", "out": out, "src": src, "axis": axis}
+            return ReduceStepRecord(out=out, src=src, axis=axis, **seconds)
         case Replicated(out=out, src=src, axis=axis):
-            return {"kind": "replicate", "out": out, "src": src, "axis": axis}
+            return ReplicateStepRecord(out=out, src=src, axis=axis, **seconds)
         case _:
             assert_never(step)
 
 
-def plan_metadata(
-    plan: Plan, graph: Graph, device_collectives: list[dict[str, Any]], stages: dict[str, int]
-) -> dict[str, Any]:
-    """The content of plan.json (see the module docstring)."""
+def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], weight_bytes: list[int]) -> PlanRecord:
+    """The content of plan.json (see the module docstring): ``device_collectives`` names the tensors each
+    collective cuts (the same on every rank), ``weight_bytes`` is the weights written for each rank."""
+    plan, graph, stages = lowered.plan, lowered.graph, lowered.stages
     mesh, machine = plan.mesh, plan.machine
-    ranks = []
-    for rank in range(mesh.size):
-        device = mesh.devices[rank]
-        ranks.append(
-            {
-                "rank": rank,
-                "coords": list(mesh.coords(rank)),
-                "device": device,
-                "device_kind": machine.devices[device].name,
-                "node": machine.node_of[device],
-            }
+    ranks = tuple(
+        RankRecord(
+            rank=rank,
+            coords=mesh.coords(rank),
+            device=mesh.devices[rank],
+            device_kind=machine.devices[mesh.devices[rank]].name,
+            node=machine.node_of[mesh.devices[rank]],
         )
-    collectives = []
+        for rank in range(mesh.size)
+    )
     plan_collectives = [s for s in plan.steps if isinstance(s, AllGather | AllReduce)]
-    for index, (step, names) in enumerate(zip(plan_collectives, device_collectives, strict=True)):
-        out = plan.tensors[step.out]
-        entry = {
-            "id": index,
-            "kind": "all_gather" if isinstance(step, AllGather) else "all_reduce",
-            "axis": step.axis,
-            "dim": step.dim if isinstance(step, AllGather) else None,
-            "src": names["src"],
-            "dst": names["dst"],
-            "groups": [list(g) for g in mesh.groups(step.axis)],
-            "bytes": out.local_bytes(mesh),
-            "stage": stages[step.out],
-        }
-        collectives.append(entry)
+    collectives = tuple(
+        CollectiveRecord(
+            id=index,
+            kind="all_gather" if isinstance(step, AllGather) else "all_reduce",
+            axis=step.axis,
+            dim=step.dim if isinstance(step, AllGather) else None,
+            src=names["src"],
+            dst=names["dst"],
+            groups=tuple(tuple(g) for g in mesh.groups(step.axis)),
+            bytes=plan.tensors[step.out].local_bytes(mesh),
+            stage=stages[step.out],
+        )
+        for index, (step, names) in enumerate(zip(plan_collectives, device_collectives, strict=True))
+    )
     tensors = {
-        tid: {
-            "shape": list(t.shape),
-            "dtype": t.dtype,
-            "placement": t.placement_str(),
-            "local_shape": list(t.local_shape(mesh)),
-            **({"source": t.source} if t.source else {}),
-            **({"value": t.value} if t.value else {}),
-        }
+        tid: TensorRecord(
+            shape=t.shape,
+            dtype=t.dtype,
+            placement=tuple(t.placement_str()),
+            local_shape=t.local_shape(mesh),
+            source=t.source or None,
+            value=t.value or None,
+        )
         for tid, t in plan.tensors.items()
     }
-    return {
-        "format_version": PLAN_FORMAT_VERSION,
-        "unity_eq_version": __version__,
-        "model": {
-            "name": plan.model,
-            "source": graph.source,
-            **({"fingerprint": graph.fingerprint} if graph.fingerprint else {}),
-            "inputs": {n: {"shape": list(t.shape), "dtype": t.dtype} for n, t in graph.inputs.items()},
-            "outputs": {
-                n: {
-                    "shape": list(graph.types[n].shape),
-                    "dtype": graph.types[n].dtype,
-                    "tensor": plan.outputs[n],
-                }
-                for n in graph.outputs
-            },
+    model = ModelRecord(
+        name=plan.model,
+        source=graph.source,
+        fingerprint=graph.fingerprint or None,
+        inputs={n: ModelInputRecord(shape=t.shape, dtype=t.dtype) for n, t in graph.inputs.items()},
+        outputs={
+            n: ModelOutputRecord(shape=graph.types[n].shape, dtype=graph.types[n].dtype, tensor=plan.outputs[n])
+            for n in graph.outputs
         },
-        "objective": plan.objective.name,
-        "mesh": {"axes": list(mesh.axes), "sizes": list(mesh.sizes), "devices": list(mesh.devices), "ranks": ranks},
-        "machine": machine_json(plan),
-        "cost": plan.report.get("cost")
-        or {"total_s": plan.cost.total, "compute_s": plan.cost.compute, "communication_s": plan.cost.comm},
-        "files": [f"device_{r}.onnx" for r in range(mesh.size)],
-        "tensors": tensors,
-        "steps": [_step_json(s, c) for s, c in zip(plan.steps, _costs(plan), strict=True)],
-        "collectives": collectives,
-        "shardings": {
-            tid: t.placement_str() for tid, t in plan.tensors.items() if any(isinstance(p, Shard) for p in t.placement)
+    )
+    report = plan.report
+    return PlanRecord(
+        format_version=PLAN_FORMAT_VERSION,
+        unity_eq_version=__version__,
+        model=model,
+        objective=plan.objective.name,
+        mesh=MeshRecord(axes=mesh.axes, sizes=mesh.sizes, devices=mesh.devices, ranks=ranks),
+        machine=machine_record(plan),
+        cost=report.cost
+        or CostRecord(total_s=plan.cost.total, compute_s=plan.cost.compute, communication_s=plan.cost.comm),
+        files=tuple(f"device_{r}.onnx" for r in range(mesh.size)),
+        tensors=tensors,
+        steps=tuple(step_record(s, c) for s, c in zip(plan.steps, _costs(plan), strict=True)),
+        collectives=collectives,
+        shardings={
+            tid: tuple(t.placement_str())
+            for tid, t in plan.tensors.items()
+            if any(isinstance(p, Shard) for p in t.placement)
         },
-        **{
-            key: plan.report[key]
-            for key in ("mesh_search", "baselines", "extraction", "blocks", "parallelism")
-            if plan.report.get(key)
-        },
-        "stats": plan.stats,
-    }
+        mesh_search=report.mesh_search,
+        baselines=report.baselines,
+        extraction=report.extraction,
+        blocks=report.blocks,
+        parallelism=report.parallelism,
+        stats=plan.stats,
+        plan_hash=lowered.plan_hash,
+        memory=PlanMemoryRecord(usage=report.memory, weight_bytes_per_rank=tuple(weight_bytes)),
+    )
 
 
 def _costs(plan: Plan) -> list[Cost | None]:
@@ -665,53 +685,48 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def machine_json(plan: Plan) -> dict[str, Any]:
+def machine_record(plan: Plan) -> MachineRecord:
     """The machine as plan.json records it: device kinds, nodes and links (SI units: FLOP/s, bytes/s, s)."""
     from unity_eq.cost import CostModel, axis_info
 
     machine = plan.machine
     kinds = {}
     for device in machine.devices:
-        kinds[device.name] = {
-            "peak_flops": dict(device.flops),
-            "memory_bandwidth_bytes_s": device.memory_bandwidth,
-            "memory_bytes": device.memory,
-        }
+        kinds[device.name] = DeviceKindRecord(
+            peak_flops=dict(device.flops),
+            memory_bandwidth_bytes_s=device.memory_bandwidth,
+            memory_bytes=device.memory,
+        )
     nodes = []
     for index in sorted(set(machine.node_of)):
         node = machine.node(index)
+        network = node.network
         nodes.append(
-            {
-                "name": node.name,
-                "devices": [d for d, n in enumerate(machine.node_of) if n == index],
-                "link": {
-                    "name": node.link.name,
-                    "bandwidth_bytes_s": _finite(node.link.bandwidth),
-                    "latency_s": node.link.latency,
-                },
-                "network": None
-                if node.network is None
-                else {
-                    "name": node.network.name,
-                    "bandwidth_bytes_s": node.network.bandwidth,
-                    "latency_s": node.network.latency,
-                },
-                "nics": node.nics,
-            }
+            NodeRecord(
+                name=node.name,
+                devices=tuple(d for d, n in enumerate(machine.node_of) if n == index),
+                link=LinkRecord(
+                    name=node.link.name, bandwidth_bytes_s=_finite(node.link.bandwidth), latency_s=node.link.latency
+                ),
+                network=None
+                if network is None
+                else LinkRecord(name=network.name, bandwidth_bytes_s=network.bandwidth, latency_s=network.latency),
+                nics=node.nics,
+            )
         )
     model = CostModel(machine, plan.mesh, plan.objective)
-    return {
-        "name": machine.name,
-        "source": machine.source,
-        "devices": machine.device_count,
-        "nodes": machine.node_count,
-        "device_kinds": kinds,
-        "node_list": nodes,
-        "launch_overhead_s": machine.launch_overhead,
-        "efficiency": machine.efficiency,
-        "memory_fraction": machine.memory_fraction,
-        "mesh_axes": [axis_info(model, a) for a in plan.mesh.axes],
-    }
+    return MachineRecord(
+        name=machine.name,
+        source=machine.source,
+        devices=machine.device_count,
+        nodes=machine.node_count,
+        device_kinds=kinds,
+        node_list=tuple(nodes),
+        launch_overhead_s=machine.launch_overhead,
+        efficiency=machine.efficiency,
+        memory_fraction=machine.memory_fraction,
+        mesh_axes=tuple(axis_info(model, a) for a in plan.mesh.axes),
+    )
 
 
 def write_plan_dir(
@@ -737,10 +752,7 @@ def write_plan_dir(
                 on_rank(rank + 1, lowered.world_size)
             if rank == 0:
                 collectives = names
-        metadata = plan_metadata(lowered.plan, lowered.graph, collectives, lowered.stages)
-        metadata["plan_hash"] = lowered.plan_hash
-        metadata["memory"] = {**lowered.plan.report.get("memory", {}), "weight_bytes_per_rank": weight_bytes}
-        write_plan_json(tmp / "plan.json", metadata, default=_json_default)
+        write_plan_json(tmp / "plan.json", plan_record(lowered, collectives, weight_bytes))
         replace_plan_files(tmp, target)
     return target
 
@@ -765,11 +777,3 @@ def validate_device_file(path: Path, shown: Path) -> None:
         f"{shown}: the lowered device model is invalid ({problem}); no plan was written. "
         "This is a bug in unity-eq's lowering: please report it with the model and options."
     )
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.integer | np.floating):
-        return value.item()
-    if isinstance(value, tuple):
-        return list(value)
-    return str(value)

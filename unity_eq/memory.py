@@ -32,6 +32,7 @@ from unity_eq.plan import (
     step_inputs,
     step_outputs,
 )
+from unity_eq.planfile import MemoryUsageRecord
 
 __all__ = ["MemoryUsage", "plan_memory", "tensor_kinds", "weight_state_factor"]
 
@@ -59,15 +60,16 @@ class MemoryUsage:
     def fits(self) -> bool:
         return self.total <= self.capacity
 
-    def to_json(self) -> dict[str, float | bool]:
-        return {
-            "weight_bytes": self.weights,
-            "weight_state_bytes": self.weight_state,
-            "activation_bytes": self.activations,
-            "total_bytes": self.total,
-            "capacity_bytes": self.capacity,
-            "fits": self.fits,
-        }
+    def to_record(self) -> MemoryUsageRecord:
+        """As plan.json's ``memory`` holds it."""
+        return MemoryUsageRecord(
+            weight_bytes=self.weights,
+            weight_state_bytes=self.weight_state,
+            activation_bytes=self.activations,
+            total_bytes=self.total,
+            capacity_bytes=self.capacity,
+            fits=self.fits,
+        )
 
 
 def tensor_kinds(plan: Plan) -> dict[str, str]:

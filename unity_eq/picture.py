@@ -25,15 +25,30 @@ from __future__ import annotations
 import html
 import itertools
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import graphviz
+from typing_extensions import assert_never
 
 from unity_eq.errors import OptionError
-from unity_eq.explain import load_plan_json, reading_plan, render, report_of, tensor_bytes
+from unity_eq.explain import Explanation, OpRow, load_plan, reading_plan, render, report_of, tensor_bytes
 from unity_eq.files import check_output_file, write_file_atomic
+from unity_eq.planfile import (
+    CombineStepRecord,
+    ComputeStepRecord,
+    ExplainRecord,
+    InputStepRecord,
+    NodeRecord,
+    PartitionStepRecord,
+    RankRecord,
+    ReduceStepRecord,
+    ReplicateStepRecord,
+    StepRecord,
+    TensorRecord,
+    WeightStepRecord,
+)
 
 __all__ = [
     "FORMATS",
@@ -80,20 +95,20 @@ RANK_PALETTE = ("#fbb4ae", "#b3cde3", "#ccebc5", "#decbe4", "#fed9a6", "#ffffcc"
 # The parallel computation graph
 
 
-def _placement_key(placement: dict[str, str]) -> str:
+def _placement_key(placement: Mapping[str, str]) -> str:
     return " ".join(f"{axis}:{p}" for axis, p in placement.items())
 
 
-def placement_colours(ops: list[dict[str, Any]]) -> dict[str, str]:
+def placement_colours(ops: Sequence[OpRow]) -> dict[str, str]:
     """One fill per placement seen, in order of first appearance; replicated-everywhere is a pale grey.
 
     Colours are given in plan order so that the same plan always gets the same picture."""
     colours: dict[str, str] = {}
     for op in ops:
-        key = _placement_key(op["placement"])
+        key = _placement_key(op.placement)
         if key in colours:
             continue
-        if all(p == "R" for p in op["placement"].values()):
+        if all(p == "R" for p in op.placement.values()):
             colours[key] = REPLICATED
         else:
             shaded = sum(1 for c in colours.values() if c != REPLICATED)
@@ -116,17 +131,17 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**16 else f"{nbytes / 2**10:.1f} KiB"
 
 
-def _us(step: dict[str, Any]) -> str:
-    return f"{(step.get('communication_s') or 0.0) * 1e6:.1f} µs"
+def _us(step: StepRecord) -> str:
+    return f"{(step.communication_s or 0.0) * 1e6:.1f} µs"
 
 
-def _collective_label(kind: str, step: dict[str, Any], tensor: dict[str, Any]) -> str:
-    return f"{kind} on {step['axis']}\\n{_mib(tensor_bytes(tensor))}, {_us(step)}"
+def _collective_label(kind: str, step: _Move, tensor: TensorRecord) -> str:
+    return f"{kind} on {step.axis}\\n{_mib(tensor_bytes(tensor))}, {_us(step)}"
 
 
-def _tensor_name(tensors: dict[str, Any], tid: str) -> str:
-    t = tensors.get(tid, {})
-    return str(t.get("value") or t.get("source") or tid)
+def _tensor_name(tensors: Mapping[str, TensorRecord], tid: str) -> str:
+    t = tensors.get(tid)
+    return str((t.value or t.source if t else None) or tid)
 
 
 def _group_of(name: str) -> str | None:
@@ -137,50 +152,55 @@ def _group_of(name: str) -> str | None:
     return name.split(".", 1)[0]
 
 
-def _sources(meta: dict[str, Any]) -> tuple[dict[str, _Source], set[str]]:
+#: the steps that move a tensor along a mesh axis
+_Move = PartitionStepRecord | CombineStepRecord | ReduceStepRecord | ReplicateStepRecord
+
+
+def _sources(plan: ExplainRecord) -> tuple[dict[str, _Source], set[str]]:
     """For every activation of the plan, the node that makes it and the collectives between; and the weights
     (and their pieces), which are drawn inside the op that uses them rather than as nodes."""
-    tensors, training = meta["tensors"], meta.get("objective") == "training"
+    tensors = plan.tensors
     sources: dict[str, _Source] = {}
     weights: set[str] = set()
-    for index, step in enumerate(meta["steps"]):
-        kind = step["kind"]
-        if kind == "weight":
-            weights.add(step["out"])
-        elif kind == "input":
-            sources[step["out"]] = _Source(f"input {step['name']}")
-        elif kind == "compute":
-            for out in step["outputs"]:
-                if out:
-                    sources[out] = _Source(f"op{index}")
-        elif step["src"] in weights:
-            weights.add(step["out"])
-        elif step["src"] in sources:
-            src = sources[step["src"]]
-            label = ""
-            if kind == "combine":
-                label = _collective_label("all-gather", step, tensors[step["out"]])
-            elif kind == "reduce":
-                label = _collective_label("all-reduce", step, tensors[step["out"]])
-            if label:
-                sources[step["out"]] = _Source(src.node, (*src.forward, label), src.backward)
-            elif training and (step.get("communication_s") or 0.0) > 0:
-                back = "gradient all-gather" if kind == "partition" else "gradient all-reduce"
-                label = _collective_label(back, step, tensors[step["src"]])
-                sources[step["out"]] = _Source(src.node, src.forward, (*src.backward, label))
-            else:
-                sources[step["out"]] = src
+    for index, step in enumerate(plan.steps):
+        match step:
+            case WeightStepRecord():
+                weights.add(step.out)
+            case InputStepRecord():
+                sources[step.out] = _Source(f"input {step.name}")
+            case ComputeStepRecord():
+                for out in step.outputs:
+                    if out:
+                        sources[out] = _Source(f"op{index}")
+            case PartitionStepRecord() | CombineStepRecord() | ReduceStepRecord() | ReplicateStepRecord():
+                if step.src in weights:
+                    weights.add(step.out)
+                elif step.src in sources:
+                    sources[step.out] = _moved(sources[step.src], step, tensors, plan.training)
+            case _:
+                assert_never(step)
     return sources, weights
 
 
-def _op_label(op: dict[str, Any], step: dict[str, Any], tensors: dict[str, Any], weights: set[str]) -> str:
-    name = graphviz.escape(str(op["source"] or op["output"]))
-    lines = [f"{op['op']}  {name}", _placement_key(op["placement"]) or "-"]
-    if op.get("local_shape") is not None:
-        lines.append("local [" + ",".join(str(d) for d in op["local_shape"]) + "]")
-    used = [i for i in step["inputs"] if isinstance(i, str) and i in weights]
+def _moved(src: _Source, step: _Move, tensors: Mapping[str, TensorRecord], training: bool) -> _Source:
+    """Where the result of ``step`` comes from: ``src``, through the collective the step is, if any."""
+    if isinstance(step, CombineStepRecord | ReduceStepRecord):
+        kind = "all-gather" if isinstance(step, CombineStepRecord) else "all-reduce"
+        return _Source(src.node, (*src.forward, _collective_label(kind, step, tensors[step.out])), src.backward)
+    if training and (step.communication_s or 0.0) > 0:  # a gradient collective of the backward pass
+        back = "gradient all-gather" if isinstance(step, PartitionStepRecord) else "gradient all-reduce"
+        return _Source(src.node, src.forward, (*src.backward, _collective_label(back, step, tensors[step.src])))
+    return src
+
+
+def _op_label(op: OpRow, step: ComputeStepRecord, tensors: Mapping[str, TensorRecord], weights: set[str]) -> str:
+    name = graphviz.escape(str(op.source or op.output))
+    lines = [f"{op.op}  {name}", _placement_key(op.placement) or "-"]
+    if op.local_shape is not None:
+        lines.append("local [" + ",".join(str(d) for d in op.local_shape) + "]")
+    used = [i for i in step.inputs if isinstance(i, str) and i in weights]
     if used:
-        shown = [f"{_tensor_name(tensors, w)} {{{','.join(tensors[w]['placement'])}}}" for w in used[:2]]
+        shown = [f"{_tensor_name(tensors, w)} {{{','.join(tensors[w].placement)}}}" for w in used[:2]]
         more = f" +{len(used) - 2}" if len(used) > 2 else ""
         lines.append(graphviz.escape(", ".join(shown)) + more)
     return "\\n".join(lines)
@@ -223,38 +243,43 @@ def _legend(graph: graphviz.Digraph, colours: dict[str, str], counts: dict[str, 
     graph.node("legend", label=label, shape="plaintext", fillcolor="white")
 
 
-def _ranks_by_node(meta: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
-    by_node: dict[int, list[dict[str, Any]]] = {}
-    for rank in meta["mesh"]["ranks"]:
-        by_node.setdefault(int(rank.get("node", 0)), []).append(rank)
+def _ranks_by_node(plan: ExplainRecord) -> dict[int, list[RankRecord]]:
+    by_node: dict[int, list[RankRecord]] = {}
+    for rank in plan.mesh.ranks:
+        by_node.setdefault(rank.node, []).append(rank)
     return dict(sorted(by_node.items()))
 
 
-def _rank_fill(rank: dict[str, Any]) -> str:
-    return RANK_PALETTE[rank["coords"][0] % len(RANK_PALETTE)] if rank["coords"] else REPLICATED
+def _rank_fill(rank: RankRecord) -> str:
+    return RANK_PALETTE[rank.coords[0] % len(RANK_PALETTE)] if rank.coords else REPLICATED
 
 
-def _mesh_cluster(graph: graphviz.Digraph, meta: dict[str, Any], per_row: int = 8) -> None:
+def _node_info(plan: ExplainRecord, node: int) -> NodeRecord | None:
+    """The machine's node ``node`` as plan.json describes it (None when it does not)."""
+    node_list = plan.machine.node_list if plan.machine else ()
+    return node_list[node] if node < len(node_list) else None
+
+
+def _mesh_cluster(graph: graphviz.Digraph, plan: ExplainRecord, per_row: int = 8) -> None:
     """The mesh laid on the machine's nodes: one table per node, its ranks in order with their mesh coordinates
     (tables, not nodes, so that graphviz keeps the ranks in order), stacked with invisible edges."""
-    axes = meta["mesh"]["axes"]
-    node_list = meta.get("machine", {}).get("node_list", [])
+    axes = plan.mesh.axes
     label = (
-        f"mesh {_mesh_label(meta)} on {meta.get('machine', {}).get('name') or 'the machine'} "
+        f"mesh {plan.mesh.label} on {(plan.machine.name if plan.machine else None) or 'the machine'} "
         f"(ranks filled by their coordinate on axis {axes[0]})"
     )
     with graph.subgraph(name="cluster_machine") as machine:
         machine.attr(label=label, style="rounded", color="#888888")
         names = []
-        for node, ranks in _ranks_by_node(meta).items():
-            info = node_list[node] if node < len(node_list) else {}
-            link = (info.get("link") or {}).get("name", "")
-            title = html.escape(str(info.get("name", f"node{node}")) + (f" ({link})" if link else ""))
+        for node, ranks in _ranks_by_node(plan).items():
+            info = _node_info(plan, node)
+            link = info.link.name if info else ""
+            title = html.escape((info.name if info else f"node{node}") + (f" ({link})" if link else ""))
             rows = []
             for first in range(0, len(ranks), per_row):
                 cells = "".join(
-                    f'<TD BGCOLOR="{_rank_fill(r)}">rank {r["rank"]}<BR/>'
-                    + html.escape(" ".join(f"{a}={c}" for a, c in zip(axes, r["coords"], strict=False)))
+                    f'<TD BGCOLOR="{_rank_fill(r)}">rank {r.rank}<BR/>'
+                    + html.escape(" ".join(f"{a}={c}" for a, c in zip(axes, r.coords, strict=False)))
                     + "</TD>"
                     for r in ranks[first : first + per_row]
                 )
@@ -270,43 +295,38 @@ def _mesh_cluster(graph: graphviz.Digraph, meta: dict[str, Any], per_row: int = 
             machine.edge(upper, lower, style="invis")
 
 
-def _mesh_label(meta: dict[str, Any]) -> str:
-    return ",".join(f"{a}={n}" for a, n in zip(meta["mesh"]["axes"], meta["mesh"]["sizes"], strict=True))
-
-
-def pcg_graph(meta: dict[str, Any], *, max_ops: int = 150, mesh: bool = True) -> graphviz.Digraph:
+def pcg_graph(plan: ExplainRecord, *, max_ops: int = 150, mesh: bool = True) -> graphviz.Digraph:
     """The plan's parallel computation graph as a graphviz ``Digraph`` (see the module docstring).
 
     ``mesh`` adds the mesh-on-nodes cluster beside it (the DOT and SVG outputs are one picture; the HTML page
     draws the mesh on its own)."""
-    report = report_of(meta)
-    tensors, steps = meta["tensors"], meta["steps"]
-    sources, weights = _sources(meta)
-    colours = placement_colours(report["ops"])
-    graph = graphviz.Digraph("plan", comment=f"unity-eq plan of {report['model']}")
+    report = report_of(plan)
+    tensors = plan.tensors
+    computes = {i: s for i, s in enumerate(plan.steps) if isinstance(s, ComputeStepRecord)}
+    sources, weights = _sources(plan)
+    colours = placement_colours(report.ops)
+    graph = graphviz.Digraph("plan", comment=f"unity-eq plan of {report.model}")
     graph.attr(rankdir="TB", fontname="Helvetica", fontsize="12", labelloc="t", newrank="true")
     graph.attr("node", shape="box", style="rounded,filled", fontname="Helvetica", fontsize="10", fillcolor="white")
     graph.attr("edge", fontname="Helvetica", fontsize="9", arrowsize="0.7")
-    cost = report["cost"]
     graph.attr(
-        label=f"{report['model']} on {report['machine']} ({report['objective']}), mesh {report['mesh']['label']}: "
-        f"{_ms(cost.get('total_s'))} per step = compute {_ms(cost.get('compute_s'))} "
-        f"+ communication {_ms(cost.get('communication_s'))}"
+        label=f"{report.model} on {report.machine} ({report.objective}), mesh {report.mesh_label}: "
+        f"{_ms(report.total_s)} per step = compute {_ms(report.compute_s)} "
+        f"+ communication {_ms(report.communication_s)}"
     )
 
-    for step in steps:
-        if step["kind"] == "input":
-            t = tensors[step["out"]]
-            shape = "[" + ",".join(map(str, t["shape"])) + "]"
-            graph.node(f"input {step['name']}", label=f"input {graphviz.escape(step['name'])}\\n{shape}", shape="oval")
+    for step in plan.steps:
+        if isinstance(step, InputStepRecord):
+            shape = "[" + ",".join(map(str, tensors[step.out].shape)) + "]"
+            graph.node(f"input {step.name}", label=f"input {graphviz.escape(step.name)}\\n{shape}", shape="oval")
 
-    drawn = report["ops"][:max_ops]
-    groups: dict[str | None, list[dict[str, Any]]] = {}
+    drawn = report.ops[:max_ops]
+    groups: dict[str | None, list[OpRow]] = {}
     for op in drawn:
-        groups.setdefault(_group_of(str(op["source"] or op["output"])), []).append(op)
+        groups.setdefault(_group_of(str(op.source or op.output)), []).append(op)
     counts: dict[str, int] = {}
-    for op in report["ops"]:
-        counts[_placement_key(op["placement"])] = counts.get(_placement_key(op["placement"]), 0) + 1
+    for op in report.ops:
+        counts[_placement_key(op.placement)] = counts.get(_placement_key(op.placement), 0) + 1
     for group, ops in groups.items():
         boxed = group is not None and len(ops) > 1
         target = graph.subgraph(name=f"cluster_{group}") if boxed else _Same(graph)
@@ -314,45 +334,45 @@ def pcg_graph(meta: dict[str, Any], *, max_ops: int = 150, mesh: bool = True) ->
             if boxed:
                 sub.attr(label=group, style="rounded,dashed", color="#aaaaaa")
             for op in ops:
-                key = _placement_key(op["placement"])
-                label = _op_label(op, steps[op["step"]], tensors, weights)
-                sub.node(f"op{op['step']}", label=label, fillcolor=colours[key])
-    shown = {f"op{op['step']}" for op in drawn} | {s.node for s in sources.values() if s.node.startswith("input ")}
+                key = _placement_key(op.placement)
+                label = _op_label(op, computes[op.step], tensors, weights)
+                sub.node(f"op{op.step}", label=label, fillcolor=colours[key])
+    shown = {f"op{op.step}" for op in drawn} | {s.node for s in sources.values() if s.node.startswith("input ")}
     for op in drawn:
-        for tid in steps[op["step"]]["inputs"]:
+        for tid in computes[op.step].inputs:
             if isinstance(tid, str) and tid in sources and sources[tid].node in shown:
-                _edge(graph, sources[tid], f"op{op['step']}")
-    for name, out in meta["model"].get("outputs", {}).items():
-        src = sources.get(out.get("tensor", name))
+                _edge(graph, sources[tid], f"op{op.step}")
+    for name, out in plan.model.outputs.items():
+        src = sources.get(out.tensor)
         graph.node(f"output {name}", label=f"output {graphviz.escape(name)}", shape="oval")
         if src is not None and src.node in shown:
             _edge(graph, src, f"output {name}")
-    hidden = len(report["ops"]) - len(drawn)
+    hidden = len(report.ops) - len(drawn)
     if hidden:
         graph.node(
             "more",
-            label=f"… {hidden} more ops not drawn\\n(`--max-ops {len(report['ops'])}` draws them all)",
+            label=f"… {hidden} more ops not drawn\\n(`--max-ops {len(report.ops)}` draws them all)",
             shape="note",
             fillcolor="#fff8dc",
         )
-    _gradient_note(graph, meta, weights)
+    _gradient_note(graph, plan, weights)
     _legend(graph, colours, counts)
     if mesh:
-        _mesh_cluster(graph, meta)
+        _mesh_cluster(graph, plan)
     return graph
 
 
-def _gradient_note(graph: graphviz.Digraph, meta: dict[str, Any], weights: set[str]) -> None:
+def _gradient_note(graph: graphviz.Digraph, plan: ExplainRecord, weights: set[str]) -> None:
     """Weight-gradient all-reduces (training) happen once per weight, off the activations' path: one note."""
-    if meta.get("objective") != "training":
+    if not plan.training:
         return
     per_axis: dict[str, list[float]] = {}
-    for step in meta["steps"]:
-        if step["kind"] == "replicate" and step["src"] in weights and (step.get("communication_s") or 0) > 0:
-            entry = per_axis.setdefault(step["axis"], [0, 0.0, 0.0])
+    for step in plan.steps:
+        if isinstance(step, ReplicateStepRecord) and step.src in weights and (step.communication_s or 0) > 0:
+            entry = per_axis.setdefault(step.axis, [0, 0.0, 0.0])
             entry[0] += 1
-            entry[1] += tensor_bytes(meta["tensors"][step["src"]])
-            entry[2] += step["communication_s"]
+            entry[1] += tensor_bytes(plan.tensors[step.src])
+            entry[2] += step.communication_s or 0.0
     if per_axis:
         lines = [
             f"⇐ gradient all-reduce on {axis}: {int(n)} weights, {_mib(b)}, {s * 1e6:.1f} µs"
@@ -376,9 +396,9 @@ class _Same:
         return None
 
 
-def pcg_dot(meta: dict[str, Any], *, max_ops: int = 150, mesh: bool = True) -> str:
+def pcg_dot(plan: ExplainRecord, *, max_ops: int = 150, mesh: bool = True) -> str:
     """The DOT text of :func:`pcg_graph`."""
-    return str(pcg_graph(meta, max_ops=max_ops, mesh=mesh).source)
+    return str(pcg_graph(plan, max_ops=max_ops, mesh=mesh).source)
 
 
 def render_svg(graph: graphviz.Digraph) -> str | None:
@@ -424,65 +444,58 @@ def _svg(width: float, height: float, body: list[str], title: str) -> str:
     )
 
 
-def mesh_svg(meta: dict[str, Any]) -> str:
+def mesh_svg(plan: ExplainRecord) -> str:
     """The mesh on the machine's nodes: a box per node holding its ranks, each with its mesh coordinates and
     filled by its coordinate on the first axis (ranks of one colour share that coordinate)."""
-    axes = meta["mesh"]["axes"]
-    machine = meta.get("machine", {})
-    node_list = machine.get("node_list", [])
-    by_node = _ranks_by_node(meta)
+    axes = plan.mesh.axes
+    by_node = _ranks_by_node(plan)
     per_row, cell, gap = 8, 78, 8
     body: list[str] = []
     y = 10.0
     width = 2 * gap + per_row * (cell + gap) + gap
     for node, ranks in by_node.items():
-        info = node_list[node] if node < len(node_list) else {}
-        link = (info.get("link") or {}).get("name", "")
-        network = (info.get("network") or {}).get("name", "")
+        info = _node_info(plan, node)
+        link = info.link.name if info else ""
+        network = info.network.name if info and info.network else ""
         rows = (len(ranks) + per_row - 1) // per_row
         height = 30 + rows * (cell * 0.62 + gap)
         body.append(_rect(gap, y, width - 2 * gap, height, "#fafafa", extra='stroke="#888" rx="8"'))
-        title = f"{info.get('name', f'node{node}')}: {len(ranks)} ranks" + (f", {link} inside" if link else "")
+        title = f"{info.name if info else f'node{node}'}: {len(ranks)} ranks" + (f", {link} inside" if link else "")
         title += f", {network} between nodes" if network and len(by_node) > 1 else ""
         body.append(_text(2 * gap, y + 19, title, weight="bold"))
         for i, rank in enumerate(ranks):
             cx = 2 * gap + (i % per_row) * (cell + gap)
             cy = y + 28 + (i // per_row) * (cell * 0.62 + gap)
             fill = _rank_fill(rank)
-            coords = " ".join(f"{a}={c}" for a, c in zip(axes, rank["coords"], strict=False))
-            body.append(
-                _rect(cx, cy, cell, cell * 0.62, fill, f"rank {rank['rank']}: {coords}", 'stroke="#555" rx="4"')
-            )
-            body.append(_text(cx + cell / 2, cy + 18, f"rank {rank['rank']}", anchor="middle", size=11))
+            coords = " ".join(f"{a}={c}" for a, c in zip(axes, rank.coords, strict=False))
+            body.append(_rect(cx, cy, cell, cell * 0.62, fill, f"rank {rank.rank}: {coords}", 'stroke="#555" rx="4"'))
+            body.append(_text(cx + cell / 2, cy + 18, f"rank {rank.rank}", anchor="middle", size=11))
             body.append(_text(cx + cell / 2, cy + 36, coords, anchor="middle", size=10))
         y += height + gap
     body.append(_text(gap, y + 14, f"ranks filled by their coordinate on axis {axes[0]}; on each axis:"))
     y += 18
-    for axis in machine.get("mesh_axes", []):
-        if "size" not in axis:
-            continue
-        where = f"across {axis['nodes']} nodes" if axis.get("spans_nodes") else "inside a node"
-        bandwidth = f", {axis['bandwidth_gbs']:g} GB/s" if axis.get("bandwidth_gbs") else ""
-        body.append(
-            _text(3 * gap, y + 14, f"axis {axis['name']}: {axis['size']} devices {where} ({axis['link']}{bandwidth})")
-        )
+    for axis in plan.machine.mesh_axes if plan.machine else ():
+        where = f"across {axis.nodes} nodes" if axis.spans_nodes else "inside a node"
+        bandwidth = f", {axis.bandwidth_gbs:g} GB/s" if axis.bandwidth_gbs else ""
+        body.append(_text(3 * gap, y + 14, f"axis {axis.name}: {axis.size} devices {where} ({axis.link}{bandwidth})"))
         y += 18
-    return _svg(width, y + gap, body, f"mesh {_mesh_label(meta)} on the machine's nodes")
+    return _svg(width, y + gap, body, f"mesh {plan.mesh.label} on the machine's nodes")
 
 
-def _time_segments(report: dict[str, Any]) -> list[tuple[str, float, str]]:
+def _time_segments(report: Explanation) -> list[tuple[str, float, str]]:
     """This plan's time per step cut into compute and communication per axis and phase: (name, s, colour)."""
-    cost = report["cost"]
-    segments = [("compute", float(cost.get("compute_s") or 0.0), COMPUTE)]
-    by_axis = cost.get("communication_by_axis") or {}
+    cost = report.cost
+    segments = [("compute", float((cost.compute_s if cost else None) or 0.0), COMPUTE)]
+    by_axis = (cost.communication_by_axis if cost else None) or {}
     for i, (axis, parts) in enumerate(by_axis.items()):
         colour = AXIS_COLOURS[i % len(AXIS_COLOURS)]
-        for phase, opacity in (("forward", "1"), ("backward", "0.65"), ("gradient", "0.35")):
-            seconds = float(parts.get(f"{phase}_s") or 0.0)
+        phases = (("forward", parts.forward_s, "1"), ("backward", parts.backward_s, "0.65"))
+        for phase, value, opacity in (*phases, ("gradient", parts.gradient_s, "0.35")):
+            seconds = float(value or 0.0)
             if seconds > 0:
                 segments.append((f"{phase} communication on {axis}", seconds, f"{colour}|{opacity}"))
-    if not by_axis and cost.get("communication_s"):
-        segments.append(("communication", float(cost["communication_s"]), f"{AXIS_COLOURS[0]}|1"))
+    if not by_axis and cost and cost.communication_s:
+        segments.append(("communication", float(cost.communication_s), f"{AXIS_COLOURS[0]}|1"))
     return segments
 
 
@@ -491,21 +504,20 @@ def _fill(colour: str) -> str:
     return f'{base}" fill-opacity="{opacity or 1}'
 
 
-def cost_chart_svg(report: dict[str, Any]) -> str:
+def cost_chart_svg(report: Explanation) -> str:
     """The cost split as bar charts: time per step of this plan (compute, then communication per axis and
     phase) and of each baseline (compute, communication), on one scale; memory per device against capacity."""
     left, bar_w, bar_h, gap = 280.0, 520.0, 22.0, 10.0
     width = left + bar_w + 210
     body: list[str] = [_text(10, 20, "predicted time per step", size=14, weight="bold")]
-    cost = report["cost"]
-    rows = [(f"this plan [{report['mesh']['label']}]", _time_segments(report), float(cost.get("total_s") or 0.0), "")]
-    for b in report["baselines"]:
+    rows = [(f"this plan [{report.mesh_label}]", _time_segments(report), float(report.total_s or 0.0), "")]
+    for name, b in report.baselines:
         parts = [
-            ("compute", float(b.get("compute_s") or 0.0), COMPUTE),
-            ("communication", float(b.get("communication_s") or 0.0), "#999999|1"),
+            ("compute", float(b.compute_s or 0.0), COMPUTE),
+            ("communication", float(b.communication_s or 0.0), "#999999|1"),
         ]
-        ratio = f" = ×{b['ratio']:.2f} this plan" if b.get("ratio") is not None else ""
-        rows.append((f"{b['name']} [{b['mesh']}]", parts, float(b.get("total_s") or 0.0), ratio))
+        ratio = f" = ×{b.ratio:.2f} this plan" if b.ratio is not None else ""
+        rows.append((f"{name} [{b.mesh}]", parts, float(b.total_s or 0.0), ratio))
     scale = max([row[2] for row in rows] + [1e-12])
     y = 34.0
     for name, segments, total, ratio in rows:
@@ -521,19 +533,19 @@ def cost_chart_svg(report: dict[str, Any]) -> str:
         y += bar_h + gap
     y = _chart_key(body, [*_time_segments(report), ("baseline communication", 0.0, "#999999|1")], y, left)
 
-    memory = report.get("memory") or {}
-    if memory.get("total_bytes") is not None:
+    memory = report.memory
+    if memory is not None:
         y += 14
         body.append(_text(10, y, "memory per device", size=14, weight="bold"))
         y += 12
-        capacity = float(memory.get("capacity_bytes") or 0.0)
-        total = float(memory["total_bytes"])
+        capacity = float(memory.capacity_bytes or 0.0)
+        total = float(memory.total_bytes)
         parts = [
-            ("weights", float(memory.get("weight_bytes") or 0.0), "#59a14f|1"),
-            ("gradients + optimizer", float(memory.get("weight_state_bytes") or 0.0), "#edc948|1"),
-            ("activations", float(memory.get("activation_bytes") or 0.0), "#b07aa1|1"),
+            ("weights", float(memory.weight_bytes or 0.0), "#59a14f|1"),
+            ("gradients + optimizer", float(memory.weight_state_bytes or 0.0), "#edc948|1"),
+            ("activations", float(memory.activation_bytes or 0.0), "#b07aa1|1"),
         ]
-        fits = "fits" if memory.get("fits", True) else "DOES NOT FIT"
+        fits = "fits" if memory.fits else "DOES NOT FIT"
         if capacity:
             share = total / capacity
             body.append(_text(left - 8, y + bar_h * 0.7, "of usable capacity", anchor="end", size=11))
@@ -582,21 +594,21 @@ overflow-x: auto; } .warn { color: #a33; } .note { color: #555; font-size: 13px;
 """
 
 
-def _baseline_table(report: dict[str, Any]) -> str:
-    cost, memory = report["cost"], report.get("memory") or {}
+def _baseline_table(report: Explanation) -> str:
+    memory = report.memory
     head = "<tr><th>plan</th><th>total</th><th>compute</th><th>communication</th><th>memory</th><th>×plan</th></tr>"
     rows = [
-        f"<tr><td><b>this plan</b> [{html.escape(report['mesh']['label'])}]</td><td>{_ms(cost.get('total_s'))}</td>"
-        f"<td>{_ms(cost.get('compute_s'))}</td><td>{_ms(cost.get('communication_s'))}</td>"
-        f"<td>{_gib(memory.get('total_bytes'))}</td><td>1.00</td></tr>"
+        f"<tr><td><b>this plan</b> [{html.escape(report.mesh_label)}]</td><td>{_ms(report.total_s)}</td>"
+        f"<td>{_ms(report.compute_s)}</td><td>{_ms(report.communication_s)}</td>"
+        f"<td>{_gib(memory.total_bytes if memory else None)}</td><td>1.00</td></tr>"
     ]
-    for b in report["baselines"]:
-        ratio = "-" if b.get("ratio") is None else f"{b['ratio']:.2f}"
-        flag = "" if b.get("fits", True) else " (does not fit)"
+    for name, b in report.baselines:
+        ratio = "-" if b.ratio is None else f"{b.ratio:.2f}"
+        flag = "" if b.fits else " (does not fit)"
         rows.append(
-            f'<tr><td title="{html.escape(b.get("description", ""))}">{html.escape(b["name"])} '
-            f"[{html.escape(b['mesh'])}]</td><td>{_ms(b.get('total_s'))}</td><td>{_ms(b.get('compute_s'))}</td>"
-            f"<td>{_ms(b.get('communication_s'))}</td><td>{_gib(b.get('memory_bytes'))}</td><td>{ratio}{flag}</td></tr>"
+            f'<tr><td title="{html.escape(b.description)}">{html.escape(name)} '
+            f"[{html.escape(b.mesh)}]</td><td>{_ms(b.total_s)}</td><td>{_ms(b.compute_s)}</td>"
+            f"<td>{_ms(b.communication_s)}</td><td>{_gib(b.memory_bytes)}</td><td>{ratio}{flag}</td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"
 
@@ -606,11 +618,11 @@ def _strip_xml_prolog(svg: str) -> str:
     return svg[svg.index("<svg") :] if "<svg" in svg else svg
 
 
-def html_page(meta: dict[str, Any], *, max_ops: int = 150) -> tuple[str, bool]:
+def html_page(plan: ExplainRecord, *, max_ops: int = 150) -> tuple[str, bool]:
     """One self-contained HTML page of the plan (the three pictures and the key text) and whether ``dot`` drew
     the graph (without it, the page holds the graph's DOT text and says how to draw it)."""
-    report = report_of(meta)
-    graph = pcg_graph(meta, max_ops=max_ops, mesh=False)
+    report = report_of(plan)
+    graph = pcg_graph(plan, max_ops=max_ops, mesh=False)
     svg = render_svg(graph)
     if svg is None:
         pcg = (
@@ -619,29 +631,27 @@ def html_page(meta: dict[str, Any], *, max_ops: int = 150) -> tuple[str, bool]:
         )
     else:
         pcg = _strip_xml_prolog(svg)
-    cost = report["cost"]
     axes = "".join(
-        f"<li>axis <b>{html.escape(a['name'])}</b>: {a['size']} devices, "
-        + (f"across {a['nodes']} nodes" if a.get("spans_nodes") else "inside a node")
-        + f" ({html.escape(str(a.get('link')))}"
-        + (f", {a['bandwidth_gbs']:g} GB/s" if a.get("bandwidth_gbs") else "")
+        f"<li>axis <b>{html.escape(a.name)}</b>: {a.size} devices, "
+        + (f"across {a.nodes} nodes" if a.spans_nodes else "inside a node")
+        + f" ({html.escape(str(a.link))}"
+        + (f", {a.bandwidth_gbs:g} GB/s" if a.bandwidth_gbs else "")
         + ")</li>"
-        for a in report["mesh"]["axes"]
-        if "size" in a
+        for a in report.axes
     )
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in report["notes"])
-    title = f"unity-eq plan: {report['model']} on {report['machine']}"
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.notes)
+    title = f"unity-eq plan: {report.model} on {report.machine}"
     body = f"""<h1>{html.escape(title)}</h1>
-<p class="sub">{html.escape(str(report["objective"]))} · mesh <b>{html.escape(report["mesh"]["label"])}</b> ·
-predicted {_ms(cost.get("total_s"))} per step = compute {_ms(cost.get("compute_s"))} + communication
-{_ms(cost.get("communication_s"))}</p>
+<p class="sub">{html.escape(str(report.objective))} · mesh <b>{html.escape(report.mesh_label)}</b> ·
+predicted {_ms(report.total_s)} per step = compute {_ms(report.compute_s)} + communication
+{_ms(report.communication_s)}</p>
 <ul>{axes}</ul>
 <h2>Cost</h2>
 <div class="figure">{cost_chart_svg(report)}</div>
 <h2>Baselines (same model, same cost model)</h2>
 {_baseline_table(report)}
 <h2>Mesh on the machine</h2>
-<div class="figure">{mesh_svg(meta)}</div>
+<div class="figure">{mesh_svg(plan)}</div>
 <h2>Parallel computation graph</h2>
 <p class="note">One box per op, filled by its placement on each mesh axis (S(d): split along dim d, R: whole,
 P: partial sums). Red edges cross a forward collective, blue dashed ones a collective of the backward pass;
@@ -685,17 +695,17 @@ def write_picture(plan_dir: Path, fmt: str, output: Path | None = None, *, max_o
     check_format(fmt)
     if max_ops < 1:
         raise OptionError(f"`--max-ops`: expected 1 or more, got {max_ops}.")
-    meta = load_plan_json(plan_dir)
+    plan = load_plan(plan_dir)
     target = output if output is not None else default_output(plan_dir, fmt)
     check_output_file(target, "`-o`")
     if fmt == "html":
         with reading_plan(plan_dir):
-            page, drawn = html_page(meta, max_ops=max_ops)
+            page, drawn = html_page(plan, max_ops=max_ops)
         write_file_atomic(target, page, "`-o`")
         note = None if drawn else f"{DOT_MISSING}: the page holds the graph's DOT text; {INSTALL_DOT} to draw it."
         return Picture(target, note)
     with reading_plan(plan_dir):
-        graph = pcg_graph(meta, max_ops=max_ops)
+        graph = pcg_graph(plan, max_ops=max_ops)
     if fmt == "dot":
         write_file_atomic(target, str(graph.source), "`-o`")
         return Picture(target)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from unity_eq.cost import OBJECTIVES
 from unity_eq.egraph import Limits, SaturationResult
@@ -20,6 +19,7 @@ from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
 from unity_eq.machine import Machine, default_machine
 from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
+from unity_eq.planfile import IlpRecord, ProfileStatsRecord, SaturationRecord
 from unity_eq.profile_table import ProfileTable, load_profile
 from unity_eq.progress import Tracker
 from unity_eq.report import cost_breakdown
@@ -180,15 +180,17 @@ def optimize(
         timings["ilp_s"] = time.perf_counter() - start
     plan = result.plan
     assert trial.saturation is not None and trial.memory is not None
-    plan.stats.update(_stats(trial.saturation, trial.enodes, timings))
-    plan.report.update(result.report())
+    plan.stats = replace(plan.stats, saturation=_saturation(trial.saturation, trial.enodes), timings=dict(timings))
+    report = result.report()
     if ilp_report is not None:
-        plan.report["extraction"]["ilp"] = ilp_report
-    plan.report["memory"] = trial.memory.to_json()
-    plan.report["cost"] = cost_breakdown(plan)
+        assert report.extraction is not None
+        report = replace(report, extraction=replace(report.extraction, ilp=ilp_report))
+    plan.report = replace(report, memory=trial.memory.to_record(), cost=cost_breakdown(plan))
     if table is not None:
-        plan.stats["profile"] = {"device": table.meta.get("device", {}).get("description"), "measured": table.hits}
-        plan.stats["profile"]["roofline"] = table.misses
+        device = table.meta.get("device", {}).get("description")
+        plan.stats = replace(
+            plan.stats, profile=ProfileStatsRecord(device=device, measured=table.hits, roofline=table.misses)
+        )
         say(f"profile: {table.hits} of {table.hits + table.misses} op prices measured, the rest from the roofline")
 
     lowered, plan_dir = None, None
@@ -209,7 +211,7 @@ def optimize(
         if tracker is not None:
             tracker.finish(row, f"{lowered.world_size} written to {plan_dir}")
     timings["wall_s"] = time.perf_counter() - began
-    plan.stats["timings"] = dict(timings)
+    plan.stats = replace(plan.stats, timings=dict(timings))
     return OptimizeResult(plan, graph, lowered, plan_dir, trial.saturation, timings, result)
 
 
@@ -237,7 +239,7 @@ def check_rule_files(paths: Sequence[Path]) -> None:
         raise RuleError(error)
 
 
-def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> dict[str, Any]:
+def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> IlpRecord:
     """Re-extract the chosen plan with the ILP (same mesh, restriction and memory penalty); keep it when it
     is cheaper and fits. Returns the report for plan.json."""
     trial = result.trial
@@ -254,24 +256,21 @@ def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> d
         f"ILP: {exact_cost * 1e3:.4f} ms vs greedy {greedy_cost * 1e3:.4f} ms, "
         f"largest gap {max(gaps, default=0.0):.1%}" + ("" if kept else "; greedy plan kept")
     )
-    return {
-        "greedy_total_s": greedy_cost,
-        "ilp_total_s": exact_cost,
-        "kept": "ilp" if kept else "greedy",
-        "programs": [r.as_dict() for r in exact.ilp],
-        "max_gap": max(gaps, default=0.0),
-        "all_optimal": all(r.optimal for r in exact.ilp),
-    }
+    return IlpRecord(
+        greedy_total_s=greedy_cost,
+        ilp_total_s=exact_cost,
+        kept="ilp" if kept else "greedy",
+        programs=tuple(r.to_record() for r in exact.ilp),
+        max_gap=max(gaps, default=0.0),
+        all_optimal=all(r.optimal for r in exact.ilp),
+    )
 
 
-def _stats(saturation: SaturationResult, enodes: int, timings: dict[str, float]) -> dict[str, Any]:
-    return {
-        "saturation": {
-            "stop_reason": saturation.stop_reason.value,
-            "iterations": saturation.iterations,
-            "enodes": enodes,
-            "seconds": round(saturation.seconds, 3),
-            "worker_peak_mib": round(saturation.worker_peak_mib, 1),
-        },
-        "timings": dict(timings),
-    }
+def _saturation(saturation: SaturationResult, enodes: int) -> SaturationRecord:
+    return SaturationRecord(
+        stop_reason=saturation.stop_reason.value,
+        iterations=saturation.iterations,
+        enodes=enodes,
+        seconds=round(saturation.seconds, 3),
+        worker_peak_mib=round(saturation.worker_peak_mib, 1),
+    )

@@ -30,6 +30,7 @@ from typing_extensions import assert_never
 from unity_eq.cost import Cost, Objective
 from unity_eq.ir import Mesh, Placement, Replicate, Shard
 from unity_eq.machine import Machine
+from unity_eq.planfile import PlanReport, StatsRecord
 
 __all__ = [
     "AllGather",
@@ -46,8 +47,6 @@ __all__ = [
     "step_inputs",
     "step_outputs",
 ]
-
-PLAN_FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -184,10 +183,10 @@ class Plan:
     outputs: dict[str, str]  # model output name -> tensor id
     cost: Cost
     step_costs: list[Cost] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: StatsRecord = field(default_factory=StatsRecord)  # how the search went (saturation, timings)
     # What the search found besides the plan, as plan.json fields: the memory per device, the meshes tried,
     # the baselines and how extraction handled memory (see unity_eq.search and docs/plan-format.md).
-    report: dict[str, Any] = field(default_factory=dict)
+    report: PlanReport = field(default_factory=PlanReport)
 
     def __post_init__(self) -> None:
         self.objective = Objective.parse(self.objective)  # a name is accepted (hand-made plans in tests)

@@ -200,7 +200,8 @@ def _node_instance(
         attrs = {k: frozen_value(v) for k, v in typed_attrs(spec, list(node.args)).items()}
         op, domain = node.op, ""
         output_index = int(node.args[-1]) if spec.multi_output else 0
-        outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else output_index + 1
+        sizes = spec.output_sizes_in(node.args)
+        outputs = len(sizes) if sizes else output_index + 1
         out_dtypes = (dtype,) * outputs
     instance = ProfiledOp(
         op, domain, tuple(sorted(attrs.items())), tuple(inputs), outputs, output_index, out_dtypes, priced

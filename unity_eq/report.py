@@ -33,6 +33,7 @@ from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
 from unity_eq.ir import Mesh, Replicate
 from unity_eq.memory import tensor_kinds
 from unity_eq.plan import AllGather, AllReduce, Compute, LoadInput, LoadWeight, Plan, Replicated, Slice, Step
+from unity_eq.planfile import AxisTrafficRecord, CostRecord, OverlapRecord, ParallelismRecord
 
 __all__ = ["cost_breakdown", "gradient_overlap", "parallelism", "price_plan", "step_phase"]
 
@@ -52,29 +53,30 @@ def step_phase(step: Step, kinds: dict[str, str]) -> str | None:
     return None
 
 
-def cost_breakdown(plan: Plan) -> dict[str, Any]:
+def cost_breakdown(plan: Plan) -> CostRecord:
     """The plan.json ``cost`` object: totals, communication by axis and phase, and (training) overlap."""
     kinds = tensor_kinds(plan)
     by_axis: dict[str, dict[str, float]] = {
-        a: {"forward_s": 0.0, "backward_s": 0.0, "gradient_s": 0.0} for a in plan.mesh.axes
+        a: {"forward": 0.0, "backward": 0.0, "gradient": 0.0} for a in plan.mesh.axes
     }
     for step, cost in zip(plan.steps, plan.step_costs, strict=True):
         phase = step_phase(step, kinds)
         if phase is None or cost.comm == 0 or not isinstance(step, Slice | AllGather | AllReduce | Replicated):
             continue
-        by_axis[step.axis][f"{phase}_s"] += cost.comm
-    out: dict[str, Any] = {
-        "total_s": plan.cost.total,
-        "compute_s": plan.cost.compute,
-        "communication_s": plan.cost.comm,
-        "communication_by_axis": by_axis,
-    }
-    if plan.objective.training:
-        out["overlap"] = gradient_overlap(plan, kinds)
-    return out
+        by_axis[step.axis][phase] += cost.comm
+    return CostRecord(
+        total_s=plan.cost.total,
+        compute_s=plan.cost.compute,
+        communication_s=plan.cost.comm,
+        communication_by_axis={
+            axis: AxisTrafficRecord(forward_s=s["forward"], backward_s=s["backward"], gradient_s=s["gradient"])
+            for axis, s in by_axis.items()
+        },
+        overlap=gradient_overlap(plan, kinds) if plan.objective.training else None,
+    )
 
 
-def gradient_overlap(plan: Plan, kinds: dict[str, str] | None = None) -> dict[str, Any]:
+def gradient_overlap(plan: Plan, kinds: dict[str, str] | None = None) -> OverlapRecord:
     """How much of the gradient all-reduce traffic can hide behind the backward compute (module docstring)."""
     kinds = kinds if kinds is not None else tensor_kinds(plan)
     clock = 0.0  # the backward pass, from its start
@@ -90,16 +92,16 @@ def gradient_overlap(plan: Plan, kinds: dict[str, str] | None = None) -> dict[st
             gradient += cost.comm
             stream = max(stream, clock) + cost.comm
     exposed = max(0.0, stream - clock)
-    return {
-        "gradient_all_reduce_s": gradient,
-        "overlappable_s": gradient - exposed,
-        "exposed_s": exposed,
-        "backward_s": clock,
-        "note": (
+    return OverlapRecord(
+        gradient_all_reduce_s=gradient,
+        overlappable_s=gradient - exposed,
+        exposed_s=exposed,
+        backward_s=clock,
+        note=(
             "gradient all-reduces run on their own stream as the backward pass makes each gradient; the predicted "
             "cost counts them in full, so it is an upper bound by up to overlappable_s"
         ),
-    }
+    )
 
 
 def step_instance(plan: Plan, step: Compute, out: str, mesh: Mesh) -> OpInstance:
@@ -147,7 +149,7 @@ def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
     return costs
 
 
-def parallelism(plan: Plan) -> dict[str, Any]:
+def parallelism(plan: Plan) -> ParallelismRecord:
     """Which mesh axes the plan really uses, and how many devices do distinct work (plan.json ``parallelism``).
 
     An axis along which every tensor is replicated (``R``) is unused: the ranks along it hold the same values
@@ -162,29 +164,29 @@ def parallelism(plan: Plan) -> dict[str, Any]:
     ]
     unused = [axis for axis in mesh.axes if axis not in used and mesh.axis_size(axis) > 1]  # size 1: nothing to use
     distinct = math.prod(mesh.axis_size(axis) for axis in used)
-    out: dict[str, Any] = {
-        "used_axes": used,
-        "unused_axes": unused,
-        "devices": mesh.size,
-        "devices_used": distinct,
-        "copies": mesh.size // distinct,
-    }
     notes = []
     if unused:
-        notes.append(usage_note(out, {axis: mesh.axis_size(axis) for axis in unused}))
+        notes.append(usage_note(mesh.size, distinct, {axis: mesh.axis_size(axis) for axis in unused}))
     machine = plan.machine
-    out["machine_devices"] = machine.device_count
+    idle_devices = None
     if mesh.size < machine.device_count:
         used_ids = sorted(set(mesh.devices))
         idle = sorted(set(range(machine.device_count)).difference(used_ids))
-        out["idle_devices"] = len(idle)
+        idle_devices = len(idle)
         notes.append(
             f"the plan runs on {device_span(used_ids)} ({_kinds(machine, used_ids)}) of the machine's "
             f"{machine.device_count}; {device_span(idle)} ({_kinds(machine, idle)}) stay idle"
         )
-    if notes:
-        out["note"] = "; ".join(notes)
-    return out
+    return ParallelismRecord(
+        used_axes=tuple(used),
+        unused_axes=tuple(unused),
+        devices=mesh.size,
+        devices_used=distinct,
+        copies=mesh.size // distinct,
+        machine_devices=machine.device_count,
+        idle_devices=idle_devices,
+        note="; ".join(notes) if notes else None,
+    )
 
 
 def _kinds(machine: Any, devices: Sequence[int]) -> str:
@@ -207,11 +209,11 @@ def device_span(devices: Sequence[int]) -> str:
     return ("device " if len(devices) == 1 else "devices ") + ", ".join(runs)
 
 
-def usage_note(usage: dict[str, Any], unused_sizes: dict[str, int]) -> str:
-    """``axis x (2 ranks) unused, every tensor replicated along it; the other 8 devices repeat the work of 8``"""
+def usage_note(devices: int, distinct: int, unused_sizes: dict[str, int]) -> str:
+    """``axis x (2 ranks) unused, every tensor replicated along it; the other 8 devices repeat the work of 8``:
+    ``distinct`` of the mesh's ``devices`` do distinct work, the axes of ``unused_sizes`` being unused."""
     axes = ", ".join(f"{axis} ({size} ranks)" for axis, size in unused_sizes.items())
     word = "axes" if len(unused_sizes) > 1 else "axis"
-    devices, distinct = usage["devices"], usage["devices_used"]
     return (
         f"{word} {axes} unused, every tensor replicated along it; "
         f"the other {devices - distinct} devices repeat the work of {distinct}"

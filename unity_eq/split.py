@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ir import Graph, Node
+from unity_eq.planfile import BlocksRecord
 
 MIN_PIECE_NODES = 8
 
@@ -53,15 +54,16 @@ class BlockSplit:
         repeated = max(counts.values())
         return f"{len(self.pieces)} pieces, {len(counts)} distinct (the most repeated ×{repeated})"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_record(self) -> BlocksRecord:
+        """As plan.json's ``blocks`` holds it."""
         counts = Counter(p.signature for p in self.pieces)
-        return {
-            "pieces": len(self.pieces),
-            "distinct": len(counts),
-            "nodes_per_piece": [len(p.nodes) for p in self.pieces],
-            "cuts": [p.stream_out for p in self.pieces[:-1]],
-            "copies": sorted(counts.values(), reverse=True),
-        }
+        return BlocksRecord(
+            pieces=len(self.pieces),
+            distinct=len(counts),
+            nodes_per_piece=tuple(len(p.nodes) for p in self.pieces),
+            cuts=tuple(p.stream_out for p in self.pieces[:-1] if p.stream_out is not None),  # all but the last
+            copies=tuple(sorted(counts.values(), reverse=True)),
+        )
 
 
 def _activations(graph: Graph) -> set[str]:

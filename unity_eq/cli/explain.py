@@ -57,7 +57,7 @@ def explain(
     report = build_report(plan_dir)
     with reading_plan(plan_dir):
         text = (
-            json.dumps(report, indent=1)
+            json.dumps(report.to_json(), indent=1)
             if fmt == "json"
             else render(report, max_ops=60 if max_ops is None else max_ops)
         )

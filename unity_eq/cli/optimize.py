@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -16,6 +16,9 @@ from rich.table import Table
 from unity_eq.cli.run import print_check
 from unity_eq.cli.shared import input_shapes, live_display, out, progress_printer
 from unity_eq.errors import OptionError
+
+if TYPE_CHECKING:
+    from unity_eq.planfile import BaselineRecord
 
 __all__ = ["optimize"]
 
@@ -112,15 +115,15 @@ def _print_plan_summary(result: Any) -> None:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("machine", plan.machine.describe())
-    usage = plan.report.get("parallelism", {})
-    unused = usage.get("unused_axes", [])
-    idle = usage.get("idle_devices", 0)
+    usage = plan.report.parallelism
+    unused = usage.unused_axes if usage else ()
+    idle = usage.idle_devices if usage else None
     where = f" on {device_span(plan.mesh.devices)}" if idle else ""
     table.add_row("mesh", str(plan.mesh) + where + (f" (unused: {', '.join(unused)})" if unused else ""))
     if usage:
-        devices = f"{usage['devices_used']} of {usage.get('machine_devices', usage['devices'])}"
+        devices = f"{usage.devices_used} of {usage.machine_devices}"
         table.add_row(
-            "devices used", devices + (f": {usage['note']}" if usage.get("note") else ", every one doing distinct work")
+            "devices used", devices + (f": {usage.note}" if usage.note else ", every one doing distinct work")
         )
     table.add_row("objective", plan.objective.name)
     cost = plan.cost
@@ -134,53 +137,50 @@ def _print_plan_summary(result: Any) -> None:
         collectives[key] = collectives.get(key, 0) + 1
     table.add_row("collectives", ", ".join(f"{k}×{v}" for k, v in collectives.items()) or "none")
     table.add_row("sharded tensors", f"{summary['sharded_tensors']} of {summary['tensors']}")
-    memory = plan.report.get("memory")
+    memory = plan.report.memory
     if memory:
         table.add_row(
             "memory per device",
-            f"{memory['total_bytes'] / 2**30:.2f} GiB of {memory['capacity_bytes'] / 2**30:.2f} GiB usable",
+            f"{memory.total_bytes / 2**30:.2f} GiB of {memory.capacity_bytes / 2**30:.2f} GiB usable",
         )
-    baselines = plan.report.get("baselines", {})
+    baselines = plan.report.baselines
     if baselines:
         table.add_row("baselines (×plan)", ", ".join(_baseline_text(name, b) for name, b in baselines.items()))
-    extraction = plan.report.get("extraction", {})
-    choice = extraction.get("plan_choice") or {}
-    tie_break = extraction.get("tie_break") or {}
-    for note in (choice.get("note"), (choice.get("cheaper_baseline") or {}).get("note"), tie_break.get("note")):
-        if note:
-            table.add_row("note", note)
-    search = plan.report.get("mesh_search")
+    extraction = plan.report.extraction
+    if extraction:
+        choice, tie_break = extraction.plan_choice, extraction.tie_break
+        cheaper = choice.cheaper_baseline
+        for note in (choice.note, cheaper.note if cheaper else None, tie_break.note if tie_break else None):
+            if note:
+                table.add_row("note", note)
+    search = plan.report.mesh_search
     if search:
-        runner = search.get("runner_up")
-        tried = len(search.get("tried", []))
+        runner = search.runner_up
         table.add_row(
             "mesh search",
-            f"{tried} mesh(es) tried, {len(search.get('skipped', []))} skipped"
-            + (f"; runner-up {runner['mesh']} {runner['cost_s'] * 1e3:.3f} ms" if runner else ""),
+            f"{len(search.tried)} mesh(es) tried, {len(search.skipped)} skipped"
+            + (f"; runner-up {runner.mesh} {runner.cost_s * 1e3:.3f} ms" if runner else ""),
         )
-    sat = plan.stats.get("saturation", {})
-    table.add_row(
-        "search",
-        f"{sat.get('enodes')} e-nodes, {sat.get('iterations')} iterations ({sat.get('stop_reason')}), "
-        + _search_time(result.timings),
-    )
+    sat = plan.stats.saturation
+    enodes, iterations, stop = (sat.enodes, sat.iterations, sat.stop_reason) if sat else (None, None, None)
+    table.add_row("search", f"{enodes} e-nodes, {iterations} iterations ({stop}), " + _search_time(result.timings))
     if result.plan_dir is not None:
         table.add_row("written to", str(result.plan_dir))
     out.print(table)
 
 
-def _baseline_text(name: str, baseline: dict[str, Any]) -> str:
+def _baseline_text(name: str, baseline: BaselineRecord) -> str:
     """``data_parallel 1.24 (x=16, 16 devices)``: the ratio to the plan, the mesh it ran on, how many devices
     did distinct work, and whether it fits: a ratio means little without what it compares."""
-    ratio = "-" if baseline.get("ratio") is None else f"{baseline['ratio']:.2f}"
-    devices, used = baseline.get("devices", 1), baseline.get("devices_used", 1)
+    ratio = "-" if baseline.ratio is None else f"{baseline.ratio:.2f}"
+    devices, used = baseline.devices, baseline.devices_used
     if devices == 1:
         where = "1 device"
     else:
-        where = f"on {baseline.get('mesh', '?')}, " + (
+        where = f"on {baseline.mesh}, " + (
             f"{devices} devices" if used == devices else f"{used} of {devices} devices do distinct work"
         )
-    fits = "" if baseline.get("fits", True) else ", does not fit"
+    fits = "" if baseline.fits else ", does not fit"
     return f"{name} {ratio} ({where}{fits})"
 
 

@@ -211,7 +211,8 @@ class PlanBuilder:
             return
         index = int(node.args[-1])
         group = (node.op, tuple(inputs), tuple(sorted(attrs.items(), key=lambda kv: kv[0])).__repr__())
-        count = len(node.args[1]) if node.op == "Split" else index + 1
+        sizes = spec.output_sizes_in(node.args)
+        count = len(sizes) if sizes is not None else index + 1
         self._set_output(group, node, out, index, count, lambda outs: Compute(outs, node.op, tuple(inputs), attrs))
 
     def _set_output(

@@ -10,11 +10,11 @@ import heapq
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.pricing import INF, CostTable, seconds_of, totals_of
+from unity_eq.ops.registry import spec_for
 
 
 @dataclass
@@ -196,17 +196,19 @@ def adopt_multi_outputs(
 ) -> dict[str, ENode]:
     """Choose whole multi-output nodes where that makes the (acyclic) plan cheaper.
 
-    Greedy extraction prices each class alone, so the outputs of one Split each look as if they paid for
-    the Split's producer: Q, K and V from one MatMul over concatenated weights (generated/merge.egg) never
-    beat three MatMuls class by class, although together they do. For each group of Split e-nodes over one
-    input with one sizes and axis, this tries the group for every needed class that holds one of its outputs
-    and keeps the change when the DAG cost of the plan drops and it stays acyclic.
+    Greedy extraction prices each class alone, so the outputs of one multi-output op (a Split) each look as
+    if they paid for its producer: Q, K and V split from one MatMul over concatenated weights
+    (generated/merge.egg) never beat three MatMuls class by class, although together they do. For each group
+    of e-nodes that are the outputs of one instance (same op, same arguments but the output index), this
+    tries the group for every needed class that holds one of its outputs and keeps the change when the DAG
+    cost of the plan drops and it stays acyclic.
     """
-    groups: dict[tuple[str, Any, Any], list[tuple[str, ENode]]] = {}
+    groups: dict[tuple[object, ...], list[tuple[str, ENode]]] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
-            if node.op == "Split" and totals[node.id] < INF:
-                key = (node.children[0], tuple(node.args[1]), node.args[2])
+            spec = spec_for(node.op)
+            if spec is not None and spec.multi_output and totals[node.id] < INF:
+                key = (node.op, *(tuple(a) if isinstance(a, list) else a for a in node.args[:-1]))
                 groups.setdefault(key, []).append((cls.id, node))
     if not groups:
         return choice

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from unity_eq.extract.greedy import break_cycles, chosen_closure, dag_cost, find
 from unity_eq.extract.pricing import INF, node_costs
 from unity_eq.ir import Graph
 from unity_eq.plan import Plan
+from unity_eq.planfile import IlpProgramRecord
 
 __all__ = ["IlpReport", "extract_ilp", "ilp_choice"]
 
@@ -66,17 +67,18 @@ class IlpReport:
     def optimal(self) -> bool:
         return self.gap <= 1e-6
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "status": self.status,
-            "objective_s": self.objective,
-            "lower_bound_s": self.bound,
-            "gap": self.gap,
-            "seconds": round(self.seconds, 3),
-            "variables": self.variables,
-            "rows": self.rows,
-            "greedy_objective_s": self.greedy_objective,
-        }
+    def to_record(self) -> IlpProgramRecord:
+        """As plan.json holds it (``extraction.ilp.programs``)."""
+        return IlpProgramRecord(
+            status=self.status,
+            objective_s=self.objective,
+            lower_bound_s=self.bound,
+            gap=self.gap,
+            seconds=round(self.seconds, 3),
+            variables=self.variables,
+            rows=self.rows,
+            greedy_objective_s=self.greedy_objective,
+        )
 
 
 def _reachable(data: EGraphData, costs: dict[str, Cost], roots: list[str]) -> tuple[list[str], list[ENode]]:
@@ -366,5 +368,5 @@ def extract_ilp(
     greedy = break_cycles(data, greedy_dag(data, costs), costs, roots)
     choice, report = ilp_choice(data, costs, roots, greedy, time_limit_s)
     plan = build_plan(data, choice, costs, encoding, graph, model)
-    plan.stats["ilp"] = report.as_dict()
+    plan.stats = replace(plan.stats, ilp=report.to_record())
     return plan, report

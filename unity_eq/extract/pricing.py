@@ -14,6 +14,7 @@ import numpy as np
 from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
 from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
 from unity_eq.ir import Partial, Placement, Replicate, Shard
+from unity_eq.ops.registry import spec_for
 
 INF = math.inf
 
@@ -75,16 +76,18 @@ def source_kinds(data: EGraphData) -> dict[str, str]:
                     kinds[cls.id] = kinds[node.children[0]]
                     changed = True
                     break
-                if node.op in FOLDABLE_OPS and _all_weights(node, data, kinds):
+                if foldable(node.op) and _all_weights(node, data, kinds):
                     kinds[cls.id] = "weight"  # data movement over weights only: folded at lowering
                     changed = True
                     break
     return kinds
 
 
-#: Data-movement ops that lowering evaluates at lowering time when every tensor operand is a weight (the
-#: generated rules slice and concatenate weights: Split(W), Concat(W1, W2)); they cost nothing at run time.
-FOLDABLE_OPS = frozenset({"Split", "Concat", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+def foldable(op: str) -> bool:
+    """A data-movement op that lowering evaluates at lowering time when every tensor operand is a weight (the
+    generated rules slice and concatenate weights: Split(W), Concat(W1, W2)); it costs nothing at run time."""
+    spec = spec_for(op)
+    return spec is not None and spec.foldable
 
 
 def _all_weights(node: ENode, data: EGraphData, kinds: dict[str, str]) -> bool:
@@ -199,7 +202,7 @@ def _price(
         return infinite
     if node.op in LEAVES:
         return ZERO
-    if node.op in FOLDABLE_OPS and kinds.get(cls.id) == "weight" and _all_weights(node, data, kinds):
+    if foldable(node.op) and kinds.get(cls.id) == "weight" and _all_weights(node, data, kinds):
         return ZERO  # folded into an initializer at lowering time
     if node.op in PARALLEL_OPS:
         src = node.args[0].id
@@ -239,7 +242,9 @@ def enode_instance(
             in_shapes.append(locals_[member])
             in_bytes += class_bytes(member, data, locals_)
     op = node.args[0] if node.op == "Opaque" else node.op
-    outputs = len(node.args[1]) if node.op == "Split" and node.args[1] else 1
+    spec = spec_for(node.op)
+    sizes = spec.output_sizes_in(node.args) if spec is not None else None
+    outputs = len(sizes) if sizes else 1
     out_bytes = class_bytes(cls.id, data, locals_)
     return OpInstance(str(op), tuple(in_shapes), in_bytes, tuple(out_shape), out_bytes, cls.dtype or "", outputs)
 

@@ -23,11 +23,11 @@ from unity_eq.ops.tensors import Shape, bcast, need, norm_axis
 __all__ = ["RESHAPE", "reshape_pairs"]
 
 SPECS = (
-    OpSpec("Flatten", Family.RESHAPE, (tensor("X"), int_attr("axis", 1))),
-    OpSpec("Reshape", Family.RESHAPE, (tensor("data"), static("shape"), int_attr("allowzero", 0))),
-    OpSpec("Squeeze", Family.RESHAPE, (tensor("data"), static("axes", True))),
-    OpSpec("Unsqueeze", Family.RESHAPE, (tensor("data"), static("axes"))),
-    OpSpec("Transpose", Family.TRANSPOSE, (tensor("data"), ints_attr("perm"))),
+    OpSpec("Flatten", Family.RESHAPE, (tensor("X"), int_attr("axis", 1)), foldable=True),
+    OpSpec("Reshape", Family.RESHAPE, (tensor("data"), static("shape"), int_attr("allowzero", 0)), foldable=True),
+    OpSpec("Squeeze", Family.RESHAPE, (tensor("data"), static("axes", True)), foldable=True),
+    OpSpec("Unsqueeze", Family.RESHAPE, (tensor("data"), static("axes")), foldable=True),
+    OpSpec("Transpose", Family.TRANSPOSE, (tensor("data"), ints_attr("perm")), foldable=True),
     OpSpec("Expand", Family.EXPAND, (tensor("input"), static("shape"))),
 )
 

@@ -31,8 +31,15 @@ from unity_eq.ops.tensors import Shape, check_axis, need, norm_axis
 __all__ = ["SLICING"]
 
 SPECS = (
-    OpSpec("Concat", Family.CONCAT, (Arg("inputs", "TList", "input"), int_attr("axis"))),
-    OpSpec("Split", Family.SPLIT, (tensor("input"), static("split", True), int_attr("axis", 0)), multi_output=True),
+    OpSpec("Concat", Family.CONCAT, (Arg("inputs", "TList", "input"), int_attr("axis")), foldable=True),
+    OpSpec(
+        "Split",
+        Family.SPLIT,
+        (tensor("input"), static("split", True), int_attr("axis", 0)),
+        multi_output=True,
+        output_sizes="split",
+        foldable=True,
+    ),
     OpSpec(
         "Slice",
         Family.SLICE,

@@ -5,6 +5,7 @@ Bottom of the ops package: no other module of unity_eq is imported here, so ever
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -70,10 +71,32 @@ class OpSpec:
     args: tuple[Arg, ...]
     multi_output: bool = False  # every output is its own term, with the output index as last argument
     linear: bool = False  # f(sum of pieces) == sum of f(pieces): Partial passes through
+    # a multi-output op's argument that lists the sizes of its outputs, one per output (Split's ``split``)
+    output_sizes: str | None = None
+    # pure data layout (no arithmetic: reshape, transpose, concat, split): over weights alone it is evaluated
+    # once when the plan is lowered (an initializer), so extraction prices it at nothing
+    foldable: bool = False
 
     @property
     def tensor_args(self) -> tuple[int, ...]:
         return tuple(i for i, a in enumerate(self.args) if a.sort in ("T", "TList"))
+
+    def arg_index(self, name: str) -> int:
+        """The position of argument ``name`` among the constructor's arguments (an e-node's ``args``)."""
+        return next(i for i, a in enumerate(self.args) if a.name == name)
+
+    def input_index(self, name: str) -> int:
+        """The position of input argument ``name`` among the ONNX node's inputs (a plan step's ``inputs``)."""
+        return [a.name for a in self.args if a.kind == "input"].index(name)
+
+    def output_sizes_in(self, args: Sequence[object]) -> Sequence[int] | None:
+        """The sizes of the outputs as an instance's constructor arguments ``args`` list them (as many as it
+        has outputs; empty when the argument was left out); None for an op without such an argument."""
+        if self.output_sizes is None:
+            return None
+        sizes = args[self.arg_index(self.output_sizes)]
+        assert isinstance(sizes, Sequence)
+        return sizes
 
     def egg_sorts(self) -> list[str]:
         sorts = [a.sort for a in self.args]

@@ -122,9 +122,9 @@ def search(
     flat = Mesh(("x",), (n,), tuple(range(n)))
     if mesh is not None:
         model = CostModel(machine, mesh, objective)
-        trials = [MeshTrial(mesh, [axis_info(model, a) for a in mesh.axes])]
+        trials = [MeshTrial(mesh, tuple(axis_info(model, a) for a in mesh.axes))]
         if mesh.sizes != flat.sizes and n > 1:
-            baseline_only = MeshTrial(flat, [axis_info(CostModel(machine, flat, objective), "x")], candidate=False)
+            baseline_only = MeshTrial(flat, (axis_info(CostModel(machine, flat, objective), "x"),), candidate=False)
             trials.append(baseline_only)
     else:
         trials = candidate_meshes(machine, graph, objective, max_axes)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from unity_eq.cost import Cost, CostModel, Objective, axis_info
 from unity_eq.extract import Extraction, Restriction
@@ -15,6 +14,7 @@ from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
+from unity_eq.planfile import BaselineRecord
 from unity_eq.report import device_span, parallelism
 from unity_eq.search.meshes import fastest_device
 from unity_eq.search.runner import MeshRunner
@@ -36,20 +36,21 @@ class Baseline:
     trial: MeshTrial | None = None  # the mesh whose e-graph it was extracted from (None: one device)
     extraction: Extraction | None = None
 
-    def to_json(self, plan_cost: float) -> dict[str, Any]:
-        return {
-            "description": self.description,
-            "mesh": self.mesh,
-            "devices": self.devices,
-            "devices_used": self.devices_used,
-            "total_s": self.cost.total,
-            "compute_s": self.cost.compute,
-            "communication_s": self.cost.comm,
-            "memory_bytes": self.memory.total,
-            "fits": self.memory.fits,
-            "sharded": self.sharded,
-            "ratio": self.cost.total / plan_cost if plan_cost > 0 else None,
-        }
+    def to_record(self, plan_cost: float) -> BaselineRecord:
+        """As plan.json's ``baselines`` holds it, with its ratio to the plan's cost ``plan_cost``."""
+        return BaselineRecord(
+            description=self.description,
+            mesh=self.mesh,
+            devices=self.devices,
+            devices_used=self.devices_used,
+            total_s=self.cost.total,
+            compute_s=self.cost.compute,
+            communication_s=self.cost.comm,
+            memory_bytes=self.memory.total,
+            fits=self.memory.fits,
+            sharded=self.sharded,
+            ratio=self.cost.total / plan_cost if plan_cost > 0 else None,
+        )
 
 
 def is_sharded(plan: Plan) -> bool:
@@ -73,7 +74,7 @@ def baseline_of(
         plan.cost,
         usage,
         is_sharded(plan),
-        devices_used=parallelism(plan)["devices_used"],
+        devices_used=parallelism(plan).devices_used,
         devices=plan.mesh.size,
         trial=trial,
         extraction=extraction,
@@ -103,7 +104,7 @@ def one_device_trial(
     model = CostModel(machine, single, objective, profile=runner.profile)
     trial = MeshTrial(
         single,
-        [axis_info(model, a) for a in single.axes],
+        tuple(axis_info(model, a) for a in single.axes),
         candidate=candidate,
         scope=device_span((fastest,)),
         device_kind=machine.devices[fastest].name,
@@ -178,8 +179,8 @@ def price_baselines(
         fitting = [item for item in tp if item[3].fits] or tp
         trial, axis, extraction, usage = min(fitting, key=lambda item: item[2].plan.cost.total)
         size = trial.mesh.axis_size(axis)
-        where = next(a for a in trial.axes if a["name"] == axis)
-        span = "across nodes" if where["spans_nodes"] else "inside a node"
+        where = next(a for a in trial.axes if a.name == axis)
+        span = "across nodes" if where.spans_nodes else "inside a node"
         found["tensor_parallel"] = baseline_of(
             "tensor_parallel",
             f"tensor parallel over {size} devices ({span}, axis {axis} of mesh {trial.label})",

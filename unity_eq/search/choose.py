@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from unity_eq.extract import Extractor
 from unity_eq.extract.blocks import BlockExtractor
 from unity_eq.machine import Machine
 from unity_eq.plan import Plan
+from unity_eq.planfile import (
+    CheaperBaselineRecord,
+    CheapestRecord,
+    ExtractionRecord,
+    MeshSearchRecord,
+    PlanChoiceRecord,
+    PlanReport,
+    RunnerUpRecord,
+    SkippedRecord,
+    TieBreakRecord,
+)
 from unity_eq.report import parallelism
 from unity_eq.search.baselines import Baseline, uses_axes
 from unity_eq.search.runner import THREE_AXIS_NODE_BUDGET
@@ -28,32 +38,34 @@ class SearchResult:
     trials: list[MeshTrial]
     baselines: dict[str, Baseline]
     extractors: dict[str, Extractor | BlockExtractor] = field(default_factory=dict)  # mesh label -> extractor
-    tie_break: dict[str, Any] | None = None  # set when a tie went to a plan that communicates less
+    tie_break: TieBreakRecord | None = None  # set when a tie went to a plan that communicates less
     split: BlockSplit | None = None  # the pieces, when the model was optimized block by block
 
-    def report(self) -> dict[str, Any]:
-        """The plan.json fields of the search: mesh_search, baselines, memory handling."""
+    def report(self) -> PlanReport:
+        """The plan.json fields of the search: mesh_search, baselines, blocks, memory handling, parallelism."""
         cost = self.plan.cost.total
-        return {
-            "mesh_search": {
-                "chosen": self.trial.label,
-                "tried": [t.to_json() for t in self.trials if t.status != "skipped"],
-                "runner_up": runner_up(self.trials, self.trial),
-                "skipped": [{"mesh": t.label, "reason": t.reason} for t in self.trials if t.status == "skipped"],
-            },
-            "baselines": {name: b.to_json(cost) for name, b in self.baselines.items()},
-            "blocks": self.split.to_json() if self.split is not None else None,
-            "extraction": {
-                "method": "greedy DAG" + ("" if self.trial.extraction == "greedy" else f", {self.trial.extraction}"),
-                "restriction": self.trial.extraction,
-                "memory_penalty_rounds": self.trial.penalty_rounds,
-                "memory_penalty_s_per_byte": self.trial.penalty,
-                "memory_handling": memory_handling(self.trial),
-                "tie_break": self.tie_break,
-                "plan_choice": plan_choice(self),
-            },
-            "parallelism": parallelism(self.plan),
-        }
+        return PlanReport(
+            mesh_search=MeshSearchRecord(
+                chosen=self.trial.label,
+                tried=tuple(t.to_record() for t in self.trials if t.status != "skipped"),
+                runner_up=runner_up(self.trials, self.trial),
+                skipped=tuple(
+                    SkippedRecord(mesh=t.label, reason=t.reason) for t in self.trials if t.status == "skipped"
+                ),
+            ),
+            baselines={name: b.to_record(cost) for name, b in self.baselines.items()},
+            blocks=self.split.to_record() if self.split is not None else None,
+            extraction=ExtractionRecord(
+                method="greedy DAG" + ("" if self.trial.extraction == "greedy" else f", {self.trial.extraction}"),
+                restriction=self.trial.extraction,
+                memory_penalty_rounds=self.trial.penalty_rounds,
+                memory_penalty_s_per_byte=self.trial.penalty,
+                memory_handling=memory_handling(self.trial),
+                tie_break=self.tie_break,
+                plan_choice=plan_choice(self),
+            ),
+            parallelism=parallelism(self.plan),
+        )
 
 
 def memory_handling(trial: MeshTrial) -> str:
@@ -70,13 +82,13 @@ def memory_handling(trial: MeshTrial) -> str:
     )
 
 
-def runner_up(trials: list[MeshTrial], chosen: MeshTrial) -> dict[str, Any] | None:
+def runner_up(trials: list[MeshTrial], chosen: MeshTrial) -> RunnerUpRecord | None:
     others = [t for t in trials if t is not chosen and t.status == "ok" and t.candidate and t.plan is not None]
     if not others:
         return None
     best = min(others, key=lambda t: t.plan.cost.total if t.plan else math.inf)
     assert best.plan is not None
-    return {"mesh": best.label, "cost_s": best.plan.cost.total}
+    return RunnerUpRecord(mesh=best.label, cost_s=best.plan.cost.total)
 
 
 def baseline_ceiling(baselines: dict[str, Baseline]) -> float:
@@ -90,7 +102,7 @@ def baseline_ceiling(baselines: dict[str, Baseline]) -> float:
     return min(returnable, default=math.inf)
 
 
-def choose_trial(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[MeshTrial, dict[str, Any] | None]:
+def choose_trial(candidates: list[MeshTrial], ceiling: float = math.inf) -> tuple[MeshTrial, TieBreakRecord | None]:
     """The cheapest plan that fits over all meshes and extractions; plans within TIE_TOLERANCE of it are ties,
     and among ties the one with the least communication wins (the least certain part of the model) — but
     never one that costs more than ``ceiling``: a plan reported next to a cheaper baseline would be a lie."""
@@ -120,23 +132,23 @@ def choose_trial(candidates: list[MeshTrial], ceiling: float = math.inf) -> tupl
     cheaper = f"{cheapest[0].label}" + (
         "" if cheapest[1].restriction.name == "greedy" else f" ({cheapest[1].restriction.name})"
     )
-    return trial, {
-        "tolerance": TIE_TOLERANCE,
-        "cheapest": {
-            "mesh": cheapest[0].label,
-            "extraction": cheapest[1].restriction.name,
-            "total_s": cheapest[1].plan.cost.total,
-            "communication_s": cheapest[1].plan.cost.comm,
-        },
-        "reason": reason,
-        "note": (
+    return trial, TieBreakRecord(
+        tolerance=TIE_TOLERANCE,
+        cheapest=CheapestRecord(
+            mesh=cheapest[0].label,
+            extraction=cheapest[1].restriction.name,
+            total_s=cheapest[1].plan.cost.total,
+            communication_s=cheapest[1].plan.cost.comm,
+        ),
+        reason=reason,
+        note=(
             f"{cheaper} is predicted {cheapest[1].plan.cost.total * 1e3:.3f} ms, "
             f"{1 - cheapest[1].plan.cost.total / extraction.plan.cost.total:.1%} less than this plan; {reason}"
         ),
-    }
+    )
 
 
-def plan_choice(result: SearchResult) -> dict[str, Any]:
+def plan_choice(result: SearchResult) -> PlanChoiceRecord:
     """How the returned plan relates to the baselines (plan.json ``extraction.plan_choice``).
 
     The baselines' own extractions are among the search's options (the one-device plan is a mesh of its
@@ -148,9 +160,7 @@ def plan_choice(result: SearchResult) -> dict[str, Any]:
     same = next(
         (name for name, b in result.baselines.items() if b.extraction is not None and b.extraction.plan is plan), None
     )
-    choice: dict[str, Any] = {"baseline": same}
-    if same is not None:
-        choice["note"] = f"the plan is the {same} baseline: no other extraction was cheaper"
+    note = f"the plan is the {same} baseline: no other extraction was cheaper" if same is not None else None
     cheaper = [
         (name, b)
         for name, b in result.baselines.items()
@@ -158,17 +168,21 @@ def plan_choice(result: SearchResult) -> dict[str, Any]:
         and b.cost.total < plan.cost.total * (1 - 1e-9)
         and (b.trial is None or not b.trial.candidate)  # a returnable one is never cheaper (choose_trial's ceiling)
     ]
-    if cheaper:
-        name, b = min(cheaper, key=lambda item: item[1].cost.total)
-        why = f"it runs on {b.mesh if name != 'one_device' else 'one device'}, which the search did not consider: "
-        why += f"`--mesh` forced {result.trial.label}"
-        todo = "drop `--mesh` to let the search return it"
-        choice["cheaper_baseline"] = {
-            "name": name,
-            "total_s": b.cost.total,
-            "note": f"{name} ({b.description}) costs {b.cost.total / plan.cost.total:.2f}× this plan: {why}; {todo}",
-        }
-    return choice
+    if not cheaper:
+        return PlanChoiceRecord(baseline=same, note=note)
+    name, b = min(cheaper, key=lambda item: item[1].cost.total)
+    why = f"it runs on {b.mesh if name != 'one_device' else 'one device'}, which the search did not consider: "
+    why += f"`--mesh` forced {result.trial.label}"
+    todo = "drop `--mesh` to let the search return it"
+    return PlanChoiceRecord(
+        baseline=same,
+        note=note,
+        cheaper_baseline=CheaperBaselineRecord(
+            name=name,
+            total_s=b.cost.total,
+            note=f"{name} ({b.description}) costs {b.cost.total / plan.cost.total:.2f}× this plan: {why}; {todo}",
+        ),
+    )
 
 
 def skip_deeper(trials: list[MeshTrial]) -> str | None:

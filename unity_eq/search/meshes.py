@@ -88,7 +88,7 @@ def candidate_meshes(
         kind = machine.devices[group[0]].name
         better = next((g for g in groups if g is not group and _dominates(machine, g, group)), None)
         if better is not None:  # one entry for the group: none of its meshes is laid out
-            trial = MeshTrial(Mesh(("x",), (len(ids),), ids), [], scope=scope, device_kind=kind)
+            trial = MeshTrial(Mesh(("x",), (len(ids),), ids), (), scope=scope, device_kind=kind)
             trial.status = "skipped"
             trial.reason = (
                 f"dominated: {device_span(better)} ({machine.devices[better[0]].name}) are as many, no slower, "
@@ -116,7 +116,7 @@ def _meshes_over(
     for sizes in _factorizations(n, max_axes):
         mesh = Mesh(AXIS_NAMES[: len(sizes)], sizes, devices)
         model = CostModel(machine, mesh, objective)
-        trial = MeshTrial(mesh, [axis_info(model, a) for a in mesh.axes], scope=scope, device_kind=kind)
+        trial = MeshTrial(mesh, tuple(axis_info(model, a) for a in mesh.axes), scope=scope, device_kind=kind)
         trials.append(trial)
         if n < 2:
             continue

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from unity_eq.egraph import Encoding, SaturationResult
 from unity_eq.extract import Extraction
 from unity_eq.ir import Mesh
 from unity_eq.memory import MemoryUsage
 from unity_eq.plan import Plan
+from unity_eq.planfile import AxisRecord, TrialSecondsRecord, TriedRecord
 
 Say = Callable[[str], None]
 
@@ -20,7 +20,7 @@ class MeshTrial:
     """One mesh of the search and what became of it."""
 
     mesh: Mesh
-    axes: list[dict[str, Any]]
+    axes: tuple[AxisRecord, ...]  # how each axis sits on the machine
     status: str = "pending"  # ok, infeasible (nothing fits), skipped, failed
     reason: str = ""
     plan: Plan | None = None
@@ -45,33 +45,35 @@ class MeshTrial:
     def label(self) -> str:
         return mesh_label(self.mesh) + (f" on {self.scope}" if self.scope else "")
 
-    def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"mesh": self.label, "axes": self.axes, "status": self.status}
-        if self.scope:
-            entry["devices"] = self.scope.split(" ", 1)[1]
-            entry["device_count"] = self.mesh.size
-            entry["device_kind"] = self.device_kind
-        if self.reason:
-            entry["reason"] = self.reason
-        if self.plan is not None:
-            entry["cost_s"] = self.plan.cost.total
-            entry["compute_s"] = self.plan.cost.compute
-            entry["communication_s"] = self.plan.cost.comm
-            entry["extraction"] = self.extraction
-        if self.memory is not None:
-            entry["memory_bytes"] = self.memory.total
-        if self.min_memory is not None and self.status == "infeasible":
-            entry["min_memory_bytes"] = self.min_memory.total
-        if self.status in ("ok", "infeasible", "failed") or self.saturate_s:
-            entry["enodes"] = self.enodes
-            entry["stop_reason"] = self.stop_reason
-            entry["penalty_rounds"] = self.penalty_rounds
-            entry["seconds"] = {"saturate": round(self.saturate_s, 3), "extract": round(self.extract_s, 3)}
-        if self.egraph_of:
-            entry["egraph_of"] = self.egraph_of
-        if not self.candidate:
-            entry["baseline_only"] = True
-        return entry
+    def to_record(self) -> TriedRecord:
+        """As plan.json's ``mesh_search.tried`` lists it."""
+        cost = self.plan.cost if self.plan is not None else None
+        ran = self.status in ("ok", "infeasible", "failed") or bool(self.saturate_s)
+        return TriedRecord(
+            mesh=self.label,
+            axes=self.axes,
+            status=self.status,
+            devices=self.scope.split(" ", 1)[1] if self.scope else None,
+            device_count=self.mesh.size if self.scope else None,
+            device_kind=self.device_kind if self.scope else None,
+            reason=self.reason,
+            cost_s=cost.total if cost is not None else None,
+            compute_s=cost.compute if cost is not None else None,
+            communication_s=cost.comm if cost is not None else None,
+            extraction=self.extraction if cost is not None else None,
+            memory_bytes=self.memory.total if self.memory is not None else None,
+            min_memory_bytes=(
+                self.min_memory.total if self.min_memory is not None and self.status == "infeasible" else None
+            ),
+            enodes=self.enodes if ran else None,
+            stop_reason=self.stop_reason if ran else None,
+            penalty_rounds=self.penalty_rounds if ran else None,
+            seconds=TrialSecondsRecord(saturate=round(self.saturate_s, 3), extract=round(self.extract_s, 3))
+            if ran
+            else None,
+            egraph_of=self.egraph_of,
+            baseline_only=not self.candidate,
+        )
 
 
 def mesh_label(mesh: Mesh) -> str:
