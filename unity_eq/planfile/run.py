@@ -1,0 +1,144 @@
+"""What running a plan reads, as typed records: :class:`RunRecord` (inputs, outputs, files, collectives, each
+:class:`CollectiveRecord` with the fields its kind needs) and :func:`read_run_record`, which checks every field
+the runtime uses once, when the plan loads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from unity_eq.errors import PlanError
+from unity_eq.planfile.checks import INT, LIST, OBJECT, REDO, STR, bad, read_plan_json
+
+#: plan.json ``kind`` of every collective the runtime executes, with the fields each needs besides the common ones
+COLLECTIVE_KINDS: dict[str, tuple[str, ...]] = {
+    "all_gather": ("dim",),
+    "all_reduce": (),
+    "reduce_scatter": ("dim",),
+    "all_to_all": ("split_dim", "concat_dim"),
+}
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """A model input as the plan expects it."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective between session segments: ``src`` on every rank of a group becomes ``dst`` after stage
+    ``stage``. ``dim`` for all_gather and reduce_scatter, ``split_dim``/``concat_dim`` for all_to_all."""
+
+    id: int
+    kind: str
+    axis: str
+    groups: tuple[tuple[int, ...], ...]
+    src: str
+    dst: str
+    stage: int
+    dim: int | None = None
+    split_dim: int | None = None
+    concat_dim: int | None = None
+    bytes: int | None = None  # per rank (written for users; the runtime does not read it)
+
+    def to_json(self) -> dict[str, Any]:
+        """As plan.json holds it (``dim`` is null for an all_reduce)."""
+        entry: dict[str, Any] = {"id": self.id, "kind": self.kind, "axis": self.axis, "dim": self.dim}
+        if self.split_dim is not None or self.concat_dim is not None:
+            entry.update(split_dim=self.split_dim, concat_dim=self.concat_dim)
+        entry.update(src=self.src, dst=self.dst, groups=[list(g) for g in self.groups])
+        entry.update(bytes=self.bytes, stage=self.stage)
+        return entry
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        for group in self.groups:
+            if rank in group:
+                return group
+        raise PlanError(f"plan.json: collective {self.id} has no group holding rank {rank}")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What ``run`` and ``check`` need from plan.json, typed and checked once when the plan loads."""
+
+    model_name: str
+    source: str | None
+    fingerprint: str | None  # of what the model computes (frontends.onnx_read.model_fingerprint)
+    inputs: Mapping[str, InputRecord]
+    outputs: tuple[str, ...]
+    files: tuple[str, ...]
+    collectives: tuple[CollectiveRecord, ...]
+    plan_hash: str | None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.files)
+
+
+def read_run_record(meta_path: Path) -> RunRecord:
+    """Read plan.json for running it: every field the runtime uses, with its type, or one PlanError."""
+    meta = read_plan_json(meta_path, need=("collectives",))
+    model = _need(meta_path, meta, "model", dict, "model")
+    inputs = _need(meta_path, model, "inputs", dict, "model.inputs")
+    records = {}
+    for name, spec in inputs.items():
+        where = f"model.inputs.{name}"
+        shape = _need(meta_path, spec if isinstance(spec, dict) else {}, "shape", list, where)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise bad(meta_path, f"{where}.shape", "a list of sizes", shape)
+        records[name] = InputRecord(tuple(shape), _need(meta_path, spec, "dtype", str, where))
+    outputs = model.get("outputs")  # names, with their shapes and dtypes (an object) since format 1
+    if not isinstance(outputs, dict | list) or not all(isinstance(o, str) for o in outputs):
+        raise bad(meta_path, "model.outputs", "an object of output names", outputs)
+    collectives = _need(meta_path, meta, "collectives", list, "collectives")
+    world = len(meta["files"])
+    fingerprint = model.get("fingerprint")
+    hash_ = meta.get("plan_hash")
+    return RunRecord(
+        model_name=str(model.get("name", "")),
+        source=model.get("source") if isinstance(model.get("source"), str) else None,
+        fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+        inputs=records,
+        outputs=tuple(outputs),
+        files=tuple(meta["files"]),
+        collectives=tuple(_collective(meta_path, c, i, world) for i, c in enumerate(collectives)),
+        plan_hash=hash_ if isinstance(hash_, str) else None,
+    )
+
+
+def _need(path: Path, obj: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        what = {dict: OBJECT, list: LIST, str: STR, int: INT}[kind]
+        raise bad(path, where if where.endswith(key) else f"{where}.{key}", what, value)
+    return value
+
+
+def _collective(path: Path, raw: Any, index: int, world: int) -> CollectiveRecord:
+    where = f"collectives[{index}]"
+    if not isinstance(raw, dict):
+        raise bad(path, where, OBJECT, raw)
+    kind = _need(path, raw, "kind", str, where)
+    if kind not in COLLECTIVE_KINDS:
+        known = ", ".join(COLLECTIVE_KINDS)
+        raise PlanError(f"{path}: field '{where}.kind': unknown collective {kind!r}; expected {known}. {REDO}")
+    groups = _need(path, raw, "groups", list, where)
+    for group in groups:
+        if not isinstance(group, list) or not all(isinstance(r, int) and 0 <= r < world for r in group):
+            raise bad(path, f"{where}.groups", f"lists of ranks below {world}", groups)
+    extra = {name: _need(path, raw, name, int, where) for name in COLLECTIVE_KINDS[kind]}
+    return CollectiveRecord(
+        id=_need(path, raw, "id", int, where),
+        kind=kind,
+        axis=_need(path, raw, "axis", str, where),
+        groups=tuple(tuple(g) for g in groups),
+        src=_need(path, raw, "src", str, where),
+        dst=_need(path, raw, "dst", str, where),
+        stage=_need(path, raw, "stage", int, where),
+        **extra,
+    )

@@ -1,0 +1,93 @@
+"""The steps of plan.json: one record per kind, told apart by ``kind`` (:data:`StepRecord` is their union); the
+predicted seconds are there when the plan was priced step by step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from unity_eq.planfile.codec import Record
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeStepRecord(Record):
+    KIND: ClassVar[str] = "compute"
+    op: str
+    inputs: tuple[str | tuple[int, ...] | None, ...]  # tensors, literals (a Reshape's shape), absent inputs
+    outputs: tuple[str, ...]  # "" for an output nobody reads
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    domain: str = ""
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputStepRecord(Record):
+    KIND: ClassVar[str] = "input"
+    out: str
+    name: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightStepRecord(Record):
+    KIND: ClassVar[str] = "weight"
+    out: str
+    name: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionStepRecord(Record):
+    KIND: ClassVar[str] = "partition"
+    out: str
+    src: str
+    dim: int
+    axis: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CombineStepRecord(Record):
+    KIND: ClassVar[str] = "combine"
+    out: str
+    src: str
+    dim: int
+    axis: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReduceStepRecord(Record):
+    KIND: ClassVar[str] = "reduce"
+    out: str
+    src: str
+    axis: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicateStepRecord(Record):
+    KIND: ClassVar[str] = "replicate"
+    out: str
+    src: str
+    axis: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+StepRecord = (
+    ComputeStepRecord
+    | InputStepRecord
+    | WeightStepRecord
+    | PartitionStepRecord
+    | CombineStepRecord
+    | ReduceStepRecord
+    | ReplicateStepRecord
+)
