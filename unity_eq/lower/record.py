@@ -1,0 +1,245 @@
+"""What plan.json records of a lowered plan (``plan_record``: model, mesh, machine, cost, tensors, steps,
+collectives and the search's report) and the plan's hash, which plan.json and every device file carry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+import numpy as np
+from typing_extensions import assert_never
+
+from unity_eq.cost import Cost
+from unity_eq.ir import Graph, Shard
+from unity_eq.lower.device import LoweredPlan
+from unity_eq.plan import (
+    AllGather,
+    AllReduce,
+    Compute,
+    Const,
+    LoadInput,
+    LoadWeight,
+    Plan,
+    Replicated,
+    Slice,
+    Step,
+)
+from unity_eq.planfile import (
+    PLAN_FORMAT_VERSION,
+    CollectiveRecord,
+    CombineStepRecord,
+    ComputeStepRecord,
+    CostRecord,
+    DeviceKindRecord,
+    InputStepRecord,
+    LinkRecord,
+    MachineRecord,
+    MeshRecord,
+    ModelInputRecord,
+    ModelOutputRecord,
+    ModelRecord,
+    NodeRecord,
+    PartitionStepRecord,
+    PlanMemoryRecord,
+    PlanRecord,
+    RankRecord,
+    ReduceStepRecord,
+    ReplicateStepRecord,
+    StepRecord,
+    TensorRecord,
+    WeightStepRecord,
+    json_default,
+)
+from unity_eq.version import __version__
+from unity_eq.weightfile import release_pages
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy only when needed; unlike np.ascontiguousarray it keeps a scalar 0-dimensional."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def plan_hash(plan: Plan, graph: Graph) -> str:
+    """A digest of what a plan computes: its steps, tensors, mesh and outputs, and the model's weights.
+
+    Two plans share it only when their device files are interchangeable; ``run`` compares it between
+    plan.json and every device file. Weights are hashed in place (no copy), one tensor at a time."""
+    digest = hashlib.blake2b(digest_size=16)
+    structure = {
+        "model": plan.model,
+        "mesh": [list(plan.mesh.axes), list(plan.mesh.sizes), list(plan.mesh.devices)],
+        "steps": [step_record(s).to_json() for s in plan.steps],
+        "tensors": {tid: [list(t.shape), t.dtype, t.placement_str()] for tid, t in plan.tensors.items()},
+        "outputs": plan.outputs,
+        "inputs": {n: [list(t.shape), t.dtype] for n, t in graph.inputs.items()},
+    }
+    digest.update(json.dumps(structure, sort_keys=True, default=json_default).encode())
+    for name in sorted(graph.initializers):
+        array = np.asarray(graph.initializers[name])
+        digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        if array.dtype.kind == "O":  # string tensors
+            digest.update(repr(array.tolist()).encode())
+        elif array.size:
+            digest.update(_contiguous(array.reshape(-1)).data)
+            release_pages(array)
+    return digest.hexdigest()
+
+
+def step_record(step: Step, cost: Cost | None = None) -> StepRecord:
+    """A step as plan.json lists it, with its predicted seconds when the plan was priced step by step."""
+    seconds = {"compute_s": cost.compute, "communication_s": cost.comm} if cost is not None else {}
+    match step:
+        case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain):
+            refs = tuple(tuple(i.values) if isinstance(i, Const) else i for i in inputs)
+            plain = {k: v for k, v in attrs.items() if isinstance(v, int | float | str | list)}
+            return ComputeStepRecord(op=op, inputs=refs, outputs=outputs, attrs=plain, domain=domain, **seconds)
+        case LoadInput(out=out, name=name):
+            return InputStepRecord(out=out, name=name, **seconds)
+        case LoadWeight(out=out, name=name):
+            return WeightStepRecord(out=out, name=name, **seconds)
+        case Slice(out=out, src=src, dim=dim, axis=axis):
+            return PartitionStepRecord(out=out, src=src, dim=dim, axis=axis, **seconds)
+        case AllGather(out=out, src=src, dim=dim, axis=axis):
+            return CombineStepRecord(out=out, src=src, dim=dim, axis=axis, **seconds)
+        case AllReduce(out=out, src=src, axis=axis):
+            return ReduceStepRecord(out=out, src=src, axis=axis, **seconds)
+        case Replicated(out=out, src=src, axis=axis):
+            return ReplicateStepRecord(out=out, src=src, axis=axis, **seconds)
+        case _:
+            assert_never(step)
+
+
+def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], weight_bytes: list[int]) -> PlanRecord:
+    """The content of plan.json (see the module docstring): ``device_collectives`` names the tensors each
+    collective cuts (the same on every rank), ``weight_bytes`` is the weights written for each rank."""
+    plan, graph, stages = lowered.plan, lowered.graph, lowered.stages
+    mesh, machine = plan.mesh, plan.machine
+    ranks = tuple(
+        RankRecord(
+            rank=rank,
+            coords=mesh.coords(rank),
+            device=mesh.devices[rank],
+            device_kind=machine.devices[mesh.devices[rank]].name,
+            node=machine.node_of[mesh.devices[rank]],
+        )
+        for rank in range(mesh.size)
+    )
+    plan_collectives = [s for s in plan.steps if isinstance(s, AllGather | AllReduce)]
+    collectives = tuple(
+        CollectiveRecord(
+            id=index,
+            kind="all_gather" if isinstance(step, AllGather) else "all_reduce",
+            axis=step.axis,
+            dim=step.dim if isinstance(step, AllGather) else None,
+            src=names["src"],
+            dst=names["dst"],
+            groups=tuple(tuple(g) for g in mesh.groups(step.axis)),
+            bytes=plan.tensors[step.out].local_bytes(mesh),
+            stage=stages[step.out],
+        )
+        for index, (step, names) in enumerate(zip(plan_collectives, device_collectives, strict=True))
+    )
+    tensors = {
+        tid: TensorRecord(
+            shape=t.shape,
+            dtype=t.dtype,
+            placement=tuple(t.placement_str()),
+            local_shape=t.local_shape(mesh),
+            source=t.source or None,
+            value=t.value or None,
+        )
+        for tid, t in plan.tensors.items()
+    }
+    model = ModelRecord(
+        name=plan.model,
+        source=graph.source,
+        fingerprint=graph.fingerprint or None,
+        inputs={n: ModelInputRecord(shape=t.shape, dtype=t.dtype) for n, t in graph.inputs.items()},
+        outputs={
+            n: ModelOutputRecord(shape=graph.types[n].shape, dtype=graph.types[n].dtype, tensor=plan.outputs[n])
+            for n in graph.outputs
+        },
+    )
+    report = plan.report
+    return PlanRecord(
+        format_version=PLAN_FORMAT_VERSION,
+        unity_eq_version=__version__,
+        model=model,
+        objective=plan.objective.name,
+        mesh=MeshRecord(axes=mesh.axes, sizes=mesh.sizes, devices=mesh.devices, ranks=ranks),
+        machine=machine_record(plan),
+        cost=report.cost
+        or CostRecord(total_s=plan.cost.total, compute_s=plan.cost.compute, communication_s=plan.cost.comm),
+        files=tuple(f"device_{r}.onnx" for r in range(mesh.size)),
+        tensors=tensors,
+        steps=tuple(step_record(s, c) for s, c in zip(plan.steps, _costs(plan), strict=True)),
+        collectives=collectives,
+        shardings={
+            tid: tuple(t.placement_str())
+            for tid, t in plan.tensors.items()
+            if any(isinstance(p, Shard) for p in t.placement)
+        },
+        mesh_search=report.mesh_search,
+        baselines=report.baselines,
+        extraction=report.extraction,
+        blocks=report.blocks,
+        parallelism=report.parallelism,
+        stats=plan.stats,
+        plan_hash=lowered.plan_hash,
+        memory=PlanMemoryRecord(usage=report.memory, weight_bytes_per_rank=tuple(weight_bytes)),
+    )
+
+
+def _costs(plan: Plan) -> list[Cost | None]:
+    return list(plan.step_costs) if len(plan.step_costs) == len(plan.steps) else [None] * len(plan.steps)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def machine_record(plan: Plan) -> MachineRecord:
+    """The machine as plan.json records it: device kinds, nodes and links (SI units: FLOP/s, bytes/s, s)."""
+    from unity_eq.cost import CostModel, axis_info
+
+    machine = plan.machine
+    kinds = {}
+    for device in machine.devices:
+        kinds[device.name] = DeviceKindRecord(
+            peak_flops=dict(device.flops),
+            memory_bandwidth_bytes_s=device.memory_bandwidth,
+            memory_bytes=device.memory,
+        )
+    nodes = []
+    for index in sorted(set(machine.node_of)):
+        node = machine.node(index)
+        network = node.network
+        nodes.append(
+            NodeRecord(
+                name=node.name,
+                devices=tuple(d for d, n in enumerate(machine.node_of) if n == index),
+                link=LinkRecord(
+                    name=node.link.name, bandwidth_bytes_s=_finite(node.link.bandwidth), latency_s=node.link.latency
+                ),
+                network=None
+                if network is None
+                else LinkRecord(name=network.name, bandwidth_bytes_s=network.bandwidth, latency_s=network.latency),
+                nics=node.nics,
+            )
+        )
+    model = CostModel(machine, plan.mesh, plan.objective)
+    return MachineRecord(
+        name=machine.name,
+        source=machine.source,
+        devices=machine.device_count,
+        nodes=machine.node_count,
+        device_kinds=kinds,
+        node_list=tuple(nodes),
+        launch_overhead_s=machine.launch_overhead,
+        efficiency=machine.efficiency,
+        memory_fraction=machine.memory_fraction,
+        mesh_axes=tuple(axis_info(model, a) for a in plan.mesh.axes),
+    )
