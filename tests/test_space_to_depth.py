@@ -16,7 +16,9 @@ from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq.egraph import Limits, encode, parse_serialized, saturate
 from unity_eq.ir import Mesh
-from unity_eq.ops.registry import PLUGINS, plugin_for
+from unity_eq.ops.registry import PLUGINS, check_plugin_kinds, plugin_for
+from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
+from unity_eq.ops.spec import Family
 from unity_eq.rulesets import DEFAULT_RULE_FILES, load_rule_files, rules_dir
 
 RULES = rules_dir() / "parallel" / "space_to_depth.egg"
@@ -46,6 +48,19 @@ def _model(path: Path, n: int, c: int, hw: int, block: int, out_c: int) -> Path:
 def test_the_family_is_registered_as_a_plug_in() -> None:
     assert plugin_for("SpaceToDepth") in PLUGINS
     assert "parallel/space_to_depth.egg" in DEFAULT_RULE_FILES  # optimize loads it without a manifest edit
+
+
+def test_a_plug_in_cannot_claim_a_built_in_kind() -> None:
+    """The verifier gives the built-in kinds the built-in families' assumptions (an elementwise op commutes with
+    every slicing, a proof about one stands for all): a plug-in op declared UNARY would be proven against them,
+    not against its own semantics, so the registry refuses it."""
+    import dataclasses
+
+    spec = dataclasses.replace(SPACE_TO_DEPTH.specs[0], name="ReverseLast", family=Family.UNARY)
+    impostor = dataclasses.replace(SPACE_TO_DEPTH, name="reverse", specs=(spec,))
+    with pytest.raises(ValueError, match=r"ReverseLast has kind Family\.UNARY"):
+        check_plugin_kinds([impostor])
+    check_plugin_kinds(PLUGINS)
 
 
 def test_its_semantics_are_onnx_reference() -> None:

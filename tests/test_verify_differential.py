@@ -851,3 +851,35 @@ def test_a_reduction_without_semantics_is_not_taken_for_a_sum(monkeypatch: pytes
     x = np.arange(1.0, 7.0).reshape(2, 3)
     with pytest.raises(NotImplementedError, match="ReduceProd: no semantics"):
         evaluate("ReduceProd", [x, (1,), 0, 0], NumpyBackend())
+
+
+def test_the_ops_a_proof_may_not_stand_for_are_exactly_the_exact_ones() -> None:
+    """verify/_verify.py reuses a proof about an uninterpreted elementwise op (``bk.apply``) for every op of its
+    kind; ``elementwise.INTERPRETED`` names the ops it must never do that for. An op made exact without being
+    listed there (or listed but uninterpreted) would make that reuse unsound: each op's evaluation decides."""
+    from unity_eq.verify._gen import op_instances
+    from unity_eq.verify._semantics import SYMBOLIC, VarSpec
+
+    from unity_eq.ops.elementwise import ELEMENTWISE, INTERPRETED
+
+    class Recording(NumpyBackend):
+        def __init__(self) -> None:
+            super().__init__(np.random.default_rng(0))
+            self.applied = False
+
+        def apply(self, name: str, *args: Any) -> Any:
+            self.applied = True
+            return super().apply(name, *args)
+
+    wrong = []
+    for spec in ELEMENTWISE.specs:
+        args, _out = op_instances(spec.name, GenConfig())[0]
+        bk = Recording()
+        values = [
+            bk.symbols(f"a{i}", a.shape) if isinstance(a, VarSpec) else bk.scalar(f"s{i}") if a == SYMBOLIC else a
+            for i, a in enumerate(args)
+        ]
+        evaluate(spec.name, values, bk)
+        if bk.applied == (spec.name in INTERPRETED):
+            wrong.append(spec.name)
+    assert not wrong, f"INTERPRETED disagrees with the semantics for {wrong}"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ir import Graph, Node
-from unity_eq.ops.family import NodeView, NotModeled
+from unity_eq.ops.family import NodeView, NotModeled, OpFamily
 from unity_eq.ops.registry import family_for
 from unity_eq.ops.spec import OpSpec
 
@@ -58,8 +58,7 @@ def typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict
 
 def _collect(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict[str, Any]:
     """Collect a typed node's arguments by name (inputs and attributes), defaults filled in."""
-    family = family_for(spec.name)
-    implied = family.implied_attrs.get(spec.name, frozenset()) if family else frozenset()
+    implied = _family(spec).implied_attrs.get(spec.name, frozenset())
     if set(node.attrs) - {a.name for a in spec.args if a.kind == "attr"} - implied:
         raise NotModeled  # an attribute we do not model
     if not spec.multi_output and any(out in used for out in node.outputs[1:]):
@@ -103,13 +102,21 @@ def _checked(spec: OpSpec, v: dict[str, Any]) -> dict[str, Any]:
 
 def _normalize(node: Node, spec: OpSpec, v: dict[str, Any], view: NodeView) -> dict[str, Any]:
     """The family's normalization (a family without one has nothing implicit to make explicit)."""
-    family = family_for(spec.name)
-    return family.normalize(spec.name, v, view) if family is not None and family.normalize else v
+    family = _family(spec)
+    return family.normalize(spec.name, v, view) if family.normalize else v
 
 
 def guard_facts(node: Node, graph: Graph, spec: OpSpec, values: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
     """Literal-keyed facts for guards egglog cannot compute itself (see analysis.egg), as tuples: the fact's
     name, then ints and int tuples."""
-    family = family_for(spec.name)
-    if family is not None and family.guard_facts is not None:
+    family = _family(spec)
+    if family.guard_facts is not None:
         yield from family.guard_facts(spec.name, values, node_view(node, graph))
+
+
+def _family(spec: OpSpec) -> OpFamily:
+    """The family of a typed op (every op in the registry has one: the registry builds both together)."""
+    family = family_for(spec.name)
+    if family is None:
+        raise KeyError(f"{spec.name}: typed in OPS without an op family in unity_eq/ops/registry.py")
+    return family

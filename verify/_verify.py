@@ -40,6 +40,7 @@ from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
 
 from unity_eq.files import worker_pool
+from unity_eq.ops.elementwise import INTERPRETED
 from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import Family
 from unity_eq.rulefile.load import load_program, shipped_rule_files
@@ -204,8 +205,7 @@ class Report:
 # elementwise ops the verifier models as an uninterpreted scalar function (unity_eq/ops/elementwise.py): a rule proven
 # with them holds for every function, so for every elementwise op put in their place
 _ELEMENTWISE = (Family.UNARY, Family.BROADCAST)
-_INTERPRETED = {"Neg", "Identity", "Add", "Sub", "Mul", "Div", "Max", "Min", "Where", "Clip", "PRelu"}
-_INTERPRETED |= {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
+_INTERPRETED = INTERPRETED
 
 
 def _elementwise(head: str) -> bool:

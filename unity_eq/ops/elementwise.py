@@ -25,7 +25,7 @@ from unity_eq.ops.family import Instance, InstanceRanges, OpFamily
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, need
 
-__all__ = ["ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY"]
+__all__ = ["ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY", "INTERPRETED"]
 
 EXACT_UNARY = {"Neg", "Identity"}
 EXACT_BINARY = {
@@ -42,6 +42,11 @@ EXACT_BINARY = {
     "GreaterOrEqual",
     "PRelu",
 }
+
+#: Every elementwise op whose semantics here is exact, not an uninterpreted function: the verifier may reuse a
+#: proof about an uninterpreted op for every op of its kind, never for these (verify/_verify.py; a test checks
+#: that exactly these evaluate without ``bk.apply``).
+INTERPRETED = frozenset(EXACT_UNARY | EXACT_BINARY | {"Where", "Clip"})
 
 
 def _specs() -> tuple[OpSpec, ...]:

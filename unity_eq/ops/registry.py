@@ -22,7 +22,7 @@ from unity_eq.ops.slicing import SLICING
 from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
 from unity_eq.ops.spec import Family, OpSpec
 
-__all__ = ["FAMILIES", "OPS", "PLUGINS", "family_for", "plugin_for", "rule_file_for", "spec_for"]
+__all__ = ["FAMILIES", "OPS", "PLUGINS", "check_plugin_kinds", "family_for", "plugin_for", "rule_file_for", "spec_for"]
 
 #: The families that ship with unity-eq (their rule files are in rulesets.HAND_WRITTEN_RULE_FILES).
 BUILTINS: tuple[OpFamily, ...] = (ELEMENTWISE, MATMUL, NORMALIZATION, CONV, POOLING, RESHAPE, SLICING, REDUCE)
@@ -50,6 +50,20 @@ def _language(families: Iterable[OpFamily]) -> tuple[dict[str, OpSpec], dict[str
     return {spec.name: spec for spec in specs}, family_of
 
 
+def check_plugin_kinds(plugins: Iterable[OpFamily]) -> None:
+    """A plug-in's ops are of kind ``Family.PLUGIN``: the verifier gives ops of the built-in kinds the built-in
+    families' assumptions (an elementwise op is an uninterpreted function that commutes with every slicing, a
+    proof about one stands for all), which a plug-in's own semantics need not satisfy."""
+    for family in plugins:
+        for spec in family.specs:
+            if spec.family is not Family.PLUGIN:
+                raise ValueError(
+                    f"op family {family.name}: {spec.name} has kind Family.{spec.family.name}; a plug-in family's"
+                    " ops must have kind Family.PLUGIN (the verifier assumes the built-in kinds' semantics)"
+                )
+
+
+check_plugin_kinds(PLUGINS)
 OPS, _FAMILY_OF = _language(FAMILIES)
 
 
