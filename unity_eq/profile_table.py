@@ -1,6 +1,6 @@
 """Measured op times (`unity-eq profile`'s table) as the cost model reads them.
 
-A value type below the cost model: pricing looks ops up here, while measuring them (profile.py) needs the
+A value type below the cost model: pricing looks ops up here, while measuring them (the profile package) needs the
 whole engine. Keeping the table apart is what lets ``cost`` import it without importing the engine.
 """
 

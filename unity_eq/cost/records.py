@@ -1,0 +1,84 @@
+"""The cost model's records: what a step is (:class:`Objective`), what compute prices (:class:`OpInstance`), and
+a price (:class:`Cost`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What one step of the workload is, with the factors the cost and memory models share.
+
+    ``inference``: a forward pass. ``training``: forward, backward (``backward_factor`` × the forward's compute,
+    the usual ≈ 2×), and the gradient traffic that follows from it: a replicated weight's gradient is all-reduced,
+    a partitioned activation's gradient all-gathered, and memory keeps the activations for the backward pass and
+    the weights' gradient and optimizer state. Compare objectives by identity or ``.training``, never by name.
+    """
+
+    name: str
+    backward_factor: float = 0.0
+
+    @property
+    def training(self) -> bool:
+        return self.backward_factor > 0
+
+    @property
+    def compute_factor(self) -> float:
+        """Compute of a step relative to the forward pass alone."""
+        return 1.0 + self.backward_factor
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str | Objective) -> Objective:
+        """``inference`` or ``training`` (an Objective passes through); ValueError names both otherwise."""
+        if isinstance(text, Objective):
+            return text
+        if text not in OBJECTIVES:
+            raise ValueError(f"objective: expected inference or training, got {text!r}")
+        return OBJECTIVES[text]
+
+
+INFERENCE = Objective("inference")
+TRAINING = Objective("training", backward_factor=2.0)
+#: The objectives by name (``--objective``).
+OBJECTIVES = {o.name: o for o in (INFERENCE, TRAINING)}
+
+
+@dataclass(frozen=True)
+class OpInstance:
+    """One op on its local (per-device) shapes: everything the cost model prices it by.
+
+    Built from an e-node (``extract.pricing.enode_instance``, which extraction and ``profile`` share) or from
+    a plan step (``report.step_instance``): one type and one :meth:`CostModel.compute`, so a plan re-priced step
+    by step costs what its e-nodes cost. ``outputs``: the outputs of a multi-output node (Split), each priced
+    with its share of the kernel.
+    """
+
+    op_type: str
+    in_shapes: tuple[tuple[int, ...] | None, ...]
+    in_bytes: float
+    out_shape: tuple[int, ...]
+    out_bytes: float
+    dtype: str
+    outputs: int = 1
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Seconds of compute and of communication; extraction minimizes their sum."""
+
+    compute: float = 0.0
+    comm: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.comm
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.compute + other.compute, self.comm + other.comm)
+
+
+ZERO = Cost()

@@ -1,0 +1,156 @@
+"""Timing one-node models on this machine's device (:class:`Runner`: I/O bound to the device, warm-up, the median
+of repeats) and calibrating the device as a roofline spec (peak FLOP/s, bandwidth, per-op floor)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from unity_eq.machine import DeviceSpec, LinkSpec, Machine
+from unity_eq.profile.models import add_model, matmul_model
+from unity_eq.profile_table import Calibration
+from unity_eq.runtime.devices import DeviceChoice, make_session
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Timing:
+    median_s: float
+    min_s: float
+    repeats: int
+
+
+class Runner:
+    """Runs one-node models on the chosen device with I/O bound to it, and times them."""
+
+    def __init__(self, choice: DeviceChoice, threads: int, warmup: int, repeats: int, min_time: float) -> None:
+        self.choice = choice
+        self.threads = threads
+        self.warmup = warmup
+        self.repeats = repeats
+        self.min_time = min_time
+        self.device = ("cuda", int(dict(choice.providers[0][1])["device_id"])) if choice.cuda else ("cpu", 0)
+
+    def session(self, model: onnx.ModelProto) -> Any:
+        return make_session(model, self.choice.providers, self.threads)
+
+    def time(self, session: Any, feeds: Mapping[str, np.ndarray]) -> Timing:
+        import onnxruntime as ort
+
+        kind, device_id = self.device
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, kind, device_id))
+        for out in session.get_outputs():
+            binding.bind_output(out.name, kind, device_id)
+        for _ in range(self.warmup):
+            session.run_with_iobinding(binding)
+        samples: list[float] = []
+        started = time.perf_counter()
+        # at least `repeats` runs, more while the total is under `min_time` (short ops are noisy), at most 20×
+        while len(samples) < self.repeats or (
+            time.perf_counter() - started < self.min_time and len(samples) < 20 * self.repeats
+        ):
+            begin = time.perf_counter()
+            session.run_with_iobinding(binding)
+            samples.append(time.perf_counter() - begin)
+        return Timing(statistics.median(samples), min(samples), len(samples))
+
+
+def measure(runner: Runner, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> Timing:
+    return runner.time(runner.session(model), feeds)
+
+
+def describe_local_device(choice: DeviceChoice, threads: int) -> str:
+    if choice.cuda:
+        return f"{choice.description} (onnxruntime CUDAExecutionProvider)"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {cpu}, {threads} thread{'s' if threads != 1 else ''}"
+
+
+def _memory_bytes(choice: DeviceChoice) -> float:
+    if choice.cuda:
+        return 0.0  # unknown here; machine files carry it
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 0.0
+
+
+def calibrate(runner: Runner, progress: Progress | None = None) -> Calibration:
+    """Peak FLOP/s (MatMul n×n×n, n doubled from 1024 while it runs under 20 ms), bandwidth (Add of a scalar
+    to 2^24 floats, doubled while under 5 ms) and the per-op floor (Add on one element).
+
+    Peaks are what the device achieves at best, so each uses the fastest of its runs (a run slowed by
+    another process says nothing about the device); op entries keep the median.
+    """
+    say = progress or (lambda _m: None)
+    details: dict[str, Any] = {}
+    n = 1024
+    while True:
+        model, feeds = matmul_model(n)
+        timing = measure(runner, model, feeds)
+        if timing.min_s >= 0.02 or n >= 8192:
+            break
+        n *= 2
+    peak = 2.0 * n**3 / timing.min_s
+    details["matmul"] = {"n": n, "min_s": timing.min_s, "median_s": timing.median_s, "repeats": timing.repeats}
+    say(f"calibration: MatMul {n}×{n}×{n} in {timing.min_s * 1e3:.2f} ms → {peak / 1e9:.1f} GFLOP/s")
+    elements = 1 << 24
+    while True:
+        model, feeds = add_model(elements)
+        timing = measure(runner, model, feeds)
+        if timing.min_s >= 0.005 or elements >= 1 << 28:
+            break
+        elements *= 2
+    bandwidth = 2.0 * 4 * elements / timing.min_s
+    details["add"] = {
+        "elements": elements,
+        "min_s": timing.min_s,
+        "median_s": timing.median_s,
+        "repeats": timing.repeats,
+    }
+    say(f"calibration: Add over {elements * 4 >> 20} MiB in {timing.min_s * 1e3:.2f} ms → {bandwidth / 1e9:.1f} GB/s")
+    model, feeds = add_model(1)
+    floor = measure(runner, model, feeds)
+    details["floor"] = {"min_s": floor.min_s, "median_s": floor.median_s, "repeats": floor.repeats}
+    say(f"calibration: one-element Add in {floor.median_s * 1e6:.1f} µs (per-op floor, median)")
+    device = describe_local_device(runner.choice, runner.threads)
+    return Calibration(device, peak, bandwidth, floor.median_s, _memory_bytes(runner.choice), details)
+
+
+def calibrated_machine(calibration: Calibration, devices: int = 1) -> Machine:
+    """``devices`` copies of the calibrated device as a :class:`Machine` (efficiency 1: the calibration
+    measured what is achievable), so that the roofline can be compared with measurements."""
+    spec = DeviceSpec(
+        calibration.device,
+        {"float32": calibration.peak_flops},
+        calibration.memory_bandwidth,
+        calibration.memory_bytes,
+    )
+    link = LinkSpec(bandwidth=calibration.memory_bandwidth, latency=calibration.launch_overhead_s)
+    return Machine(
+        f"{devices}x calibrated {calibration.device}",
+        (spec,) * devices,
+        (0,) * devices,
+        link,
+        launch_overhead=calibration.launch_overhead_s,
+        efficiency=1.0,
+    )
