@@ -44,7 +44,7 @@ from __future__ import annotations
 from unity_eq.cost.collectives import AlphaBeta
 from unity_eq.cost.model import CostModel, op_flops
 from unity_eq.cost.records import INFERENCE, OBJECTIVES, TRAINING, ZERO, Cost, Objective, OpInstance
-from unity_eq.cost.topology import MASK_KINDS, MeshTopology, axis_info
+from unity_eq.cost.topology import MASK_KINDS, MeshTopology
 
 __all__ = [
     "INFERENCE",
@@ -58,6 +58,5 @@ __all__ = [
     "MeshTopology",
     "Objective",
     "OpInstance",
-    "axis_info",
     "op_flops",
 ]

@@ -12,7 +12,6 @@ import numpy as np
 
 from unity_eq.ir import Mesh, machine_order
 from unity_eq.machine import GroupTopology, LinkSpec, Machine
-from unity_eq.planfile import AxisRecord
 
 MASK_KINDS = 62  # kinds of node link / network share told apart with int64 bit masks (more: a slower path)
 
@@ -187,19 +186,3 @@ class MeshTopology:
         if not known:
             return self.machine.intra_link
         return min(known, key=lambda link: link.bandwidth)
-
-
-def axis_info(model: MeshTopology, axis: str) -> AxisRecord:
-    """How an axis sits on the machine, for plan.json and explain."""
-    tops = model.group_topologies(axis)
-    worst = max(tops, key=lambda t: (t.m, t.k))
-    link = model.axis_link(axis)
-    return AxisRecord(
-        name=axis,
-        size=model.mesh.axis_size(axis),
-        spans_nodes=worst.m > 1,
-        nodes=worst.m,
-        ranks_per_node=worst.k,
-        link=link.name or "?",
-        bandwidth_gbs=round(link.bandwidth / 1e9, 3) if math.isfinite(link.bandwidth) else None,
-    )

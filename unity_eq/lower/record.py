@@ -203,7 +203,8 @@ def _finite(value: float) -> float | None:
 
 def machine_record(plan: Plan) -> MachineRecord:
     """The machine as plan.json records it: device kinds, nodes and links (SI units: FLOP/s, bytes/s, s)."""
-    from unity_eq.cost import CostModel, axis_info
+    from unity_eq.cost import CostModel
+    from unity_eq.planfile.axes import axis_info
 
     machine = plan.machine
     kinds = {}

@@ -50,11 +50,12 @@ runner         saturating meshes in worker processes and extracting each (memory
 
 from __future__ import annotations
 
-from unity_eq.cost import CostModel, Objective, axis_info
+from unity_eq.cost import CostModel, Objective
 from unity_eq.egraph import Limits
 from unity_eq.errors import ExtractionError, InfeasiblePlanError, OptionError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import Machine
+from unity_eq.planfile.axes import axis_info
 from unity_eq.profile_table import ProfileTable
 from unity_eq.progress import LineTracker, Tracker
 from unity_eq.rulesets import RuleFile

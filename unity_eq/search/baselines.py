@@ -8,13 +8,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from unity_eq.cost import Cost, CostModel, Objective, axis_info
+from unity_eq.cost import Cost, CostModel, Objective
 from unity_eq.extract import Extraction, Restriction
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
 from unity_eq.planfile import BaselineRecord
+from unity_eq.planfile.axes import axis_info
 from unity_eq.report import device_span, parallelism
 from unity_eq.search.meshes import fastest_device
 from unity_eq.search.runner import MeshRunner

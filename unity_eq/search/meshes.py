@@ -8,9 +8,10 @@ import math
 from collections import Counter
 from typing import Any
 
-from unity_eq.cost import INFERENCE, CostModel, Objective, axis_info
+from unity_eq.cost import INFERENCE, CostModel, Objective
 from unity_eq.ir import AXIS_NAMES, Graph, Mesh, machine_order
 from unity_eq.machine import GroupTopology, Machine
+from unity_eq.planfile.axes import axis_info
 from unity_eq.report import device_span
 from unity_eq.search.trial import MeshTrial
 
