@@ -9,6 +9,8 @@ Suites (each case runs `benchmarks.measure` in a fresh subprocess, so peak memor
   one layer at Megatron-LM's sizes) on 8, 16 and 64 GPUs, training: wall time, peak memory, e-graph size,
   the plan's cost and its ratio to data and tensor parallelism, greedy against ILP (cost and time).
 * ``layers``: BERT with hidden 768 and 3 to 48 layers on 8 GPUs: how optimize time grows with depth.
+* ``megatron``: GPT rows of Megatron-LM's scaling study (1.7B on 32 GPUs to 1T on 3,072) planned by the stage
+  search (pipeline stages, microbatches, recomputation, ZeRO): benchmarks/megatron.py.
 
 Results are written as JSON (default benchmarks/results/<suite>.json) and printed as tables; a markdown
 version goes to benchmarks/results/<suite>.md.
@@ -112,7 +114,7 @@ def scale_rows(rows: Iterable[dict[str, Any]]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="core", choices=["core", "scale", "layers", "all"])
+    parser.add_argument("--suite", default="core", choices=["core", "scale", "layers", "megatron", "all"])
     parser.add_argument("--models", help="comma-separated model names (overrides the suite's)")
     parser.add_argument("--gpus", help="comma-separated GPU counts among 8, 16, 64 (default: the suite's)")
     parser.add_argument("--objective", help="inference, training or both (comma-separated)")
@@ -125,6 +127,9 @@ def main() -> int:
     suites = ["core", "scale", "layers"] if args.suite == "all" else [args.suite]
     console = Console()
     for suite in suites:
+        if suite == "megatron":
+            _megatron(args, console)
+            continue
         cases = _cases(suite, args)
         rows = []
         for model, layers, gpus, objective, extractor in cases:
@@ -144,6 +149,21 @@ def main() -> int:
         print("\n".join(table), flush=True)
         console.print(f"written to {out} and {out.with_suffix('.md')}")
     return 0
+
+
+def _megatron(args: argparse.Namespace, console: Console) -> None:
+    from benchmarks.megatron import DEFAULT_ROWS, rows_markdown, run_suite
+
+    names = args.models.split(",") if args.models else list(DEFAULT_ROWS)
+    rows = run_suite(names, args.timeout)
+    out = args.out or ROOT / "benchmarks" / "results" / "megatron.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": platform.platform(), "cpus": os.cpu_count()}
+    out.write_text(json.dumps({"meta": meta, "suite": "megatron", "results": rows}, indent=1))
+    table = rows_markdown(rows)
+    out.with_suffix(".md").write_text("\n".join(table) + "\n")
+    print("\n".join(table), flush=True)
+    console.print(f"written to {out} and {out.with_suffix('.md')}")
 
 
 def _cases(suite: str, args: argparse.Namespace) -> list[tuple[str, int, int, str, str]]:

@@ -1,0 +1,174 @@
+"""The stage search (unity_eq.stages): schedules, ZeRO, the stage cut, and a real search over pieces saturated by
+egglog. Expected values are derived from the formulas in the modules' docstrings, by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from blocks import transformer_graph
+
+from unity_eq.cost import TRAINING, CostModel
+from unity_eq.errors import InfeasiblePlanError
+from unity_eq.ir import Mesh
+from unity_eq.machine import load_machine
+from unity_eq.rulesets import default_rule_files, load_rule_files
+from unity_eq.stages import StageConfig, evaluate, price_pieces, stage_search
+from unity_eq.stages.partition import StageFunctions, partition
+from unity_eq.stages.schedule import bubble_fraction, in_flight, pipeline_seconds
+from unity_eq.stages.search import configurations
+from unity_eq.stages.state import microbatch_traffic_s, shard_factors, step_traffic_s
+
+MACHINE_TOML = """
+name = "tiny"
+[devices.gpu]
+peak_tflops = {{ float32 = 10, float16 = 100 }}
+memory_bandwidth_gbs = 1000
+memory_gib = {memory}
+[links.fast]
+bandwidth_gbs = 100
+latency_us = 2
+[links.net]
+bandwidth_gbs = 10
+latency_us = 5
+[[nodes]]
+devices = {{ gpu = 2 }}
+link = "fast"
+network = "net"
+"""
+
+
+def test_equal_stages_take_m_plus_p_minus_one_turns() -> None:
+    assert pipeline_seconds([2.0] * 4, 8) == pytest.approx((8 + 4 - 1) * 2.0)
+    assert bubble_fraction([2.0] * 4, 8) == pytest.approx(3 / 11)
+    assert bubble_fraction([2.0], 8) == 0.0
+    # the slowest stage sets the pace: 1 + 3 + 1 for the first microbatch, 3 more for each other
+    assert pipeline_seconds([1.0, 3.0, 1.0], 4) == pytest.approx(5 + 3 * 3)
+
+
+def test_1f1b_holds_fewer_microbatches_than_gpipe() -> None:
+    assert [in_flight("1f1b", s, 4, 8, True) for s in range(4)] == [4, 3, 2, 1]
+    assert [in_flight("gpipe", s, 4, 8, True) for s in range(4)] == [8, 8, 8, 8]
+    assert in_flight("1f1b", 0, 4, 2, True) == 2  # never more than there are microbatches
+    assert in_flight("gpipe", 0, 4, 8, False) == 1  # inference keeps one
+
+
+def test_zero_stages_shard_state_then_weights() -> None:
+    assert shard_factors(0, 4) == (1.0, 1.0, 1.0)
+    assert shard_factors(1, 4) == (1.0, 1.0, 0.25)
+    assert shard_factors(2, 4) == (1.0, 0.25, 0.25)
+    assert shard_factors(3, 4) == (0.25, 0.25, 0.25)
+
+
+def test_zero_traffic_follows_the_collectives_of_the_data_axis() -> None:
+    machine = load_machine("a100x8", nodes=2, interconnect="ib200")
+    model = CostModel(machine, Mesh(("p", "d", "t"), (1, 2, 8)), TRAINING)
+    w = 2**30
+    # stages 0 and 1: one all-reduce per step, nothing per microbatch
+    assert (
+        step_traffic_s(0, w, 2, model, True)
+        == step_traffic_s(1, w, 2, model, True)
+        == model.gradient_all_reduce("d", w)
+    )
+    assert microbatch_traffic_s(1, w, 2, model, True) == 0.0
+    # stage 2: reduce-scatter per microbatch, all-gather per step; stage 3: two all-gathers and a reduce-scatter
+    assert microbatch_traffic_s(2, w, 2, model, True) == model.reduce_scatter("d", w)
+    assert step_traffic_s(2, w, 2, model, True) == model.all_gather("d", w)
+    assert microbatch_traffic_s(3, w, 2, model, True) == pytest.approx(
+        2 * model.all_gather("d", w) + model.reduce_scatter("d", w)
+    )
+    assert step_traffic_s(3, w, 2, model, True) == 0.0
+    assert step_traffic_s(0, w, 1, model, True) == 0.0  # one replica: nothing to synchronize
+
+
+def _functions(seconds: list[float], fixed: list[float], held: list[float], copies: list[int]) -> StageFunctions:
+    return StageFunctions(seconds, fixed, held, lambda s, i, j: 0.0, lambda s, i, j: 0.0, lambda s: copies[s])
+
+
+def test_partition_balances_the_slowest_stage() -> None:
+    f = _functions([1.0] * 8, [0.0] * 8, [0.0] * 8, [1, 1])
+    assert partition(f, 2, 1e9) == [(0, 4), (4, 8)]
+    f = _functions([4.0, 1.0, 1.0, 1.0, 1.0], [0.0] * 5, [0.0] * 5, [1, 1])
+    assert partition(f, 2, 1e9) == [(0, 1), (1, 5)]  # 4 | 4 beats 5 | 3
+    assert partition(f, 6, 1e9) is None  # more stages than pieces
+
+
+def test_partition_moves_pieces_off_the_stage_that_holds_more_microbatches() -> None:
+    # 1F1B over 2 stages: stage 0 holds 2 microbatches of activations, stage 1 one. Four equal pieces of 1 byte
+    # of activation: 2 + 2 pieces need 4 bytes on stage 0, so with 3 bytes stage 0 must take one piece.
+    f = _functions([1.0] * 4, [0.0] * 4, [1.0] * 4, [2, 1])
+    assert partition(f, 2, 4.0) == [(0, 2), (2, 4)]
+    assert partition(f, 2, 3.0) == [(0, 1), (1, 4)]
+    assert partition(f, 2, 1.5) is None
+
+
+@pytest.fixture(scope="module")
+def tiny_table() -> object:
+    machine = load_machine("a100x8", nodes=1)
+    rules = load_rule_files(default_rule_files(False))
+
+    def graph_at(batch: int):  # type: ignore[no-untyped-def]
+        return transformer_graph("am", batch=batch, seq=16, hidden=32, ffn=64, heads=2, layers=4, dtype="float32")
+
+    return price_pieces(graph_at, [1, 2], [1, 2], machine, TRAINING, rules)
+
+
+def _tiny_machine(tmp_path: Path, memory_gib: float, nodes: int = 2):  # type: ignore[no-untyped-def]
+    path = tmp_path / "tiny.toml"
+    path.write_text(MACHINE_TOML.format(memory=memory_gib))
+    return load_machine(path, nodes=nodes)
+
+
+def test_pieces_are_saturated_once_per_group_and_microbatch(tiny_table) -> None:  # type: ignore[no-untyped-def]
+    assert sorted(tiny_table.options) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    # cuts after each residual; a 7-node MLP is below split.MIN_PIECE_NODES, so it joins the next attention:
+    # [a0] [m0 a1] [m1 a2] [m2 a3] [m3 + the output]
+    assert len(tiny_table.pieces) == 5
+    for options in tiny_table.options.values():
+        assert len(options) == 5 and all(options)
+    # piece 1 is [m0 a1] on one device: MLP LN 2·32, up 32·64 + 64, down 64·32 + 32; attention LN 2·32, four
+    # linears 32·32 + 32; float32
+    weights = (64 + 32 * 64 + 64 + 64 * 32 + 32 + 64 + 4 * (32 * 32 + 32)) * 4
+    assert {c.weight_bytes for c in tiny_table.costs(1, 1)[1]} == {weights}
+    # training keeps a gradient and Adam's two moments per float32 weight: 3× its bytes
+    assert {c.state_bytes for c in tiny_table.costs(1, 1)[1]} == {3 * weights}
+
+
+def test_the_search_keeps_the_cheapest_configuration_that_fits(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    machine = _tiny_machine(tmp_path, 80)
+    found = stage_search(tiny_table, machine, TRAINING, 8, [1, 2])
+    every = [evaluate(c, tiny_table, machine, TRAINING, 8) for c in configurations(tiny_table, 4, 8, [1, 2], True)]
+    fitting = [p for p in every if p is not None and p.fits]
+    assert len(every) == found.evaluated and len(fitting) == found.fitting
+    assert found.best.step_s == min(p.step_s for p in fitting)
+    assert found.best_flat is not None
+    assert found.best_flat.step_s == min(p.step_s for p in fitting if p.config.stages == 1)
+    # a pipeline of 2 stages over this machine's 2 nodes is among them, its stages cover every piece in order
+    piped = [p for p in fitting if p.config.stages == 2]
+    assert piped and all(p.cuts[0][0] == 0 and p.cuts[0][1] == p.cuts[1][0] and p.cuts[1][1] == 5 for p in piped)
+
+
+def test_a_smaller_machine_gets_a_plan_with_less_memory(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    roomy = stage_search(tiny_table, _tiny_machine(tmp_path, 80), TRAINING, 8, [1, 2]).best
+    capacity = roomy.peak_bytes * 0.9  # 90% of what the fastest plan needs
+    tight = stage_search(tiny_table, _tiny_machine(tmp_path, capacity / 2**30 / 0.9), TRAINING, 8, [1, 2]).best
+    assert tight.peak_bytes <= capacity < roomy.peak_bytes
+    assert tight.step_s >= roomy.step_s
+
+
+def test_recomputation_trades_time_for_memory(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    machine = _tiny_machine(tmp_path, 80)
+    keep = evaluate(StageConfig(2, 2, 1, 1, 4, "1f1b", "none", 0), tiny_table, machine, TRAINING, 8)
+    redo = evaluate(StageConfig(2, 2, 1, 1, 4, "1f1b", "full", 0), tiny_table, machine, TRAINING, 8)
+    gpipe = evaluate(StageConfig(2, 2, 1, 1, 4, "gpipe", "none", 0), tiny_table, machine, TRAINING, 8)
+    assert keep is not None and redo is not None and gpipe is not None
+    assert redo.step_s > keep.step_s
+    assert sum(m.activations for m in redo.memory) < sum(m.activations for m in keep.memory)
+    assert gpipe.step_s == pytest.approx(keep.step_s)  # same time, more microbatches held
+    assert gpipe.memory[0].activations > keep.memory[0].activations
+
+
+def test_nothing_fits_says_by_how_much(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    machine = _tiny_machine(tmp_path, 1e-6)
+    with pytest.raises(InfeasiblePlanError, match=r"no stage configuration fits: .* GiB per device .*×"):
+        stage_search(tiny_table, machine, TRAINING, 8, [1, 2])

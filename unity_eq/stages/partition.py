@@ -1,0 +1,119 @@
+"""Cutting a chain of pieces into contiguous pipeline stages: the slowest stage as fast as possible, every
+stage within device memory.
+
+A stage's time and memory are sums over its pieces plus terms of its position (1F1B's first stages hold more
+microbatches), so both grow as a stage takes more pieces. For a bound ``T`` on the slowest stage, filling
+stages greedily from the front — each takes as many pieces as stay under ``T`` and fit — uses the fewest
+stages; the smallest ``T`` that needs at most ``p`` stages is found by bisection between the largest single
+piece and the whole chain. A greedy cover with fewer than ``p`` stages is then split further (splitting a
+stage never makes it slower or larger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+
+__all__ = ["StageFunctions", "partition"]
+
+ITERATIONS = 40
+
+
+class StageFunctions:
+    """Per-piece seconds and bytes, as prefix sums, and how a stage's position adds to them."""
+
+    def __init__(
+        self,
+        seconds: Sequence[float],
+        fixed_bytes: Sequence[float],
+        held_bytes: Sequence[float],
+        extra_seconds: Callable[[int, int, int], float],
+        extra_bytes: Callable[[int, int, int], float],
+        held_copies: Callable[[int], int],
+    ) -> None:
+        """``seconds``: a piece's time per microbatch; ``fixed_bytes``: its memory independent of the stage's
+        position (weights and their state); ``held_bytes``: its memory per microbatch in flight;
+        ``extra_seconds(stage, i, j)`` / ``extra_bytes(stage, i, j)``: what a stage of pieces ``i..j-1`` adds
+        (sending its boundary activations; a buffer); ``held_copies(stage)``: microbatches it holds."""
+        self.time = [0.0, *accumulate(seconds)]
+        self.fixed = [0.0, *accumulate(fixed_bytes)]
+        self.held = [0.0, *accumulate(held_bytes)]
+        self.extra_seconds = extra_seconds
+        self.extra_bytes = extra_bytes
+        self.held_copies = held_copies
+
+    @property
+    def count(self) -> int:
+        return len(self.time) - 1
+
+    def seconds(self, stage: int, i: int, j: int) -> float:
+        return self.time[j] - self.time[i] + self.extra_seconds(stage, i, j)
+
+    def nbytes(self, stage: int, i: int, j: int) -> float:
+        copies = self.held_copies(stage)
+        return self.fixed[j] - self.fixed[i] + copies * (self.held[j] - self.held[i]) + self.extra_bytes(stage, i, j)
+
+
+def _greedy(f: StageFunctions, stages: int, bound: float, capacity: float) -> list[tuple[int, int]] | None:
+    """Fill stages from the front under ``bound`` seconds and ``capacity`` bytes; None if more than
+    ``stages`` stages are needed or a single piece breaks a limit."""
+    cuts: list[tuple[int, int]] = []
+    i, n = 0, f.count
+    while i < n:
+        s = len(cuts)
+        if s == stages:
+            return None
+        j = i + 1
+        if f.seconds(s, i, j) > bound or f.nbytes(s, i, j) > capacity:
+            return None
+        lo, hi = j, n  # the last j that keeps both limits (both grow with j)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if f.seconds(s, i, mid) <= bound and f.nbytes(s, i, mid) <= capacity:
+                lo = mid
+            else:
+                hi = mid - 1
+        cuts.append((i, lo))
+        i = lo
+    return cuts
+
+
+def _spread(cuts: list[tuple[int, int]], stages: int, f: StageFunctions) -> list[tuple[int, int]]:
+    """Split the slowest splittable stage in two until there are ``stages``."""
+    cuts = list(cuts)
+    while len(cuts) < stages:
+        options = [k for k, (i, j) in enumerate(cuts) if j - i > 1]
+        if not options:
+            break
+        k = max(options, key=lambda k: f.seconds(k, *cuts[k]))
+        i, j = cuts[k]
+        middle = (i + j) // 2
+        cuts[k : k + 1] = [(i, middle), (middle, j)]
+    return cuts
+
+
+def partition(f: StageFunctions, stages: int, capacity: float) -> list[tuple[int, int]] | None:
+    """Contiguous stages ``[(first, end), ...]`` of the pieces minimizing the slowest stage within
+    ``capacity`` bytes per device; None when no cut into ``stages`` stages fits."""
+    if stages > f.count:
+        return None
+    hi = f.seconds(0, 0, f.count) * 2 + 1e-12
+    best = _greedy(f, stages, hi, capacity)
+    if best is None:
+        return None
+    lo = 0.0
+    for _ in range(ITERATIONS):
+        mid = (lo + hi) / 2
+        found = _greedy(f, stages, mid, capacity)
+        if found is None:
+            lo = mid
+        else:
+            hi, best = mid, found
+        if hi - lo <= 1e-4 * hi:
+            break
+    spread = _spread(best, stages, f)
+    if len(spread) < stages:
+        return None
+    if any(f.nbytes(s, i, j) > capacity for s, (i, j) in enumerate(spread)):
+        return None  # a split moved pieces to a stage that holds more microbatches
+    return spread

@@ -1,0 +1,194 @@
+"""What one piece of a model costs on one tensor group at one microbatch size, from the e-graph.
+
+The stage search composes pipeline stages out of pieces (``unity_eq.split``: a transformer's layers). Each
+distinct piece is saturated once per (tensor-group size, microbatch size) on a one-axis mesh over the first
+devices of a node, and extracted several ways (unrestricted, data parallel, tensor parallel): every
+extraction is an intra-op plan of the piece, and :class:`PieceCost` keeps what the stage search needs of it —
+per-microbatch compute and collectives, the once-per-iteration gradient traffic inside the group, and the
+bytes each device holds. The piece enters and leaves replicated on its group (as Megatron-LM's layers do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from unity_eq.blocks import saturate_pieces
+from unity_eq.cost import CostModel, Objective
+from unity_eq.egraph import Limits
+from unity_eq.errors import ExtractionError, OptionError
+from unity_eq.extract import Extractor, Restriction
+from unity_eq.ir import Graph, Mesh
+from unity_eq.machine import Machine
+from unity_eq.memory import plan_memory
+from unity_eq.plan import Plan
+from unity_eq.report import cost_breakdown
+from unity_eq.rulesets import RuleFile
+from unity_eq.split import BlockSplit, Piece, split_graph
+
+__all__ = ["GraphAt", "PieceCost", "PieceTable", "price_pieces"]
+
+#: The model at a given batch size (the microbatch): the stage search asks for each size it tries.
+GraphAt = Callable[[int], Graph]
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PieceCost:
+    """One intra-op plan of one piece on a group of ``group`` devices, for one microbatch.
+
+    Seconds are per microbatch except ``gradient_s`` (the group's own gradient all-reduces: replicated weights
+    such as layer-norm scales, once per iteration). Bytes are per device.
+    """
+
+    extraction: str  # which extraction made it (greedy, data_parallel, tensor_parallel(x))
+    compute_s: float  # forward (and backward, in training) compute
+    comm_s: float  # activation collectives inside the group (forward and backward)
+    gradient_s: float
+    forward_s: float  # the forward pass alone (compute + its collectives): what recomputation repeats
+    weight_bytes: float
+    state_bytes: float  # gradients and optimizer state (training)
+    activation_bytes: float  # kept for the backward pass (training) or the peak alive (inference)
+    input_bytes: float  # the incoming activation, whole: what full recomputation keeps per microbatch
+    output_bytes: float  # the outgoing activation, whole: what a stage boundary sends
+    weight_itemsize: int  # bytes per weight element (mixed precision: 16-bit weights, fp32 master copy)
+
+    @property
+    def step_s(self) -> float:
+        """Forward (+ backward) of one microbatch: compute and the group's collectives."""
+        return self.compute_s + self.comm_s
+
+
+@dataclass
+class PieceTable:
+    """Every piece's intra-op options, per (group size, microbatch size)."""
+
+    pieces: list[Piece]  # in model order (from the split at the smallest microbatch)
+    options: dict[tuple[int, int], list[list[PieceCost]]]  # (group, microbatch) → per piece, its options
+    signatures: dict[tuple[int, int], int]  # distinct pieces saturated per (group, microbatch)
+    enodes: int = 0
+    saturate_s: float = 0.0
+
+    def costs(self, group: int, micro: int) -> list[list[PieceCost]]:
+        return self.options[(group, micro)]
+
+
+def _group_mesh(size: int) -> Mesh:
+    return Mesh(("x",), (size,), tuple(range(size)))
+
+
+def _extractions(extractor: Extractor) -> list[tuple[str, Plan]]:
+    found: list[tuple[str, Plan]] = []
+    for restriction in (Restriction(), Restriction.data_parallel(strict=False), Restriction.tensor_parallel("x")):
+        try:
+            extraction = extractor.extract(restriction)
+        except ExtractionError:
+            if restriction.name == "greedy":
+                raise
+            continue
+        found.append((restriction.name, extraction.plan))
+    return found
+
+
+def _weight_itemsize(graph: Graph, piece: Piece) -> int:
+    """Bytes per element of the piece's floating-point weights (the widest, when they differ)."""
+    sizes = [
+        graph.initializers[name].dtype.itemsize
+        for node in piece.nodes
+        for name in node.inputs
+        if name in graph.initializers and graph.initializers[name].dtype.kind == "f"
+    ]
+    return max(sizes, default=4)
+
+
+def _piece_cost(name: str, plan: Plan, graph: Graph, piece: Piece, objective: Objective) -> PieceCost:
+    breakdown = cost_breakdown(plan)
+    assert breakdown.communication_by_axis is not None  # a one-axis mesh has one
+    traffic = next(iter(breakdown.communication_by_axis.values()))
+    memory = plan_memory(plan)
+    itemsize = _weight_itemsize(graph, piece)
+    forward = (plan.cost.compute + traffic.forward_s) / objective.compute_factor if objective.training else 0.0
+    return PieceCost(
+        extraction=name,
+        compute_s=plan.cost.compute,
+        comm_s=traffic.forward_s + traffic.backward_s,
+        gradient_s=traffic.gradient_s,
+        forward_s=forward if objective.training else plan.cost.total,
+        weight_bytes=memory.weights,
+        state_bytes=memory.weight_state,
+        activation_bytes=memory.activations,
+        input_bytes=float(graph.types[piece.stream_in].nbytes) if piece.stream_in else 0.0,
+        output_bytes=float(graph.types[piece.stream_out].nbytes) if piece.stream_out else 0.0,
+        weight_itemsize=itemsize,
+    )
+
+
+def _price_split(
+    split: BlockSplit, group: int, machine: Machine, objective: Objective, rules: list[RuleFile], limits: Limits
+) -> tuple[dict[str, list[PieceCost]], int, float]:
+    """Each distinct piece of ``split`` saturated on a group of ``group`` devices and extracted."""
+    mesh = _group_mesh(group)
+    saturation = saturate_pieces(split, mesh, rules, limits)
+    model = CostModel(machine, mesh, objective)
+    found: dict[str, list[PieceCost]] = {}
+    for signature, sol in saturation.solutions.items():
+        inputs = frozenset({sol.piece.stream_in}) if sol.piece.stream_in is not None else frozenset()
+        extractor = Extractor(sol.data, sol.encoding, sol.graph, model, inputs)
+        found[signature] = [
+            _piece_cost(name, plan, split.graph, sol.piece, objective) for name, plan in _extractions(extractor)
+        ]
+    return found, saturation.total.enodes, saturation.total.seconds
+
+
+def price_pieces(
+    graph_at: GraphAt,
+    micro_sizes: Sequence[int],
+    group_sizes: Sequence[int],
+    machine: Machine,
+    objective: Objective,
+    rules: list[RuleFile],
+    limits: Limits | None = None,
+    *,
+    workers: int = 2,
+    say: Say | None = None,
+) -> PieceTable:
+    """Saturate and extract every distinct piece for each microbatch and group size (``workers`` at a time).
+
+    Raises OptionError when the model does not split into pieces, or splits differently at two microbatch
+    sizes (a cut that depends on the batch: the stages could not be the same pieces)."""
+    say = say or (lambda _m: None)
+    limits = limits or Limits()
+    splits: dict[int, BlockSplit] = {}
+    for micro in micro_sizes:
+        split = split_graph(graph_at(micro))
+        if split is None:
+            raise OptionError(
+                "the model does not split into pieces (no tensor is alone live between its layers), so it "
+                "cannot be cut into pipeline stages; plan it without `--pipeline`."
+            )
+        splits[micro] = split
+    first = splits[min(micro_sizes)]
+    for micro, split in splits.items():
+        if len(split.pieces) != len(first.pieces):
+            raise OptionError(
+                f"the model splits into {len(first.pieces)} pieces at microbatch {min(micro_sizes)} and "
+                f"{len(split.pieces)} at {micro}: its cuts depend on the batch size, so it cannot be staged."
+            )
+    jobs = [(g, m) for m in micro_sizes for g in group_sizes]
+    table = PieceTable(list(first.pieces), {}, {})
+
+    def run(job: tuple[int, int]) -> tuple[tuple[int, int], dict[str, list[PieceCost]], int, float]:
+        group, micro = job
+        found, enodes, seconds = _price_split(splits[micro], group, machine, objective, rules, limits)
+        return job, found, enodes, seconds
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for (group, micro), found, enodes, seconds in pool.map(run, jobs):
+            split = splits[micro]
+            table.options[(group, micro)] = [found[p.signature] for p in split.pieces]
+            table.signatures[(group, micro)] = len(found)
+            table.enodes += enodes
+            table.saturate_s += seconds
+            say(f"pieces on {group} device(s) at microbatch {micro}: {len(found)} distinct, {enodes} e-nodes")
+    return table

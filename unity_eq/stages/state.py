@@ -1,0 +1,64 @@
+"""Sharded weight state over the data-parallel axis (ZeRO, Rajbhandari et al., 2020; PyTorch FSDP).
+
+Each stage's weights live on its ``d`` data-parallel replicas. In training every replica holds, per byte of
+16-bit weight, the gradient (1 byte) and the optimizer state (Adam's two fp32 moments and an fp32 master
+copy: 6 bytes; ``memory.weight_state_factor``). Sharding trades memory for traffic:
+
+=====  =====================================  ======================================================
+stage  bytes per device                       traffic per step on the data-parallel axis
+=====  =====================================  ======================================================
+0      W + G + O                              all-reduce of the gradients
+1      W + G + O/d                            reduce-scatter of the gradients + all-gather of the
+                                              updated weights (the all-reduce's volume)
+2      W + (G + O)/d                          per microbatch a reduce-scatter of the gradients (a
+                                              device keeps only its shard, so it cannot accumulate
+                                              the others'), per step the all-gather of the weights
+3      (W + G + O)/d + two pieces' weights    per microbatch: all-gather each piece's weights for the
+       gathered at a time                     forward and again for the backward, reduce-scatter its
+                                              gradients
+=====  =====================================  ======================================================
+
+Prices come from the cost model's collectives on the data-parallel axis of the stage mesh, so a ``d`` group
+that spans nodes pays the network. Inference has no gradients or optimizer state: stage 3 then shards the
+weights alone (all-gathered before each use).
+"""
+
+from __future__ import annotations
+
+from unity_eq.cost import CostModel
+
+__all__ = ["ZERO_STAGES", "microbatch_traffic_s", "shard_factors", "step_traffic_s"]
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def shard_factors(zero: int, dp: int) -> tuple[float, float, float]:
+    """The fractions of its weights, gradients and optimizer state a device keeps under ZeRO stage ``zero``."""
+    if zero not in ZERO_STAGES:
+        raise ValueError(f"zero: expected one of {ZERO_STAGES}, got {zero}")
+    part = 1.0 / dp
+    return ((1.0, 1.0, 1.0), (1.0, 1.0, part), (1.0, part, part), (part, part, part))[zero]
+
+
+def step_traffic_s(zero: int, weights: float, dp: int, model: CostModel, training: bool, axis: str = "d") -> float:
+    """Once per step: the gradients' all-reduce (stage 0), or reduce-scatter + all-gather of the updated
+    weights (stage 1: the same volume, priced as one all-reduce), or the all-gather alone (stage 2, whose
+    gradients were reduce-scattered microbatch by microbatch); stage 3 synchronizes per microbatch."""
+    if not training or dp == 1 or zero == 3:
+        return 0.0
+    if zero == 2:
+        return model.all_gather(axis, weights)
+    return model.gradient_all_reduce(axis, weights)
+
+
+def microbatch_traffic_s(
+    zero: int, weights: float, dp: int, model: CostModel, training: bool, axis: str = "d"
+) -> float:
+    """Per microbatch: stage 2 reduce-scatters the gradients (a device keeps only its shard, so it cannot
+    accumulate the others'); stage 3 also all-gathers the weights for the forward and again for the backward."""
+    if dp == 1 or zero < 2:
+        return 0.0
+    scatter = model.reduce_scatter(axis, weights) if training else 0.0
+    if zero == 2:
+        return scatter
+    return (2 if training else 1) * model.all_gather(axis, weights) + scatter
