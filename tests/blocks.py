@@ -54,11 +54,12 @@ class BlockBuilder:
             "LayerNormalization", [x, scale, bias], f"{prefix}.out", (self.batch, self.seq, h), axis=-1, epsilon=1e-5
         )
 
-    def mlp(self, x: str, prefix: str, ffn: int) -> str:
-        """Pre-LN MLP block with a residual: x + W2·relu(W1·LN(x) + b1) + b2."""
+    def mlp(self, x: str, prefix: str, ffn: int, activation: str = "Relu") -> str:
+        """Pre-LN MLP block with a residual: x + W2·act(W1·LN(x) + b1) + b2 (``activation``: Relu, or Gelu as
+        GPT has it)."""
         b, s, h = self.batch, self.seq, self.hidden
         up = self.linear(self.layer_norm(x, f"{prefix}.ln"), f"{prefix}.up", h, ffn)
-        act = self.op("Relu", [up], f"{prefix}.relu", (b, s, ffn))
+        act = self.op(activation, [up], f"{prefix}.{activation.lower()}", (b, s, ffn))
         down = self.linear(act, f"{prefix}.down", ffn, h)
         return self.op("Add", [x, down], f"{prefix}.residual", (b, s, h))
 
@@ -100,14 +101,16 @@ def transformer_graph(
     heads: int = 32,
     layers: int = 1,
     dtype: str = "float16",
+    activation: str = "Relu",
 ) -> Graph:
-    """``layers`` repetitions of ``blocks`` ('a' attention, 'm' MLP) on X [batch, seq, hidden]."""
+    """``layers`` repetitions of ``blocks`` ('a' attention, 'm' MLP) on X [batch, seq, hidden]; the MLPs'
+    ``activation`` is Relu or Gelu (GPT's)."""
     builder = BlockBuilder(batch, seq, hidden, dtype)
     x = "X"
     for layer in range(layers):
         for i, kind in enumerate(blocks):
             prefix = f"l{layer}.{kind}{i}"
-            x = builder.mlp(x, prefix, ffn) if kind == "m" else builder.attention(x, prefix, heads)
+            x = builder.mlp(x, prefix, ffn, activation) if kind == "m" else builder.attention(x, prefix, heads)
     builder.nodes.append(Node("output", "Identity", (x,), ("Y",)))
     builder.types["Y"] = builder.t(batch, seq, hidden)
     return builder.graph(f"transformer-{blocks}x{layers}", "X", "Y")

@@ -6,9 +6,29 @@ part               bytes per device
 weights            the local pieces of the weights the device's ops read (a sliced weight counts its slice only)
 weight state       training only: a gradient of the same size, and Adam's two fp32 moments (plus an fp32 master
                    copy when the weight is 16-bit): ``(s + 8 + 4·[s < 4]) / s`` × the weight bytes, s = itemsize
-activations        inference: the peak of the tensors alive at once, running the steps in order; training: every
-                   activation the forward pass makes, kept for the backward pass
+activations        inference: the peak of the tensors alive at once, running the steps in order; training: the
+                   activations some op's backward pass needs (below), each storage counted once, and the plan's
+                   outputs (the loss reads them)
 =================  ===============================================================================================
+
+What a backward pass needs is its op family's ``saved`` hook (``unity_eq/ops/``), as PyTorch's autograd saves it:
+
+=========================================  =====================================================================
+ops                                        kept for the backward pass
+=========================================  =====================================================================
+MatMul, Gemm, Conv                         both operands (a weight operand is counted with the weights)
+Mul, Div, Pow, Max, Min, PRelu             both operands
+Gelu, Erf, Log, LayerNormalization…        their input
+Relu, Sigmoid, Tanh, Exp, Softmax…         their output
+Add, Sub, Neg, Cast, Concat, ReduceSum…    nothing
+Reshape, Transpose, Squeeze, Slice, Split  nothing: their output is a view of their input (no copy), so keeping
+                                           it keeps the input's storage, once
+an op without a family (carried opaquely)  every tensor input (the conservative guess)
+=========================================  =====================================================================
+
+A collective's output (AllGather, AllReduce) is stored when a consumer keeps it; Replicated is its source. A
+weight, what data layout makes of weights alone (the fused q/k/v weight) and a gathered weight are not
+activations.
 
 A plan fits when the total is at most the smallest device's usable memory (``memory × memory_fraction``).
 """
@@ -20,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from typing_extensions import assert_never
 
+from unity_eq.ops.registry import family_for, spec_for
 from unity_eq.plan import (
     AllGather,
     AllReduce,
@@ -143,13 +164,77 @@ def _is_activation_output(step: object, kinds: dict[str, str], name: str) -> boo
     return kinds.get(name) != "weight"
 
 
-def _stored_activations(plan: Plan, kinds: dict[str, str]) -> float:
-    total = 0.0
+def _kept_by(step: Compute) -> tuple[str, ...]:
+    """The tensors ``step``'s backward pass reads (its family's ``saved`` hook; every input for an opaque op)."""
+    spec = spec_for(step.op_type, step.domain)
+    family = family_for(step.op_type) if spec is not None else None
+    if spec is None or family is None or family.saved is None:
+        return step_inputs(step)
+    saved = family.saved(step.op_type)
+    kept = [_input(step, spec.input_index(arg)) for arg in saved.inputs]
+    if saved.output:
+        kept.extend(step_outputs(step))
+    return tuple(name for name in kept if name)
+
+
+def _input(step: Compute, index: int) -> str | None:
+    """The tensor at input position ``index`` (None: a literal, an absent optional input, past the end)."""
+    ref = step.inputs[index] if index < len(step.inputs) else None
+    return ref if isinstance(ref, str) else None
+
+
+def _storage(plan: Plan) -> dict[str, str]:
+    """Tensor -> the tensor whose storage it is: Replicated is its source, a view (Reshape, Transpose, Slice…,
+    the family's ``saved(op).view``) its input's storage; tensors that own their storage are not listed."""
+    base: dict[str, str] = {}
     for step in plan.steps:
-        for name in step_outputs(step):
-            if _is_activation_output(step, kinds, name):
-                total += plan.tensors[name].local_bytes(plan.mesh)
-    return total
+        source: str | None = None
+        if isinstance(step, Replicated):
+            source = step.src
+        elif isinstance(step, Compute):
+            spec = spec_for(step.op_type, step.domain)
+            family = family_for(step.op_type) if spec is not None else None
+            view = family.saved(step.op_type).view if family is not None and family.saved is not None else None
+            source = _input(step, spec.input_index(view)) if spec is not None and view is not None else None
+        if source is not None:
+            for name in step_outputs(step):
+                base[name] = base.get(source, source)
+    return base
+
+
+def _weight_like(plan: Plan, kinds: dict[str, str]) -> set[str]:
+    """Weights, and what data layout makes of weights alone (a Concat of the q, k and v weights: an initializer
+    once lowered, ``OpSpec.foldable``) or a collective gathers of them (the backward gathers again, as ZeRO-3
+    and FSDP do): none of them is an activation the backward keeps."""
+    like = {name for name, kind in kinds.items() if kind == "weight"}
+    for step in plan.steps:
+        match step:
+            case Compute(op_type=op, domain=domain):
+                spec = spec_for(op, domain)
+                names = step_inputs(step)
+                if spec is not None and spec.foldable and names and all(name in like for name in names):
+                    like.update(step_outputs(step))
+            case Slice(out=out, src=src) | Replicated(out=out, src=src) | AllGather(out=out, src=src):
+                if src in like:
+                    like.add(out)
+            case LoadInput() | LoadWeight() | AllReduce():
+                pass
+            case _:
+                assert_never(step)
+    return like
+
+
+def _stored_activations(plan: Plan, kinds: dict[str, str]) -> float:
+    """Bytes of the activations kept for the backward pass: every storage some op keeps, once, plus the plan's
+    outputs; a weight's storage is counted with the weights."""
+    base = _storage(plan)
+    kept: set[str] = set()
+    for step in plan.steps:
+        if isinstance(step, Compute):
+            kept.update(base.get(name, name) for name in _kept_by(step))
+    kept.update(base.get(name, name) for name in plan.outputs.values())
+    kept -= _weight_like(plan, kinds)
+    return float(sum(plan.tensors[name].local_bytes(plan.mesh) for name in kept))
 
 
 def _peak_live(plan: Plan, kinds: dict[str, str], alias: dict[str, str]) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import oa16
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, need, out_dtype, pool_out, window_attrs, window_defaults, window_positions
 
@@ -181,6 +181,12 @@ def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
     return v
 
 
+def saved(op: str) -> Saved:
+    """Conv keeps its input and its kernel (each one's gradient is a convolution with the other); the bias
+    needs nothing."""
+    return Saved(inputs=("X", "W"))
+
+
 CONV = OpFamily(
     name="conv",
     specs=SPECS,
@@ -195,4 +201,5 @@ CONV = OpFamily(
     ),
     axioms=axioms,
     normalize=normalize,
+    saved=saved,
 )

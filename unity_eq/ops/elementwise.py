@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import absent_options, broadcast_positions, shape_pool
-from unity_eq.ops.family import Instance, InstanceRanges, OpFamily
+from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, Saved
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, need
 
@@ -333,6 +333,37 @@ def _axioms_linear(v: Any) -> None:
         )
 
 
+# ----------------------------------------------------------------------------------------------------------
+# What the backward pass keeps (training memory), as PyTorch's derivatives.yaml saves it
+
+#: Unary ops whose gradient is computed from their output (``threshold_backward(grad, result)`` for Relu).
+_SAVE_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal"})
+#: Ops whose gradient is zero or undefined (rounding, comparisons, logic) or needs no tensor (Neg, Add, Sub,
+#: Cast): their backward keeps nothing.
+_SAVE_NOTHING = frozenset(
+    {"Neg", "Cast", "Floor", "Ceil", "Round", "Sign", "Not", "IsNaN", "Add", "Sub"}
+    | {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"}
+)
+
+
+def saved(op: str) -> Saved:
+    """Unary ops keep their input (Gelu, Erf, Log…) or their output (:data:`_SAVE_OUTPUT`); Identity is a view;
+    Mul, Div, Pow, Max, Min and PRelu keep both operands (each one's gradient reads the other), Where its
+    condition, Clip its input. PyTorch skips an operand when the other needs no gradient; we keep both (a
+    weight operand is counted with the weights anyway)."""
+    if op == "Identity":
+        return Saved(view="X")
+    if op in _SAVE_NOTHING:
+        return Saved()
+    if op in _SAVE_OUTPUT:
+        return Saved(output=True)
+    if op == "Where":
+        return Saved(inputs=("condition",))
+    if op == "Clip":
+        return Saved(inputs=("input",))
+    return Saved(inputs=tuple(arg.name for arg in _SPEC[op].args if arg.kind == "input"))
+
+
 ELEMENTWISE = OpFamily(
     name="elementwise",
     specs=SPECS,
@@ -348,4 +379,5 @@ ELEMENTWISE = OpFamily(
         "operands)"
     ),
     axioms=axioms,
+    saved=saved,
 )

@@ -19,7 +19,17 @@ from typing import Any, Protocol
 
 from unity_eq.ops.spec import OpSpec
 
-__all__ = ["IndexShape", "Instance", "InstanceRanges", "NodeView", "NotModeled", "OpCase", "OpFamily", "ShapeError"]
+__all__ = [
+    "IndexShape",
+    "Instance",
+    "InstanceRanges",
+    "NodeView",
+    "NotModeled",
+    "OpCase",
+    "OpFamily",
+    "Saved",
+    "ShapeError",
+]
 
 Shape = tuple[int, ...]
 
@@ -89,6 +99,23 @@ class OpCase:
     index: int | None = None
 
 
+@dataclass(frozen=True)
+class Saved:
+    """What an op's backward pass keeps of its forward pass, as PyTorch's autograd saves it: what training
+    memory counts as stored activations (``unity_eq/memory.py``).
+
+    ``inputs``: the input arguments (by spec name) the backward reads (MatMul: both operands; Gelu: its input);
+    a weight among them is counted with the weights, not as an activation. ``output``: the backward reads the
+    op's outputs (Relu, Softmax, Sigmoid). ``view``: the input argument whose storage the output shares
+    (Reshape, Transpose, Slice…: PyTorch returns a view, no copy), so saving the output keeps that input's
+    storage alive and costs nothing more when it is saved too. ``Saved()``: the backward needs nothing (Add,
+    Concat, comparisons)."""
+
+    inputs: tuple[str, ...] = ()
+    output: bool = False
+    view: str | None = None
+
+
 #: What ``instances`` yields: an :class:`OpCase`, or ``(tensors, attrs)`` for short.
 Instance = OpCase | tuple[Mapping[str, Any], Mapping[str, Any]]
 
@@ -110,7 +137,9 @@ class OpFamily:
     terms; raises :class:`NotModeled` for a node the constructor cannot express. ``guard_facts(op, values,
     node)``: literal-keyed facts for the guards of its rules that egglog cannot compute (``("reduce-map",
     axes, keepdims, rank, d, d2)``: ints and int tuples). ``implied_attrs``: ONNX attributes an op's
-    constructor states in another form (Split's ``num_outputs``: its sizes).
+    constructor states in another form (Split's ``num_outputs``: its sizes). ``saved(op)``: what the op's
+    backward pass keeps (:class:`Saved`), for training memory; without it (a plug-in that does not say) every
+    tensor input counts as kept, the conservative guess.
     """
 
     name: str
@@ -125,6 +154,7 @@ class OpFamily:
     normalize: Callable[[str, dict[str, Any], NodeView], dict[str, Any]] | None = None
     guard_facts: Callable[[str, Mapping[str, Any], NodeView], Iterable[tuple[Any, ...]]] | None = None
     implied_attrs: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    saved: Callable[[str], Saved] | None = None
 
     def __post_init__(self) -> None:
         if not self.specs:

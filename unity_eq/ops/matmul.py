@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import broadcast_positions, oa16
-from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, need
 
@@ -318,6 +318,12 @@ def axioms(v: Any) -> None:
     _axioms_gemm(v)
 
 
+def saved(op: str) -> Saved:
+    """MatMul and Gemm keep both operands (each one's gradient is the other times the output's); Gemm's C, a
+    bias, needs nothing. A weight operand is counted with the weights, an activation operand as stored."""
+    return Saved(inputs=("A", "B"))
+
+
 MATMUL = OpFamily(
     name="matmul",
     specs=SPECS,
@@ -333,4 +339,5 @@ MATMUL = OpFamily(
         " broadcasts"
     ),
     axioms=axioms,
+    saved=saved,
 )

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from unity_eq.ops.cases import other_shapes
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, check_axis, need, norm_axis, reduce_elements
 
@@ -141,6 +141,14 @@ def axioms(v: Any) -> None:
     )
 
 
+def saved(op: str) -> Saved:
+    """Softmax and LogSoftmax keep their output; LayerNormalization its input and scale (and two per-row
+    statistics, ``1/hidden`` of the input: not counted)."""
+    if op == "LayerNormalization":
+        return Saved(inputs=("X", "Scale"))
+    return Saved(output=True)
+
+
 NORMALIZATION = OpFamily(
     name="normalization",
     specs=SPECS,
@@ -152,4 +160,5 @@ NORMALIZATION = OpFamily(
     ranges="every shape of rank 1-3 with dims 1-4, every axis; LayerNormalization with and without B",
     axioms=axioms,
     normalize=normalize,
+    saved=saved,
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
     Shape,
@@ -382,6 +382,17 @@ def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
     return v
 
 
+def saved(op: str) -> Saved:
+    """The max poolings keep their input and the argmax (counted as their output's size); the average poolings
+    their input (PyTorch keeps it for its shape); LRN its input and output; BatchNormalization its input and
+    scale (the per-channel statistics are small)."""
+    if op in ("MaxPool", "GlobalMaxPool", "LRN"):
+        return Saved(inputs=("X",), output=True)
+    if op == "BatchNormalization":
+        return Saved(inputs=("X", "scale"))
+    return Saved(inputs=("X",))
+
+
 POOLING = OpFamily(
     name="pooling",
     specs=SPECS,
@@ -397,4 +408,5 @@ POOLING = OpFamily(
     ),
     axioms=axioms,
     normalize=normalize,
+    saved=saved,
 )

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from unity_eq.ops.cases import other_shapes
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, static, tensor
 from unity_eq.ops.tensors import Shape, need, norm_axis, reduce_elements
 
@@ -136,6 +136,14 @@ def axioms(v: Any) -> None:
     )
 
 
+def saved(op: str) -> Saved:
+    """ReduceMean and ReduceSum keep nothing (the gradient is broadcast back); ReduceMax and ReduceMin keep
+    their input and output (where the extremum was)."""
+    if op in ("ReduceMax", "ReduceMin"):
+        return Saved(inputs=("data",), output=True)
+    return Saved()
+
+
 REDUCE = OpFamily(
     name="reduce",
     specs=SPECS,
@@ -148,4 +156,5 @@ REDUCE = OpFamily(
     axioms=axioms,
     normalize=normalize,
     guard_facts=guard_facts,
+    saved=saved,
 )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import other_shapes, shape_pool
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, static, tensor
 from unity_eq.ops.tensors import Shape, bcast, need, norm_axis
 
@@ -303,6 +303,12 @@ def guard_facts(op: str, values: Mapping[str, Any], node: NodeView) -> Iterator[
         yield ("reshape-map", src, dst, d, d2)
 
 
+def saved(op: str) -> Saved:
+    """Every op here is a view of its input in PyTorch (``view``, ``permute``, ``expand``): no copy, and a
+    backward that only reshapes the gradient."""
+    return Saved(view="X" if op == "Flatten" else "input" if op == "Expand" else "data")
+
+
 RESHAPE = OpFamily(
     name="reshape",
     specs=SPECS,
@@ -320,4 +326,5 @@ RESHAPE = OpFamily(
     axioms=axioms,
     normalize=normalize,
     guard_facts=guard_facts,
+    saved=saved,
 )

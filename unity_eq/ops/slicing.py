@@ -23,6 +23,7 @@ from unity_eq.ops.family import (
     NotModeled,
     OpCase,
     OpFamily,
+    Saved,
     ShapeError,
 )
 from unity_eq.ops.spec import Arg, Family, OpSpec, int_attr, static, tensor
@@ -367,6 +368,16 @@ def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any
     }
 
 
+def saved(op: str) -> Saved:
+    """Slice and Split return views of their input, whose backward only places the gradient; Concat copies,
+    and its backward splits the gradient; Gather keeps its indices (the embedding's token ids)."""
+    if op == "Gather":
+        return Saved(inputs=("indices",))
+    if op in ("Slice", "Split"):
+        return Saved(view="data" if op == "Slice" else "input")
+    return Saved()
+
+
 SLICING = OpFamily(
     name="slicing",
     specs=SPECS,
@@ -385,4 +396,5 @@ SLICING = OpFamily(
     axioms=axioms,
     normalize=normalize,
     implied_attrs={"Split": frozenset({"num_outputs"})},
+    saved=saved,
 )

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, tensor
 
 __all__ = ["SPACE_TO_DEPTH"]
@@ -60,6 +60,12 @@ def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequenc
     return 0.0
 
 
+def saved(op: str) -> Saved:
+    """A permutation of its input's elements (PyTorch's ``pixel_unshuffle`` copies): its backward keeps
+    nothing."""
+    return Saved()
+
+
 SPACE_TO_DEPTH = OpFamily(
     name="space-to-depth",
     specs=SPECS,
@@ -69,4 +75,5 @@ SPACE_TO_DEPTH = OpFamily(
     instances=instances,
     flops=flops,
     ranges="every rank-4 input with dims 1-4 and every blocksize 1-4 that divides its height and width",
+    saved=saved,
 )
