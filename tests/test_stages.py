@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 from blocks import transformer_graph
+from conftest import run_cli
 
 from unity_eq.cost import TRAINING, CostModel
 from unity_eq.errors import InfeasiblePlanError
 from unity_eq.ir import Mesh
 from unity_eq.machine import load_machine
+from unity_eq.planfile.pipeline import read_pipeline_record
 from unity_eq.rulesets import default_rule_files, load_rule_files
 from unity_eq.stages import StageConfig, evaluate, price_pieces, stage_search
 from unity_eq.stages.partition import StageFunctions, partition
@@ -172,3 +174,86 @@ def test_nothing_fits_says_by_how_much(tiny_table, tmp_path: Path) -> None:  # t
     machine = _tiny_machine(tmp_path, 1e-6)
     with pytest.raises(InfeasiblePlanError, match=r"no stage configuration fits: .* GiB per device .*×"):
         stage_search(tiny_table, machine, TRAINING, 8, [1, 2])
+
+
+def _layered_model(path: Path, layers: int = 4, hidden: int = 32, seq: int = 8) -> Path:
+    """Pre-LN MLP layers over X [N, seq, hidden] with a dynamic batch N, 8 nodes a layer (one piece each)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = "X"
+    for k in range(layers):
+        p = f"l{k}"
+
+        def weight(name: str, *shape: int) -> str:
+            inits.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, name))
+            return name
+
+        nodes += [
+            helper.make_node(
+                "LayerNormalization", [x, weight(f"{p}.g", hidden), weight(f"{p}.b", hidden)], [f"{p}.ln"]
+            ),
+            helper.make_node("MatMul", [f"{p}.ln", weight(f"{p}.w1", hidden, 2 * hidden)], [f"{p}.up"]),
+            helper.make_node("Add", [f"{p}.up", weight(f"{p}.b1", 2 * hidden)], [f"{p}.upb"]),
+            helper.make_node("Relu", [f"{p}.upb"], [f"{p}.act"]),
+            helper.make_node("MatMul", [f"{p}.act", weight(f"{p}.w2", 2 * hidden, hidden)], [f"{p}.down"]),
+            helper.make_node("Add", [f"{p}.down", weight(f"{p}.b2", hidden)], [f"{p}.downb"]),
+            helper.make_node("Mul", [f"{p}.downb", weight(f"{p}.s", hidden)], [f"{p}.scaled"]),
+            helper.make_node("Add", [x, f"{p}.scaled"], [f"{p}.out"]),
+        ]
+        x = f"{p}.out"
+    nodes.append(helper.make_node("Identity", [x], ["Y"]))
+    graph = helper.make_graph(
+        nodes,
+        "layers",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", seq, hidden])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", seq, hidden])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_optimize_pipeline_writes_a_plan_explain_reads_and_run_refuses(tmp_path: Path) -> None:
+    model = _layered_model(tmp_path / "layers.onnx")
+    machine = tmp_path / "tiny.toml"
+    machine.write_text(MACHINE_TOML.format(memory=80))
+    plan = tmp_path / "plan"
+    args = ["optimize", str(model), "--machine", str(machine), "--nodes", "2", "--objective", "training"]
+    proc = run_cli(*args, "--pipeline", "--batch", "8", "-o", str(plan), "--no-generated-rules", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "pipeline plan for" in proc.stdout
+    assert sorted(p.name for p in plan.iterdir()) == ["plan.json"]
+    record = read_pipeline_record(plan / "plan.json")
+    assert record.batch == 8 and record.devices == 4
+    c = record.chosen
+    assert c.tensor * c.stages * c.data == 4 and c.data * c.microbatch * c.microbatches == 8
+    assert record.search.microbatch_sizes == (1, 2, 4) and record.search.pieces == 4
+    # the stages cover the pieces in order, each once
+    assert [s.pieces[0] for s in record.stages] == [0, *(s.pieces[1] for s in record.stages[:-1])]
+    assert record.stages[-1].pieces[1] == 4
+    text = run_cli("explain", str(plan))
+    assert text.returncode == 0, text.stderr
+    assert "stage" in text.stdout and "schedule of the first" in text.stdout
+    picture = run_cli("explain", str(plan), "--format", "svg")
+    assert picture.returncode == 0, picture.stderr
+    assert (plan / "plan.svg").read_text().startswith("<svg")
+    for command in ("run", "check"):
+        extra = [str(plan)] if command == "run" else [str(model), str(plan)]
+        refused = run_cli(command, *extra)
+        assert refused.returncode == 2
+        assert "pipeline plan" in refused.stderr and "not lowered" in refused.stderr
+        assert "Traceback" not in refused.stderr
+
+
+def test_optimize_pipeline_refuses_options_that_do_not_apply(tmp_path: Path) -> None:
+    model = _layered_model(tmp_path / "layers.onnx", layers=2)
+    proc = run_cli("optimize", str(model), "--devices", "2", "--pipeline", "--mesh", "2", "--batch", "4")
+    assert proc.returncode == 2 and "`--mesh` do not apply to `--pipeline`" in proc.stderr
+    proc = run_cli("optimize", str(model), "--devices", "2", "--batch", "4")
+    assert proc.returncode == 2 and "pass it with `--pipeline`" in proc.stderr
+    proc = run_cli("optimize", str(model), "--devices", "2", "--pipeline")
+    assert proc.returncode == 2 and "pass `--batch N`" in proc.stderr

@@ -25,8 +25,9 @@ from unity_eq.progress import Tracker
 from unity_eq.report import cost_breakdown
 from unity_eq.rulesets import default_rule_files, load_rule_files, rules_dir
 from unity_eq.search import SearchResult, search
+from unity_eq.stages.run import PipelineResult
 
-__all__ = ["OptimizeResult", "optimize"]
+__all__ = ["OptimizeResult", "optimize", "optimize_pipeline"]
 
 Progress = Callable[[str], None]
 
@@ -274,3 +275,43 @@ def _saturation(saturation: SaturationResult, enodes: int) -> SaturationRecord:
         seconds=round(saturation.seconds, 3),
         worker_peak_mib=round(saturation.worker_peak_mib, 1),
     )
+
+
+def optimize_pipeline(
+    model: str | Path,
+    *,
+    devices: int | None = None,
+    machine: Machine | str | Path | None = None,
+    nodes: int | None = None,
+    interconnect: str | None = None,
+    output_dir: str | Path | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    objective: str = "training",
+    batch: int | None = None,
+    limits: Limits | None = None,
+    rule_files: Sequence[Path] | None = None,
+    generated_rules: bool = True,
+    progress: Progress | None = None,
+) -> PipelineResult:
+    """``optimize --pipeline``: the stage search (unity_eq.stages) over pipeline stages, data replicas and tensor
+    groups, microbatches, schedule, recomputation and ZeRO; with ``output_dir``, a plan directory holding the
+    pipeline plan's plan.json (no device files: pipeline plans are not lowered yet). ``batch``: samples per
+    step (default: the model's batch, dimension 0 of its inputs)."""
+    from unity_eq.stages.run import graph_at_batch, plan_stages
+
+    say = progress or (lambda _msg: None)
+    chosen_machine = _machine_for(devices, machine, nodes, interconnect)
+    if objective not in OBJECTIVES:
+        raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
+    if batch is not None and batch < 1:
+        raise OptionError(f"`--batch` must be at least 1, got {batch}.")
+    target = Path(output_dir) if output_dir is not None else None
+    if target is not None:
+        check_output_dir(target)
+    if rule_files is not None:
+        check_rule_files(rule_files)
+    rules = load_rule_files(list(rule_files) if rule_files is not None else default_rule_files(generated_rules))
+    say(f"loading {model}")
+    graph_at, per_step, micro = graph_at_batch(Path(model), input_shapes, batch)
+    say(f"machine {chosen_machine.describe()}; batch {per_step} per step")
+    return plan_stages(graph_at, per_step, micro, chosen_machine, OBJECTIVES[objective], rules, limits, target, say)

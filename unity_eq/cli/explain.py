@@ -42,6 +42,11 @@ def explain(
     if as_json and fmt not in ("text", "json"):
         raise OptionError(f"`--json` and `--format {fmt}` disagree: pass one of them.")
     fmt = "json" if as_json else fmt
+    from unity_eq.planfile.pipeline import is_pipeline_plan
+
+    if is_pipeline_plan(plan_dir / "plan.json"):
+        _explain_pipeline(plan_dir, fmt, output)
+        return
     if fmt in ("dot", "svg", "html"):
         from unity_eq.picture import write_picture
 
@@ -66,5 +71,35 @@ def explain(
         return
     from unity_eq.files import write_file_atomic
 
+    write_file_atomic(output, text + "\n", "`-o`")
+    out.print(f"wrote {output}", markup=False)
+
+
+def _explain_pipeline(plan_dir: Path, fmt: str, output: Path | None) -> None:
+    """A pipeline plan: its report as text or JSON, or its schedule as a picture (svg, html)."""
+    import json
+
+    from unity_eq.explain.pipeline import render_pipeline
+    from unity_eq.files import write_file_atomic
+    from unity_eq.planfile.pipeline import read_pipeline_record
+
+    record = read_pipeline_record(plan_dir / "plan.json")
+    if fmt in ("svg", "html"):
+        from unity_eq.picture.timeline import timeline_html, timeline_svg
+
+        target = output if output is not None else plan_dir / f"plan.{fmt}"
+        check_output_file(target, "`-o`")
+        write_file_atomic(target, timeline_svg(record) if fmt == "svg" else timeline_html(record), "`-o`")
+        out.print(f"wrote {target}", markup=False)
+        return
+    if fmt == "dot":
+        raise OptionError("a pipeline plan has no parallel computation graph to draw as DOT: use `--format svg|html`.")
+    if fmt not in ("text", "json"):
+        raise OptionError(f"`--format`: expected text, json, svg or html for a pipeline plan; got {fmt!r}.")
+    text = json.dumps(record.to_json(), indent=1) if fmt == "json" else render_pipeline(record)
+    if output is None:
+        out.print(text, markup=False)
+        return
+    check_output_file(output, "`-o`")
     write_file_atomic(output, text + "\n", "`-o`")
     out.print(f"wrote {output}", markup=False)

@@ -58,6 +58,13 @@ def optimize(
     check_plan: bool = typer.Option(
         False, "--check", help="Then run `unity-eq check` on the plan written (exit 1 when it does not match)."
     ),
+    pipeline: bool = typer.Option(
+        False,
+        "--pipeline",
+        help="Search pipeline stages × data × tensor groups, microbatches, schedule, recomputation and ZeRO "
+        "(docs/pipeline.md); writes plan.json only.",
+    ),
+    batch: int = typer.Option(None, "--batch", help="With --pipeline: samples per step (default: the model's batch)."),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
@@ -78,6 +85,36 @@ def optimize(
     rule_files = None
     if rules:
         rule_files = default_rule_files(not no_generated_rules) + list(rules)
+    if batch is not None and not pipeline:
+        raise OptionError("`--batch` sets the samples per step of a pipeline: pass it with `--pipeline`.")
+    if pipeline:
+        forced = [name for name, given in (("--mesh", mesh), ("--profile", profile), ("--check", check_plan)) if given]
+        if forced or extractor != "greedy" or blocks != "auto":
+            names = (
+                forced + (["--extractor"] if extractor != "greedy" else []) + (["--blocks"] if blocks != "auto" else [])
+            )
+            raise OptionError(
+                f"{', '.join(f'`{n}`' for n in names)} do not apply to `--pipeline` plans; leave them out."
+            )
+        from unity_eq.pipeline import optimize_pipeline
+
+        staged = optimize_pipeline(
+            model,
+            devices=devices,
+            machine=machine,
+            nodes=nodes,
+            interconnect=interconnect,
+            output_dir=target,
+            input_shapes=input_shapes(input_shape),
+            objective=objective,
+            batch=batch,
+            limits=limits,
+            rule_files=rule_files,
+            generated_rules=not no_generated_rules,
+            progress=progress_printer(quiet),
+        )
+        _print_pipeline_summary(staged)
+        return
     live = live_display(quiet)
     with live or contextlib.nullcontext():
         result = run_optimize(
@@ -166,6 +203,20 @@ def _print_plan_summary(result: Any) -> None:
     table.add_row("search", f"{enodes} e-nodes, {iterations} iterations ({stop}), " + _search_time(result.timings))
     if result.plan_dir is not None:
         table.add_row("written to", str(result.plan_dir))
+    out.print(table)
+
+
+def _print_pipeline_summary(result: Any) -> None:
+    from unity_eq.explain.pipeline import summary_rows
+
+    record = result.record
+    table = Table(title=f"pipeline plan for {record.model}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in summary_rows(record):
+        table.add_row(key, value)
+    if result.plan_dir is not None:
+        table.add_row("written to", f"{result.plan_dir} (plan.json; `unity-eq explain {result.plan_dir}` shows it)")
     out.print(table)
 
 

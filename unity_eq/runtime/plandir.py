@@ -15,6 +15,7 @@ import onnx
 
 from unity_eq.errors import OptionError, PlanError, RuntimeBackendError
 from unity_eq.planfile import InputRecord, RunRecord, read_run_record
+from unity_eq.planfile.pipeline import refuse_pipeline_plan
 
 
 @dataclass
@@ -62,6 +63,7 @@ def load_plan_dir(path: str | Path, check_files: bool = True) -> PlanDir:
     meta_path = root / "plan.json"
     if not meta_path.exists():
         raise PlanError(f"{root}: no plan.json. Pass the directory written by `unity-eq optimize`.")
+    refuse_pipeline_plan(meta_path, "run` and `check")
     plan = PlanDir(root, read_run_record(meta_path))
     for rank in range(plan.world_size if check_files else 0):
         check_rank_file(plan, rank)

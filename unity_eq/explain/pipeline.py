@@ -1,0 +1,107 @@
+"""``explain`` of a pipeline plan (``optimize --pipeline``): the configuration, the stages and the schedule as
+a text timeline."""
+
+from __future__ import annotations
+
+from unity_eq.planfile.pipeline import ConfigRecord, PipelinePlanRecord
+from unity_eq.stages.timeline import Slot, simulate
+
+__all__ = ["render_pipeline", "summary_rows", "timeline_text"]
+
+WIDTH = 96
+SHOWN_MICROBATCHES = 12  # the timeline shows the first ones: the rest repeat the steady state
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def _config_text(c: ConfigRecord) -> str:
+    return (
+        f"t={c.tensor} × p={c.stages} × d={c.data}: {c.microbatches} microbatches of {c.microbatch}, {c.schedule}, "
+        f"recompute {c.recompute}, ZeRO-{c.zero} (ranks {'pipeline, data' if c.order == 'pdt' else 'data, pipeline'}"
+        ", tensor fastest)"
+    )
+
+
+def summary_rows(record: PipelinePlanRecord) -> list[tuple[str, str]]:
+    """The key facts, as (label, text) rows: the CLI's summary table and the head of the report."""
+    c = record.chosen
+    rows = [
+        ("machine", f"{record.machine}: {record.devices} devices in {record.nodes} node(s)"),
+        ("objective", f"{record.objective}, batch {record.batch} per step"),
+        ("configuration", _config_text(c)),
+        (
+            "predicted step",
+            f"{c.step_s * 1e3:.1f} ms (pipeline {c.pipeline_s * 1e3:.1f} ms, bubble {c.bubble:.1%}; "
+            f"gradient sync and optimizer {c.sync_s * 1e3:.1f} ms)",
+        ),
+        ("memory per device", f"{_gib(c.peak_bytes)} at the fullest stage of {_gib(record.capacity_bytes)} usable"),
+    ]
+    flat = record.without_pipeline
+    if flat is not None and c.stages > 1:
+        rows.append(("without a pipeline", f"{flat.step_s / c.step_s:.2f}× the step ({_config_text(flat)})"))
+    elif flat is None:
+        rows.append(("without a pipeline", "nothing fits in memory"))
+    s = record.search
+    rows.append(
+        (
+            "search",
+            f"{s.evaluated} configurations ({s.fitting} fit), {s.pieces} pieces ({s.distinct_pieces} distinct) "
+            f"saturated at {s.saturations} (group, microbatch) sizes, {s.enodes} e-nodes, {s.seconds:.1f} s",
+        )
+    )
+    return rows
+
+
+def timeline_text(record: PipelinePlanRecord, width: int = WIDTH) -> list[str]:
+    """One row per stage (the first and last few when there are many): digits are forwards of microbatch
+    0-9 (mod 10), letters a-j their backwards, dots idle time."""
+    c = record.chosen
+    shown = min(c.microbatches, SHOWN_MICROBATCHES)
+    slots = simulate([st.seconds for st in record.stages], shown, c.schedule, record.objective == "training")
+    end = max(s.end for s in slots)
+    rows: dict[int, list[str]] = {st.index: ["."] * width for st in record.stages}
+    for slot in slots:
+        _paint(rows[slot.stage], slot, end, width)
+    stages = [st.index for st in record.stages]
+    if len(stages) > 8:
+        stages = [*stages[:4], -1, *stages[-3:]]
+    lines = [
+        f"schedule of the first {shown} of {c.microbatches} microbatches ({c.schedule}; {end * 1e3:.1f} ms shown): "
+        "0-9 forward, a-j backward, . idle"
+    ]
+    for index in stages:
+        lines.append("  ⋮" if index < 0 else f"  stage {index:>3} |{''.join(rows[index])}|")
+    return lines
+
+
+def _paint(row: list[str], slot: Slot, end: float, width: int) -> None:
+    first = int(slot.start / end * width)
+    last = max(first + 1, round(slot.end / end * width))
+    mark = "abcdefghij"[slot.microbatch % 10] if slot.backward else str(slot.microbatch % 10)
+    for k in range(first, min(last, width)):
+        row[k] = mark
+
+
+def render_pipeline(record: PipelinePlanRecord) -> str:
+    """The whole text report."""
+    lines = [f"pipeline plan for {record.model}"]
+    lines += [f"  {label}: {text}" for label, text in summary_rows(record)]
+    lines.append("")
+    lines.append("stages (time per microbatch; memory per device: weights + gradients/optimizer state + activations)")
+    for st in record.stages:
+        lines.append(
+            f"  stage {st.index:>3}: pieces {st.pieces[0]}-{st.pieces[1] - 1} ({st.first_node} … {st.last_node}) "
+            f"on ranks {st.ranks}: {st.seconds * 1e3:.2f} ms; {_gib(st.weight_bytes)} + "
+            f"{_gib(st.weight_state_bytes)} + {_gib(st.activation_bytes)} = {_gib(st.total_bytes)}"
+            + (f"; sends {st.sends}" if st.sends else "")
+        )
+    lines.append("")
+    lines += timeline_text(record)
+    lines.append("")
+    lines.append(
+        "not lowered: pipeline plans are planned and explained; `run` and `check` need a plan written without "
+        "`--pipeline` (docs/pipeline.md)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""A pipeline plan's plan.json (``optimize --pipeline``): the stage search's choice, its stages and how it
+compares, as :class:`PipelinePlanRecord`; written and read here like every plan.json record.
+
+It is marked by ``"plan": "pipeline"`` and holds no device files: pipeline plans are planned and explained,
+not lowered yet (docs/pipeline.md); ``run`` and ``check`` say so instead of failing on a missing field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from unity_eq.errors import PlanError
+from unity_eq.planfile.checks import PLAN_FORMAT_VERSION, REDO
+from unity_eq.planfile.codec import Record
+
+__all__ = [
+    "PIPELINE_PLAN",
+    "ConfigRecord",
+    "PipelinePlanRecord",
+    "StageRecord",
+    "StageSearchRecord",
+    "is_pipeline_plan",
+    "read_pipeline_record",
+    "refuse_pipeline_plan",
+    "write_pipeline_json",
+]
+
+PIPELINE_PLAN = "pipeline"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigRecord(Record):
+    """A configuration of the stage search and its predicted step (unity_eq.stages.StagePlan)."""
+
+    tensor: int  # devices per tensor group (t)
+    stages: int  # pipeline stages (p)
+    data: int  # data-parallel replicas of each stage (d)
+    microbatch: int  # samples per microbatch on one replica
+    microbatches: int  # per step (m): batch = d · m · microbatch
+    schedule: str  # 1f1b or gpipe
+    recompute: str  # none or full
+    zero: int  # ZeRO stage over the data axis (0-3)
+    order: str  # rank order, slowest axis first (pdt: stages across data replicas; dpt: the other way)
+    policy: str  # which intra-op plan of each piece (fastest, sharded, smallest)
+    step_s: float
+    pipeline_s: float
+    sync_s: float
+    bubble: float
+    peak_bytes: float
+    fits: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageRecord(Record):
+    """One pipeline stage: its pieces and nodes, devices, time per microbatch and memory per device."""
+
+    index: int
+    pieces: tuple[int, ...]  # [first, end) in the model's pieces
+    first_node: str
+    last_node: str
+    receives: str | None  # the activation it gets from the previous stage (None: the model inputs)
+    sends: str | None  # the activation it passes on (None: the model outputs)
+    ranks: str  # its devices, e.g. "0-63" or "0-7, 64-71" (rank = device)
+    seconds: float  # forward (and backward) of one microbatch, sends included
+    weight_bytes: float
+    weight_state_bytes: float
+    activation_bytes: float
+    total_bytes: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageSearchRecord(Record):
+    """How the stage search went."""
+
+    evaluated: int
+    fitting: int
+    saturations: int  # (tensor-group size, microbatch) pairs whose pieces were saturated
+    enodes: int
+    pieces: int
+    distinct_pieces: int
+    microbatch_sizes: tuple[int, ...]
+    group_sizes: tuple[int, ...]
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelinePlanRecord(Record):
+    """plan.json of a pipeline plan (docs/plan-format.md, "Pipeline plans")."""
+
+    format_version: int
+    plan: str  # always "pipeline"
+    unity_eq_version: str
+    model: str
+    source: str | None
+    objective: str
+    batch: int
+    machine: str
+    devices: int
+    nodes: int
+    capacity_bytes: float
+    chosen: ConfigRecord
+    stages: tuple[StageRecord, ...]
+    without_pipeline: ConfigRecord | None  # the best configuration with one stage
+    search: StageSearchRecord
+
+
+def write_pipeline_json(path: Path, record: PipelinePlanRecord) -> None:
+    path.write_text(json.dumps(record.to_json(), indent=1))
+
+
+def _raw(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanError(f"{path}: unreadable plan.json ({exc}). {REDO}") from None
+
+
+def is_pipeline_plan(path: Path) -> bool:
+    """Whether ``path`` (a plan.json) holds a pipeline plan; False when unreadable (the reader says why)."""
+    try:
+        raw = _raw(path)
+    except PlanError:
+        return False
+    return isinstance(raw, dict) and raw.get("plan") == PIPELINE_PLAN
+
+
+def refuse_pipeline_plan(path: Path, command: str) -> None:
+    """``run``/``check`` on a pipeline plan: one PlanError saying what it is and what works."""
+    if is_pipeline_plan(path):
+        raise PlanError(
+            f"{path}: a pipeline plan (`optimize --pipeline`) has no device files: pipeline plans are planned and "
+            f"explained, not lowered yet, so `{command}` cannot run it. `unity-eq explain {path.parent}` shows it; "
+            "`unity-eq optimize` without `--pipeline` writes a plan that runs."
+        )
+
+
+def read_pipeline_record(path: Path) -> PipelinePlanRecord:
+    raw = _raw(path)
+    if not isinstance(raw, dict) or raw.get("plan") != PIPELINE_PLAN:
+        raise PlanError(f'{path}: not a pipeline plan (no "plan": "pipeline"). {REDO}')
+    if raw.get("format_version") != PLAN_FORMAT_VERSION:
+        raise PlanError(
+            f"{path}: plan format version {raw.get('format_version')!r}, this unity-eq reads {PLAN_FORMAT_VERSION}. "
+            f"{REDO}"
+        )
+    return PipelinePlanRecord.from_json(raw, path, "")
