@@ -58,6 +58,9 @@ def optimize(
     check_plan: bool = typer.Option(
         False, "--check", help="Then run `unity-eq check` on the plan written (exit 1 when it does not match)."
     ),
+    plan_only: bool = typer.Option(
+        False, "--plan-only", help="Write plan.json alone: no device files, no weight read (weights may be absent)."
+    ),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
@@ -68,6 +71,8 @@ def optimize(
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
     if not memory_limit > 0:
         raise OptionError(f"`--memory-limit`: expected a positive number of GiB, got {memory_limit:g}.")
+    if plan_only and check_plan:
+        raise OptionError("`--check` runs the device files, which `--plan-only` does not write. Pass one of them.")
     target = output or model.with_suffix(".plan")
     limits = Limits(
         max_iterations=max_iterations,
@@ -100,6 +105,7 @@ def optimize(
             extractor=extractor,
             ilp_time_limit=ilp_time_limit,
             tracker=live,
+            plan_only=plan_only,
         )
     _print_plan_summary(result)
     if check_plan and result.plan_dir is not None:
@@ -165,7 +171,8 @@ def _print_plan_summary(result: Any) -> None:
     enodes, iterations, stop = (sat.enodes, sat.iterations, sat.stop_reason) if sat else (None, None, None)
     table.add_row("search", f"{enodes} e-nodes, {iterations} iterations ({stop}), " + _search_time(result.timings))
     if result.plan_dir is not None:
-        table.add_row("written to", str(result.plan_dir))
+        only = " (plan.json only: --plan-only)" if result.lowered is not None and result.lowered.plan_only else ""
+        table.add_row("written to", f"{result.plan_dir}{only}")
     out.print(table)
 
 
