@@ -30,20 +30,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper
 from unity_eq.frontends.onnx_fold import fold_to_fixpoint, unique_name, used_names
 from unity_eq.frontends.onnx_inputs import fix_input_shapes, parse_input_shape
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, run_checker, upgrade
-from unity_eq.frontends.onnx_read import model_fingerprint, read_model
+from unity_eq.frontends.onnx_read import model_fingerprint, read_model, shape_only
 
-from unity_eq.errors import ModelError
+from unity_eq.errors import ModelError, OptionError
 from unity_eq.ir import Graph, Node, TensorType
 
 __all__ = ["MIN_OPSET", "load_onnx", "parse_input_shape"]
 
 
-def load_onnx(path: str | Path | onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def load_onnx(
+    path: str | Path | onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    weight_inputs: Sequence[str] = (),
+) -> Graph:
     """Read an ONNX model into a :class:`Graph` in which every tensor has a static shape and a dtype.
 
     Args:
@@ -51,6 +56,9 @@ def load_onnx(path: str | Path | onnx.ModelProto, input_shapes: Mapping[str, Seq
             memory (checked as a file is, and left unchanged), whose weights are those it holds.
         input_shapes: shapes for model inputs, overriding the declared ones; required for every input with a
             dynamic dimension.
+        weight_inputs: model inputs that are weights (a model exported with its parameters as inputs): each
+            becomes a shape-only weight, named in ``Graph.missing_weights`` (its values come at run time), so
+            it is priced as a weight (optimizer state, gradient all-reduce), not as an activation.
 
     Returns:
         The graph. Nodes are in topological order and have unique names: a node without a name, or with one
@@ -78,6 +86,7 @@ def load_onnx(path: str | Path | onnx.ModelProto, input_shapes: Mapping[str, Seq
     run_checker(work, where)
     upgrade(work)
     work.inputs = fix_input_shapes(work.inputs, input_shapes or {}, where)
+    _inputs_as_weights(work, weight_inputs)
     if input_shapes:
         work.value_info = []  # declared intermediate shapes may contradict the new input shapes
     types = fold_to_fixpoint(work)
@@ -85,6 +94,21 @@ def load_onnx(path: str | Path | onnx.ModelProto, input_shapes: Mapping[str, Seq
     graph.fingerprint = fingerprint
     graph.missing_weights = {name: why for name, why in work.missing.items() if name in graph.initializers}
     return graph
+
+
+def _inputs_as_weights(work: Work, names: Sequence[str]) -> None:
+    """Turn the model inputs ``names`` (their shapes fixed already) into shape-only weights whose data is
+    missing: the model reads them at run time, so there are no bytes to lower, but the plan is a weight's."""
+    by_name = {i.name: i for i in work.inputs}
+    for name in names:
+        if name not in by_name:
+            valid = ", ".join(repr(n) for n in by_name) or "none"
+            raise OptionError(f"`--weight-input {name}`: the model has no input {name!r}; its inputs are {valid}.")
+        tensor = by_name[name].type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        work.consts[name] = shape_only(np.dtype(dtype), tuple(d.dim_value for d in tensor.shape.dim))
+        work.missing[name] = "a model input declared a weight by `--weight-input`: its values come at run time"
+    work.inputs = [i for i in work.inputs if i.name not in set(names)]
 
 
 # ------------------------------------------------------------------------------------------ building the IR

@@ -19,7 +19,7 @@ import pytest
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 
-from unity_eq.errors import ModelError
+from unity_eq.errors import ModelError, OptionError
 from unity_eq.frontends.onnx import load_onnx
 from unity_eq.pipeline import optimize
 
@@ -196,3 +196,30 @@ def test_initializers_listed_as_graph_inputs_are_weights(tmp_path: Path) -> None
     memory, expected = old_style.plan.report.memory, plain.plan.report.memory
     assert memory is not None and memory.weight_state_bytes > 0
     assert memory == expected
+
+
+def _parameters_as_inputs() -> onnx.ModelProto:
+    """The MLP exported with its parameters as graph inputs and no initializers (``export_params=False``)."""
+    model = _mlp(weights_as_inputs=True)
+    del model.graph.initializer[:]
+    return model
+
+
+def test_weight_inputs_are_planned_as_weights(tmp_path: Path) -> None:
+    """Without `--weight-input` parameters given as inputs are activations: no optimizer state. Declared,
+    they are priced as the same model's initializers are, and only a plan-only plan is made of them."""
+    as_inputs = optimize(_parameters_as_inputs(), devices=2, mesh="2", objective="training")
+    memory = as_inputs.plan.report.memory
+    assert memory is not None and memory.weight_state_bytes == 0
+    declared = optimize(_parameters_as_inputs(), devices=2, mesh="2", objective="training", weight_inputs=["w1", "w2"])
+    initializers = optimize(_mlp(), devices=2, mesh="2", objective="training")
+    assert list(declared.graph.inputs) == ["x"]
+    assert declared.plan.report.memory == initializers.plan.report.memory
+    assert declared.plan.cost.total == pytest.approx(initializers.plan.cost.total)
+    with pytest.raises(ModelError, match=r"weight 'w1' has no data \(a model input declared a weight by"):
+        optimize(_parameters_as_inputs(), devices=2, weight_inputs=["w1", "w2"], output_dir=tmp_path / "plan")
+
+
+def test_weight_input_must_name_a_model_input() -> None:
+    with pytest.raises(OptionError, match=r"`--weight-input w3`: the model has no input 'w3'; its inputs are"):
+        load_onnx(_parameters_as_inputs(), weight_inputs=["w3"])

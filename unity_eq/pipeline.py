@@ -96,6 +96,7 @@ def optimize(
     ilp_time_limit: float = 60.0,
     tracker: Tracker | None = None,
     plan_only: bool = False,
+    weight_inputs: Sequence[str] = (),
 ) -> OptimizeResult:
     """Find a parallel plan for ``model`` and, with ``output_dir``, write it as a plan directory.
 
@@ -115,6 +116,9 @@ def optimize(
     ``plan_only`` writes ``output_dir/plan.json`` alone (no device files, no weight read): a weight whose
     external data is absent is planned from its dtype and shape, and without ``plan_only`` such a model is
     refused (ModelError) before the search starts, since lowering would need the missing bytes.
+    ``weight_inputs`` names model inputs that are weights (parameters exported as inputs): planned as
+    weights (optimizer state, gradient all-reduce), with no bytes to lower (their values come at run time),
+    so only plan-only plans are made of them.
 
     ``timings`` holds each stage's wall time (``load_s``, ``search_s``, ``ilp_s``, ``lower_s``, the whole
     ``wall_s``) and ``worker_s``, the meshes' saturation and extraction time summed over the workers that
@@ -159,7 +163,7 @@ def optimize(
         from unity_eq.frontends.onnx import load_onnx
 
         say(f"loading {model if isinstance(model, str | Path) else 'the model (in memory)'}")
-        graph = load_onnx(model, input_shapes)
+        graph = load_onnx(model, input_shapes, weight_inputs)
     if output_dir is not None and not plan_only:
         refuse_missing_weights(graph)  # before the search: lowering would refuse it, minutes later
     timings["load_s"] = time.perf_counter() - start

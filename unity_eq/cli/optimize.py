@@ -61,6 +61,9 @@ def optimize(
     plan_only: bool = typer.Option(
         False, "--plan-only", help="Write plan.json alone: no device files, no weight read (weights may be absent)."
     ),
+    weight_input: list[str] = typer.Option(
+        [], "--weight-input", help="A model input that is a weight (parameters exported as inputs; repeatable)."
+    ),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
@@ -106,6 +109,7 @@ def optimize(
             ilp_time_limit=ilp_time_limit,
             tracker=live,
             plan_only=plan_only,
+            weight_inputs=weight_input,
         )
     _print_plan_summary(result)
     if check_plan and result.plan_dir is not None:
