@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from unity_eq.errors import ModelError, OptionError
 from unity_eq.frontends.onnx import load_onnx
+from unity_eq.lower import lower, write_plan_dir
 from unity_eq.pipeline import optimize
 
 HIDDEN = 64
@@ -100,6 +101,12 @@ def test_lowering_refuses_absent_data_before_writing(tmp_path: Path) -> None:
     (tmp_path / "m" / "model.data").unlink()
     with pytest.raises(ModelError, match=r"weight 'w1' has no data \(external data file 'model.data' not found"):
         optimize(path, devices=2, output_dir=tmp_path / "plan")
+    assert not (tmp_path / "plan").exists()
+    planned = optimize(path, devices=2, mesh="2")  # the API's own lowering refuses it too
+    with pytest.raises(ModelError, match=r"weight 'w1' has no data"):
+        lower(planned.plan, planned.graph)
+    with pytest.raises(ModelError, match=r"weight 'w1' has no data"):
+        write_plan_dir(lower(planned.plan, planned.graph, plan_only=True), tmp_path / "plan")
     assert not (tmp_path / "plan").exists()
 
 

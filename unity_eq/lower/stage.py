@@ -71,6 +71,7 @@ def write_plan_dir(
     one at a time; ``on_rank(done, total)`` hears each one written (a large model takes a while per rank)."""
     # resolved: `-o .` names the folder by its real name (its sibling temporary folder, not one inside it),
     # and `-o link` writes where the link points instead of replacing the link by a folder
+    refuse_missing_weights(lowered.graph)  # a plan lowered with plan_only=True may have absent weights
     target = Path(out_dir).resolve()
     check_output_dir(target)
     target.parent.mkdir(parents=True, exist_ok=True)
