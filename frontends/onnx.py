@@ -30,59 +30,93 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper
 from unity_eq.frontends.onnx_fold import fold_to_fixpoint, unique_name, used_names
 from unity_eq.frontends.onnx_inputs import fix_input_shapes, parse_input_shape
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, run_checker, upgrade
-from unity_eq.frontends.onnx_read import model_fingerprint, read_model
+from unity_eq.frontends.onnx_read import model_fingerprint, read_model, shape_only
 
-from unity_eq.errors import ModelError
+from unity_eq.errors import ModelError, OptionError
 from unity_eq.ir import Graph, Node, TensorType
 
 __all__ = ["MIN_OPSET", "load_onnx", "parse_input_shape"]
 
 
-def load_onnx(path: str | Path, input_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+def load_onnx(
+    path: str | Path | onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    weight_inputs: Sequence[str] = (),
+) -> Graph:
     """Read an ONNX model into a :class:`Graph` in which every tensor has a static shape and a dtype.
 
     Args:
-        path: the ``.onnx`` file; external data files are looked up next to it.
+        path: the ``.onnx`` file, whose external data files are looked up next to it; or a ModelProto in
+            memory (checked as a file is, and left unchanged), whose weights are those it holds.
         input_shapes: shapes for model inputs, overriding the declared ones; required for every input with a
             dynamic dimension.
+        weight_inputs: model inputs that are weights (a model exported with its parameters as inputs): each
+            becomes a shape-only weight, named in ``Graph.missing_weights`` (its values come at run time), so
+            it is priced as a weight (optimizer state, gradient all-reduce), not as an activation.
 
     Returns:
         The graph. Nodes are in topological order and have unique names: a node without a name, or with one
         taken by an earlier node, is named ``"{op_type}_{index}"`` (its index in ``Graph.nodes``). Folded
         constants keep the name of the tensor they replace. ``Sum`` becomes a chain of ``Add`` nodes whose
-        intermediate tensors are named ``"{output}_sum{k}"``.
+        intermediate tensors are named ``"{output}_sum{k}"``. A weight whose external data is absent (no
+        data file, a file cut short, a ModelProto without its data) is a shape-only array, named in
+        ``Graph.missing_weights``: the model can be planned but not lowered.
 
     Raises:
         ModelError: the file is missing or not a valid ONNX model, or a tensor has no static shape.
         DynamicShapeError: a model input has a dynamic dimension and ``input_shapes`` has no entry for it.
         OptionError: ``input_shapes`` names an unknown input or gives a wrong rank or a non-positive dim.
     """
-    where = str(path)
-    model, external = read_model(Path(path), where)
-    fingerprint = model_fingerprint(model)
-    work = Work.from_model(model, where, external)  # the proto's weights are freed here
-    del model
+    in_memory = isinstance(path, onnx.ModelProto)
+    if isinstance(path, onnx.ModelProto):
+        where = f"model {path.graph.name or '(unnamed)'!r} (in memory)"
+        read = read_model(path, where)
+    else:
+        where = str(path)
+        read = read_model(Path(path), where)
+    fingerprint = model_fingerprint(read.model)
+    work = Work.from_model(read.model, where, read.external, read.missing, consume=not in_memory)
+    del read  # the proto's weights are freed here (a file's; an in-memory model stays the caller's)
     run_checker(work, where)
     upgrade(work)
     work.inputs = fix_input_shapes(work.inputs, input_shapes or {}, where)
+    _inputs_as_weights(work, weight_inputs)
     if input_shapes:
         work.value_info = []  # declared intermediate shapes may contradict the new input shapes
     types = fold_to_fixpoint(work)
-    graph = _build_graph(work, types, path)
+    graph = _build_graph(work, types, "" if in_memory else path)
     graph.fingerprint = fingerprint
+    graph.missing_weights = {name: why for name, why in work.missing.items() if name in graph.initializers}
     return graph
+
+
+def _inputs_as_weights(work: Work, names: Sequence[str]) -> None:
+    """Turn the model inputs ``names`` (their shapes fixed already) into shape-only weights whose data is
+    missing: the model reads them at run time, so there are no bytes to lower, but the plan is a weight's."""
+    by_name = {i.name: i for i in work.inputs}
+    for name in names:
+        if name not in by_name:
+            valid = ", ".join(repr(n) for n in by_name) or "none"
+            raise OptionError(f"`--weight-input {name}`: the model has no input {name!r}; its inputs are {valid}.")
+        tensor = by_name[name].type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        work.consts[name] = shape_only(np.dtype(dtype), tuple(d.dim_value for d in tensor.shape.dim))
+        work.missing[name] = "a model input declared a weight by `--weight-input`: its values come at run time"
+    work.inputs = [i for i in work.inputs if i.name not in set(names)]
 
 
 # ------------------------------------------------------------------------------------------ building the IR
 
 
 def _build_graph(work: Work, types: dict[str, TensorType], path: str | Path) -> Graph:
-    """Turn the folded model into the IR, checking that every tensor that matters has a static type."""
+    """Turn the folded model into the IR, checking that every tensor that matters has a static type; ``path``
+    is "" for a model passed in memory (named after its graph)."""
     used = used_names(work)
     names = _node_names(work.nodes)
     producer = {out: name for node, name in zip(work.nodes, names, strict=True) for out in node.output if out}
@@ -108,7 +142,7 @@ def _build_graph(work: Work, types: dict[str, TensorType], path: str | Path) -> 
     inputs = {i.name: types[i.name] for i in work.inputs}
     tensors = used | set(inputs) | set(work.consts) | {o for n in nodes for o in n.outputs if o}
     return Graph(
-        name=work.name or Path(path).stem,
+        name=work.name or (Path(path).stem if path else "model"),
         inputs=inputs,
         outputs=[o.name for o in work.outputs],
         nodes=nodes,

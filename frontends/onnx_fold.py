@@ -16,7 +16,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, static_type
-from unity_eq.frontends.onnx_read import one_line
+from unity_eq.frontends.onnx_read import one_line, shape_only
 
 from unity_eq.errors import ModelError
 from unity_eq.ir import TensorType
@@ -74,7 +74,14 @@ def _fold_constants(work: Work, types: Mapping[str, TensorType]) -> bool:
     """Replace every node whose result is known now by initializers; True if any node was folded."""
     kept = []
     for node in work.nodes:
-        values = _constant_outputs(node, work.consts, types, work.opsets.get("", MIN_OPSET))
+        absent = [name for name in node.input if name in work.missing]
+        if absent and node.op_type not in ("Shape", "Size"):
+            values = _shape_only_outputs(node, work.consts, types)
+            for name in node.output if values is not None else ():
+                if name:
+                    work.missing[name] = f"folded from {absent[0]!r}, whose data is missing: {work.missing[absent[0]]}"
+        else:
+            values = _constant_outputs(node, work.consts, types, work.opsets.get("", MIN_OPSET))
         if values is None:
             kept.append(node)
             continue
@@ -110,6 +117,24 @@ def _constant_outputs(
     if not all(isinstance(r, (np.ndarray, np.generic)) for r in results):
         return None  # sequences, optionals, sparse tensors: not an initializer
     return [np.asarray(r) for r in results]
+
+
+def _shape_only_outputs(
+    node: onnx.NodeProto, consts: Mapping[str, np.ndarray], types: Mapping[str, TensorType]
+) -> list[np.ndarray] | None:
+    """The outputs of a node that reads a constant whose data is missing, as shape-only arrays: folded as
+    :func:`_constant_outputs` would fold it (so the plan is the plan of the model with its weights), with
+    the shapes and dtypes shape inference gave. None when it would not fold or an output's type is unknown."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NEVER_FOLD:
+        return None
+    if any(a.type in _SUBGRAPH_ATTRS for a in node.attribute):
+        return None
+    if not all(name in consts for name in node.input if name):
+        return None
+    if not all(name in types for name in node.output if name):
+        return None
+    empty = np.zeros((), np.float32)  # an unused optional output: never stored (see _fold_constants)
+    return [shape_only(np.dtype(types[n].dtype), types[n].shape) if n else empty for n in node.output]
 
 
 # ------------------------------------------------------------------------------------------ canonical forms

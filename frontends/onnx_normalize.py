@@ -48,13 +48,24 @@ class Work:
     ir_version: int
     value_info: list[onnx.ValueInfoProto] = field(default_factory=list)
     functions: list[onnx.FunctionProto] = field(default_factory=list)
+    #: constants known by dtype and shape only (shape-only arrays, see ``onnx_read.shape_only``), and why:
+    #: their values are never shown to onnx's tools, and what is folded from them is shape-only too
+    missing: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_model(cls, model: onnx.ModelProto, where: str, external: Mapping[str, np.ndarray]) -> Work:
+    def from_model(
+        cls,
+        model: onnx.ModelProto,
+        where: str,
+        external: Mapping[str, np.ndarray],
+        missing: Mapping[str, str] | None = None,
+        consume: bool = True,
+    ) -> Work:
         """Split weights from model inputs: a graph input that has an initializer (IR 3 style) is a weight.
 
-        Each embedded weight is converted to numpy and then cleared from the proto at once, so a large model
-        is never held twice.
+        With ``consume`` each embedded weight is converted to numpy and then cleared from the proto at once,
+        so a large model is never held twice; a caller's in-memory model is passed with ``consume=False`` and
+        left as it was.
         """
         g = model.graph
         consts: dict[str, np.ndarray] = {}
@@ -66,7 +77,8 @@ class Work:
                 consts[t.name] = numpy_helper.to_array(t)
             except Exception as e:  # a tensor whose data does not match its dims or type
                 raise ModelError(f"{where}: initializer {t.name!r} is malformed ({one_line(e)}). Re-export.") from e
-            t.Clear()
+            if consume:
+                t.Clear()
         return cls(
             where=where,
             name=g.name,
@@ -78,19 +90,22 @@ class Work:
             ir_version=max(model.ir_version, _MIN_IR_VERSION),
             value_info=[v for v in g.value_info if static_type(v.type) is not None],
             functions=list(model.functions),
+            missing=dict(missing or {}),
         )
 
     def as_model(self, declared_outputs: bool = False) -> onnx.ModelProto:
-        """A model for onnx's tools; constants over ``_INLINE_LIMIT`` elements are typed inputs, not data.
+        """A model for onnx's tools; constants over ``_INLINE_LIMIT`` elements, and those whose values are
+        missing (shape inference must not propagate stand-in zeros), are typed inputs, not data.
 
         ``declared_outputs`` keeps the outputs as the file declares them (for the checker); otherwise they keep
         only their element type, since declared shapes may predate new input shapes.
         """
-        small = [numpy_helper.from_array(a, n) for n, a in self.consts.items() if a.size <= _INLINE_LIMIT]
+        inline = {n for n, a in self.consts.items() if a.size <= _INLINE_LIMIT and n not in self.missing}
+        small = [numpy_helper.from_array(a, n) for n, a in self.consts.items() if n in inline]
         large = [
             helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
             for n, a in self.consts.items()
-            if a.size > _INLINE_LIMIT
+            if n not in inline
         ]
         outputs = list(self.outputs)
         if not declared_outputs:

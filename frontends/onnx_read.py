@@ -1,6 +1,7 @@
 """Reading an ONNX file (step 1 of :mod:`unity_eq.frontends.onnx`): every way the file can be wrong becomes a
 one-line :class:`~unity_eq.errors.ModelError`; external data is checked to lie in the model's folder and is
-memory-mapped; and the fingerprint of what a model computes, which plans record.
+memory-mapped, or, where its bytes are absent, stands in as shape-only arrays that planning can use and lowering
+refuses; and the fingerprint of what a model computes, which plans record.
 
 Separate from normalizing and folding because it touches the file system and protobuf parsing only; later
 steps work on the parsed model.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from unity_eq.errors import ModelError
 
-__all__ = ["file_fingerprint", "model_fingerprint", "one_line", "read_model"]
+__all__ = ["ReadModel", "file_fingerprint", "model_fingerprint", "one_line", "read_model", "shape_only"]
 
 
 def model_fingerprint(model: onnx.ModelProto) -> str:
@@ -48,13 +50,50 @@ def model_fingerprint(model: onnx.ModelProto) -> str:
     return digest.hexdigest()
 
 
-def read_model(path: Path, where: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """Parse the file and map its external data, turning each failure into a ModelError."""
-    model = _parse_model(path, where)
-    _check_external_locations(model, path.parent, where)
+@dataclass
+class ReadModel:
+    """A parsed model and its weights that live outside the proto.
+
+    ``external`` holds the external tensors, memory-mapped where their bytes are on disk. ``missing`` names
+    each external tensor whose bytes are not there (no data file, a file cut short, a model passed in memory
+    without its data) and why: its entry in ``external`` is a shape-only array (:func:`shape_only`), enough to
+    plan the model but never to lower it.
+    """
+
+    model: onnx.ModelProto
+    external: dict[str, np.ndarray]
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+def read_model(source: Path | onnx.ModelProto, where: str) -> ReadModel:
+    """Parse the file (or check an in-memory ModelProto) and map its external data, turning each failure into
+    a ModelError. External data that is absent is not an error here: planning needs only dtypes and shapes."""
+    if isinstance(source, onnx.ModelProto):
+        _check_parsed(source, where)
+        return ReadModel(source, *_shape_only_external(source, "the model was passed in memory without it"))
+    model = _parse_model(source, where)
+    _check_external_locations(model, source.parent, where)
     uses_external = any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
-    external = _map_external_data(model, path, where) if uses_external else {}
-    return model, external
+    external, missing = _map_external_data(model, source, where) if uses_external else ({}, {})
+    return ReadModel(model, external, missing)
+
+
+def shape_only(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """An array with a weight's dtype and shape that holds no memory (every stride 0, one zero element
+    behind it): what the planner reads of a weight whose bytes are absent. Read-only, so nothing writes
+    through it."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def _shape_only_external(model: onnx.ModelProto, why: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A shape-only array for every initializer stored outside the proto, each missing for ``why``."""
+    external: dict[str, np.ndarray] = {}
+    missing: dict[str, str] = {}
+    for t in model.graph.initializer:
+        if external_data_helper.uses_external_data(t):
+            external[t.name] = shape_only(_np_dtype(t), tuple(int(d) for d in t.dims))
+            missing[t.name] = why
+    return external, missing
 
 
 def file_fingerprint(path: str | Path) -> str:
@@ -81,9 +120,14 @@ def _parse_model(path: Path, where: str) -> onnx.ModelProto:
         ) from e
     if empty:
         raise ModelError(f"{where}: the file is empty, expected an ONNX model. Re-export the model.")
+    _check_parsed(model, where)
+    return model
+
+
+def _check_parsed(model: onnx.ModelProto, where: str) -> None:
+    """Refuse a proto that parsed but holds no model (a file of another protobuf message, an empty proto)."""
     if not model.HasField("graph") or not model.opset_import:
         raise ModelError(f"{where}: not an ONNX model (no graph or opset found). Pass a model saved with `onnx.save`.")
-    return model
 
 
 def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -127,48 +171,46 @@ def _check_external_locations(model: onnx.ModelProto, base: Path, where: str) ->
             )
 
 
-_MAPPABLE_TYPES = frozenset(
-    {
-        onnx.TensorProto.FLOAT,
-        onnx.TensorProto.DOUBLE,
-        onnx.TensorProto.FLOAT16,
-        onnx.TensorProto.INT8,
-        onnx.TensorProto.INT16,
-        onnx.TensorProto.INT32,
-        onnx.TensorProto.INT64,
-        onnx.TensorProto.UINT8,
-        onnx.TensorProto.UINT16,
-        onnx.TensorProto.UINT32,
-        onnx.TensorProto.UINT64,
-        onnx.TensorProto.BOOL,
-    }
+_PACKED_TYPES = frozenset(
+    getattr(onnx.TensorProto, name)
+    for name in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2", "FLOAT6E2M3", "FLOAT6E3M2")
+    if hasattr(onnx.TensorProto, name)
 )
-"""Element types stored exactly as numpy lays them out, so external data can be memory-mapped."""
+"""Element types ONNX packs several to a byte, so their bytes are not a numpy array: loaded through onnx.
+Every other type is stored as numpy (with ml_dtypes for bfloat16 and the float8 types) lays it out, little
+endian, so its external data is memory-mapped: a bfloat16 model is never read into memory to be planned."""
 
 
-def _map_external_data(model: onnx.ModelProto, path: Path, where: str) -> dict[str, np.ndarray]:
-    """Memory-map tensors stored in separate files (relative to the model's directory), read-only.
+def _np_dtype(t: onnx.TensorProto) -> np.dtype:
+    """The numpy dtype of a tensor's elements (ml_dtypes' for bfloat16, float8 and the packed types)."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+
+
+def _map_external_data(model: onnx.ModelProto, path: Path, where: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Memory-map tensors stored in separate files (relative to the model's directory), read-only; a tensor
+    whose file is absent, or whose bytes lie past its end, becomes a shape-only array and is named, with the
+    reason, in the second dict.
 
     Optimizing only reads shapes, and lowering reads each rank's slice, so weights are never loaded whole.
-    Types numpy cannot view directly (bfloat16, float8, 4-bit) are loaded through onnx instead.
+    Types packed several to a byte (4-bit, 2-bit) are loaded through onnx instead.
     """
     base = path.parent
     mapped: dict[str, np.ndarray] = {}
+    missing: dict[str, str] = {}
     for t in model.graph.initializer:
         if not external_data_helper.uses_external_data(t):
             continue
         info = external_data_helper.ExternalDataInfo(t)
         file = base / info.location
-        if not file.is_file():
-            raise ModelError(
-                f"{where}: external data file {info.location!r} not found in '{base}'. "
-                "Keep the weight files next to the model."
-            )
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        dtype = _np_dtype(t)
         shape = tuple(int(d) for d in t.dims)
+        if not file.is_file():
+            mapped[t.name] = shape_only(dtype, shape)
+            missing[t.name] = f"external data file {info.location!r} not found in '{base}'"
+            continue
         count = int(np.prod(shape, dtype=np.int64))
         offset = int(info.offset or 0)
-        if t.data_type not in _MAPPABLE_TYPES:
+        if t.data_type in _PACKED_TYPES:
             mapped[t.name] = _load_one_external(t, base, where)
             continue
         if info.length is not None and int(info.length) != count * dtype.itemsize:
@@ -176,10 +218,13 @@ def _map_external_data(model: onnx.ModelProto, path: Path, where: str) -> dict[s
                 f"{where}: external tensor {t.name!r} has {info.length} bytes, expected "
                 f"{count * dtype.itemsize} for {dtype}{list(shape)}. Re-save the model."
             )
-        if offset + count * dtype.itemsize > file.stat().st_size:
-            raise ModelError(f"{where}: external tensor {t.name!r} runs past the end of {info.location!r}.")
+        size = file.stat().st_size
+        if offset + count * dtype.itemsize > size:
+            mapped[t.name] = shape_only(dtype, shape)
+            missing[t.name] = f"its bytes lie past the end of {info.location!r} ({size} bytes)"
+            continue
         mapped[t.name] = np.memmap(file, dtype=dtype.newbyteorder("<"), mode="r", offset=offset, shape=shape)
-    return mapped
+    return mapped, missing
 
 
 def _load_one_external(t: onnx.TensorProto, base: Path, where: str) -> np.ndarray:

@@ -169,6 +169,9 @@ class Graph:
     #: :func:`unity_eq.frontends.onnx_read.model_fingerprint` of the file it was read from ("" when built in
     #: memory)
     fingerprint: str = ""
+    #: initializers known by dtype and shape only (their external data is absent: the arrays are zero-stride
+    #: stand-ins), each with why; the search plans with them, lowering refuses them (see ``lower.lower``)
+    missing_weights: dict[str, str] = field(default_factory=dict)
 
     def producers(self) -> dict[str, Node]:
         """Map each tensor name to the node that produces it."""

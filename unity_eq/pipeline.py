@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from unity_eq.cost import OBJECTIVES
 from unity_eq.egraph import Limits, SaturationResult
 from unity_eq.errors import OptionError, RuleError
 from unity_eq.ir import Graph, Mesh
-from unity_eq.lower import LoweredPlan, check_output_dir, lower, write_plan_dir
+from unity_eq.lower import LoweredPlan, check_output_dir, lower, refuse_missing_weights, write_plan_dir, write_plan_only
 from unity_eq.machine import Machine, default_machine
 from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
@@ -26,6 +27,9 @@ from unity_eq.report import cost_breakdown
 from unity_eq.rulesets import default_rule_files, load_rule_files, rules_dir
 from unity_eq.search import SearchResult, search
 from unity_eq.stages.run import PipelineResult
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["OptimizeResult", "optimize", "optimize_pipeline"]
 
@@ -72,7 +76,7 @@ def _machine_for(
 
 
 def optimize(
-    model: str | Path | Graph,
+    model: str | Path | Graph | onnx.ModelProto,
     *,
     devices: int | None = None,
     machine: Machine | str | Path | None = None,
@@ -92,6 +96,8 @@ def optimize(
     extractor: str = "greedy",
     ilp_time_limit: float = 60.0,
     tracker: Tracker | None = None,
+    plan_only: bool = False,
+    weight_inputs: Sequence[str] = (),
 ) -> OptimizeResult:
     """Find a parallel plan for ``model`` and, with ``output_dir``, write it as a plan directory.
 
@@ -107,6 +113,13 @@ def optimize(
     seconds) and keeps it when it is cheaper and fits; plan.json's ``extraction.ilp`` reports the gap.
     ``tracker`` (unity_eq.progress) hears each mesh's progress and the device files written; without one,
     ``progress`` gets a line when a mesh starts and ends.
+    ``model`` may be an ``onnx.ModelProto`` in memory (checked as a file is, left unchanged).
+    ``plan_only`` writes ``output_dir/plan.json`` alone (no device files, no weight read): a weight whose
+    external data is absent is planned from its dtype and shape, and without ``plan_only`` such a model is
+    refused (ModelError) before the search starts, since lowering would need the missing bytes.
+    ``weight_inputs`` names model inputs that are weights (parameters exported as inputs): planned as
+    weights (optimizer state, gradient all-reduce), with no bytes to lower (their values come at run time),
+    so only plan-only plans are made of them.
 
     ``timings`` holds each stage's wall time (``load_s``, ``search_s``, ``ilp_s``, ``lower_s``, the whole
     ``wall_s``) and ``worker_s``, the meshes' saturation and extraction time summed over the workers that
@@ -150,8 +163,10 @@ def optimize(
     else:
         from unity_eq.frontends.onnx import load_onnx
 
-        say(f"loading {model}")
-        graph = load_onnx(model, input_shapes)
+        say(f"loading {model if isinstance(model, str | Path) else 'the model (in memory)'}")
+        graph = load_onnx(model, input_shapes, weight_inputs)
+    if output_dir is not None and not plan_only:
+        refuse_missing_weights(graph)  # before the search: lowering would refuse it, minutes later
     timings["load_s"] = time.perf_counter() - start
     say(f"{graph.summary()}; machine {chosen_machine.describe()}")
 
@@ -195,7 +210,12 @@ def optimize(
         say(f"profile: {table.hits} of {table.hits + table.misses} op prices measured, the rest from the roofline")
 
     lowered, plan_dir = None, None
-    if output_dir is not None:
+    if output_dir is not None and plan_only:
+        start = time.perf_counter()
+        lowered = lower(plan, graph, plan_only=True)
+        plan_dir = write_plan_only(lowered, output_dir)
+        timings["lower_s"] = time.perf_counter() - start
+    elif output_dir is not None:
         start = time.perf_counter()
         say("lowering to per-device ONNX")
         lowered = lower(plan, graph)

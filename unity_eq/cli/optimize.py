@@ -65,6 +65,12 @@ def optimize(
         "(docs/pipeline.md); writes plan.json only.",
     ),
     batch: int = typer.Option(None, "--batch", help="With --pipeline: samples per step (default: the model's batch)."),
+    plan_only: bool = typer.Option(
+        False, "--plan-only", help="Write plan.json alone: no device files, no weight read (weights may be absent)."
+    ),
+    weight_input: list[str] = typer.Option(
+        [], "--weight-input", help="A model input that is a weight (parameters exported as inputs; repeatable)."
+    ),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.egraph import Limits
@@ -75,6 +81,8 @@ def optimize(
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
     if not memory_limit > 0:
         raise OptionError(f"`--memory-limit`: expected a positive number of GiB, got {memory_limit:g}.")
+    if plan_only and check_plan:
+        raise OptionError("`--check` runs the device files, which `--plan-only` does not write. Pass one of them.")
     target = output or model.with_suffix(".plan")
     limits = Limits(
         max_iterations=max_iterations,
@@ -137,6 +145,8 @@ def optimize(
             extractor=extractor,
             ilp_time_limit=ilp_time_limit,
             tracker=live,
+            plan_only=plan_only,
+            weight_inputs=weight_input,
         )
     _print_plan_summary(result)
     if check_plan and result.plan_dir is not None:
@@ -202,7 +212,8 @@ def _print_plan_summary(result: Any) -> None:
     enodes, iterations, stop = (sat.enodes, sat.iterations, sat.stop_reason) if sat else (None, None, None)
     table.add_row("search", f"{enodes} e-nodes, {iterations} iterations ({stop}), " + _search_time(result.timings))
     if result.plan_dir is not None:
-        table.add_row("written to", str(result.plan_dir))
+        only = " (plan.json only: --plan-only)" if result.lowered is not None and result.lowered.plan_only else ""
+        table.add_row("written to", f"{result.plan_dir}{only}")
     out.print(table)
 
 

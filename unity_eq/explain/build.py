@@ -142,8 +142,15 @@ def report_of(plan: ExplainRecord) -> Explanation:
         ops=tuple(ops),
         communication=tuple(communication),
         pcg=tuple(pcg_lines(plan, kinds)),
-        notes=tuple(_notes(ops, total)),
+        notes=tuple(([PLAN_ONLY_NOTE] if plan.plan_only else []) + _notes(ops, total)),
     )
+
+
+#: explain's note on a plan written by ``optimize --plan-only`` (its plan.json says ``plan_only: true``)
+PLAN_ONLY_NOTE = (
+    "plan only: `optimize --plan-only` wrote plan.json alone, no device files; to run or check the plan, "
+    "re-run `unity-eq optimize` without `--plan-only`, with the model's weight data present"
+)
 
 
 #: the steps that move a tensor along a mesh axis

@@ -14,7 +14,7 @@ and communication. See docs/plan-format.md.
 =========  ================================================================================================
 module     what it does
 =========  ================================================================================================
-stage      ``lower`` (check a plan, number its collectives' stages, hash it) and ``write_plan_dir``
+stage      ``lower`` (check a plan, stage its collectives, hash it), ``write_plan_dir``, ``write_plan_only``
 device     ``LoweredPlan``: one rank's device file built, its weights streamed, its identity, its validation
 builder    ``DeviceGraphBuilder``: one rank's ONNX graph, step by step (slices, folds, collective cuts)
 names      the tensor and node names of a device graph, taken from the source model
@@ -28,7 +28,7 @@ from unity_eq.files import check_output_dir
 from unity_eq.lower.device import EXTERNAL_DATA_BYTES, LoweredPlan, identity_props, validate_device_file
 from unity_eq.lower.names import derived_names
 from unity_eq.lower.record import machine_record, plan_hash, plan_record, step_record
-from unity_eq.lower.stage import collective_stages, lower, write_plan_dir
+from unity_eq.lower.stage import collective_stages, lower, refuse_missing_weights, write_plan_dir, write_plan_only
 from unity_eq.weightfile import META_COLLECTIVES, META_COORDS, META_MESH, META_PLAN_HASH, META_RANK
 
 __all__ = [
@@ -47,7 +47,9 @@ __all__ = [
     "machine_record",
     "plan_hash",
     "plan_record",
+    "refuse_missing_weights",
     "step_record",
     "validate_device_file",
     "write_plan_dir",
+    "write_plan_only",
 ]

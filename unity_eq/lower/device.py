@@ -45,6 +45,9 @@ class LoweredPlan:
     opsets: list[onnx.OperatorSetIdProto]
     ir_version: int
     plan_hash: str = ""
+    #: written by ``write_plan_only``: plan.json alone, its weights possibly absent (never build a rank's
+    #: weights from it)
+    plan_only: bool = False
 
     @property
     def world_size(self) -> int:
@@ -85,6 +88,11 @@ class LoweredPlan:
         model = builder.finish(self.opsets, self.ir_version)
         onnx.helper.set_model_props(model, identity_props(self.plan, rank, self.plan_hash, builder.cuts))
         return model, collectives, builder.initializers
+
+    def collective_names(self) -> list[dict[str, Any]]:
+        """The device tensor names each collective cuts (the same on every rank): rank 0's graph is built
+        for them, its weights left as views, never read."""
+        return self._build_rank(0)[1]
 
     def models(self) -> Iterator[onnx.ModelProto]:
         for rank in range(self.world_size):

@@ -62,11 +62,13 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else array.copy(order="C")
 
 
-def plan_hash(plan: Plan, graph: Graph) -> str:
+def plan_hash(plan: Plan, graph: Graph, weights: bool = True) -> str:
     """A digest of what a plan computes: its steps, tensors, mesh and outputs, and the model's weights.
 
     Two plans share it only when their device files are interchangeable; ``run`` compares it between
-    plan.json and every device file. Weights are hashed in place (no copy), one tensor at a time."""
+    plan.json and every device file. Weights are hashed in place (no copy), one tensor at a time.
+    ``weights=False`` (a plan-only plan, which has no device files) hashes their names, dtypes and shapes
+    only: their bytes may be absent, and a 175B model's are not read to plan it."""
     digest = hashlib.blake2b(digest_size=16)
     structure = {
         "model": plan.model,
@@ -80,6 +82,8 @@ def plan_hash(plan: Plan, graph: Graph) -> str:
     for name in sorted(graph.initializers):
         array = np.asarray(graph.initializers[name])
         digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        if not weights:
+            continue
         if array.dtype.kind == "O":  # string tensors
             digest.update(repr(array.tolist()).encode())
         elif array.size:
@@ -174,6 +178,7 @@ def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], 
         cost=report.cost
         or CostRecord(total_s=plan.cost.total, compute_s=plan.cost.compute, communication_s=plan.cost.comm),
         files=tuple(f"device_{r}.onnx" for r in range(mesh.size)),
+        plan_only=lowered.plan_only,
         tensors=tensors,
         steps=tuple(step_record(s, c) for s, c in zip(plan.steps, _costs(plan), strict=True)),
         collectives=collectives,

@@ -64,6 +64,9 @@ class PlanRecord(Record):
     machine: MachineRecord
     cost: CostRecord
     files: tuple[str, ...]
+    #: true when ``optimize --plan-only`` wrote plan.json alone: ``files`` names the device files a full
+    #: optimize writes, none of which exists; ``run`` and ``check`` refuse the plan, ``explain`` reads it
+    plan_only: bool = False
     tensors: Mapping[str, TensorRecord]
     steps: tuple[StepRecord, ...]
     collectives: tuple[CollectiveRecord, ...]
@@ -86,6 +89,7 @@ class ExplainRecord(Record):
     model: ModelRecord
     objective: str | None = None
     mesh: MeshRecord
+    plan_only: bool = False
     machine: MachineRecord | None = None
     cost: CostRecord | None = None
     tensors: Mapping[str, TensorRecord]

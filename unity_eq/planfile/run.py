@@ -83,6 +83,11 @@ class RunRecord:
 def read_run_record(meta_path: Path) -> RunRecord:
     """Read plan.json for running it: every field the runtime uses, with its type, or one PlanError."""
     meta = read_plan_json(meta_path, need=("collectives",))
+    if meta.get("plan_only") is True:
+        raise PlanError(
+            f"{meta_path.parent}: a plan-only plan (`optimize --plan-only`) has no device files to run. Re-run "
+            "`unity-eq optimize` without `--plan-only`, with the model's weight data present, to write them."
+        )
     model = _need(meta_path, meta, "model", dict, "model")
     inputs = _need(meta_path, model, "inputs", dict, "model.inputs")
     records = {}

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError
+from unity_eq.errors import CheckFailed, ModelError, OptionError, PlanError, RuntimeBackendError
 from unity_eq.planfile import InputRecord
 from unity_eq.progress import Tracker
 from unity_eq.runtime.devices import choose_device, make_session, threads_per_rank
@@ -234,6 +234,7 @@ def check(
     tracker = tracker or Tracker()
     plan = load_plan_dir(plan_dir)
     check_plan_is_of(model_path, plan)
+    check_weights_present(model_path)
     trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
     if inputs is not None:
         given = check_inputs(plan, inputs)
@@ -280,6 +281,20 @@ def check_plan_is_of(model_path: str | Path, plan: PlanDir) -> None:
         raise PlanError(
             f"{model_path}: is not the model {plan.path} was made from ({made_from}: other nodes, inputs or "
             "weight shapes). Pass that model, or run `unity-eq optimize` on this one."
+        )
+
+
+def check_weights_present(model_path: str | Path) -> None:
+    """Refuse (exit 2) a model whose external weight data is absent: ``check`` runs the original model, which
+    needs every weight, and onnxruntime's own error would not say which file is missing."""
+    from unity_eq.frontends.onnx_read import read_model
+
+    missing = read_model(Path(model_path), str(model_path)).missing
+    if missing:
+        name, why = next(iter(missing.items()))
+        raise ModelError(
+            f"{model_path}: weight {name!r} has no data ({why}); `check` runs the original model, which needs "
+            "every weight. Put the weight data next to the model."
         )
 
 
