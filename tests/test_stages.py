@@ -3,6 +3,7 @@ egglog. Expected values are derived from the formulas in the modules' docstrings
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,26 @@ def test_optimize_pipeline_refuses_options_that_do_not_apply(tmp_path: Path) -> 
     assert proc.returncode == 2 and "pass it with `--pipeline`" in proc.stderr
     proc = run_cli("optimize", str(model), "--devices", "2", "--pipeline")
     assert proc.returncode == 2 and "pass `--batch N`" in proc.stderr
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_simulated_schedule_agrees_with_the_formulas(schedule: str) -> None:
+    from unity_eq.stages.timeline import simulate
+
+    stages, microbatches = 4, 6
+    slots = simulate([3.0] * stages, microbatches, schedule, True)
+    assert len(slots) == 2 * stages * microbatches
+    assert max(s.end for s in slots) == pytest.approx(pipeline_seconds([3.0] * stages, microbatches))
+    for stage in range(stages):
+        # the most microbatches whose forward has started and whose backward has not ended: what it keeps
+        events = sorted((s.end, -1) if s.backward else (s.start, 1) for s in slots if s.stage == stage)
+        held = peak = 0
+        for _, change in events:
+            held += change
+            peak = max(peak, held)
+        assert peak == in_flight(schedule, stage, stages, microbatches, True)
+    # a stage never runs two things at once, and a backward never starts before the next stage's backward ends
+    by_stage = sorted(slots, key=lambda s: (s.stage, s.start))
+    assert all(a.end <= b.start + 1e-12 for a, b in itertools.pairwise(by_stage) if a.stage == b.stage)
+    ends = {(s.stage, s.microbatch, s.backward): s.end for s in slots}
+    assert all(s.start >= ends[(s.stage + 1, s.microbatch, True)] - 1e-12 for s in slots if s.backward and s.stage < 3)
