@@ -67,13 +67,16 @@ def run_row(name: str) -> dict[str, Any]:
     """Plan one row; the record benchmarks.run tabulates."""
     from unity_eq.cost import TRAINING
     from unity_eq.rulesets import default_rule_files, load_rule_files
+    from unity_eq.search.meshes import device_groups
     from unity_eq.stages import StageConfig, evaluate, group_sizes, price_pieces, stage_search
 
     row = ROWS[name]
     machine = _machine(row)
     start = time.perf_counter()
     rules = load_rule_files(default_rule_files(True))
-    table = price_pieces(row.model.graph, MICRO_SIZES, group_sizes(machine), machine, TRAINING, rules)
+    table = price_pieces(
+        row.model.graph, MICRO_SIZES, group_sizes(machine), machine, TRAINING, rules, groups=device_groups(machine)
+    )
     priced = time.perf_counter()
     found = stage_search(table, machine, TRAINING, row.batch, MICRO_SIZES)
     searched = time.perf_counter()

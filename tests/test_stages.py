@@ -123,7 +123,7 @@ def _tiny_machine(tmp_path: Path, memory_gib: float, nodes: int = 2):  # type: i
 
 
 def test_pieces_are_saturated_once_per_group_and_microbatch(tiny_table) -> None:  # type: ignore[no-untyped-def]
-    assert sorted(tiny_table.options) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert sorted(tiny_table.options) == [(1, 1, 0), (1, 2, 0), (2, 1, 0), (2, 2, 0)]
     # cuts after each residual; a 7-node MLP is below split.MIN_PIECE_NODES, so it joins the next attention:
     # [a0] [m0 a1] [m1 a2] [m2 a3] [m3 + the output]
     assert len(tiny_table.pieces) == 5
@@ -140,7 +140,10 @@ def test_pieces_are_saturated_once_per_group_and_microbatch(tiny_table) -> None:
 def test_the_search_keeps_the_cheapest_configuration_that_fits(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     machine = _tiny_machine(tmp_path, 80)
     found = stage_search(tiny_table, machine, TRAINING, 8, [1, 2])
-    every = [evaluate(c, tiny_table, machine, TRAINING, 8) for c in configurations(tiny_table, 4, 8, [1, 2], True)]
+    every = [
+        evaluate(c, tiny_table, machine, TRAINING, 8)
+        for c in configurations(tiny_table, [(0, 1, 2, 3)], 8, [1, 2], True)
+    ]
     fitting = [p for p in every if p is not None and p.fits]
     assert len(every) == found.evaluated and len(fitting) == found.fitting
     assert found.best.step_s == min(p.step_s for p in fitting)
@@ -281,3 +284,60 @@ def test_the_simulated_schedule_agrees_with_the_formulas(schedule: str) -> None:
     assert all(a.end <= b.start + 1e-12 for a, b in itertools.pairwise(by_stage) if a.stage == b.stage)
     ends = {(s.stage, s.microbatch, s.backward): s.end for s in slots}
     assert all(s.start >= ends[(s.stage + 1, s.microbatch, True)] - 1e-12 for s in slots if s.backward and s.stage < 3)
+
+
+HETERO_TOML = """
+name = "fast-and-slow"
+launch_overhead_us = 0.001
+[devices.fast]
+peak_tflops = { float32 = 2 }
+memory_bandwidth_gbs = 100000
+memory_gib = 80
+[devices.slow]
+peak_tflops = { float32 = 0.5 }
+memory_bandwidth_gbs = 100000
+memory_gib = 80
+[links.fast]
+bandwidth_gbs = 100
+latency_us = 2
+[links.net]
+bandwidth_gbs = 10
+latency_us = 5
+[[nodes]]
+devices = { fast = 2 }
+link = "fast"
+network = "net"
+[[nodes]]
+devices = { slow = 2 }
+link = "fast"
+network = "net"
+"""
+
+
+def test_on_two_kinds_of_device_the_faster_stages_get_more_layers(tmp_path: Path) -> None:
+    from unity_eq.search.meshes import device_groups
+
+    path = tmp_path / "hetero.toml"
+    path.write_text(HETERO_TOML)
+    machine = load_machine(path)
+    groups = device_groups(machine)
+    assert [len(g) for g in groups] == [2, 2]
+
+    def graph_at(batch: int):  # type: ignore[no-untyped-def]
+        return transformer_graph("m", batch=batch, seq=64, hidden=256, ffn=1024, layers=8, dtype="float32")
+
+    table = price_pieces(
+        graph_at, [1], [1, 2], machine, TRAINING, load_rule_files(default_rule_files(False)), groups=groups
+    )
+    # every piece is 4× slower on a slow device (compute bound: a launch floor of 1 ns, ample memory bandwidth)
+    fast, slow = table.costs(1, 1, 0), table.costs(1, 1, 1)
+    assert [min(o.compute_s for o in s) for s in slow] == pytest.approx(
+        [4 * min(o.compute_s for o in f) for f in fast], rel=1e-3
+    )
+    found = stage_search(table, machine, TRAINING, 4, [1])
+    best = found.best
+    kinds = [machine.devices[d[0]].name for d in best.devices]
+    assert set(kinds) == {"fast", "slow"}
+    layers = {kind: sum(j - i for (i, j), k in zip(best.cuts, kinds, strict=True) if k == kind) for kind in kinds}
+    assert layers["fast"] > layers["slow"]
+    assert found.best_flat is None  # one stage cannot span two kinds of device

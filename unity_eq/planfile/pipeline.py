@@ -64,6 +64,7 @@ class StageRecord(Record):
     receives: str | None  # the activation it gets from the previous stage (None: the model inputs)
     sends: str | None  # the activation it passes on (None: the model outputs)
     ranks: str  # its devices, e.g. "0-63" or "0-7, 64-71" (rank = device)
+    device: str  # their kind
     seconds: float  # forward (and backward) of one microbatch, sends included
     weight_bytes: float
     weight_state_bytes: float

@@ -12,11 +12,39 @@ stage never makes it slower or larger).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
+from typing import Protocol
 
-__all__ = ["StageFunctions", "partition"]
+__all__ = ["Chain", "StageCuts", "StageFunctions", "partition"]
 
 ITERATIONS = 40
+
+
+class Chain(Protocol):
+    """Pieces in a row, with a stage's seconds and bytes per device for any run ``i..j-1`` of them."""
+
+    @property
+    def count(self) -> int: ...
+
+    def seconds(self, stage: int, i: int, j: int) -> float: ...
+
+    def nbytes(self, stage: int, i: int, j: int) -> float: ...
+
+
+@dataclass
+class StageCuts:
+    """A :class:`Chain` from two functions (stages of different device kinds price pieces differently)."""
+
+    count: int
+    seconds_of: Callable[[int, int, int], float]
+    nbytes_of: Callable[[int, int, int], float]
+
+    def seconds(self, stage: int, i: int, j: int) -> float:
+        return self.seconds_of(stage, i, j)
+
+    def nbytes(self, stage: int, i: int, j: int) -> float:
+        return self.nbytes_of(stage, i, j)
 
 
 class StageFunctions:
@@ -54,7 +82,7 @@ class StageFunctions:
         return self.fixed[j] - self.fixed[i] + copies * (self.held[j] - self.held[i]) + self.extra_bytes(stage, i, j)
 
 
-def _greedy(f: StageFunctions, stages: int, bound: float, capacity: float) -> list[tuple[int, int]] | None:
+def _greedy(f: Chain, stages: int, bound: float, capacity: Sequence[float]) -> list[tuple[int, int]] | None:
     """Fill stages from the front under ``bound`` seconds and ``capacity`` bytes; None if more than
     ``stages`` stages are needed or a single piece breaks a limit."""
     cuts: list[tuple[int, int]] = []
@@ -64,12 +92,12 @@ def _greedy(f: StageFunctions, stages: int, bound: float, capacity: float) -> li
         if s == stages:
             return None
         j = i + 1
-        if f.seconds(s, i, j) > bound or f.nbytes(s, i, j) > capacity:
+        if f.seconds(s, i, j) > bound or f.nbytes(s, i, j) > capacity[s]:
             return None
         lo, hi = j, n  # the last j that keeps both limits (both grow with j)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if f.seconds(s, i, mid) <= bound and f.nbytes(s, i, mid) <= capacity:
+            if f.seconds(s, i, mid) <= bound and f.nbytes(s, i, mid) <= capacity[s]:
                 lo = mid
             else:
                 hi = mid - 1
@@ -78,7 +106,7 @@ def _greedy(f: StageFunctions, stages: int, bound: float, capacity: float) -> li
     return cuts
 
 
-def _spread(cuts: list[tuple[int, int]], stages: int, f: StageFunctions) -> list[tuple[int, int]]:
+def _spread(cuts: list[tuple[int, int]], stages: int, f: Chain) -> list[tuple[int, int]]:
     """Split the slowest splittable stage in two until there are ``stages``."""
     cuts = list(cuts)
     while len(cuts) < stages:
@@ -92,12 +120,13 @@ def _spread(cuts: list[tuple[int, int]], stages: int, f: StageFunctions) -> list
     return cuts
 
 
-def partition(f: StageFunctions, stages: int, capacity: float) -> list[tuple[int, int]] | None:
+def partition(f: Chain, stages: int, capacity: float | Sequence[float]) -> list[tuple[int, int]] | None:
     """Contiguous stages ``[(first, end), ...]`` of the pieces minimizing the slowest stage within
-    ``capacity`` bytes per device; None when no cut into ``stages`` stages fits."""
+    ``capacity`` bytes per device (one figure, or one per stage); None when no cut into ``stages`` fits."""
     if stages > f.count:
         return None
-    hi = f.seconds(0, 0, f.count) * 2 + 1e-12
+    capacity = [capacity] * stages if isinstance(capacity, int | float) else list(capacity)
+    hi = max(f.seconds(s, 0, f.count) for s in range(stages)) * 2 + 1e-12
     best = _greedy(f, stages, hi, capacity)
     if best is None:
         return None
@@ -114,6 +143,6 @@ def partition(f: StageFunctions, stages: int, capacity: float) -> list[tuple[int
     spread = _spread(best, stages, f)
     if len(spread) < stages:
         return None
-    if any(f.nbytes(s, i, j) > capacity for s, (i, j) in enumerate(spread)):
+    if any(f.nbytes(s, i, j) > capacity[s] for s, (i, j) in enumerate(spread)):
         return None  # a split moved pieces to a stage that holds more microbatches
     return spread

@@ -65,17 +65,18 @@ class PieceTable:
     """Every piece's intra-op options, per (group size, microbatch size)."""
 
     pieces: list[Piece]  # in model order (from the split at the smallest microbatch)
-    options: dict[tuple[int, int], list[list[PieceCost]]]  # (group, microbatch) → per piece, its options
-    signatures: dict[tuple[int, int], int]  # distinct pieces saturated per (group, microbatch)
+    #: (tensor-group size, microbatch, device group) → per piece, its options
+    options: dict[tuple[int, int, int], list[list[PieceCost]]]
+    signatures: dict[tuple[int, int], int]  # distinct pieces saturated per (tensor-group size, microbatch)
     enodes: int = 0
     saturate_s: float = 0.0
 
-    def costs(self, group: int, micro: int) -> list[list[PieceCost]]:
-        return self.options[(group, micro)]
+    def costs(self, tensor: int, micro: int, group: int = 0) -> list[list[PieceCost]]:
+        return self.options[(tensor, micro, group)]
 
 
-def _group_mesh(size: int) -> Mesh:
-    return Mesh(("x",), (size,), tuple(range(size)))
+def _group_mesh(size: int, devices: Sequence[int] | None = None) -> Mesh:
+    return Mesh(("x",), (size,), tuple(devices[:size]) if devices is not None else tuple(range(size)))
 
 
 def _extractions(extractor: Extractor) -> list[tuple[str, Plan]]:
@@ -125,19 +126,28 @@ def _piece_cost(name: str, plan: Plan, graph: Graph, piece: Piece, objective: Ob
 
 
 def _price_split(
-    split: BlockSplit, group: int, machine: Machine, objective: Objective, rules: list[RuleFile], limits: Limits
-) -> tuple[dict[str, list[PieceCost]], int, float]:
-    """Each distinct piece of ``split`` saturated on a group of ``group`` devices and extracted."""
-    mesh = _group_mesh(group)
-    saturation = saturate_pieces(split, mesh, rules, limits)
-    model = CostModel(machine, mesh, objective)
-    found: dict[str, list[PieceCost]] = {}
-    for signature, sol in saturation.solutions.items():
-        inputs = frozenset({sol.piece.stream_in}) if sol.piece.stream_in is not None else frozenset()
-        extractor = Extractor(sol.data, sol.encoding, sol.graph, model, inputs)
-        found[signature] = [
-            _piece_cost(name, plan, split.graph, sol.piece, objective) for name, plan in _extractions(extractor)
-        ]
+    split: BlockSplit,
+    size: int,
+    groups: Sequence[Sequence[int]],
+    machine: Machine,
+    objective: Objective,
+    rules: list[RuleFile],
+    limits: Limits,
+) -> tuple[list[dict[str, list[PieceCost]]], int, float]:
+    """Each distinct piece of ``split`` saturated once on a tensor group of ``size`` devices (the e-graph
+    does not depend on the devices), then extracted on each device group's first ``size`` devices."""
+    saturation = saturate_pieces(split, _group_mesh(size), rules, limits)
+    found: list[dict[str, list[PieceCost]]] = []
+    for devices in groups:
+        model = CostModel(machine, _group_mesh(size, devices), objective)
+        costs: dict[str, list[PieceCost]] = {}
+        for signature, sol in saturation.solutions.items():
+            inputs = frozenset({sol.piece.stream_in}) if sol.piece.stream_in is not None else frozenset()
+            extractor = Extractor(sol.data, sol.encoding, sol.graph, model, inputs)
+            costs[signature] = [
+                _piece_cost(name, plan, split.graph, sol.piece, objective) for name, plan in _extractions(extractor)
+            ]
+        found.append(costs)
     return found, saturation.total.enodes, saturation.total.seconds
 
 
@@ -152,8 +162,10 @@ def price_pieces(
     *,
     workers: int = 2,
     say: Say | None = None,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> PieceTable:
-    """Saturate and extract every distinct piece for each microbatch and group size (``workers`` at a time).
+    """Saturate and extract every distinct piece for each microbatch and group size (``workers`` at a time),
+    priced on each of the machine's device ``groups`` (one kind each; default: all devices as one group).
 
     Raises OptionError when the model does not split into pieces, or splits differently at two microbatch
     sizes (a cut that depends on the batch: the stages could not be the same pieces)."""
@@ -178,17 +190,20 @@ def price_pieces(
     jobs = [(g, m) for m in micro_sizes for g in group_sizes]
     table = PieceTable(list(first.pieces), {}, {})
 
-    def run(job: tuple[int, int]) -> tuple[tuple[int, int], dict[str, list[PieceCost]], int, float]:
-        group, micro = job
-        found, enodes, seconds = _price_split(splits[micro], group, machine, objective, rules, limits)
+    device_sets = [tuple(g) for g in groups] if groups is not None else [tuple(range(machine.device_count))]
+
+    def run(job: tuple[int, int]) -> tuple[tuple[int, int], list[dict[str, list[PieceCost]]], int, float]:
+        size, micro = job
+        found, enodes, seconds = _price_split(splits[micro], size, device_sets, machine, objective, rules, limits)
         return job, found, enodes, seconds
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for (group, micro), found, enodes, seconds in pool.map(run, jobs):
+        for (size, micro), found, enodes, seconds in pool.map(run, jobs):
             split = splits[micro]
-            table.options[(group, micro)] = [found[p.signature] for p in split.pieces]
-            table.signatures[(group, micro)] = len(found)
+            for index, costs in enumerate(found):
+                table.options[(size, micro, index)] = [costs[p.signature] for p in split.pieces]
+            table.signatures[(size, micro)] = len(found[0])
             table.enodes += enodes
             table.saturate_s += seconds
-            say(f"pieces on {group} device(s) at microbatch {micro}: {len(found)} distinct, {enodes} e-nodes")
+            say(f"pieces on {size} device(s) at microbatch {micro}: {len(found[0])} distinct, {enodes} e-nodes")
     return table

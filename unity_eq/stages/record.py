@@ -17,7 +17,7 @@ from unity_eq.stages.pieces import PieceTable
 from unity_eq.stages.search import StagePlan, StageSearch
 from unity_eq.version import __version__
 
-__all__ = ["config_record", "pipeline_record", "stage_ranks"]
+__all__ = ["config_record", "pipeline_record"]
 
 
 def config_record(plan: StagePlan) -> ConfigRecord:
@@ -40,15 +40,6 @@ def config_record(plan: StagePlan) -> ConfigRecord:
         peak_bytes=plan.peak_bytes,
         fits=plan.fits,
     )
-
-
-def stage_ranks(plan: StagePlan, stage: int) -> list[int]:
-    """The devices of ``stage``: ranks are laid out with the tensor group fastest, then the config's order."""
-    c = plan.config
-    if c.order == "pdt":
-        start = stage * c.data * c.tensor
-        return list(range(start, start + c.data * c.tensor))
-    return [(replica * c.stages + stage) * c.tensor + k for replica in range(c.data) for k in range(c.tensor)]
 
 
 def _ranges(ranks: list[int], shown: int = 4) -> str:
@@ -86,7 +77,8 @@ def pipeline_record(
                 last_node=pieces[j - 1].nodes[-1].name,
                 receives=pieces[i].stream_in,
                 sends=pieces[j - 1].stream_out,
-                ranks=_ranges(stage_ranks(best, s)),
+                ranks=_ranges(list(best.devices[s])),
+                device=machine.devices[best.devices[s][0]].name,
                 seconds=best.stage_s[s],
                 weight_bytes=memory.weights,
                 weight_state_bytes=memory.weight_state,
@@ -117,7 +109,7 @@ def pipeline_record(
             pieces=len(pieces),
             distinct_pieces=len({p.signature for p in pieces}),
             microbatch_sizes=micro_sizes,
-            group_sizes=tuple(sorted({g for g, _ in table.options})),
+            group_sizes=tuple(sorted({t for t, _, _ in table.options})),
             seconds=seconds,
         ),
     )

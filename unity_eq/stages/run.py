@@ -23,6 +23,7 @@ from unity_eq.ir import Graph
 from unity_eq.machine import Machine
 from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
 from unity_eq.rulesets import RuleFile
+from unity_eq.search.meshes import device_groups
 from unity_eq.stages.pieces import GraphAt, PieceTable, price_pieces
 from unity_eq.stages.record import pipeline_record
 from unity_eq.stages.search import StageSearch, group_sizes, stage_search
@@ -125,9 +126,10 @@ def plan_stages(
     micro = tuple(sorted({m for m in micro_sizes if batch % m == 0}))
     if not micro:
         raise OptionError(f"no microbatch size among {list(micro_sizes)} divides the batch {batch}.")
-    groups = group_sizes(machine)
-    say(f"stage search: pricing pieces on tensor groups of {groups} at microbatches {list(micro)}")
-    table = price_pieces(graph_at, micro, groups, machine, objective, rules, limits, say=say)
+    sizes = group_sizes(machine)
+    say(f"stage search: pricing pieces on tensor groups of {sizes} at microbatches {list(micro)}")
+    groups = device_groups(machine)
+    table = price_pieces(graph_at, micro, sizes, machine, objective, rules, limits, say=say, groups=groups)
     found = stage_search(table, machine, objective, batch, micro)
     seconds = time.perf_counter() - start
     record = pipeline_record(found, table, graph_at(micro[0]), machine, objective, batch, seconds, micro)

@@ -20,6 +20,7 @@ stage fits in device memory wins; when none fits, :func:`stage_search` says by h
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,10 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from unity_eq.cost import CostModel, Objective
-from unity_eq.errors import InfeasiblePlanError, OptionError
+from unity_eq.errors import InfeasiblePlanError
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
-from unity_eq.stages.partition import StageFunctions, partition
+from unity_eq.search.meshes import device_groups
+from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import SCHEDULES, bubble_fraction, in_flight, pipeline_seconds
 from unity_eq.stages.state import ZERO_STAGES, microbatch_traffic_s, shard_factors, step_traffic_s
@@ -58,6 +60,7 @@ class StageConfig:
     zero: int = 0
     order: str = "pdt"
     policy: str = "fastest"
+    groups: tuple[int, ...] = (0,)  # the machine's device groups (one kind each) in pipeline order
 
     def describe(self) -> str:
         return (
@@ -89,7 +92,8 @@ class StagePlan:
     pipeline_s: float
     sync_s: float  # gradient synchronization and optimizer update after the last microbatch (the slowest stage)
     memory: tuple[StageMemory, ...]
-    capacity: float
+    capacities: tuple[float, ...]  # usable bytes per device of each stage
+    devices: tuple[tuple[int, ...], ...] = ()  # each stage's devices (rank = device), replicas × tensor group
 
     @property
     def step_s(self) -> float:
@@ -100,8 +104,12 @@ class StagePlan:
         return max(m.total for m in self.memory)
 
     @property
+    def capacity(self) -> float:
+        return min(self.capacities)
+
+    @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity
+        return all(m.total <= c for m, c in zip(self.memory, self.capacities, strict=True))
 
     @property
     def bubble(self) -> float:
@@ -115,12 +123,19 @@ def group_sizes(machine: Machine) -> list[int]:
     return [g for g in range(1, per_node + 1) if per_node % g == 0 and machine.device_count % g == 0]
 
 
-def _stage_mesh(config: StageConfig, devices: int) -> Mesh:
-    sizes = {"p": config.stages, "d": config.data, "t": config.tensor}
+def _group_mesh(config: StageConfig, stages: int, devices: Sequence[int]) -> Mesh:
+    """One device group's part of the layout: its ``stages`` stages × d × t over its devices, in order."""
+    sizes = {"p": stages, "d": config.data, "t": config.tensor}
     axes = tuple(config.order)
-    if math.prod(sizes[a] for a in axes) != devices:
-        raise ValueError(f"{config.describe()} uses {config.stages * config.data * config.tensor} of {devices} devices")
-    return Mesh(axes, tuple(sizes[a] for a in axes))
+    return Mesh(axes, tuple(sizes[a] for a in axes), tuple(devices))
+
+
+def _stage_devices(config: StageConfig, stages: int, devices: Sequence[int], k: int) -> tuple[int, ...]:
+    """The devices of the ``k``-th stage of a group: tensor group fastest, then the order's axes."""
+    d, t = config.data, config.tensor
+    if config.order == "pdt":
+        return tuple(devices[k * d * t : (k + 1) * d * t])
+    return tuple(devices[(r * stages + k) * t + j] for r in range(d) for j in range(t))
 
 
 def _pick(options: list[PieceCost], policy: str) -> PieceCost:
@@ -132,23 +147,32 @@ def _pick(options: list[PieceCost], policy: str) -> PieceCost:
     return min(options, key=lambda c: (c.activation_bytes + c.weight_bytes + c.state_bytes, c.step_s))
 
 
-def evaluate(
-    config: StageConfig, table: PieceTable, machine: Machine, objective: Objective, batch: int
-) -> StagePlan | None:
-    """Price ``config``: cut the pieces into stages and return the plan, or None when no cut fits memory or
-    the configuration does not divide the batch and devices."""
-    if config.data * config.microbatch * config.microbatches != batch:
-        return None
-    if (config.tensor, config.microbatch) not in table.options:
-        return None
+@dataclass
+class _Group:
+    """One device group's stages under a configuration: their cost model and per-piece arrays."""
+
+    index: int
+    devices: tuple[int, ...]
+    stages: int
+    model: CostModel
+    pieces: list[PieceCost]
+    seconds: list[float]
+    fixed: list[float]
+    held: list[float]
+    capacity: float
+    bandwidth: float
+
+
+def _group(
+    config: StageConfig, table: PieceTable, machine: Machine, objective: Objective, index: int, devices: tuple[int, ...]
+) -> _Group:
     training = objective.training
-    model = CostModel(machine, _stage_mesh(config, machine.device_count), objective)
-    pieces = [_pick(o, config.policy) for o in table.costs(config.tensor, config.microbatch)]
+    stages = len(devices) // (config.data * config.tensor)
+    model = CostModel(machine, _group_mesh(config, stages, devices), objective)
+    pieces = [_pick(o, config.policy) for o in table.costs(config.tensor, config.microbatch, index)]
     weight_f, gradient_f, optimizer_f = shard_factors(config.zero, config.data)
     recompute = training and config.recompute == "full"
-    dp = config.data
-
-    zero_s = [microbatch_traffic_s(config.zero, c.weight_bytes, dp, model, training) for c in pieces]
+    zero_s = [microbatch_traffic_s(config.zero, c.weight_bytes, config.data, model, training) for c in pieces]
     seconds = [c.step_s + (c.forward_s if recompute else 0.0) + z for c, z in zip(pieces, zero_s, strict=True)]
     fixed = [
         c.weight_bytes * weight_f
@@ -157,49 +181,108 @@ def evaluate(
         for c in pieces
     ]
     held = [c.input_bytes if recompute else c.activation_bytes for c in pieces]
-    largest_weights = max(c.weight_bytes for c in pieces)
-    largest_activation = max(c.activation_bytes for c in pieces) if recompute or not training else 0.0
-    send = [model.send("p", c.output_bytes) if config.stages > 1 else 0.0 for c in pieces]
+    device = machine.devices[devices[0]]
+    bandwidth = device.memory_bandwidth * machine.efficiency
+    return _Group(index, devices, stages, model, pieces, seconds, fixed, held, model.memory_capacity(), bandwidth)
 
-    def extra_seconds(stage: int, i: int, j: int) -> float:
-        forward = send[j - 1] if stage < config.stages - 1 else 0.0
-        backward = send[i - 1] if training and stage > 0 else 0.0  # the input's gradient goes back
-        return forward + backward
 
-    def extra_bytes(stage: int, i: int, j: int) -> float:
-        gathered = 2 * largest_weights if config.zero == 3 and dp > 1 else 0.0
-        return gathered + largest_activation
+def _sends(
+    config: StageConfig, layout: list[_Group], stage_group: list[_Group], machine: Machine, objective: Objective
+) -> list[list[float]]:
+    """Per stage boundary (stage s to s + 1), the time to send each piece's output across it."""
+    found: list[list[float]] = []
+    for s in range(len(stage_group) - 1):
+        a, b = stage_group[s], stage_group[s + 1]
+        if a is b:
+            model, axis = a.model, "p"
+        else:  # across two device groups: one device of each, over whatever links join them
+            pair = Mesh(("p",), (2,), (a.devices[-1], b.devices[0]))
+            model, axis = CostModel(machine, pair, objective), "p"
+        found.append([model.send(axis, c.output_bytes) for c in a.pieces])
+    return found
 
-    def copies(stage: int) -> int:
-        return in_flight(config.schedule, stage, config.stages, config.microbatches, training)
 
-    functions = StageFunctions(seconds, fixed, held, extra_seconds, extra_bytes, copies)
-    capacity = model.memory_capacity()
-    cuts = partition(functions, config.stages, capacity)
+def evaluate(
+    config: StageConfig,
+    table: PieceTable,
+    machine: Machine,
+    objective: Objective,
+    batch: int,
+    groups: Sequence[tuple[int, ...]] | None = None,
+) -> StagePlan | None:
+    """Price ``config``: cut the pieces into stages and return the plan, or None when no cut fits memory or
+    the configuration does not divide the batch and devices. ``groups``: the machine's device groups
+    (``search.device_groups``; computed when not given)."""
+    if config.data * config.microbatch * config.microbatches != batch:
+        return None
+    groups = list(groups) if groups is not None else device_groups(machine)
+    if any((config.tensor, config.microbatch, g) not in table.options for g in config.groups):
+        return None
+    per_stage = config.data * config.tensor
+    if any(len(groups[g]) % per_stage for g in config.groups):
+        return None
+    training = objective.training
+    layout = [_group(config, table, machine, objective, g, groups[g]) for g in config.groups]
+    stage_group = [group for group in layout for _ in range(group.stages)]
+    stage_index = [k for group in layout for k in range(group.stages)]
+    if len(stage_group) != config.stages:
+        return None
+    prefix = {id(g): StageFunctions(g.seconds, g.fixed, g.held, _none, _none, _one) for g in layout}
+    sends = _sends(config, layout, stage_group, machine, objective)
+    largest_weights = max(c.weight_bytes for g in layout for c in g.pieces)
+    largest_activation = (
+        max(c.activation_bytes for g in layout for c in g.pieces) if training and config.recompute == "full" else 0.0
+    )
+    if not training:
+        largest_activation = max(c.activation_bytes for g in layout for c in g.pieces)
+
+    def seconds(stage: int, i: int, j: int) -> float:
+        f = prefix[id(stage_group[stage])]
+        forward = sends[stage][j - 1] if stage < config.stages - 1 else 0.0
+        backward = sends[stage - 1][i - 1] if training and stage > 0 else 0.0  # the input's gradient goes back
+        return f.time[j] - f.time[i] + forward + backward
+
+    def nbytes(stage: int, i: int, j: int) -> float:
+        f = prefix[id(stage_group[stage])]
+        copies = in_flight(config.schedule, stage, config.stages, config.microbatches, training)
+        gathered = 2 * largest_weights if config.zero == 3 and config.data > 1 else 0.0
+        return f.fixed[j] - f.fixed[i] + copies * (f.held[j] - f.held[i]) + gathered + largest_activation
+
+    capacities = [g.capacity for g in stage_group]
+    cuts = partition(StageCuts(len(table.pieces), seconds, nbytes), config.stages, capacities)
     if cuts is None:
         return None
-    stage_s = tuple(functions.seconds(s, i, j) for s, (i, j) in enumerate(cuts))
-    memory = []
+    weight_f = shard_factors(config.zero, config.data)[0]
+    memory, stage_s, devices = [], [], []
     sync = 0.0
-    bandwidth = min(machine.devices[d].memory_bandwidth for d in range(machine.device_count)) * machine.efficiency
     for s, (i, j) in enumerate(cuts):
-        weights = sum(c.weight_bytes for c in pieces[i:j])
-        kept = functions.nbytes(s, i, j) - (functions.fixed[j] - functions.fixed[i])
-        resident = functions.fixed[j] - functions.fixed[i]
-        local_weights = weights * weight_f
-        memory.append(StageMemory(local_weights, resident - local_weights, kept))
-        group = sum(c.gradient_s for c in pieces[i:j])
-        update = 2 * (resident if training else 0.0) / bandwidth  # the optimizer reads and writes its state
-        sync = max(sync, step_traffic_s(config.zero, weights, dp, model, training) + group + update)
+        group, f = stage_group[s], prefix[id(stage_group[s])]
+        resident = f.fixed[j] - f.fixed[i]
+        weights = sum(c.weight_bytes for c in group.pieces[i:j])
+        memory.append(StageMemory(weights * weight_f, resident - weights * weight_f, nbytes(s, i, j) - resident))
+        stage_s.append(seconds(s, i, j))
+        devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
+        own = sum(c.gradient_s for c in group.pieces[i:j])
+        update = 2 * (resident if training else 0.0) / group.bandwidth  # the optimizer reads and writes its state
+        sync = max(sync, step_traffic_s(config.zero, weights, config.data, group.model, training) + own + update)
     return StagePlan(
         config,
         tuple(cuts),
-        stage_s,
+        tuple(stage_s),
         pipeline_seconds(stage_s, config.microbatches),
         sync,
         tuple(memory),
-        capacity,
+        tuple(capacities),
+        tuple(devices),
     )
+
+
+def _none(_stage: int, _i: int, _j: int) -> float:
+    return 0.0
+
+
+def _one(_stage: int) -> int:
+    return 1
 
 
 def _divisors(n: int) -> list[int]:
@@ -207,16 +290,27 @@ def _divisors(n: int) -> list[int]:
 
 
 def configurations(
-    table: PieceTable, devices: int, batch: int, micro_sizes: Sequence[int], training: bool, pipeline: bool = True
+    table: PieceTable,
+    groups: Sequence[Sequence[int]],
+    batch: int,
+    micro_sizes: Sequence[int],
+    training: bool,
+    pipeline: bool = True,
 ) -> Iterator[StageConfig]:
-    """Every configuration the table can price (``pipeline=False``: one stage only)."""
+    """Every configuration the table can price over the machine's device ``groups`` (``pipeline=False``:
+    one stage only). Every group gets at least one stage, all of the same d × t devices; the groups are
+    tried in every order along the pipeline."""
     pieces = len(table.pieces)
-    groups = sorted({g for g, _ in table.options})
-    for tensor in groups:
-        for stages in _divisors(devices // tensor) if pipeline else [1]:
-            if stages > pieces or devices % (tensor * stages):
+    sizes = [len(g) for g in groups]
+    orders = list(itertools.permutations(range(len(groups))))
+    for tensor in sorted({t for t, _, _ in table.options}):
+        if any(n % tensor for n in sizes):
+            continue
+        common = math.gcd(*(n // tensor for n in sizes))
+        for data in sorted(_divisors(common), reverse=True):
+            stages = sum(n // (data * tensor) for n in sizes)
+            if stages > pieces or (not pipeline and stages > 1):
                 continue
-            data = devices // (tensor * stages)
             for micro in micro_sizes:
                 if batch % (data * micro):
                     continue
@@ -226,18 +320,20 @@ def configurations(
                         for schedule in SCHEDULES if training and stages > 1 else ("1f1b",):
                             for order in ORDERS if stages > 1 and data > 1 else ("pdt",):
                                 for policy in POLICIES:
-                                    yield StageConfig(
-                                        stages,
-                                        data,
-                                        tensor,
-                                        micro,
-                                        microbatches,
-                                        schedule,
-                                        recompute,
-                                        zero,
-                                        order,
-                                        policy,
-                                    )
+                                    for layout in orders:
+                                        yield StageConfig(
+                                            stages,
+                                            data,
+                                            tensor,
+                                            micro,
+                                            microbatches,
+                                            schedule,
+                                            recompute,
+                                            zero,
+                                            order,
+                                            policy,
+                                            layout,
+                                        )
 
 
 def _rank(plan: StagePlan) -> tuple[float, int, int, int]:
@@ -265,17 +361,14 @@ def stage_search(
 ) -> StageSearch:
     """The cheapest configuration that fits; InfeasiblePlanError names the smallest footprint found and what
     would make it fit."""
-    if len({d.name for d in machine.devices}) > 1:
-        raise OptionError(
-            f"the stage search needs one kind of device; {machine.name} has several. Plan it without `--pipeline`."
-        )
+    groups = device_groups(machine)
     best: StagePlan | None = None
     flat: StagePlan | None = None
     smallest: tuple[float, StageConfig] | None = None
     evaluated = fitting = 0
-    for config in configurations(table, machine.device_count, batch, micro_sizes, objective.training):
+    for config in configurations(table, groups, batch, micro_sizes, objective.training):
         evaluated += 1
-        plan = evaluate(config, table, machine, objective, batch)
+        plan = evaluate(config, table, machine, objective, batch, groups)
         if plan is None:
             footprint = _footprint(config, table, objective)
             if smallest is None or footprint < smallest[0]:
@@ -293,9 +386,9 @@ def stage_search(
 
 def _footprint(config: StageConfig, table: PieceTable, objective: Objective) -> float:
     """Bytes per device with every piece spread evenly over the stages (a lower bound of the real cut)."""
-    if (config.tensor, config.microbatch) not in table.options:
+    if (config.tensor, config.microbatch, config.groups[0]) not in table.options:
         return math.inf
-    pieces = [_pick(o, "smallest") for o in table.costs(config.tensor, config.microbatch)]
+    pieces = [_pick(o, "smallest") for o in table.costs(config.tensor, config.microbatch, config.groups[0])]
     weight_f, gradient_f, optimizer_f = shard_factors(config.zero, config.data)
     resident = sum(
         c.weight_bytes * weight_f
