@@ -161,7 +161,7 @@ def _check_external_locations(model: onnx.ModelProto, base: Path, where: str) ->
     for t in _all_tensors(model.graph):
         if not external_data_helper.uses_external_data(t):
             continue
-        location = external_data_helper.ExternalDataInfo(t).location
+        location = _external_info(t, where).location
         resolved = (root / location).resolve()
         if Path(location).is_absolute() or not location or not resolved.is_relative_to(root):
             raise ModelError(
@@ -169,6 +169,19 @@ def _check_external_locations(model: onnx.ModelProto, base: Path, where: str) ->
                 f"{resolved}, not inside {root}). External data must be a relative path inside the model's "
                 "folder; move the weight file next to the model and re-save it."
             )
+
+
+def _external_info(t: onnx.TensorProto, where: str) -> external_data_helper.ExternalDataInfo:
+    """The tensor's external data entry (location, offset, length), or a ModelError when it is malformed
+    (onnx raises a bare ValueError for an offset or length that is not an integer)."""
+    try:
+        return external_data_helper.ExternalDataInfo(t)
+    except ValueError as exc:
+        entries = {e.key: e.value for e in t.external_data}
+        raise ModelError(
+            f"{where}: external tensor {t.name!r} has a malformed external data entry {entries} ({exc}): offset and "
+            "length must be whole numbers of bytes. Re-save the model with onnx."
+        ) from None
 
 
 _PACKED_TYPES = frozenset(
@@ -200,7 +213,7 @@ def _map_external_data(model: onnx.ModelProto, path: Path, where: str) -> tuple[
     for t in model.graph.initializer:
         if not external_data_helper.uses_external_data(t):
             continue
-        info = external_data_helper.ExternalDataInfo(t)
+        info = _external_info(t, where)
         file = base / info.location
         dtype = _np_dtype(t)
         shape = tuple(int(d) for d in t.dims)

@@ -230,3 +230,36 @@ def test_weight_inputs_are_planned_as_weights(tmp_path: Path) -> None:
 def test_weight_input_must_name_a_model_input() -> None:
     with pytest.raises(OptionError, match=r"`--weight-input w3`: the model has no input 'w3'; its inputs are"):
         load_onnx(_parameters_as_inputs(), weight_inputs=["w3"])
+
+
+def test_a_pytorch_model_on_the_meta_device_is_planned_without_weights(tmp_path: Path) -> None:
+    import torch
+
+    from unity_eq.frontends.torch_meta import ABSENT_SUFFIX, export_meta
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = torch.nn.Linear(512, 2048)
+            self.down = torch.nn.Linear(2048, 512)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(torch.relu(self.up(x)))
+
+    with torch.device("meta"):
+        module = Mlp()
+    path = export_meta(module, (torch.empty(4, 16, 512, device="meta"),), tmp_path / "mlp.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp.onnx"]  # no weight bytes anywhere
+    model = onnx.load(path, load_external_data=False)
+    locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    assert locations == {"mlp.onnx" + ABSENT_SUFFIX}
+    graph = load_onnx(path)
+    # the weights keep their real shapes: 512·2048 + 2048 + 2048·512 + 512 float32 elements, none in memory
+    assert sum(w.size * w.itemsize for w in graph.initializers.values()) == (512 * 2048 + 2048 + 2048 * 512 + 512) * 4
+    assert set(graph.missing_weights) == set(graph.initializers)
+    assert all(0 in w.strides or w.size <= 1 for w in graph.initializers.values())
+    result = optimize(path, devices=4, plan_only=True, output_dir=tmp_path / "plan", objective="training")
+    assert result.plan.report.memory is not None and result.plan.report.memory.fits
+    assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["plan.json"]
+    with pytest.raises(ModelError, match="absent|missing"):
+        optimize(path, devices=4, output_dir=tmp_path / "lowered")
