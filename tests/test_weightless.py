@@ -261,5 +261,5 @@ def test_a_pytorch_model_on_the_meta_device_is_planned_without_weights(tmp_path:
     result = optimize(path, devices=4, plan_only=True, output_dir=tmp_path / "plan", objective="training")
     assert result.plan.report.memory is not None and result.plan.report.memory.fits
     assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["plan.json"]
-    with pytest.raises(ModelError, match="absent|missing"):
+    with pytest.raises(ModelError, match=r"absent|missing"):
         optimize(path, devices=4, output_dir=tmp_path / "lowered")
