@@ -138,6 +138,7 @@ class _Vocab:
         self._ops: dict[str, z3.FuncDeclRef] = {}
         self._fns: dict[str, z3.FuncDeclRef] = {}
         self._consts: dict[tuple[str, Any], Any] = {}
+        self._vec_fns: dict[int, z3.FuncDeclRef] = {}
         self.axioms: dict[str, list[Any]] = {}
         self._build_axioms()
 
@@ -183,6 +184,19 @@ class _Vocab:
     def vec_facts(self, value: tuple[int, ...]) -> list[Any]:
         v = self.const("IVec", value)
         return [self.vlen(v) == len(value), *(self.vget(v, k) == x for k, x in enumerate(value))]
+
+    def vec_of(self, *items: Any) -> Any:
+        """``(vec-of i ...)`` of symbolic integers: one function per length (a literal vector is a constant)."""
+        fn = self._vec_fns.get(len(items))
+        if fn is None:
+            fn = z3.Function(f"vec-of{len(items)}", *([z3.IntSort()] * len(items)), self.V)
+            self._vec_fns[len(items)] = fn
+        return fn(*items)
+
+    def vec_of_facts(self, items: Sequence[Any]) -> list[Any]:
+        """Its length and elements: what the guards and axioms may read of it."""
+        v = self.vec_of(*items)
+        return [self.vlen(v) == len(items), *(self.vget(v, k) == x for k, x in enumerate(items))]
 
     # --- axioms
     def add(self, group: str, axiom: Any) -> None:
@@ -370,6 +384,12 @@ class _Rule:
             vec = tuple(int(a.value) for a in args)
             self.facts += z.vec_facts(vec)
             return z.const("IVec", vec)
+        if head == "vec-of" and len(args) == 1:
+            # one axis from a variable (reduce-mean-split-reduced). Longer ones stay unsupported: the generated
+            # Split rules' (vec-of n1 n1) would reach z3, which proves 5 of 54 and times out on the rest (~2 s each)
+            items = [self.value(a) for a in args]
+            self.facts += z.vec_of_facts(items)
+            return z.vec_of(*items)
         if head == "vec-empty":
             self.facts += z.vec_facts(())
             return z.const("IVec", ())
@@ -669,7 +689,7 @@ def _prove_one(
         """The device's piece of an operand, from its placement (pieces of a P value are a free part)."""
         if isinstance(t, Var) and sorts.get(t.name) != "T":
             return r.value(t)
-        if isinstance(t, Lit):
+        if isinstance(t, Lit) or (isinstance(t, App) and t.head in ("vec-of", "vec-empty")):
             return r.value(t)
         if isinstance(t, App) and t.head == "PList":
             ax = r.axis(t.args[2])

@@ -1,7 +1,8 @@
 """Reductions: ReduceSum, ReduceMean, ReduceMax, ReduceMin over a set of axes, dims kept or dropped.
 
 They shard along any dim they keep (each device reduces its own rows), and ReduceSum along a reduced dim too:
-each device's sum is a piece of a pending sum (``Partial``), which an all-reduce completes. Their rules are in
+each device's sum is a piece of a pending sum (``Partial``), which an all-reduce completes. ReduceMean over a
+split, reduced dim first averages over another of its axes on each device and all-gathers that small result. Their rules are in
 ``rules/parallel/layout.egg`` with the other data-movement ops, whose ``reduce-map`` analysis they share.
 """
 
@@ -59,11 +60,17 @@ def reduce_pairs(axes: tuple[int, ...], keepdims: int, rank: int) -> Iterator[tu
 
 
 def guard_facts(op: str, values: Mapping[str, Any], node: NodeView) -> Iterator[tuple[Any, ...]]:
-    """``reduce-map``: where each kept dim goes (analysis.egg), for the rules that shard a kept dim."""
+    """``reduce-map``: where each kept dim goes (analysis.egg), for the rules that shard a kept dim. A mean
+    over several axes also gets the facts of a mean over each one of them alone, dims kept: the rule that
+    splits it along a reduced dim (reduce-mean-split-reduced) averages over one of the others on each device."""
     rank = node.rank(values["data"])
     axes, keep = tuple(values["axes"]), int(values["keepdims"])
     for d, d2 in reduce_pairs(axes, keep, rank):
         yield ("reduce-map", axes, keep, rank, d, d2)
+    if op == "ReduceMean" and len(axes) > 1:
+        for j in axes:
+            for d, d2 in reduce_pairs((j,), 1, rank):
+                yield ("reduce-map", (j,), 1, rank, d, d2)
 
 
 def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
@@ -100,7 +107,7 @@ def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequenc
 
 def axioms(v: Any) -> None:
     """A reduction commutes with slicing a dim it keeps (``reduce-map`` says where that dim goes); ReduceSum
-    over a sliced dim is a piece of a pending sum."""
+    over a sliced dim is a piece of a pending sum; ReduceMean may first average over one of its axes."""
     import z3  # the verifier's vocabulary is z3's; the engine never calls this
 
     x, axes, k, kd, d, d2, i, n, ch, rel, FA, P = v.symbols("x axes k kd d d2 i n ch rel FA P")
@@ -132,6 +139,20 @@ def axioms(v: Any) -> None:
                 v.is_partial(rsum(ch(x, d, i, n), axes, k, kd), rsum(x, axes, k, kd), i, n),
             ),
             patterns=[rsum(ch(x, d, i, n), axes, k, kd)],
+        ),
+    )
+    # The mean of equal-sized groups' means is the mean: a mean over one of the axes first, dims kept.
+    rmean = v.op("ReduceMean")
+    inner = rmean(x, v.vec_of(d2), 1, kd)
+    v.add(
+        "ReduceMean",
+        FA(
+            [x, axes, k, kd, d2],
+            z3.Implies(
+                z3.And(rel["vec-contains"](axes, d2), *v.vec_of_facts([d2])),
+                rmean(inner, axes, k, kd) == rmean(x, axes, k, kd),
+            ),
+            patterns=[rmean(inner, axes, k, kd)],
         ),
     )
 
