@@ -42,10 +42,11 @@ class Gpt:
 
     def flops_per_step(self, batch: int, recompute: bool = True) -> float:
         """Megatron's formula (Narayanan et al., eq. 3): 96·B·s·l·h²·(1 + s/6h + V/16lh) with full activation
-        recomputation (72 instead of 96 without): what its TFLOP/s per GPU are computed from."""
+        recomputation: what its TFLOP/s per GPU are computed from. The logits (6·B·s·h·V) are not recomputed,
+        so without recomputation it is 72·B·s·l·h²·(1 + s/6h + V/12lh)."""
         h, s, layer_count = self.hidden, self.seq, self.layers
-        factor = 96 if recompute else 72
-        return factor * batch * s * layer_count * h * h * (1 + s / (6 * h) + self.vocab / (16 * layer_count * h))
+        factor, logits = (96, 16) if recompute else (72, 12)
+        return factor * batch * s * layer_count * h * h * (1 + s / (6 * h) + self.vocab / (logits * layer_count * h))
 
     def graph(self, batch: int) -> Graph:
         """The model at ``batch`` sequences."""

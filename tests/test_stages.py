@@ -3,7 +3,9 @@ egglog. Expected values are derived from the formulas in the modules' docstrings
 
 from __future__ import annotations
 
+import copy
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from unity_eq.machine import load_machine
 from unity_eq.planfile.pipeline import read_pipeline_record
 from unity_eq.rulesets import default_rule_files, load_rule_files
 from unity_eq.stages import StageConfig, evaluate, price_pieces, stage_search
-from unity_eq.stages.partition import StageFunctions, partition
+from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.schedule import bubble_fraction, in_flight, pipeline_seconds
 from unity_eq.stages.search import configurations
 from unity_eq.stages.state import microbatch_traffic_s, shard_factors, step_traffic_s
@@ -94,6 +96,17 @@ def test_partition_balances_the_slowest_stage() -> None:
     f = _functions([4.0, 1.0, 1.0, 1.0, 1.0], [0.0] * 5, [0.0] * 5, [1, 1])
     assert partition(f, 2, 1e9) == [(0, 1), (1, 5)]  # 4 | 4 beats 5 | 3
     assert partition(f, 6, 1e9) is None  # more stages than pieces
+
+
+def test_partition_finds_a_cut_when_sending_between_stages_costs_more_than_computing() -> None:
+    # four 1 s pieces whose outputs take 100 s to send (the last one's is the model output: nothing to send);
+    # two stages of two pieces: 2 s of compute + 100 s forward (stage 0) or + 100 s backward (stage 1)
+    send = [100.0, 100.0, 100.0, 0.0]
+
+    def seconds(stage: int, i: int, j: int) -> float:
+        return (j - i) + (send[j - 1] if stage == 0 else 0.0) + (send[i - 1] if stage == 1 else 0.0)
+
+    assert partition(StageCuts(4, seconds, lambda s, i, j: 0.0), 2, 1.0) == [(0, 2), (2, 4)]
 
 
 def test_partition_moves_pieces_off_the_stage_that_holds_more_microbatches() -> None:
@@ -251,6 +264,25 @@ def test_optimize_pipeline_writes_a_plan_explain_reads_and_run_refuses(tmp_path:
         assert refused.returncode == 2
         assert "pipeline plan" in refused.stderr and "not lowered" in refused.stderr
         assert "Traceback" not in refused.stderr
+    # a damaged plan.json: one error line naming the field, never a traceback
+    raw = json.loads((plan / "plan.json").read_text())
+    damages = {
+        "stages": lambda r: r.update(stages=[]),
+        "chosen.microbatches": lambda r: r["chosen"].update(microbatches=0),
+        "stages[0].index": lambda r: [st.update(index=st["index"] + 1) for st in r["stages"]],
+        "stages[0].pieces": lambda r: r["stages"][0].update(pieces=[0]),
+        "stages[0].seconds": lambda r: r["stages"][0].update(seconds=-1.0),
+        "stages[].seconds": lambda r: [st.update(seconds=0.0) for st in r["stages"]],
+        "chosen.step_s": lambda r: r["chosen"].update(step_s=0.0),
+    }
+    for field, damage in damages.items():
+        broken = copy.deepcopy(raw)
+        damage(broken)
+        (plan / "plan.json").write_text(json.dumps(broken))
+        for fmt in ("text", "svg"):
+            proc = run_cli("explain", str(plan), "--format", fmt)
+            assert proc.returncode == 2 and f"field {field!r}" in proc.stderr, (field, proc.stderr)
+            assert "Traceback" not in proc.stderr
 
 
 def test_optimize_pipeline_refuses_options_that_do_not_apply(tmp_path: Path) -> None:

@@ -124,8 +124,10 @@ def _resolve(plan: Plan) -> dict[str, str]:
     return alias
 
 
-def plan_memory(plan: Plan, capacity: float | None = None) -> MemoryUsage:
-    """Memory per device of ``plan`` (see the module docstring)."""
+def plan_memory(plan: Plan, capacity: float | None = None, keep_outputs: bool = True) -> MemoryUsage:
+    """Memory per device of ``plan`` (see the module docstring). ``keep_outputs=False``: in training, the plan's
+    outputs are kept only if one of its own ops keeps them (a piece of a model whose output the next piece
+    reads, and keeps there if it needs it, rather than a loss)."""
     mesh = plan.mesh
     kinds = tensor_kinds(plan)
     alias = _resolve(plan)
@@ -154,7 +156,9 @@ def plan_memory(plan: Plan, capacity: float | None = None) -> MemoryUsage:
         if plan.objective.training and t.dtype != "none":
             state += nbytes * weight_state_factor(np.dtype(t.dtype).itemsize)
 
-    activations = _stored_activations(plan, kinds) if plan.objective.training else _peak_live(plan, kinds, alias)
+    activations = (
+        _stored_activations(plan, kinds, keep_outputs) if plan.objective.training else _peak_live(plan, kinds, alias)
+    )
     return MemoryUsage(weights, state, activations, capacity)
 
 
@@ -224,7 +228,7 @@ def _weight_like(plan: Plan, kinds: dict[str, str]) -> set[str]:
     return like
 
 
-def _stored_activations(plan: Plan, kinds: dict[str, str]) -> float:
+def _stored_activations(plan: Plan, kinds: dict[str, str], keep_outputs: bool = True) -> float:
     """Bytes of the activations kept for the backward pass: every storage some op keeps, once, plus the plan's
     outputs; a weight's storage is counted with the weights."""
     base = _storage(plan)
@@ -232,7 +236,8 @@ def _stored_activations(plan: Plan, kinds: dict[str, str]) -> float:
     for step in plan.steps:
         if isinstance(step, Compute):
             kept.update(base.get(name, name) for name in _kept_by(step))
-    kept.update(base.get(name, name) for name in plan.outputs.values())
+    if keep_outputs:
+        kept.update(base.get(name, name) for name in plan.outputs.values())
     kept -= _weight_like(plan, kinds)
     return float(sum(plan.tensors[name].local_bytes(plan.mesh) for name in kept))
 

@@ -8,12 +8,13 @@ not lowered yet (docs/pipeline.md); ``run`` and ``check`` say so instead of fail
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from unity_eq.errors import PlanError
-from unity_eq.planfile.checks import PLAN_FORMAT_VERSION, REDO
+from unity_eq.planfile.checks import PLAN_FORMAT_VERSION, REDO, bad
 from unity_eq.planfile.codec import Record
 
 __all__ = [
@@ -147,4 +148,29 @@ def read_pipeline_record(path: Path) -> PipelinePlanRecord:
             f"{path}: plan format version {raw.get('format_version')!r}, this unity-eq reads {PLAN_FORMAT_VERSION}. "
             f"{REDO}"
         )
-    return PipelinePlanRecord.from_json(raw, path, "")
+    record = PipelinePlanRecord.from_json(raw, path, "")
+    _check_consistent(record, path)
+    return record
+
+
+def _check_consistent(record: PipelinePlanRecord, path: Path) -> None:
+    """What explain relies on beyond the fields' types: stages in order over the pieces, times that are
+    finite and not negative, at least one microbatch."""
+    if not record.stages:
+        raise bad(path, "stages", "at least one stage", [])
+    if record.chosen.microbatches < 1:
+        raise bad(path, "chosen.microbatches", "a positive integer", record.chosen.microbatches)
+    end = 0
+    for k, stage in enumerate(record.stages):
+        if stage.index != k:
+            raise bad(path, f"stages[{k}].index", f"{k} (stages in order)", stage.index)
+        if len(stage.pieces) != 2 or stage.pieces[0] != end or stage.pieces[1] <= stage.pieces[0]:
+            raise bad(path, f"stages[{k}].pieces", f"[{end}, end) with end > {end}", list(stage.pieces))
+        end = stage.pieces[1]
+        if not (math.isfinite(stage.seconds) and stage.seconds >= 0):
+            raise bad(path, f"stages[{k}].seconds", "a finite number of seconds, not negative", stage.seconds)
+    if not sum(stage.seconds for stage in record.stages) > 0:
+        raise bad(path, "stages[].seconds", "some stage taking time", 0)
+    for name, config in (("chosen", record.chosen), ("without_pipeline", record.without_pipeline)):
+        if config is not None and not (math.isfinite(config.step_s) and config.step_s > 0):
+            raise bad(path, f"{name}.step_s", "a positive number of seconds", config.step_s)

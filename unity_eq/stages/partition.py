@@ -11,6 +11,7 @@ stage never makes it slower or larger).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -126,10 +127,10 @@ def partition(f: Chain, stages: int, capacity: float | Sequence[float]) -> list[
     if stages > f.count:
         return None
     capacity = [capacity] * stages if isinstance(capacity, int | float) else list(capacity)
-    hi = max(f.seconds(s, 0, f.count) for s in range(stages)) * 2 + 1e-12
-    best = _greedy(f, stages, hi, capacity)
+    best = _greedy(f, stages, math.inf, capacity)  # memory alone: is there any cut?
     if best is None:
         return None
+    hi = max(f.seconds(s, i, j) for s, (i, j) in enumerate(best))  # that cut's slowest stage bounds the best
     lo = 0.0
     for _ in range(ITERATIONS):
         mid = (lo + hi) / 2

@@ -107,15 +107,17 @@ def _piece_cost(name: str, plan: Plan, graph: Graph, piece: Piece, objective: Ob
     breakdown = cost_breakdown(plan)
     assert breakdown.communication_by_axis is not None  # a one-axis mesh has one
     traffic = next(iter(breakdown.communication_by_axis.values()))
-    memory = plan_memory(plan)
+    memory = plan_memory(plan, keep_outputs=piece.stream_out is None)  # the next piece keeps what it needs
     itemsize = _weight_itemsize(graph, piece)
-    forward = (plan.cost.compute + traffic.forward_s) / objective.compute_factor if objective.training else 0.0
+    # the forward's compute (compute is forward + backward in training) and its collectives, which the cost model
+    # prices once (unscaled) in training: what a recomputed forward repeats
+    forward = plan.cost.compute / objective.compute_factor + traffic.forward_s
     return PieceCost(
         extraction=name,
         compute_s=plan.cost.compute,
         comm_s=traffic.forward_s + traffic.backward_s,
         gradient_s=traffic.gradient_s,
-        forward_s=forward if objective.training else plan.cost.total,
+        forward_s=forward,
         weight_bytes=memory.weights,
         state_bytes=memory.weight_state,
         activation_bytes=memory.activations,
@@ -182,7 +184,8 @@ def price_pieces(
         splits[micro] = split
     first = splits[min(micro_sizes)]
     for micro, split in splits.items():
-        if len(split.pieces) != len(first.pieces):
+        cuts = [(p.stream_in, p.stream_out) for p in split.pieces]
+        if cuts != [(p.stream_in, p.stream_out) for p in first.pieces]:
             raise OptionError(
                 f"the model splits into {len(first.pieces)} pieces at microbatch {min(micro_sizes)} and "
                 f"{len(split.pieces)} at {micro}: its cuts depend on the batch size, so it cannot be staged."

@@ -180,7 +180,8 @@ def _group(
         + max(0.0, c.state_bytes - c.weight_bytes) * optimizer_f
         for c in pieces
     ]
-    held = [c.input_bytes if recompute else c.activation_bytes for c in pieces]
+    # inference keeps nothing per microbatch: a stage's peak is its largest piece's (``largest_activation``)
+    held = [c.input_bytes if recompute else c.activation_bytes for c in pieces] if training else [0.0] * len(pieces)
     device = machine.devices[devices[0]]
     bandwidth = device.memory_bandwidth * machine.efficiency
     return _Group(index, devices, stages, model, pieces, seconds, fixed, held, model.memory_capacity(), bandwidth)
@@ -316,7 +317,7 @@ def configurations(
                     continue
                 microbatches = batch // (data * micro)
                 for recompute in RECOMPUTE if training else ("none",):
-                    for zero in ZERO_STAGES if data > 1 else (0,):
+                    for zero in (ZERO_STAGES if training else (0, 3)) if data > 1 else (0,):
                         for schedule in SCHEDULES if training and stages > 1 else ("1f1b",):
                             for order in ORDERS if stages > 1 and data > 1 else ("pdt",):
                                 for policy in POLICIES:
