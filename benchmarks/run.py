@@ -1,4 +1,4 @@
-"""Benchmarks of `optimize`: `python -m benchmarks.run [--suite core|scale|layers|all] [options]`.
+"""Benchmarks of `optimize`: `python -m benchmarks.run [--suite core|scale|layers|hf|all] [options]`.
 
 Suites (each case runs `benchmarks.measure` in a fresh subprocess, so peak memory is per case):
 
@@ -112,7 +112,7 @@ def scale_rows(rows: Iterable[dict[str, Any]]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="core", choices=["core", "scale", "layers", "all"])
+    parser.add_argument("--suite", default="core", choices=["core", "scale", "layers", "hf", "all"])
     parser.add_argument("--models", help="comma-separated model names (overrides the suite's)")
     parser.add_argument("--gpus", help="comma-separated GPU counts among 8, 16, 64 (default: the suite's)")
     parser.add_argument("--objective", help="inference, training or both (comma-separated)")
