@@ -73,15 +73,15 @@ def _hf_model(kind: str, layers: int, hidden: int, heads: int, seq: int) -> tupl
     import transformers
 
     if kind == "bert":
-        config = transformers.BertConfig(
+        bert = transformers.BertConfig(
             num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden
         )
-        return transformers.BertModel(config).eval(), config, {}
+        return transformers.BertModel(bert).eval(), bert, {}
     if kind == "gpt2":
-        config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq)
-        return transformers.GPT2Model(config).eval(), config, {"use_cache": False}
+        gpt2 = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq)
+        return transformers.GPT2Model(gpt2).eval(), gpt2, {"use_cache": False}
     if kind == "llama":
-        config = transformers.LlamaConfig(
+        llama = transformers.LlamaConfig(
             num_hidden_layers=layers,
             hidden_size=hidden,
             num_attention_heads=heads,
@@ -90,7 +90,7 @@ def _hf_model(kind: str, layers: int, hidden: int, heads: int, seq: int) -> tupl
             vocab_size=32000,
             max_position_embeddings=max(seq, 2048),
         )
-        return transformers.LlamaModel(config).eval(), config, {"use_cache": False}
+        return transformers.LlamaModel(llama).eval(), llama, {"use_cache": False}
     raise ValueError(f"unknown transformers model kind {kind!r}")
 
 

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from benchmarks.models import _hf  # noqa: E402
 
-LAYERS, BATCH, SEQ = 3, 2, 16
+LAYERS, BATCH, SEQ = 3, 8, 64  # batch 8: the plan is data parallel, each layer slices the mask
 
 
 @pytest.fixture(scope="module")
@@ -44,22 +44,21 @@ def test_the_mask_is_a_side_input_of_every_layer(masked_bert: Path) -> None:
 
 def test_a_plan_with_side_inputs_checks(masked_bert: Path, tmp_path: Path) -> None:
     out = tmp_path / "plan"
-    blocked = optimize(masked_bert, machine="h100x8", mesh="2x2x2", objective="training", blocks="on", output_dir=out)
-    whole = optimize(masked_bert, machine="h100x8", mesh="2x2x2", objective="training", blocks="off")
+    blocked = optimize(masked_bert, devices=2, mesh="2", objective="training", blocks="on", output_dir=out)
     assert blocked.plan.validate() == []
-    assert blocked.plan.cost.total <= whole.plan.cost.total * 1.01
     meta = json.loads((out / "plan.json").read_text())
     assert meta["blocks"]["pieces"] > meta["blocks"]["distinct"]
     split = split_graph(load_onnx(masked_bert))
     assert split is not None
     (mask,) = split.pieces[0].side_out
     makers = [s for s in blocked.plan.steps if mask in getattr(s, "outputs", ())]
-    assert len(makers) == 1  # made once, read by every layer
+    readers = [s for s in blocked.plan.steps if mask in (getattr(s, "src", None), *getattr(s, "inputs", ()))]
+    assert len(makers) == 1 and len(readers) >= LAYERS  # made once, read by every layer
     # Padding that differs between the rows, so a wrongly routed mask would change the outputs.
     rng = np.random.default_rng(0)
     attention_mask = np.ones((BATCH, SEQ), dtype=np.int64)
     attention_mask[0, SEQ // 2 :] = 0
-    attention_mask[1, SEQ - 3 :] = 0
+    attention_mask[5, SEQ - 3 :] = 0
     inputs = {"input_ids": rng.integers(0, 1000, (BATCH, SEQ)).astype(np.int64), "attention_mask": attention_mask}
     outcome = check(masked_bert, out, inputs=inputs)
     assert outcome.passed, outcome.describe()
