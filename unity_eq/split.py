@@ -237,13 +237,15 @@ def _plain_cuts(working: list[Node], graph: Graph, activations: set[str], min_no
 def _side_cuts(
     working: list[Node], graph: Graph, activations: set[str], min_nodes: int
 ) -> tuple[list[Node], frozenset[str], list[tuple[int, str]]]:
-    """Cuts that may leave side tensors live. The nodes computing them move to the front (they read no other
-    activation, so the order stays topological) and every cut comes after them: the first piece makes them."""
+    """Cuts that may leave side tensors live. The nodes computing them move to the front (they read no tensor
+    that mixes every input, so the order stays topological) and every cut comes after them: the first piece
+    makes them."""
     side = frozenset(_side_tensors(graph))
     making = _making(working, set(side))
     if not side or not making:
         return working, side, []
-    ordered = [*making, *(n for n in working if n not in making)]
+    moved = {n.name for n in making}
+    ordered = [*making, *(n for n in working if n.name not in moved)]
     positions = _cut_positions(ordered, graph, activations, side, first=len(making) - 1)
     return ordered, side, _choose_cuts(positions, len(ordered), min_nodes)
 
