@@ -4,7 +4,10 @@
 * onnx's light CNNs with random weights (tests/model_zoo.py);
 * transformers exported from PyTorch with the dynamo exporter and random weights (transformers builds them
   from a config; nothing is downloaded): BERT-Base (12 × 768), BERT-Large (24 × 1024) and GPT-2-XL depth
-  (48 × 1600), batch 8 × sequence 128, weights as external data.
+  (48 × 1600), batch 8 × sequence 128, weights as external data;
+* the same exported as people distribute them, with an ``attention_mask`` input (the extended mask every layer
+  reads is a side tensor of the split: docs/scale.md): BERT-Large, GPT-2 medium (24 × 1024) and a small LLaMA
+  (RMSNorm, RoPE, SwiGLU, grouped-query attention: 4 key/value heads for 16 query heads).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("UNITY_EQ_BENCH_CACHE", ROOT / "benchmarks" / ".cache"))
@@ -64,27 +68,49 @@ def _quiet():  # type: ignore[no-untyped-def]
         yield
 
 
-def _hf(kind: str, layers: int, hidden: int, heads: int, batch: int = 8, seq: int = 128) -> Callable[[Path], Path]:
+def _hf_model(kind: str, layers: int, hidden: int, heads: int, seq: int) -> tuple[Any, Any, dict[str, Any]]:
+    """A transformers model with random weights from a config, its config and its export keyword arguments."""
+    import transformers
+
+    if kind == "bert":
+        bert = transformers.BertConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden
+        )
+        return transformers.BertModel(bert).eval(), bert, {}
+    if kind == "gpt2":
+        gpt2 = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq)
+        return transformers.GPT2Model(gpt2).eval(), gpt2, {"use_cache": False}
+    if kind == "llama":
+        llama = transformers.LlamaConfig(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 4),
+            intermediate_size=hidden * 8 // 3 // 64 * 64,
+            vocab_size=32000,
+            max_position_embeddings=max(seq, 2048),
+        )
+        return transformers.LlamaModel(llama).eval(), llama, {"use_cache": False}
+    raise ValueError(f"unknown transformers model kind {kind!r}")
+
+
+def _hf(
+    kind: str, layers: int, hidden: int, heads: int, batch: int = 8, seq: int = 128, mask: bool = False
+) -> Callable[[Path], Path]:
+    """``mask``: export with an ``attention_mask`` input (all ones at export), as released models are."""
+
     def make(cache: Path) -> Path:
-        out = cache / f"{kind}_{layers}x{hidden}.onnx"
+        out = cache / f"{kind}_{layers}x{hidden}{'_mask' if mask else ''}.onnx"
         if out.exists():
             return out
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
-        import transformers
 
         torch.manual_seed(0)
-        if kind == "bert":
-            config = transformers.BertConfig(
-                num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden
-            )
-            model = transformers.BertModel(config).eval()
-            kwargs = {}
-        else:
-            config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq)
-            model = transformers.GPT2Model(config).eval()
-            kwargs = {"use_cache": False}
+        model, config, kwargs = _hf_model(kind, layers, hidden, heads, seq)
         ids = torch.randint(0, config.vocab_size, (batch, seq))
+        if mask:
+            kwargs = {**kwargs, "attention_mask": torch.ones(batch, seq, dtype=torch.int64)}
         with _quiet(), torch.no_grad():
             program = torch.onnx.export(model, (ids,), kwargs=kwargs, dynamo=True, external_data=True)
             program.save(str(out), external_data=True)
@@ -113,6 +139,9 @@ MODELS: dict[str, BenchModel] = {
     "bert-base": BenchModel("bert-base", "transformer", _hf("bert", 12, 768, 12), 12),
     "bert-large": BenchModel("bert-large", "transformer", _hf("bert", 24, 1024, 16), 24),
     "gpt2-xl-depth": BenchModel("gpt2-xl-depth", "transformer", _hf("gpt2", 48, 1600, 25), 48),
+    "bert-large-mask": BenchModel("bert-large-mask", "transformer", _hf("bert", 24, 1024, 16, mask=True), 24),
+    "gpt2-medium": BenchModel("gpt2-medium", "transformer", _hf("gpt2", 24, 1024, 16, mask=True), 24),
+    "llama-small": BenchModel("llama-small", "transformer", _hf("llama", 8, 1024, 16, mask=True), 8),
 }
 
 
@@ -137,5 +166,6 @@ SUITES = {
         "zfnet512",
     ],
     "scale": ["bert-base", "bert-large", "gpt2-xl-depth", "megatron-layer"],
+    "hf": ["bert-large-mask", "gpt2-medium", "llama-small"],
 }
 SUITES["all"] = SUITES["core"] + SUITES["scale"]

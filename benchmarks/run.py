@@ -1,4 +1,4 @@
-"""Benchmarks of `optimize`: `python -m benchmarks.run [--suite core|scale|layers|all] [options]`.
+"""Benchmarks of `optimize`: `python -m benchmarks.run [--suite core|scale|layers|hf|megatron|all] [options]`.
 
 Suites (each case runs `benchmarks.measure` in a fresh subprocess, so peak memory is per case):
 
@@ -114,7 +114,7 @@ def scale_rows(rows: Iterable[dict[str, Any]]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="core", choices=["core", "scale", "layers", "megatron", "all"])
+    parser.add_argument("--suite", default="core", choices=["core", "scale", "layers", "hf", "megatron", "all"])
     parser.add_argument("--models", help="comma-separated model names (overrides the suite's)")
     parser.add_argument("--gpus", help="comma-separated GPU counts among 8, 16, 64 (default: the suite's)")
     parser.add_argument("--objective", help="inference, training or both (comma-separated)")
@@ -172,7 +172,7 @@ def _cases(suite: str, args: argparse.Namespace) -> list[tuple[str, int, int, st
         gpus = [int(g) for g in (args.gpus or "8").split(",")]
         return [(f"bert-768x{n}", n, g, o, "greedy") for n in (3, 6, 12, 24, 48) for g in gpus for o in objectives]
     names = args.models.split(",") if args.models else SUITES[suite]
-    gpus = [int(g) for g in (args.gpus or "8,16,64").split(",")]
+    gpus = [int(g) for g in (args.gpus or ("8" if suite == "hf" else "8,16,64")).split(",")]
     extractor = "ilp" if (suite == "scale" or args.ilp) else "greedy"
     return [
         (m, MODELS[m].layers if m in MODELS else 0, g, o, extractor) for m in names for g in gpus for o in objectives

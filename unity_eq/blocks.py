@@ -16,6 +16,9 @@ How a piece is optimized for a boundary placement, on one mesh:
 * the outgoing tensor gets a root term per candidate placement ``p`` (``Partition…(out)``); one greedy
   extraction prices every ``p`` at once (the DAG cost of that root);
 * DP over the chain: ``best[k][p] = min_q best[k-1][q] + cost_k(q → p)``; the last piece ends replicated.
+* side tensors (an attention mask every layer reads: unity_eq.split) are plain inputs of the piece graphs
+  that read them and extra outputs of the first piece, which makes them: they cross cuts replicated, as a
+  model input would arrive, so they add no placement variants and no DP state.
 
 The chosen fragments are stitched into one flat :class:`~unity_eq.plan.Plan` (tensors renamed per copy,
 weights mapped to each copy's own), so lowering and the runtime see an ordinary plan.

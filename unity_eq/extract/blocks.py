@@ -49,6 +49,7 @@ def _instance_names(graph: Graph, rep: Piece, copy: Piece) -> dict[str, str]:
     mapping: dict[str, str] = {}
     if rep.stream_in is not None and copy.stream_in is not None:
         mapping[rep.stream_in] = copy.stream_in
+    mapping.update(zip(rep.side_in, copy.side_in, strict=True))
     for a, b in zip(rep.nodes, copy.nodes, strict=True):
         for x, y in zip(a.inputs, b.inputs, strict=True):
             if x and y and x not in mapping:
@@ -151,9 +152,10 @@ class BlockExtractor:
                 totals[leaf.id] = 0.0 if leaf_key == key else INF
         choice = greedy_dag(sol.data, totals, extractor.parents)
         out_cost: dict[Key, float] = {}
+        side = self._side_roots(sol)
         for out_key, root in self._roots(sol).items():
-            if root in choice:
-                out_cost[out_key] = dag_cost(choice, [root], totals)
+            if root in choice and all(r in choice for r in side):
+                out_cost[out_key] = dag_cost(choice, [root, *side], totals)
         if sol.piece.stream_out is None and out_cost:
             roots = extractor.roots
             out_cost = {replicated_key(self.model.mesh): dag_cost(choice, roots, totals)}
@@ -220,10 +222,14 @@ class BlockExtractor:
             reports.extend(chosen.reports)
         return exact, reports
 
+    def _side_roots(self, sol: PieceSolution) -> list[str]:
+        """The e-classes of the side tensors the piece makes for later pieces (whole, replicated)."""
+        return [sol.data.tensor_class[sol.encoding.tensor_ids[name]] for name in sol.piece.side_out]
+
     def _fragment_roots(self, sol: PieceSolution, out_key: Key) -> list[str]:
         if sol.piece.stream_out is None:
             return self.extractors[sol.piece.signature].roots
-        return [self._roots(sol)[out_key]]
+        return [self._roots(sol)[out_key], *self._side_roots(sol)]
 
     def _dynamic_program(
         self, options: dict[tuple[str, Key | None], _Option], restriction: Restriction
@@ -287,6 +293,7 @@ class _Stitcher:
         self.steps: list[Step] = []
         self.step_costs: list[Cost] = []
         self.stream: str | None = None  # the tensor leaving the previous piece, as placed
+        self.side: dict[str, str] = {}  # a side tensor of the model → its replicated tensor in the plan
         self.outputs: dict[str, str] = {}
 
     def add(self, piece: Piece, in_key: Key | None, out_key: Key, option: _Option, choice: dict[str, ENode]) -> None:
@@ -317,6 +324,9 @@ class _Stitcher:
             if isinstance(step, LoadInput) and piece.stream_in is not None and step.name == sol.piece.stream_in:
                 self._arrive(step, cost, in_key, rename)
                 continue
+            if isinstance(step, LoadInput) and step.name in sol.piece.side_in:
+                rename[step.out] = self.side[names[step.name]]  # made replicated by the first piece
+                continue
             self.steps.append(_renamed(step, name_of, names))
             self.step_costs.append(cost)
         if piece.stream_out is None:
@@ -324,6 +334,10 @@ class _Stitcher:
                 self.outputs[name] = name_of(builder.names[cid])
         else:
             self.stream = name_of(builder.names[root])
+        for name, cid in zip(piece.side_out, owner._side_roots(sol), strict=True):
+            self.side[name] = name_of(builder.names[cid])
+            if not all(isinstance(state, Replicate) for state in self.tensors[self.side[name]].placement):
+                raise ExtractionError(f"side tensor {name!r} was not made whole by the first piece")
 
     def _arrive(self, step: LoadInput, cost: Cost, in_key: Key | None, rename: dict[str, str]) -> None:
         """The incoming tensor: the previous piece's output as placed, or gathered whole from it."""
