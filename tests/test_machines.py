@@ -3,6 +3,7 @@ the field."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from unity_eq import optimize
 from unity_eq.cost import CostModel, OpInstance
 from unity_eq.errors import MachineError
 from unity_eq.ir import Mesh
-from unity_eq.machine import load_machine, preset_names
+from unity_eq.machine import INTERCONNECTS, load_machine, preset_names
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE_FILES = sorted((ROOT / "examples" / "machines").glob("*.toml"))
@@ -44,17 +45,21 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_the_presets_the_issue_asks_for() -> None:
+    """Links are the all-reduce bus bandwidths of NVIDIA's nccl-tests slide (GTC24 S62129: NVLink3 232,
+    NVLink4 370, PCIe Gen4 24 GB/s), not the line rates (300, 450, 31.5 GB/s)."""
     assert {"a100x8", "h100x8", "pcie-a100x8"} <= set(preset_names())
     a100 = load_machine("a100x8")
     assert a100.device_count == 8 and a100.node_count == 1
-    assert a100.devices[0].memory == 80 * 2**30 and a100.intra_link.bandwidth == 300e9
+    assert a100.devices[0].memory == 80 * 2**30 and a100.intra_link.bandwidth == 232e9
     h100 = load_machine("h100x8")
     assert h100.devices[0].peak("float16") == 989e12 and h100.intra_link.name == "nvlink4"
+    assert h100.intra_link.bandwidth == 370e9
     pcie = load_machine("pcie-a100x8")
     assert pcie.intra_link.bandwidth == 24e9 and pcie.intra_link.name == "pcie4"
 
 
-@pytest.mark.parametrize(("interconnect", "gbs"), [("ib100", 12.5), ("ib200", 25.0), ("ib400", 50.0)])
+# per NIC: 24 and 48 GB/s from NVIDIA's slide (200Gb / 400Gb RDMA), 12 GB/s per 100G NIC (nccl-tests#119)
+@pytest.mark.parametrize(("interconnect", "gbs"), [("ib100", 12.0), ("ib200", 24.0), ("ib400", 48.0), ("eth100", 12.0)])
 def test_nodes_and_interconnect_repeat_a_preset(interconnect: str, gbs: float) -> None:
     machine = load_machine("h100x8", nodes=4, interconnect=interconnect)
     assert machine.device_count == 32 and machine.node_count == 4
@@ -62,6 +67,42 @@ def test_nodes_and_interconnect_repeat_a_preset(interconnect: str, gbs: float) -
     node = machine.node(3)
     assert node.network is not None and node.network.bandwidth == gbs * 1e9 and node.nics == 8
     assert machine.name == f"4xh100x8 ({interconnect})"
+
+
+def _link_table() -> dict[str, tuple[float, float]]:
+    """docs/machines.md "Link bandwidths": link name -> (line rate, achievable bus bandwidth) in GB/s."""
+    text = (ROOT / "docs" / "machines.md").read_text().split("## Link bandwidths", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "**" in line]
+    table = {}
+    for link, line_rate, achievable, source in rows:
+        assert source.strip(" |"), f"no source for {link}"
+        name = re.search(r"\(`([\w-]+)`", link)
+        assert name, link
+        table[name[1]] = (float(line_rate.split()[0]), float(achievable.strip("* ").split()[0]))
+    return table
+
+
+def test_preset_links_are_the_documented_bus_bandwidths_with_their_source() -> None:
+    """Every preset link and every --interconnect network has a row in docs/machines.md's table whose achievable
+    figure is what the code uses and is below the line rate; each link of a preset TOML has its source in a
+    comment just above it that names the same line rate."""
+    table = _link_table()
+    for name in preset_names():
+        machine = load_machine(name)
+        links = {machine.node(0).link} | {machine.node(0).network} - {None}
+        for link in links:
+            assert link is not None and link.name in table, f"{name}: {link} has no row in docs/machines.md"
+            line_rate, achievable = table[link.name]
+            assert link.bandwidth == achievable * 1e9 and achievable < line_rate
+        text = (ROOT / "unity_eq" / "machines" / f"{name}.toml").read_text().splitlines()
+        for i, line in enumerate(text):
+            if line.startswith("[links."):
+                link_name = line[len("[links.") : -1]
+                comment = text[i - 1]
+                assert comment.startswith("# line rate") and "nccl" in comment.lower(), (name, comment)
+                assert f"line rate {table[link_name][0]:g} GB/s" in comment, (name, comment)
+    for interconnect, (gbs, _latency) in INTERCONNECTS.items():
+        assert table[interconnect][1] == gbs < table[interconnect][0]
 
 
 def test_devices_alone_is_the_a100_node() -> None:

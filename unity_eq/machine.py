@@ -189,7 +189,9 @@ A100_80G = DeviceSpec(
     2.039e12,
     80 * 2**30,
 )
-NVLINK3 = LinkSpec(bandwidth=300e9, latency=2e-6, name="nvlink3")
+#: NVLink 3 as the a100x8 preset has it: 232 GB/s is the all-reduce bus bandwidth nccl-tests reaches on 8 A100s
+#: (NVIDIA, GTC24 S62129), not the 300 GB/s line rate, because the ring formulas price bytes at bus bandwidth.
+NVLINK3 = LinkSpec(bandwidth=232e9, latency=2e-6, name="nvlink3")
 
 
 def check_device_count(devices: int, what: str) -> None:
@@ -207,12 +209,14 @@ def default_machine(devices: int) -> Machine:
     return Machine(f"{devices}xA100-SXM-80G", (A100_80G,) * devices, (0,) * devices, NVLINK3, source="--devices")
 
 
-#: Networks for ``--interconnect``: one NIC's bandwidth (GB/s, one direction) and latency (µs).
+#: Networks for ``--interconnect``: one NIC's bandwidth (GB/s, one direction) and latency (µs). The bandwidth is
+#: the bus bandwidth NCCL's all-reduce reaches per NIC on large messages (nccl-tests), not the line rate: the ring
+#: formulas of :mod:`unity_eq.cost.collectives` move bytes at bus bandwidth. Sources: docs/machines.md.
 INTERCONNECTS: dict[str, tuple[float, float]] = {
-    "ib100": (12.5, 5.0),  # EDR InfiniBand, 100 Gb/s
-    "ib200": (25.0, 5.0),  # HDR InfiniBand, 200 Gb/s
-    "ib400": (50.0, 5.0),  # NDR InfiniBand, 400 Gb/s
-    "eth100": (12.5, 10.0),  # 100 Gb Ethernet (RoCE)
+    "ib100": (12.0, 5.0),  # EDR InfiniBand, 100 Gb/s = 12.5 GB/s line; 12: S. Jeaugey (NVIDIA), nccl-tests#119
+    "ib200": (24.0, 5.0),  # HDR InfiniBand, 200 Gb/s = 25 GB/s line; 24: NVIDIA GTC24 S62129 (200Gb RDMA)
+    "ib400": (48.0, 5.0),  # NDR InfiniBand, 400 Gb/s = 50 GB/s line; 48: NVIDIA GTC24 S62129 (400Gb RDMA)
+    "eth100": (12.0, 10.0),  # 100 Gb Ethernet with RoCE, 12.5 GB/s line; 12: as ib100 (RDMA rows are IB/RoCE)
 }
 
 #: dtype names accepted in ``peak_tflops`` (numpy's names, plus bfloat16 and float8).
