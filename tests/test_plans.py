@@ -47,7 +47,7 @@ def _dp_gradient_comm(graph: Graph, machine_name: str) -> float:
 
 
 @pytest.mark.parametrize("blocks", ["m", "a", "am"], ids=["mlp", "attention", "attention+mlp"])
-def test_megatron_sizes_train_with_no_more_communication_than_megatron(blocks: str) -> None:
+def test_megatron_sizes_communicate_no_more_than_megatron_beyond_the_compute_they_save(blocks: str) -> None:
     """H=4096, FFN 16384, batch 1 × sequence 512, training, one node of 8 H100.
 
     No more communication than Megatron, or more only by what the plan saves in compute: a mesh with a
