@@ -153,7 +153,7 @@ def rows_markdown(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| model | GPUs | batch | chosen t,p,d (m×b) | schedule | recompute | ZeRO | GiB/device | step s | TFLOP/s "
         "(paper) | Megatron's config, ours | ×no pipeline | ×data parallel | ×Megatron config | bubble "
-        "| saved GiB: recompute, ZeRO | search s | peak MiB (workers) |",
+        "| GiB saved by recompute, by ZeRO (without it) | search s | peak MiB (workers) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -166,7 +166,7 @@ def rows_markdown(rows: list[dict[str, Any]]) -> list[str]:
             continue
         c = r["chosen"]
         saved = r["saved_gib"]
-        saved_text = ", ".join("—" if saved[k] is None else f"{saved[k]:.1f}" for k in ("recompute", "zero"))
+        saved_text = ", ".join("no fit" if saved[k] is None else f"{saved[k]:.1f}" for k in ("recompute", "zero"))
         lines.append(
             f"| {r['row']} ({r['params_b']:.1f}B) | {r['gpus']} | {r['batch']} | {c['t']},{c['p']},{c['d']} "
             f"({c['microbatches']}×{c['microbatch']}) | {c['schedule']} | {c['recompute']} | {c['zero']} | "
