@@ -106,3 +106,17 @@ def test_forced_configurations_that_cannot_be_say_so(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     proc = run_cli("optimize", str(model), "--devices", "2", "--stages", "2")
     assert proc.returncode == 2 and "pass it with `--pipeline`" in proc.stderr
+
+
+def test_absent_weights_are_refused_before_the_search(tmp_path: Path) -> None:
+    model = onnx.load(_layered_model(tmp_path / "source.onnx", layers=2))
+    path = tmp_path / "layers.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="layers.data", size_threshold=0)
+    (tmp_path / "layers.data").unlink()  # weightless: planned from dtypes and shapes, never lowered
+    plan = tmp_path / "plan"
+    proc = run_cli(
+        "optimize", str(path), "--devices", "2", "--pipeline", "--batch", "4", "-o", str(plan), "--no-generated-rules"
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "has no data" in proc.stderr and "`--plan-only`" in proc.stderr and "Traceback" not in proc.stderr
+    assert not plan.exists()
