@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-
 from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import optimize

@@ -240,7 +240,7 @@ def test_optimize_pipeline_writes_a_plan_explain_reads_and_run_refuses(tmp_path:
     machine.write_text(MACHINE_TOML.format(memory=80))
     plan = tmp_path / "plan"
     args = ["optimize", str(model), "--machine", str(machine), "--nodes", "2", "--objective", "training"]
-    proc = run_cli(*args, "--pipeline", "--batch", "8", "-o", str(plan), "--no-generated-rules", "-q")
+    proc = run_cli(*args, "--pipeline", "--batch", "8", "--plan-only", "-o", str(plan), "--no-generated-rules", "-q")
     assert proc.returncode == 0, proc.stderr
     assert "pipeline plan for" in proc.stdout
     assert sorted(p.name for p in plan.iterdir()) == ["plan.json"]

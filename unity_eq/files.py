@@ -56,7 +56,7 @@ __all__ = [
 
 JOB_PREFIX = "unity-eq-"  # the engine's job folders in the system temp folder
 _OWNER = re.compile(r"-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-")
-_PLAN_FILE = re.compile(r"device_\d+\.onnx(\.data)?")
+_PLAN_FILE = re.compile(r"device_\d+\.onnx(\.data)?|stage\d+")  # stage<s>/: a pipeline plan's stage
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -298,7 +298,8 @@ def _fresh_name(where: Path, prefix: str) -> Path:
 
 
 def is_plan_file(name: str) -> bool:
-    """Whether a file name in a plan folder belongs to the plan (``plan.json``, ``device_<r>.onnx[.data]``)."""
+    """Whether a file name in a plan folder belongs to the plan (``plan.json``, ``device_<r>.onnx[.data]``, a
+    pipeline plan's ``stage<s>`` directories)."""
     return name == "plan.json" or _PLAN_FILE.fullmatch(name) is not None
 
 
@@ -333,7 +334,7 @@ def replace_plan_files(new: Path, target: Path) -> None:
     failure between them puts the old folder back."""
     mask = _umask()
     for path in new.iterdir():
-        path.chmod(0o666 & ~mask)
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)  # a stage directory must stay searchable
     if not target.exists():
         new.chmod(0o777 & ~mask)
         new.replace(target)

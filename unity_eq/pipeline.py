@@ -312,12 +312,19 @@ def optimize_pipeline(
     rule_files: Sequence[Path] | None = None,
     generated_rules: bool = True,
     progress: Progress | None = None,
+    plan_only: bool = False,
+    stages: int | None = None,
+    tensor: int | None = None,
+    microbatches: int | None = None,
 ) -> PipelineResult:
     """``optimize --pipeline``: the stage search (unity_eq.stages) over pipeline stages, data replicas and tensor
-    groups, microbatches, schedule, recomputation and ZeRO; with ``output_dir``, a plan directory holding the
-    pipeline plan's plan.json (no device files: pipeline plans are not lowered yet). ``batch``: samples per
-    step (default: the model's batch, dimension 0 of its inputs)."""
+    groups, microbatches, schedule, recomputation and ZeRO. With ``output_dir``, a plan directory: plan.json and
+    one SPMD plan directory per stage (``stage<s>/``, unity_eq.lower.pipeline) that ``run`` and ``check`` run;
+    ``plan_only`` writes plan.json alone (weights may then be absent). ``batch``: samples per step (default: the
+    model's batch, dimension 0 of its inputs). ``stages``, ``tensor`` and ``microbatches`` restrict the search
+    to configurations with that many stages, devices per tensor group or microbatches per step."""
     from unity_eq.stages.run import graph_at_batch, plan_stages
+    from unity_eq.stages.search import StageFilter
 
     say = progress or (lambda _msg: None)
     chosen_machine = _machine_for(devices, machine, nodes, interconnect)
@@ -325,6 +332,10 @@ def optimize_pipeline(
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
     if batch is not None and batch < 1:
         raise OptionError(f"`--batch` must be at least 1, got {batch}.")
+    for name, value in (("--stages", stages), ("--tensor", tensor), ("--microbatches", microbatches)):
+        if value is not None and value < 1:
+            raise OptionError(f"`{name}` must be at least 1, got {value}.")
+    only = StageFilter(stages, tensor, microbatches) if (stages, tensor, microbatches) != (None, None, None) else None
     target = Path(output_dir) if output_dir is not None else None
     if target is not None:
         check_output_dir(target)
@@ -333,5 +344,42 @@ def optimize_pipeline(
     rules = load_rule_files(list(rule_files) if rule_files is not None else default_rule_files(generated_rules))
     say(f"loading {model}")
     graph_at, per_step, micro = graph_at_batch(Path(model), input_shapes, batch)
+    lowering = target is not None and not plan_only
+    if lowering:
+        refuse_missing_weights(graph_at(micro[0]))  # before the search: lowering would refuse it, minutes later
     say(f"machine {chosen_machine.describe()}; batch {per_step} per step")
-    return plan_stages(graph_at, per_step, micro, chosen_machine, OBJECTIVES[objective], rules, limits, target, say)
+    goal = OBJECTIVES[objective]
+    result = plan_stages(
+        graph_at, per_step, micro, chosen_machine, goal, rules, limits, None if lowering else target, say, only
+    )
+    if lowering:
+        from unity_eq.lower.pipeline import lower_pipeline
+
+        assert target is not None
+        best = result.search.best
+        plan_stage = _stage_planner(objective, limits, rule_files, generated_rules)
+        say(f"lowering {len(best.cuts)} stage(s), each on a tensor group of {best.config.tensor} device(s)")
+        graph = graph_at(best.config.microbatch)
+        result.record = lower_pipeline(result.record, best, graph, chosen_machine, target, plan_stage, say)
+        result.plan_dir = target
+    return result
+
+
+def _stage_planner(
+    objective: str, limits: Limits | None, rule_files: Sequence[Path] | None, generated_rules: bool
+) -> Callable[[Graph, Machine, Mesh, Path], None]:
+    """How a pipeline stage is planned: ``optimize`` of its graph on its tensor group's mesh, written there."""
+
+    def plan_stage(graph: Graph, machine: Machine, mesh: Mesh, directory: Path) -> None:
+        optimize(
+            graph,
+            machine=machine,
+            mesh=mesh,
+            objective=objective,
+            limits=limits,
+            rule_files=rule_files,
+            generated_rules=generated_rules,
+            output_dir=directory,
+        )
+
+    return plan_stage

@@ -62,9 +62,14 @@ def optimize(
         False,
         "--pipeline",
         help="Search pipeline stages × data × tensor groups, microbatches, schedule, recomputation and ZeRO "
-        "(docs/pipeline.md); writes plan.json only.",
+        "(docs/pipeline.md); writes plan.json and a plan directory per stage.",
     ),
     batch: int = typer.Option(None, "--batch", help="With --pipeline: samples per step (default: the model's batch)."),
+    stages: int = typer.Option(None, "--stages", help="With --pipeline: only plans of this many pipeline stages."),
+    tensor: int = typer.Option(None, "--tensor", help="With --pipeline: only plans with tensor groups of this size."),
+    microbatches: int = typer.Option(
+        None, "--microbatches", help="With --pipeline: only plans of this many microbatches per step."
+    ),
     plan_only: bool = typer.Option(
         False, "--plan-only", help="Write plan.json alone: no device files, no weight read (weights may be absent)."
     ),
@@ -95,8 +100,12 @@ def optimize(
         rule_files = default_rule_files(not no_generated_rules) + list(rules)
     if batch is not None and not pipeline:
         raise OptionError("`--batch` sets the samples per step of a pipeline: pass it with `--pipeline`.")
+    staged_options = (("--stages", stages), ("--tensor", tensor), ("--microbatches", microbatches))
+    given_staged = [name for name, value in staged_options if value is not None]
+    if given_staged and not pipeline:
+        raise OptionError(f"`{given_staged[0]}` restricts the stage search: pass it with `--pipeline`.")
     if pipeline:
-        forced = [name for name, given in (("--mesh", mesh), ("--profile", profile), ("--check", check_plan)) if given]
+        forced = [name for name, given in (("--mesh", mesh), ("--profile", profile)) if given]
         if forced or extractor != "greedy" or blocks != "auto":
             names = (
                 forced + (["--extractor"] if extractor != "greedy" else []) + (["--blocks"] if blocks != "auto" else [])
@@ -120,8 +129,14 @@ def optimize(
             rule_files=rule_files,
             generated_rules=not no_generated_rules,
             progress=progress_printer(quiet),
+            plan_only=plan_only,
+            stages=stages,
+            tensor=tensor,
+            microbatches=microbatches,
         )
         _print_pipeline_summary(staged)
+        if check_plan and staged.plan_dir is not None:
+            print_check(model, staged.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
         return
     live = live_display(quiet)
     with live or contextlib.nullcontext():
@@ -227,7 +242,8 @@ def _print_pipeline_summary(result: Any) -> None:
     for key, value in summary_rows(record):
         table.add_row(key, value)
     if result.plan_dir is not None:
-        table.add_row("written to", f"{result.plan_dir} (plan.json; `unity-eq explain {result.plan_dir}` shows it)")
+        what = "stage directories and plan.json" if result.record.lowered else "plan.json only"
+        table.add_row("written to", f"{result.plan_dir} ({what}; `unity-eq explain {result.plan_dir}` shows it)")
     out.print(table)
 
 

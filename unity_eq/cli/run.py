@@ -72,7 +72,10 @@ def run(
         if timeout is not None and timeout <= 0:
             raise OptionError(f"`--timeout` must be positive, got {timeout:g}.")
         check_outputs()
-        plan = load_plan_dir(plan_dir)
+        from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir, run_pipeline
+
+        pipeline = load_pipeline_dir(plan_dir) if is_pipeline_dir(plan_dir) else None
+        plan = pipeline.whole if pipeline is not None else load_plan_dir(plan_dir)
         if inputs is None:
             feeds = random_inputs(plan.input_specs, seed)
             if not quiet:
@@ -81,7 +84,10 @@ def run(
             feeds = read_npz(inputs)
         live = live_display(quiet, transient=True)
         with live or contextlib.nullcontext():
-            results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout, tracker=live)
+            if pipeline is not None:
+                results = run_pipeline(pipeline, feeds, device=device, timeout=timeout)
+            else:
+                results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout, tracker=live)
     else:
         raise OptionError(f"`--backend`: expected local or mpi, got {backend!r}.")
     if outputs is not None:

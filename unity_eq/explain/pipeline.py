@@ -100,8 +100,14 @@ def render_pipeline(record: PipelinePlanRecord) -> str:
     lines.append("")
     lines += timeline_text(record)
     lines.append("")
-    lines.append(
-        "not lowered: pipeline plans are planned and explained; `run` and `check` need a plan written without "
-        "`--pipeline` (docs/pipeline.md)"
-    )
+    if record.lowered:
+        where = ", ".join(f"{st.directory}/" for st in record.stages)
+        lines.append(
+            f"lowered: one plan directory per stage ({where}), each an SPMD plan of its tensor group; `run` and "
+            "`check` run them microbatch by microbatch (docs/pipeline.md)"
+        )
+    else:
+        lines.append(
+            "not lowered (plan-only): `run` and `check` need it written without `--plan-only` (docs/pipeline.md)"
+        )
     return "\n".join(lines)

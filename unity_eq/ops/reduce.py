@@ -2,7 +2,8 @@
 
 They shard along any dim they keep (each device reduces its own rows), and ReduceSum along a reduced dim too:
 each device's sum is a piece of a pending sum (``Partial``), which an all-reduce completes. ReduceMean over a
-split, reduced dim first averages over another of its axes on each device and all-gathers that small result. Their rules are in
+split, reduced dim first averages over another of its axes on each device and all-gathers that small result.
+Their rules are in
 ``rules/parallel/layout.egg`` with the other data-movement ops, whose ``reduce-map`` analysis they share.
 """
 

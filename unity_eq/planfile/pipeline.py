@@ -1,8 +1,10 @@
 """A pipeline plan's plan.json (``optimize --pipeline``): the stage search's choice, its stages and how it
 compares, as :class:`PipelinePlanRecord`; written and read here like every plan.json record.
 
-It is marked by ``"plan": "pipeline"`` and holds no device files: pipeline plans are planned and explained,
-not lowered yet (docs/pipeline.md); ``run`` and ``check`` say so instead of failing on a missing field.
+It is marked by ``"plan": "pipeline"``. Lowered (``optimize --pipeline`` without ``--plan-only``), each stage
+names its own plan directory (``stage<s>/``: an ordinary SPMD plan of the stage on its tensor group) and the
+global ranks of each of its replicas; a plan-only pipeline plan has neither, and ``run`` and ``check`` say so
+instead of failing on a missing field (docs/pipeline.md).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "PipelinePlanRecord",
     "StageRecord",
     "StageSearchRecord",
+    "is_lowered_pipeline",
     "is_pipeline_plan",
     "read_pipeline_record",
     "refuse_pipeline_plan",
@@ -71,6 +74,10 @@ class StageRecord(Record):
     weight_state_bytes: float
     activation_bytes: float
     total_bytes: float
+    directory: str | None = None  # its plan directory, relative to the pipeline plan's (lowered plans only)
+    #: the global ranks of each data-parallel replica of the stage, in tensor-rank order: rank
+    #: ``replicas[r][k]`` runs tensor rank k of replica r (lowered plans only)
+    replicas: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +114,12 @@ class PipelinePlanRecord(Record):
     stages: tuple[StageRecord, ...]
     without_pipeline: ConfigRecord | None  # the best configuration with one stage
     search: StageSearchRecord
+    fingerprint: str | None = None  # of what the model computes (frontends.onnx_read.model_fingerprint)
+
+    @property
+    def lowered(self) -> bool:
+        """Whether every stage has its plan directory (``optimize --pipeline`` without ``--plan-only``)."""
+        return all(stage.directory for stage in self.stages)
 
 
 def write_pipeline_json(path: Path, record: PipelinePlanRecord) -> None:
@@ -129,14 +142,30 @@ def is_pipeline_plan(path: Path) -> bool:
     return isinstance(raw, dict) and raw.get("plan") == PIPELINE_PLAN
 
 
+def is_lowered_pipeline(path: Path) -> bool:
+    """Whether ``path`` (a plan.json) holds a pipeline plan whose stages have their plan directories."""
+    if not is_pipeline_plan(path):
+        return False
+    stages = _raw(path).get("stages")
+    return isinstance(stages, list) and bool(stages) and all(isinstance(s, dict) and s.get("directory") for s in stages)
+
+
 def refuse_pipeline_plan(path: Path, command: str) -> None:
-    """``run``/``check`` on a pipeline plan: one PlanError saying what it is and what works."""
-    if is_pipeline_plan(path):
+    """An SPMD reader (``run_plan``, the MPI backend) given a pipeline plan: one PlanError saying what it is and
+    what runs it."""
+    if not is_pipeline_plan(path):
+        return
+    if not is_lowered_pipeline(path):
         raise PlanError(
-            f"{path}: a pipeline plan (`optimize --pipeline`) has no device files: pipeline plans are planned and "
-            f"explained, not lowered yet, so `{command}` cannot run it. `unity-eq explain {path.parent}` shows it; "
-            "`unity-eq optimize` without `--pipeline` writes a plan that runs."
+            f"{path}: a plan-only pipeline plan (`optimize --pipeline --plan-only`) has no stage directories: it is "
+            f"planned and explained, not lowered, so `{command}` cannot run it. `unity-eq explain {path.parent}` "
+            "shows it; `unity-eq optimize --pipeline` without `--plan-only` writes one that runs."
         )
+    raise PlanError(
+        f"{path}: a pipeline plan, run stage by stage: the local backend runs it (`unity-eq run {path.parent}`, "
+        "`unity-eq check MODEL DIR`, `unity_eq.runtime.pipeline.run_pipeline`); the MPI backend and "
+        "`run_plan` run SPMD plans only."
+    )
 
 
 def read_pipeline_record(path: Path) -> PipelinePlanRecord:

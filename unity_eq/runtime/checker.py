@@ -14,6 +14,7 @@ from unity_eq.planfile import InputRecord
 from unity_eq.progress import Tracker
 from unity_eq.runtime.devices import choose_device, make_session, threads_per_rank
 from unity_eq.runtime.execute import execute_local
+from unity_eq.runtime.pipeline import PipelinePlan, is_pipeline_dir, load_pipeline_dir, run_programs, stage_programs
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
 from unity_eq.runtime.reference64 import Float64Reference
 from unity_eq.runtime.segments import build_rank_program
@@ -246,7 +247,8 @@ def check(
     accepts. ``on_progress`` hears a line per input set; ``tracker`` (unity_eq.progress) counts them (row
     ``check``)."""
     tracker = tracker or Tracker()
-    plan = load_plan_dir(plan_dir)
+    pipeline = load_pipeline_dir(plan_dir) if is_pipeline_dir(plan_dir) else None
+    plan = pipeline.whole if pipeline is not None else load_plan_dir(plan_dir)  # whole: the pipeline's inputs
     check_plan_is_of(model_path, plan)
     check_weights_present(model_path)
     trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
@@ -259,19 +261,17 @@ def check(
     if on_progress:
         on_progress(f"running the original model on {len(trials)} set(s) of inputs")
     expected_by_trial = _expected_outputs(model_path, plan.output_names, trials)
-    world = plan.world_size
-    choices = [choose_device(device, rank) for rank in range(world)]
-    programs = [build_rank_program(plan, r, choices[r].providers, threads_per_rank(world)) for r in range(world)]
+    execute, where = _executor(plan, pipeline, device)
     worst: dict[str, OutputComparison] = {}
     wide = Float64Reference(model_path)
-    tracker.start("check", f"{len(trials)} input set(s) on {world} rank(s)")
+    tracker.start("check", f"{len(trials)} input set(s) on {where}")
     for done, ((what, make), expected) in enumerate(zip(trials, expected_by_trial, strict=True)):
         if on_progress:
             on_progress(f"checking on {what}")
         tracker.update("check", f"{done} of {len(trials)} input sets checked; now {what}")
         feeds = make()
         try:
-            got = execute_local(programs, feeds)
+            got = execute(feeds)
         except RuntimeBackendError as exc:
             raise CheckFailed(f"{plan.path}: the plan fails on {what}, where the original model runs: {exc}") from None
         for o in second_opinion(compare_outputs(expected, got, tolerance).outputs, wide, feeds, got, tolerance):
@@ -308,6 +308,20 @@ def second_opinion(
         else:
             result.append(o)
     return result
+
+
+def _executor(
+    plan: PlanDir, pipeline: PipelinePlan | None, device: str
+) -> tuple[Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]], str]:
+    """The plan's ranks loaded once (after the original model's session is gone), as a function of checked
+    inputs, and what runs them in words."""
+    if pipeline is not None:
+        stages = stage_programs(pipeline, device)
+        return (lambda feeds: run_programs(pipeline, stages, feeds)), pipeline.describe()
+    world = plan.world_size
+    choices = [choose_device(device, rank) for rank in range(world)]
+    programs = [build_rank_program(plan, r, choices[r].providers, threads_per_rank(world)) for r in range(world)]
+    return (lambda feeds: execute_local(programs, feeds)), f"{world} rank(s)"
 
 
 def check_plan_is_of(model_path: str | Path, plan: PlanDir) -> None:

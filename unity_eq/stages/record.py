@@ -92,6 +92,7 @@ def pipeline_record(
         unity_eq_version=__version__,
         model=graph.name,
         source=graph.source,
+        fingerprint=graph.fingerprint or None,
         objective=objective.name,
         batch=batch,
         machine=machine.name,

@@ -26,7 +26,7 @@ from unity_eq.rulesets import RuleFile
 from unity_eq.search.meshes import device_groups
 from unity_eq.stages.pieces import GraphAt, PieceTable, price_pieces
 from unity_eq.stages.record import pipeline_record
-from unity_eq.stages.search import StageSearch, group_sizes, stage_search
+from unity_eq.stages.search import StageFilter, StageSearch, group_sizes, stage_search
 
 __all__ = ["DEFAULT_MICROBATCHES", "PipelineResult", "graph_at_batch", "plan_stages"]
 
@@ -117,8 +117,10 @@ def plan_stages(
     limits: Limits | None = None,
     output_dir: Path | None = None,
     say: Say | None = None,
+    only: StageFilter | None = None,
 ) -> PipelineResult:
-    """Price the pieces, search the configurations, and (with ``output_dir``) write plan.json atomically."""
+    """Price the pieces, search the configurations (those ``only`` admits), and (with ``output_dir``) write
+    plan.json atomically. A forced tensor-group size is the only one priced (its pieces saturated alone)."""
     say = say or (lambda _m: None)
     start = time.perf_counter()
     if output_dir is not None:
@@ -127,10 +129,17 @@ def plan_stages(
     if not micro:
         raise OptionError(f"no microbatch size among {list(micro_sizes)} divides the batch {batch}.")
     sizes = group_sizes(machine)
+    if only is not None and only.tensor is not None:
+        if only.tensor not in sizes:
+            raise OptionError(
+                f"`--tensor` {only.tensor}: a tensor group stays inside a node, so its size divides a node's "
+                f"devices; on {machine.name} that is one of {sizes}."
+            )
+        sizes = [only.tensor]
     say(f"stage search: pricing pieces on tensor groups of {sizes} at microbatches {list(micro)}")
     groups = device_groups(machine)
     table = price_pieces(graph_at, micro, sizes, machine, objective, rules, limits, say=say, groups=groups)
-    found = stage_search(table, machine, objective, batch, micro)
+    found = stage_search(table, machine, objective, batch, micro, only)
     seconds = time.perf_counter() - start
     record = pipeline_record(found, table, graph_at(micro[0]), machine, objective, batch, seconds, micro)
     plan_dir = None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from unity_eq.cost import CostModel, Objective
-from unity_eq.errors import InfeasiblePlanError
+from unity_eq.errors import InfeasiblePlanError, OptionError
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
 from unity_eq.search.meshes import device_groups
@@ -37,7 +37,7 @@ from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import SCHEDULES, bubble_fraction, in_flight, pipeline_seconds
 from unity_eq.stages.state import ZERO_STAGES, microbatch_traffic_s, shard_factors, step_traffic_s
 
-__all__ = ["StageConfig", "StageMemory", "StagePlan", "evaluate", "group_sizes", "stage_search"]
+__all__ = ["StageConfig", "StageFilter", "StageMemory", "StagePlan", "evaluate", "group_sizes", "stage_search"]
 
 RECOMPUTE = ("none", "full")
 ORDERS = ("pdt", "dpt")  # rank order, slowest axis first: pipeline across data replicas, or the other way
@@ -67,6 +67,30 @@ class StageConfig:
             f"t={self.tensor} p={self.stages} d={self.data}, {self.microbatches} microbatches of "
             f"{self.microbatch}, {self.schedule}, recompute {self.recompute}, ZeRO-{self.zero}"
         )
+
+
+@dataclass(frozen=True)
+class StageFilter:
+    """The part of the configuration a user forced (``--stages``, ``--tensor``, ``--microbatches``): to run a
+    chosen layout, or to test one; a field left None stays free for the search."""
+
+    stages: int | None = None
+    tensor: int | None = None
+    microbatches: int | None = None
+
+    def admits(self, config: StageConfig) -> bool:
+        return all(
+            want is None or want == have
+            for want, have in (
+                (self.stages, config.stages),
+                (self.tensor, config.tensor),
+                (self.microbatches, config.microbatches),
+            )
+        )
+
+    def describe(self) -> str:
+        given = (("--stages", self.stages), ("--tensor", self.tensor), ("--microbatches", self.microbatches))
+        return ", ".join(f"`{name} {value}`" for name, value in given if value is not None)
 
 
 @dataclass(frozen=True)
@@ -359,15 +383,18 @@ def stage_search(
     objective: Objective,
     batch: int,
     micro_sizes: Sequence[int],
+    only: StageFilter | None = None,
 ) -> StageSearch:
-    """The cheapest configuration that fits; InfeasiblePlanError names the smallest footprint found and what
-    would make it fit."""
+    """The cheapest configuration that fits (among those ``only`` admits); InfeasiblePlanError names the
+    smallest footprint found and what would make it fit, OptionError says when ``only`` admits none."""
     groups = device_groups(machine)
     best: StagePlan | None = None
     flat: StagePlan | None = None
     smallest: tuple[float, StageConfig] | None = None
     evaluated = fitting = 0
     for config in configurations(table, groups, batch, micro_sizes, objective.training):
+        if only is not None and not only.admits(config):
+            continue
         evaluated += 1
         plan = evaluate(config, table, machine, objective, batch, groups)
         if plan is None:
@@ -380,6 +407,12 @@ def stage_search(
             best = plan
         if config.stages == 1 and (flat is None or _rank(plan) < _rank(flat)):
             flat = plan
+    if only is not None and evaluated == 0:
+        raise OptionError(
+            f"{only.describe()}: no configuration of {machine.device_count} devices and a batch of {batch} "
+            f"(microbatches of {', '.join(map(str, micro_sizes))}) has them; stages × tensor must divide the "
+            "devices, tensor the devices of a node, and the microbatches the batch per replica."
+        )
     if best is None:
         raise InfeasiblePlanError(_infeasible(smallest, machine))
     return StageSearch(best, flat, evaluated, fitting)

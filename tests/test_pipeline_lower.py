@@ -1,0 +1,122 @@
+"""Lowering and running pipeline plans: ``optimize --pipeline`` writes a plan directory per stage, ``run`` and
+``check`` run them microbatch by microbatch (real egglog, lowering and onnxruntime), ``explain`` still reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_cli
+from test_stages import MACHINE_TOML, _layered_model
+
+from unity_eq.files import is_plan_file
+from unity_eq.planfile.pipeline import read_pipeline_record
+from unity_eq.runtime.checker import run_original
+from unity_eq.runtime.pipeline import load_pipeline_dir, run_pipeline
+
+
+def _model(tmp: Path) -> Path:
+    """The layered model wide enough that each stage's plan on 2 devices shards (it has a collective), saved
+    at an IR version onnxruntime reads (check runs the original)."""
+    path = _layered_model(tmp / "layers.onnx", hidden=256, seq=64)
+    model = onnx.load(path)
+    model.ir_version = 10
+    onnx.save(model, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("pipeline")
+    model = _model(tmp)
+    machine = tmp / "tiny.toml"
+    machine.write_text(MACHINE_TOML.format(memory=80))  # 2 devices a node, 2 nodes
+    plan = tmp / "plan"
+    proc = run_cli(
+        "optimize", str(model), "--machine", str(machine), "--nodes", "2", "--pipeline", "--batch", "8",
+        "--stages", "2", "--tensor", "2", "--microbatches", "2", "-o", str(plan), "--no-generated-rules", "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return model, plan
+
+
+def test_each_stage_is_a_plan_directory_of_its_tensor_group(lowered: tuple[Path, Path]) -> None:
+    _, plan = lowered
+    record = read_pipeline_record(plan / "plan.json")
+    c = record.chosen
+    assert (c.stages, c.tensor, c.data, c.microbatches, c.microbatch) == (2, 2, 1, 2, 4)
+    assert record.lowered and [s.directory for s in record.stages] == ["stage0", "stage1"]
+    # ranks: the tensor group fastest, then the stages (d = 1): stage 0 on 0-1, stage 1 on 2-3
+    assert [s.replicas for s in record.stages] == [((0, 1),), ((2, 3),)]
+    for s in range(len(record.stages)):
+        meta = json.loads((plan / f"stage{s}" / "plan.json").read_text())
+        assert meta["mesh"]["sizes"] == [2] and meta["files"] == ["device_0.onnx", "device_1.onnx"]
+        assert meta["collectives"], "a stage on 2 devices of this width shards, so it has a collective"
+        # stage 0 reads the model input at the microbatch, stage 1 what stage 0 sends
+        expected_input = "X" if s == 0 else record.stages[0].sends
+        assert list(meta["model"]["inputs"]) == [expected_input]
+        assert meta["model"]["inputs"][expected_input]["shape"] == [4, 64, 256]
+
+
+def test_check_and_run_match_onnxruntime_on_the_original(lowered: tuple[Path, Path]) -> None:
+    model, plan = lowered
+    proc = run_cli("check", str(model), str(plan), "-q")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok Y" in proc.stdout
+    # the Python runtime on a batch whose samples differ: the microbatches go back in their order
+    x = np.random.default_rng(1).standard_normal((8, 64, 256)).astype(np.float32)
+    got = run_pipeline(load_pipeline_dir(plan), {"X": x})
+    expected = run_original(model, {"X": x}, ["Y"])
+    np.testing.assert_allclose(got["Y"], expected["Y"], rtol=1e-4, atol=1e-5)
+    ran = run_cli("run", str(plan), "-q")
+    assert ran.returncode == 0, ran.stderr
+    assert "Y: float32[8, 64, 256]" in ran.stdout
+
+
+def test_explain_reads_the_lowered_plan(lowered: tuple[Path, Path]) -> None:
+    _, plan = lowered
+    text = run_cli("explain", str(plan))
+    assert text.returncode == 0, text.stderr
+    assert "lowered: one plan directory per stage (stage0/, stage1/)" in text.stdout
+
+
+def test_the_mpi_backend_refuses_a_pipeline_plan_in_one_line(lowered: tuple[Path, Path]) -> None:
+    _, plan = lowered
+    proc = run_cli("run", str(plan), "--backend", "mpi")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the MPI backend and `run_plan` run SPMD plans only" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_stage_directories_belong_to_the_plan() -> None:
+    # a later optimize into the same folder replaces them, instead of keeping them as the user's files
+    assert is_plan_file("stage0") and is_plan_file("stage12") and not is_plan_file("stages")
+
+
+def test_forced_configurations_that_cannot_be_say_so(tmp_path: Path) -> None:
+    model = _layered_model(tmp_path / "layers.onnx", layers=2)
+    base = ["optimize", str(model), "--devices", "2", "--pipeline", "--batch", "4", "--no-generated-rules", "-q"]
+    proc = run_cli(*base, "--tensor", "3", "--plan-only")
+    assert proc.returncode == 2 and "`--tensor` 3: a tensor group stays inside a node" in proc.stderr
+    proc = run_cli(*base, "--stages", "2", "--microbatches", "3", "--plan-only", "-o", str(tmp_path / "p"))
+    assert proc.returncode == 2 and "`--stages 2`, `--microbatches 3`: no configuration" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("optimize", str(model), "--devices", "2", "--stages", "2")
+    assert proc.returncode == 2 and "pass it with `--pipeline`" in proc.stderr
+
+
+def test_absent_weights_are_refused_before_the_search(tmp_path: Path) -> None:
+    model = onnx.load(_layered_model(tmp_path / "source.onnx", layers=2))
+    path = tmp_path / "layers.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="layers.data", size_threshold=0)
+    (tmp_path / "layers.data").unlink()  # weightless: planned from dtypes and shapes, never lowered
+    plan = tmp_path / "plan"
+    proc = run_cli(
+        "optimize", str(path), "--devices", "2", "--pipeline", "--batch", "4", "-o", str(plan), "--no-generated-rules"
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "has no data" in proc.stderr and "`--plan-only`" in proc.stderr and "Traceback" not in proc.stderr
+    assert not plan.exists()

@@ -1,0 +1,155 @@
+"""Running a lowered pipeline plan on the local backend: the forward pass of its microbatch schedule.
+
+A pipeline plan (``optimize --pipeline``) holds one SPMD plan directory per stage (``stage<s>/``). The batch
+(dimension 0 of every input) is split into ``d`` replicas × ``m`` microbatches of ``b`` samples; each
+microbatch runs stage 0's ranks (the existing local runtime, :func:`~unity_eq.runtime.execute.execute_local`),
+its output feeds stage 1, and so on; the last stage's outputs are put back together along dimension 0 in
+replica-then-microbatch order. Replicas are independent and the stages of one microbatch run in order, so
+running the microbatches one after the other computes what the schedule computes (forward only: the runtime
+runs inference, as for SPMD plans).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from unity_eq.errors import PlanError, RuntimeBackendError
+from unity_eq.planfile import InputRecord, RunRecord
+from unity_eq.planfile.pipeline import PipelinePlanRecord, is_lowered_pipeline, read_pipeline_record
+from unity_eq.runtime.devices import choose_device, threads_per_rank
+from unity_eq.runtime.execute import execute_local
+from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
+from unity_eq.runtime.segments import RankProgram, build_rank_program
+
+__all__ = ["PipelinePlan", "is_pipeline_dir", "load_pipeline_dir", "run_pipeline", "run_programs", "stage_programs"]
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass
+class PipelinePlan:
+    """A lowered pipeline plan: its record, each stage's plan directory, and the plan as one model (``whole``:
+    its inputs at the full batch and the last stage's outputs, for checking inputs as an SPMD plan's are)."""
+
+    path: Path
+    record: PipelinePlanRecord
+    stages: list[PlanDir]
+    whole: PlanDir
+
+    @property
+    def replicas(self) -> int:
+        return self.record.chosen.data
+
+    @property
+    def microbatches(self) -> int:
+        return self.record.chosen.microbatches
+
+    @property
+    def microbatch(self) -> int:
+        return self.record.chosen.microbatch
+
+    def describe(self) -> str:
+        c = self.record.chosen
+        return f"{c.stages} stage(s) × {c.tensor} rank(s), {c.data} replica(s) × {c.microbatches} microbatch(es)"
+
+
+def is_pipeline_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a lowered pipeline plan directory (its stages have their plan directories)."""
+    return is_lowered_pipeline(Path(path) / "plan.json")
+
+
+def _whole(path: Path, record: PipelinePlanRecord, first: PlanDir, last: PlanDir) -> PlanDir:
+    samples = record.chosen.data * record.chosen.microbatches
+    inputs = {
+        name: InputRecord((spec.shape[0] * samples, *spec.shape[1:]), spec.dtype)
+        for name, spec in first.input_specs.items()
+    }
+    run = RunRecord(
+        model_name=record.model,
+        source=record.source,
+        fingerprint=record.fingerprint,
+        inputs=inputs,
+        outputs=tuple(last.output_names),
+        files=(),
+        collectives=(),
+        plan_hash=None,
+    )
+    return PlanDir(path, run)
+
+
+def load_pipeline_dir(path: str | Path) -> PipelinePlan:
+    """Read a lowered pipeline plan and every stage's plan directory (the SPMD checks of each)."""
+    root = Path(path)
+    record = read_pipeline_record(root / "plan.json")
+    if not record.lowered:
+        raise PlanError(
+            f"{root}: a plan-only pipeline plan (`optimize --pipeline --plan-only`) has no stage directories: it is "
+            f"planned and explained, not lowered, so it cannot run. `unity-eq optimize --pipeline` without "
+            "`--plan-only` writes one that runs."
+        )
+    stages = [load_plan_dir(root / str(stage.directory)) for stage in record.stages]
+    for before, after, stage in zip(stages, stages[1:], record.stages[1:], strict=False):
+        if list(after.input_specs) != [stage.receives] or before.output_names != [stage.receives]:
+            raise PlanError(
+                f"{root}: stage {stage.index} does not read what stage {stage.index - 1} sends ({stage.receives!r}). "
+                "Re-run `unity-eq optimize --pipeline`."
+            )
+    return PipelinePlan(root, record, stages, _whole(root, record, stages[0], stages[-1]))
+
+
+def stage_programs(plan: PipelinePlan, device: str = "cpu") -> list[list[RankProgram]]:
+    """Each stage's rank programs (one replica's tensor group: every replica runs the same files)."""
+    programs = []
+    for stage in plan.stages:
+        world = stage.world_size
+        choices = [choose_device(device, rank) for rank in range(world)]
+        threads = threads_per_rank(world)
+        programs.append([build_rank_program(stage, r, choices[r].providers, threads) for r in range(world)])
+    return programs
+
+
+def _microbatches(plan: PipelinePlan, feeds: Mapping[str, np.ndarray]) -> list[Feeds]:
+    """The inputs cut along dimension 0: replica by replica, each replica's microbatches in schedule order."""
+    b = plan.microbatch
+    count = plan.replicas * plan.microbatches
+    return [{name: value[k * b : (k + 1) * b] for name, value in feeds.items()} for k in range(count)]
+
+
+def run_programs(
+    plan: PipelinePlan,
+    programs: list[list[RankProgram]],
+    feeds: Mapping[str, np.ndarray],
+    timeout: float | None = None,
+    on_microbatch: Callable[[int, int], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run checked inputs (``check_inputs(plan.whole, …)``) through the stages, microbatch by microbatch."""
+    results: list[Feeds] = []
+    parts = _microbatches(plan, feeds)
+    for done, part in enumerate(parts):
+        values: Feeds = part
+        for stage, (directory, ranks) in enumerate(zip(plan.stages, programs, strict=True)):
+            try:
+                values = execute_local(ranks, {name: values[name] for name in directory.input_specs}, timeout)
+            except RuntimeBackendError as exc:
+                raise RuntimeBackendError(f"stage {stage}, microbatch {done}: {exc}") from None
+        results.append(values)
+        if on_microbatch is not None:
+            on_microbatch(done + 1, len(parts))
+    return {name: np.concatenate([r[name] for r in results], axis=0) for name in plan.whole.output_names}
+
+
+def run_pipeline(
+    plan_dir: str | Path | PipelinePlan,
+    inputs: Mapping[str, np.ndarray],
+    device: str = "cpu",
+    timeout: float | None = None,
+    on_microbatch: Callable[[int, int], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run a lowered pipeline plan on ``inputs`` (the full batch) in this process and return its outputs."""
+    plan = plan_dir if isinstance(plan_dir, PipelinePlan) else load_pipeline_dir(plan_dir)
+    feeds = check_inputs(plan.whole, inputs)
+    return run_programs(plan, stage_programs(plan, device), feeds, timeout, on_microbatch)
