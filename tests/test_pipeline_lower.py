@@ -83,12 +83,29 @@ def test_explain_reads_the_lowered_plan(lowered: tuple[Path, Path]) -> None:
     assert "lowered: one plan directory per stage (stage0/, stage1/)" in text.stdout
 
 
-def test_the_mpi_backend_refuses_a_pipeline_plan_in_one_line(lowered: tuple[Path, Path]) -> None:
-    _, plan = lowered
-    proc = run_cli("run", str(plan), "--backend", "mpi")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "the MPI backend and `run_plan` run SPMD plans only" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_under_mpiexec_4_ranks_run_2_stages_of_2_way_tensor_parallel(
+    lowered: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """One process per rank: stage 0 on ranks 0-1, stage 1 on ranks 2-3, each stage's collectives inside its
+    tensor group, the activation sent from rank k of stage 0 to rank k of stage 1 microbatch by microbatch; rank 0
+    writes the outputs, which match onnxruntime on the original model and the local backend."""
+    from test_mpi import unity_eq
+
+    model, plan = lowered
+    x = np.random.default_rng(2).standard_normal((8, 64, 256)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", X=x)
+    proc, _ = unity_eq(
+        4, "run", str(plan), "--backend", "mpi", "--inputs", str(tmp_path / "in.npz"), "--outputs",
+        str(tmp_path / "out.npz"), "-q", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = np.load(tmp_path / "out.npz")["Y"]
+    np.testing.assert_allclose(got, run_original(model, {"X": x}, ["Y"])["Y"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, run_pipeline(load_pipeline_dir(plan), {"X": x})["Y"], rtol=1e-6, atol=1e-7)
+    wrong, _ = unity_eq(2, "run", str(plan), "--backend", "mpi", "-q", timeout=300)
+    assert wrong.returncode != 0
+    assert "mpiexec started 2 process(es), the pipeline plan" in wrong.stdout + wrong.stderr
+    assert "Traceback" not in wrong.stdout + wrong.stderr
 
 
 def test_stage_directories_belong_to_the_plan() -> None:

@@ -42,7 +42,7 @@ def summary_rows(record: PipelinePlanRecord) -> list[tuple[str, str]]:
     if flat is not None and c.stages > 1:
         rows.append(("without a pipeline", f"{flat.step_s / c.step_s:.2f}× the step ({_config_text(flat)})"))
     elif flat is None:
-        rows.append(("without a pipeline", "nothing fits in memory"))
+        rows.append(("without a pipeline", "no one-stage configuration fits (or none was searched: --stages)"))
     s = record.search
     rows.append(
         (

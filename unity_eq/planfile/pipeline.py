@@ -151,7 +151,7 @@ def is_lowered_pipeline(path: Path) -> bool:
 
 
 def refuse_pipeline_plan(path: Path, command: str) -> None:
-    """An SPMD reader (``run_plan``, the MPI backend) given a pipeline plan: one PlanError saying what it is and
+    """An SPMD reader (``run_plan``, ``load_plan_dir``) given a pipeline plan: one PlanError saying what it is and
     what runs it."""
     if not is_pipeline_plan(path):
         return
@@ -163,8 +163,8 @@ def refuse_pipeline_plan(path: Path, command: str) -> None:
         )
     raise PlanError(
         f"{path}: a pipeline plan, run stage by stage: the local backend runs it (`unity-eq run {path.parent}`, "
-        "`unity-eq check MODEL DIR`, `unity_eq.runtime.pipeline.run_pipeline`); the MPI backend and "
-        "`run_plan` run SPMD plans only."
+        "`unity-eq check MODEL DIR`, `unity_eq.runtime.pipeline.run_pipeline`) and the MPI backend run it; "
+        "`run_plan` runs SPMD plans only."
     )
 
 

@@ -68,6 +68,7 @@ from unity_eq.runtime.devices import (
 )
 from unity_eq.runtime.execute import COLLECTIVE_TIMEOUT_S, RankTimes, execute_rank
 from unity_eq.runtime.mpi_communicator import MPICommunicator, open_communicator
+from unity_eq.runtime.mpi_pipeline import PipelineRank, pipeline_groupings, pipeline_rank, run_pipeline_rank
 from unity_eq.runtime.mpi_status import (
     FINAL,
     SETUP,
@@ -82,6 +83,7 @@ from unity_eq.runtime.mpi_status import (
     interrupted,
 )
 from unity_eq.runtime.mpi_supervisor import import_mpi, supervise, tell_supervisor
+from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
 from unity_eq.runtime.plandir import PlanDir, check_inputs, check_rank_file, load_npz, load_plan_dir
 from unity_eq.runtime.segments import build_rank_program
 
@@ -122,6 +124,7 @@ class _Setup:
     feeds: dict[str, np.ndarray]
     program: Any
     notes: list[str]
+    pipeline: PipelineRank | None = None  # a pipeline plan: this rank's stage (runtime/mpi_pipeline.py)
 
 
 def _setup(
@@ -132,6 +135,13 @@ def _setup(
     world: Any,
     local: Any,
 ) -> _Setup:
+    if not isinstance(plan_dir, PlanDir) and is_pipeline_dir(plan_dir):
+        pipeline = load_pipeline_dir(plan_dir)
+        choice = choose_device(device, local.rank)
+        part = pipeline_rank(pipeline, world.rank, world.size, choice.providers, threads_per_rank(local.size))
+        notes: list[str] = []
+        feeds = check_inputs(pipeline.whole, _inputs(pipeline.whole, inputs, seed, notes))
+        return _Setup(pipeline.whole, choice, feeds, part.program, notes, part)
     plan = plan_dir if isinstance(plan_dir, PlanDir) else load_plan_dir(plan_dir, check_files=False)
     if world.size != plan.world_size and world.size == 1:
         raise RuntimeBackendError(
@@ -145,7 +155,7 @@ def _setup(
         )
     check_rank_file(plan, world.rank)
     choice = choose_device(device, local.rank)
-    notes: list[str] = []
+    notes = []
     feeds = check_inputs(plan, _inputs(plan, inputs, seed, notes))
     program = build_rank_program(plan, world.rank, choice.providers, threads_per_rank(local.size))
     return _Setup(plan, choice, feeds, program, notes)
@@ -228,7 +238,10 @@ def run_plan_mpi(
 
     spins = 0 if local.size > available_cores() else 50
     comm = MPICommunicator(mpi, world, Poller(control, timeout, spins))
-    comm.prepare(c.groups for c in setup.plan.record.collectives)
+    if setup.pipeline is not None:
+        comm.prepare(pipeline_groupings(setup.pipeline.plan))
+    else:
+        comm.prepare(c.groups for c in setup.plan.record.collectives)
     outputs: dict[str, np.ndarray] | None = None
     runs: list[dict[str, float]] = []
 
@@ -239,7 +252,10 @@ def run_plan_mpi(
         for _ in range(repeat):
             times = RankTimes()
             begin = time.perf_counter()
-            outputs = execute_rank(setup.program, setup.feeds, comm, times, stage)
+            if setup.pipeline is not None:
+                outputs = run_pipeline_rank(setup.pipeline, setup.feeds, comm, times, stage) or {}
+            else:
+                outputs = execute_rank(setup.program, setup.feeds, comm, times, stage)
             runs.append(
                 {
                     "wall_s": time.perf_counter() - begin,
@@ -256,7 +272,7 @@ def run_plan_mpi(
         status = failure(rank, FINAL, exc)
     statuses, missing = agree(control, status, timeout)
     conclude(control, statuses, missing, timeout)
-    for other in range(1, world.size):
+    for other in range(1, world.size if setup.pipeline is None else 1):  # a pipeline's outputs are rank 0's alone
         theirs, first = statuses[other].info["digests"], statuses[0].info["digests"]
         differs = [name for name in first if theirs.get(name) != first[name]]
         if differs:
