@@ -104,35 +104,35 @@ def optimize(
     given_staged = [name for name, value in staged_options if value is not None]
     if given_staged and not pipeline:
         raise OptionError(f"`{given_staged[0]}` restricts the stage search: pass it with `--pipeline`.")
+    common: dict[str, Any] = {
+        "devices": devices,
+        "machine": machine,
+        "nodes": nodes,
+        "interconnect": interconnect,
+        "output_dir": target,
+        "input_shapes": input_shapes(input_shape),
+        "objective": objective,
+        "limits": limits,
+        "rule_files": rule_files,
+        "generated_rules": not no_generated_rules,
+        "progress": progress_printer(quiet),
+        "plan_only": plan_only,
+    }
     if pipeline:
-        forced = [name for name, given in (("--mesh", mesh), ("--profile", profile)) if given]
-        if forced or extractor != "greedy" or blocks != "auto":
-            names = (
-                forced + (["--extractor"] if extractor != "greedy" else []) + (["--blocks"] if blocks != "auto" else [])
-            )
-            raise OptionError(
-                f"{', '.join(f'`{n}`' for n in names)} do not apply to `--pipeline` plans; leave them out."
-            )
+        given = (
+            ("--mesh", mesh is not None),
+            ("--profile", profile is not None),
+            ("--extractor", extractor != "greedy"),
+            ("--blocks", blocks != "auto"),
+            ("--weight-input", bool(weight_input)),
+        )
+        names = [f"`{name}`" for name, set_ in given if set_]
+        if names:
+            raise OptionError(f"{', '.join(names)} do not apply to `--pipeline` plans; leave them out.")
         from unity_eq.pipeline import optimize_pipeline
 
         staged = optimize_pipeline(
-            model,
-            devices=devices,
-            machine=machine,
-            nodes=nodes,
-            interconnect=interconnect,
-            output_dir=target,
-            input_shapes=input_shapes(input_shape),
-            objective=objective,
-            batch=batch,
-            limits=limits,
-            rule_files=rule_files,
-            generated_rules=not no_generated_rules,
-            progress=progress_printer(quiet),
-            plan_only=plan_only,
-            stages=stages,
-            tensor=tensor,
-            microbatches=microbatches,
+            model, batch=batch, stages=stages, tensor=tensor, microbatches=microbatches, **common
         )
         _print_pipeline_summary(staged)
         if check_plan and staged.plan_dir is not None:
@@ -142,26 +142,15 @@ def optimize(
     with live or contextlib.nullcontext():
         result = run_optimize(
             model,
-            devices=devices,
-            machine=machine,
-            nodes=nodes,
-            interconnect=interconnect,
             max_axes=max_axes,
-            output_dir=target,
-            input_shapes=input_shapes(input_shape),
-            objective=objective,
             mesh=mesh,
-            limits=limits,
-            rule_files=rule_files,
-            generated_rules=not no_generated_rules,
-            progress=progress_printer(quiet),
             profile=profile,
             blocks=blocks,
             extractor=extractor,
             ilp_time_limit=ilp_time_limit,
             tracker=live,
-            plan_only=plan_only,
             weight_inputs=weight_input,
+            **common,
         )
     _print_plan_summary(result)
     if check_plan and result.plan_dir is not None:
