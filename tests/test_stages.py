@@ -21,7 +21,7 @@ from unity_eq.rulesets import default_rule_files, load_rule_files
 from unity_eq.stages import StageConfig, evaluate, price_pieces, stage_search
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.schedule import bubble_fraction, in_flight, pipeline_seconds
-from unity_eq.stages.search import configurations
+from unity_eq.stages.search import RECOMPUTE, configurations
 from unity_eq.stages.state import microbatch_traffic_s, shard_factors, step_traffic_s
 
 MACHINE_TOML = """
@@ -373,3 +373,17 @@ def test_on_two_kinds_of_device_the_faster_stages_get_more_layers(tmp_path: Path
     layers = {kind: sum(j - i for (i, j), k in zip(best.cuts, kinds, strict=True) if k == kind) for kind in kinds}
     assert layers["fast"] > layers["slow"]
     assert found.best_flat is None  # one stage cannot span two kinds of device
+
+
+def test_per_stage_recomputation_recomputes_only_the_stages_that_would_not_fit(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    roomy = _tiny_machine(tmp_path, 80)
+    keep = evaluate(StageConfig(4, 1, 1, 1, 8, "1f1b", "none", 0), tiny_table, roomy, TRAINING, 8)
+    assert keep is not None
+    # a device a little smaller than the fullest stage needs when keeping every activation
+    tight = _tiny_machine(tmp_path, (keep.peak_bytes - 1000) / 0.9 / 2**30)
+    plans = {r: evaluate(StageConfig(4, 1, 1, 1, 8, "1f1b", r, 0), tiny_table, tight, TRAINING, 8) for r in RECOMPUTE}
+    full, stage = plans["full"], plans["stage"]
+    assert full is not None and stage is not None
+    assert all(full.recomputed) and stage.fits and full.fits
+    assert any(stage.recomputed) and not all(stage.recomputed)  # only where keeping would not fit
+    assert stage.step_s < full.step_s  # the others keep their activations and run no second forward

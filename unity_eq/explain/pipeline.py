@@ -95,6 +95,7 @@ def render_pipeline(record: PipelinePlanRecord) -> str:
             f"  stage {st.index:>3}: pieces {st.pieces[0]}-{st.pieces[1] - 1} ({st.first_node} … {st.last_node}) "
             f"on ranks {st.ranks} ({st.device}): {st.seconds * 1e3:.2f} ms; {_gib(st.weight_bytes)} + "
             f"{_gib(st.weight_state_bytes)} + {_gib(st.activation_bytes)} = {_gib(st.total_bytes)}"
+            + ("; recomputes" if st.recomputes else "")
             + (f"; sends {st.sends}" if st.sends else "")
         )
     lines.append("")

@@ -45,7 +45,7 @@ class ConfigRecord(Record):
     microbatch: int  # samples per microbatch on one replica
     microbatches: int  # per step (m): batch = d · m · microbatch
     schedule: str  # 1f1b or gpipe
-    recompute: str  # none or full
+    recompute: str  # none, full, or stage (each stage recomputes only when keeping would not fit)
     zero: int  # ZeRO stage over the data axis (0-3)
     order: str  # rank order, slowest axis first (pdt: stages across data replicas; dpt: the other way)
     policy: str  # which intra-op plan of each piece (fastest, sharded, smallest)
@@ -69,6 +69,7 @@ class StageRecord(Record):
     sends: str | None  # the activation it passes on (None: the model outputs)
     ranks: str  # its devices, e.g. "0-63" or "0-7, 64-71" (rank = device)
     device: str  # their kind
+    recomputes: bool = False  # whether it keeps its pieces' inputs only and runs their forwards again
     seconds: float  # forward (and backward) of one microbatch, sends included
     weight_bytes: float
     weight_state_bytes: float

@@ -79,6 +79,7 @@ def pipeline_record(
                 sends=pieces[j - 1].stream_out,
                 ranks=_ranges(list(best.devices[s])),
                 device=machine.devices[best.devices[s][0]].name,
+                recomputes=best.recomputed[s] if best.recomputed else False,
                 seconds=best.stage_s[s],
                 weight_bytes=memory.weights,
                 weight_state_bytes=memory.weight_state,

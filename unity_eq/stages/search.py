@@ -39,7 +39,9 @@ from unity_eq.stages.state import ZERO_STAGES, microbatch_traffic_s, shard_facto
 
 __all__ = ["StageConfig", "StageFilter", "StageMemory", "StagePlan", "evaluate", "group_sizes", "stage_search"]
 
-RECOMPUTE = ("none", "full")
+#: none: keep every activation; full: every stage keeps its pieces' inputs and recomputes; stage: each stage
+#: recomputes only if keeping its activations would not fit (1F1B's first stages hold more microbatches)
+RECOMPUTE = ("none", "full", "stage")
 ORDERS = ("pdt", "dpt")  # rank order, slowest axis first: pipeline across data replicas, or the other way
 #: Which intra-op plan of each piece: the cheapest; the cheapest of those that keep at most 1.25× the least
 #: weight memory (sharded weights); the least memory.
@@ -118,6 +120,7 @@ class StagePlan:
     memory: tuple[StageMemory, ...]
     capacities: tuple[float, ...]  # usable bytes per device of each stage
     devices: tuple[tuple[int, ...], ...] = ()  # each stage's devices (rank = device), replicas × tensor group
+    recomputed: tuple[bool, ...] = ()  # whether each stage recomputes its activations
 
     @property
     def step_s(self) -> float:
@@ -180,9 +183,8 @@ class _Group:
     stages: int
     model: CostModel
     pieces: list[PieceCost]
-    seconds: list[float]
-    fixed: list[float]
-    held: list[float]
+    keep: StageFunctions  # per piece: seconds, resident bytes, bytes per microbatch held, keeping activations
+    redo: StageFunctions  # the same with full recomputation (each piece keeps its input, runs its forward again)
     capacity: float
     bandwidth: float
 
@@ -195,9 +197,8 @@ def _group(
     model = CostModel(machine, _group_mesh(config, stages, devices), objective)
     pieces = [_pick(o, config.policy) for o in table.costs(config.tensor, config.microbatch, index)]
     weight_f, gradient_f, optimizer_f = shard_factors(config.zero, config.data)
-    recompute = training and config.recompute == "full"
     zero_s = [microbatch_traffic_s(config.zero, c.weight_bytes, config.data, model, training) for c in pieces]
-    seconds = [c.step_s + (c.forward_s if recompute else 0.0) + z for c, z in zip(pieces, zero_s, strict=True)]
+    seconds = [c.step_s + z for c, z in zip(pieces, zero_s, strict=True)]
     fixed = [
         c.weight_bytes * weight_f
         + min(c.state_bytes, c.weight_bytes) * gradient_f
@@ -205,10 +206,15 @@ def _group(
         for c in pieces
     ]
     # inference keeps nothing per microbatch: a stage's peak is its largest piece's (``largest_activation``)
-    held = [c.input_bytes if recompute else c.activation_bytes for c in pieces] if training else [0.0] * len(pieces)
+    held = [c.activation_bytes for c in pieces] if training else [0.0] * len(pieces)
+    keep = StageFunctions(seconds, fixed, held, _none, _none, _one)
+    redo = StageFunctions(
+        [t + c.forward_s for t, c in zip(seconds, pieces, strict=True)], fixed, [c.input_bytes for c in pieces],
+        _none, _none, _one,
+    )  # fmt: skip
     device = machine.devices[devices[0]]
     bandwidth = device.memory_bandwidth * machine.efficiency
-    return _Group(index, devices, stages, model, pieces, seconds, fixed, held, model.memory_capacity(), bandwidth)
+    return _Group(index, devices, stages, model, pieces, keep, redo, model.memory_capacity(), bandwidth)
 
 
 def _sends(
@@ -252,41 +258,52 @@ def evaluate(
     stage_index = [k for group in layout for k in range(group.stages)]
     if len(stage_group) != config.stages:
         return None
-    prefix = {id(g): StageFunctions(g.seconds, g.fixed, g.held, _none, _none, _one) for g in layout}
     sends = _sends(config, layout, stage_group, machine, objective)
     largest_weights = max(c.weight_bytes for g in layout for c in g.pieces)
-    largest_activation = (
-        max(c.activation_bytes for g in layout for c in g.pieces) if training and config.recompute == "full" else 0.0
-    )
-    if not training:
-        largest_activation = max(c.activation_bytes for g in layout for c in g.pieces)
+    largest_activation = max(c.activation_bytes for g in layout for c in g.pieces)
+    capacities = [g.capacity for g in stage_group]
+
+    def bytes_with(f: StageFunctions, stage: int, i: int, j: int, redo: bool) -> float:
+        copies = in_flight(config.schedule, stage, config.stages, config.microbatches, training)
+        gathered = 2 * largest_weights if config.zero == 3 and config.data > 1 else 0.0
+        # recomputing, a stage also holds one piece's activations at a time; inference holds its largest piece's
+        working = largest_activation if redo or not training else 0.0
+        return f.fixed[j] - f.fixed[i] + copies * (f.held[j] - f.held[i]) + gathered + working
+
+    def recomputes(stage: int, i: int, j: int) -> bool:
+        """Whether the stage recomputes: always, never, or (``stage``) when keeping would not fit."""
+        if not training or config.recompute == "none":
+            return False
+        if config.recompute == "full":
+            return True
+        return bytes_with(stage_group[stage].keep, stage, i, j, False) > capacities[stage]
 
     def seconds(stage: int, i: int, j: int) -> float:
-        f = prefix[id(stage_group[stage])]
+        group = stage_group[stage]
+        f = group.redo if recomputes(stage, i, j) else group.keep
         forward = sends[stage][j - 1] if stage < config.stages - 1 else 0.0
         backward = sends[stage - 1][i - 1] if training and stage > 0 else 0.0  # the input's gradient goes back
         return f.time[j] - f.time[i] + forward + backward
 
     def nbytes(stage: int, i: int, j: int) -> float:
-        f = prefix[id(stage_group[stage])]
-        copies = in_flight(config.schedule, stage, config.stages, config.microbatches, training)
-        gathered = 2 * largest_weights if config.zero == 3 and config.data > 1 else 0.0
-        return f.fixed[j] - f.fixed[i] + copies * (f.held[j] - f.held[i]) + gathered + largest_activation
+        redo = recomputes(stage, i, j)
+        group = stage_group[stage]
+        return bytes_with(group.redo if redo else group.keep, stage, i, j, redo)
 
-    capacities = [g.capacity for g in stage_group]
     cuts = partition(StageCuts(len(table.pieces), seconds, nbytes), config.stages, capacities)
     if cuts is None:
         return None
     weight_f = shard_factors(config.zero, config.data)[0]
-    memory, stage_s, devices = [], [], []
+    memory, stage_s, devices, redone = [], [], [], []
     sync = 0.0
     for s, (i, j) in enumerate(cuts):
-        group, f = stage_group[s], prefix[id(stage_group[s])]
-        resident = f.fixed[j] - f.fixed[i]
+        group = stage_group[s]
+        resident = group.keep.fixed[j] - group.keep.fixed[i]
         weights = sum(c.weight_bytes for c in group.pieces[i:j])
         memory.append(StageMemory(weights * weight_f, resident - weights * weight_f, nbytes(s, i, j) - resident))
         stage_s.append(seconds(s, i, j))
         devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
+        redone.append(recomputes(s, i, j))
         own = sum(c.gradient_s for c in group.pieces[i:j])
         update = 2 * (resident if training else 0.0) / group.bandwidth  # the optimizer reads and writes its state
         sync = max(sync, step_traffic_s(config.zero, weights, config.data, group.model, training) + own + update)
@@ -299,6 +316,7 @@ def evaluate(
         tuple(memory),
         tuple(capacities),
         tuple(devices),
+        tuple(redone),
     )
 
 
@@ -430,7 +448,7 @@ def _footprint(config: StageConfig, table: PieceTable, objective: Objective) -> 
         + max(0.0, c.state_bytes - c.weight_bytes) * optimizer_f
         for c in pieces
     )
-    recompute = objective.training and config.recompute == "full"
+    recompute = objective.training and config.recompute != "none"
     held = sum(c.input_bytes if recompute else c.activation_bytes for c in pieces)
     copies = in_flight(config.schedule, 0, config.stages, config.microbatches, objective.training)
     return (resident + copies * held) / config.stages
