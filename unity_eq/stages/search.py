@@ -24,6 +24,7 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -220,16 +221,24 @@ def _group(
 def _sends(
     config: StageConfig, layout: list[_Group], stage_group: list[_Group], machine: Machine, objective: Objective
 ) -> list[list[float]]:
-    """Per stage boundary (stage s to s + 1), the time to send each piece's output across it."""
+    """Per stage boundary (stage s to s + 1), the time to send each piece's output across it. Boundaries
+    inside one group share their prices (one link), and so do pieces whose outputs are the same size."""
+    priced: dict[tuple[int, int], list[float]] = {}
     found: list[list[float]] = []
     for s in range(len(stage_group) - 1):
         a, b = stage_group[s], stage_group[s + 1]
-        if a is b:
-            model, axis = a.model, "p"
-        else:  # across two device groups: one device of each, over whatever links join them
-            pair = Mesh(("p",), (2,), (a.devices[-1], b.devices[0]))
-            model, axis = CostModel(machine, pair, objective), "p"
-        found.append([model.send(axis, c.output_bytes) for c in a.pieces])
+        key = (id(a), id(b))
+        if key not in priced:
+            if a is b:
+                model = a.model
+            else:  # across two device groups: one device of each, over whatever links join them
+                model = CostModel(machine, Mesh(("p",), (2,), (a.devices[-1], b.devices[0])), objective)
+            by_size: dict[float, float] = {}
+            for c in a.pieces:
+                if c.output_bytes not in by_size:
+                    by_size[c.output_bytes] = model.send("p", c.output_bytes)
+            priced[key] = [by_size[c.output_bytes] for c in a.pieces]
+        found.append(priced[key])
     return found
 
 
@@ -240,10 +249,12 @@ def evaluate(
     objective: Objective,
     batch: int,
     groups: Sequence[tuple[int, ...]] | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> StagePlan | None:
     """Price ``config``: cut the pieces into stages and return the plan, or None when no cut fits memory or
     the configuration does not divide the batch and devices. ``groups``: the machine's device groups
-    (``search.device_groups``; computed when not given)."""
+    (``search.device_groups``; computed when not given). ``memo``: a dict kept across calls on one table and
+    machine, holding what configurations that differ only in schedule and recomputation share."""
     if config.data * config.microbatch * config.microbatches != batch:
         return None
     groups = list(groups) if groups is not None else device_groups(machine)
@@ -253,12 +264,16 @@ def evaluate(
     if any(len(groups[g]) % per_stage for g in config.groups):
         return None
     training = objective.training
-    layout = [_group(config, table, machine, objective, g, groups[g]) for g in config.groups]
-    stage_group = [group for group in layout for _ in range(group.stages)]
+    memo = memo if memo is not None else {}
+    shared = (config.tensor, config.microbatch, config.policy, config.zero, config.data, config.order, config.groups)
+    if shared not in memo:
+        layout = [_group(config, table, machine, objective, g, groups[g]) for g in config.groups]
+        stage_group = [group for group in layout for _ in range(group.stages)]
+        memo[shared] = (layout, stage_group, _sends(config, layout, stage_group, machine, objective))
+    layout, stage_group, sends = memo[shared]
     stage_index = [k for group in layout for k in range(group.stages)]
     if len(stage_group) != config.stages:
         return None
-    sends = _sends(config, layout, stage_group, machine, objective)
     largest_weights = max(c.weight_bytes for g in layout for c in g.pieces)
     largest_activation = max(c.activation_bytes for g in layout for c in g.pieces)
     capacities = [g.capacity for g in stage_group]
@@ -406,6 +421,7 @@ def stage_search(
     """The cheapest configuration that fits (among those ``only`` admits); InfeasiblePlanError names the
     smallest footprint found and what would make it fit, OptionError says when ``only`` admits none."""
     groups = device_groups(machine)
+    memo: dict[Any, Any] = {}
     best: StagePlan | None = None
     flat: StagePlan | None = None
     smallest: tuple[float, StageConfig] | None = None
@@ -414,7 +430,7 @@ def stage_search(
         if only is not None and not only.admits(config):
             continue
         evaluated += 1
-        plan = evaluate(config, table, machine, objective, batch, groups)
+        plan = evaluate(config, table, machine, objective, batch, groups, memo)
         if plan is None:
             footprint = _footprint(config, table, objective)
             if smallest is None or footprint < smallest[0]:
