@@ -7,6 +7,7 @@ one module per command group and registered on the app here, in the order ``--he
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -123,6 +124,21 @@ def entry() -> int:
         if "unity_eq.runtime.mpi" not in sys.modules:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_IGN)
+    if code >= 128 and "unity_eq.runtime.mpi" not in sys.modules:
+        # Interrupted: the command has cleaned up and said so, but a rank thread may still be inside an
+        # onnxruntime call that no signal can stop, and tearing the interpreter down under it aborts the process
+        # (std::terminate, exit -6, after our line). Leave at once with our status, after ending the worker
+        # processes the interpreter's exit would have ended (multiprocessing's own exit hook is skipped too).
+        import multiprocessing
+
+        children = multiprocessing.active_children()
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(timeout=2)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 
