@@ -118,8 +118,10 @@ def _weight_bytes(weights: dict[str, np.ndarray | Deferred]) -> int:
 def validate_device_file(path: Path, shown: Path) -> None:
     """Refuse a device file that fails ``onnx.checker`` (full check, with shape inference) or that onnxruntime
     does not open: ``optimize`` never reports success for a plan that cannot run. ``shown`` is the path named in
-    the error (the file's final place; nothing is written there when this fails)."""
-    from unity_eq.runtime.devices import make_session
+    the error (the file's final place; nothing is written there when this fails). A file onnxruntime's CPU
+    provider has no kernel for (bfloat16 arithmetic) passes: the checker found it valid, and it runs where the
+    op is implemented (CUDA); ``run`` and ``check`` on the CPU say which op is missing."""
+    from unity_eq.runtime.devices import make_session, missing_kernel
 
     try:
         onnx.checker.check_model(str(path), full_check=True)
@@ -130,6 +132,8 @@ def validate_device_file(path: Path, shown: Path) -> None:
             make_session(str(path), ["CPUExecutionProvider"], prepack=False)  # loads; weights stay on disk
             return
         except Exception as exc:  # onnxruntime refuses the model
+            if missing_kernel(exc) is not None:  # valid (the checker passed), only not on the CPU: bfloat16
+                return
             problem = f"onnxruntime: {str(exc).strip().splitlines()[0][:400]}"
     raise PlanError(
         f"{shown}: the lowered device model is invalid ({problem}); no plan was written. "

@@ -86,8 +86,8 @@ def plan_hash(plan: Plan, graph: Graph, weights: bool = True) -> str:
             continue
         if array.dtype.kind == "O":  # string tensors
             digest.update(repr(array.tolist()).encode())
-        elif array.size:
-            digest.update(_contiguous(array.reshape(-1)).data)
+        elif array.size:  # as bytes: a buffer of bfloat16 or float8 (ml_dtypes) is refused, its bytes are not
+            digest.update(_contiguous(array.reshape(-1)).view(np.uint8).data)
             release_pages(array)
     return digest.hexdigest()
 

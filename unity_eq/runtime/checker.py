@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from unity_eq.dtypes import is_float, relative_precision
 from unity_eq.errors import CheckFailed, ModelError, OptionError, PlanError, RuntimeBackendError
 from unity_eq.planfile import InputRecord
 from unity_eq.progress import Tracker
-from unity_eq.runtime.devices import choose_device, make_session, threads_per_rank
+from unity_eq.runtime.devices import choose_device, make_session, missing_kernel, run_session, threads_per_rank
 from unity_eq.runtime.execute import execute_local
 from unity_eq.runtime.pipeline import PipelinePlan, is_pipeline_dir, load_pipeline_dir, run_programs, stage_programs
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
@@ -67,7 +68,7 @@ def random_inputs(
     out = {}
     for name, spec in specs.items():
         shape, dtype = _shape_and_dtype(spec)
-        if dtype.kind == "f":
+        if is_float(dtype):  # numpy's floats and ml_dtypes' (bfloat16), which numpy calls kind "V"
             out[name] = _floats(rng, draw, shape).astype(dtype)
         elif dtype.kind in "iu":
             low, high = (int_ranges or {}).get(name, (0, max((int_bounds or {}).get(name, 10), 1) - 1))
@@ -109,9 +110,31 @@ class OutputComparison:
     got: float
     inputs: str = ""  # which inputs gave this (the worst) error
     # "float64" when judged against the original model run in float64 (runtime/reference64.py) because the
-    # float32 reference disagreed; float32_error is then the relative error against the float32 reference
+    # float32 reference disagreed; float32_error is then the plan's relative error against the float32 reference
     reference: str = ""
     float32_error: float | None = None
+    # measured when the float64 model ran (whatever its verdict): the plan's and onnxruntime's float32 result's
+    # relative errors against it
+    float64_error: float | None = None
+    onnxruntime_error: float | None = None
+    tolerance: float | None = None  # the tolerance this output was judged by (its dtype's: see tolerance_for)
+    no_float64: str = ""  # why a mismatching float32 output had no float64 second opinion
+
+    def describe_float64(self) -> str:
+        """What the float64 second opinion measured on this output (empty when it was not asked): the plan's
+        error and onnxruntime's float32 error against the float64 model, both measured, and the verdict."""
+        if self.no_float64:
+            return f"; {self.name!r}: no float64 second opinion ({self.no_float64})"
+        if self.float64_error is None:
+            return ""
+        plan_vs_ort = self.float32_error if self.reference == "float64" else self.relative_error
+        ort = f"{self.onnxruntime_error:.2e}" if self.onnxruntime_error is not None else "not measured"
+        verdict = "within" if self.reference == "float64" else "beyond"
+        return (
+            f"; {self.name!r} against the original model run in float64: plan off by {self.float64_error:.2e}, "
+            f"onnxruntime's float32 result off by {ort} (plan vs onnxruntime {plan_vs_ort:.2e}); the plan is "
+            f"{verdict} tolerance of the float64 result"
+        )
 
 
 @dataclass
@@ -135,19 +158,14 @@ class CheckResult:
         verdict = "match" if self.passed else "MISMATCH"
         tried = f" over {len(self.draws)} input sets" if len(self.draws) > 1 else ""
         where = f" ({w.inputs})" if w.inputs else ""
+        allowed = w.tolerance if w.tolerance is not None else self.tolerance
         text = (
             f"{verdict}: {len(self.outputs)} output(s){tried}; worst {w.name!r} relative error "
-            f"{w.relative_error:.2e} (tolerance {self.tolerance:g}){where}, max abs error {w.max_abs_error:.3g} "
+            f"{w.relative_error:.2e} (tolerance {allowed:.3g}){where}, max abs error {w.max_abs_error:.3g} "
             f"at {list(w.index)}: expected {w.expected:.6g}, got {w.got:.6g}"
         )
-        wide = [o for o in self.outputs if o.reference == "float64"]
-        if wide:
-            names = ", ".join(repr(o.name) for o in wide)
-            off = max(o.float32_error or 0.0 for o in wide)
-            text += (
-                f"; {names} judged against the original model in float64: onnxruntime's float32 result is off by "
-                f"up to {off:.2e} (a long float32 reduction in another order; the plan is the more accurate side)"
-            )
+        for o in self.outputs:
+            text += o.describe_float64()
         return text
 
 
@@ -176,7 +194,8 @@ def compare_outputs(
         scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 1.0
         relative = max_abs / max(scale, 1e-30)
         exact = ref.dtype.kind in "iub"
-        passed = max_abs == 0.0 if exact else relative <= _tolerance_for(ref.dtype, tolerance)
+        allowed = None if exact else tolerance_for(ref.dtype, tolerance)
+        passed = max_abs == 0.0 if allowed is None else relative <= allowed
         results.append(
             OutputComparison(
                 name,
@@ -186,19 +205,35 @@ def compare_outputs(
                 tuple(int(i) for i in index),
                 float(ref[index]),
                 float(out[index]),
+                tolerance=allowed,
             )
         )
     return CheckResult(results, tolerance)
 
 
-def _tolerance_for(dtype: np.dtype, tolerance: float) -> float:
-    return max(tolerance, 1e-2) if dtype.itemsize <= 2 else tolerance
+#: A narrow float output is allowed this many units of its type's precision (relative to the output's largest
+#: value): ten roundings' worth, as a plan's sum in another order, or its partial sums rounded to the type
+#: before an all-reduce, may be that far from the original's.
+PRECISION_UNITS = 10
+
+
+def tolerance_for(dtype: np.dtype, tolerance: float) -> float:
+    """The relative error an output of ``dtype`` may have: ``tolerance`` (`--tolerance`, meant for float32), or
+    :data:`PRECISION_UNITS` times the type's machine epsilon when that is larger: 9.8e-3 for float16, 7.8e-2
+    for bfloat16 (7 bits of mantissa), against 1e-4 for float32 and float64."""
+    return max(tolerance, PRECISION_UNITS * relative_precision(dtype)) if is_float(dtype) else tolerance
 
 
 def _original_session(model_path: str | Path) -> Any:
     try:
         return make_session(str(model_path), ["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime refuses the model
+        missing = missing_kernel(exc, model_path)
+        if missing is not None:  # a valid model (bfloat16 MatMul): `check` needs it on the CPU, where it cannot run
+            raise RuntimeBackendError(
+                f"{model_path}: {missing.describe()}, so `check` cannot run the original model (it runs it on the "
+                "CPU); check a model whose ops onnxruntime's CPU provider implements at its types."
+            ) from None
         raise RuntimeBackendError(
             f"{model_path}: onnxruntime cannot load the original model: {_first_line(exc)}"
         ) from None
@@ -213,7 +248,7 @@ def _run_original(
     session: Any, model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str], what: str
 ) -> dict[str, np.ndarray]:
     try:
-        values = session.run(output_names, dict(inputs))
+        values = run_session(session, output_names, inputs)
     except Exception as exc:  # the original model fails on these inputs: a problem of the inputs, not the plan
         raise RuntimeBackendError(
             f"{model_path}: the original model fails on {what}: {_first_line(exc)}. Pass valid inputs with `--inputs`."
@@ -274,7 +309,8 @@ def check(
             got = execute(feeds)
         except RuntimeBackendError as exc:
             raise CheckFailed(f"{plan.path}: the plan fails on {what}, where the original model runs: {exc}") from None
-        for o in second_opinion(compare_outputs(expected, got, tolerance).outputs, wide, feeds, got, tolerance):
+        first = compare_outputs(expected, got, tolerance).outputs
+        for o in second_opinion(first, wide, feeds, got, tolerance, expected):
             o.inputs = what
             old = worst.get(o.name)
             if old is None or (not o.passed, o.relative_error) > (not old.passed, old.relative_error):
@@ -289,24 +325,34 @@ def second_opinion(
     feeds: Mapping[str, np.ndarray],
     got: Mapping[str, np.ndarray],
     tolerance: float,
+    expected: Mapping[str, np.ndarray] | None = None,
 ) -> list[OutputComparison]:
     """Float32 outputs that mismatch are judged again against the model run in float64; an output that
-    matches it passes (with its float32 error kept), one that does not keeps its float32 verdict."""
+    matches it passes (with its float32 error kept), one that does not keeps its float32 verdict. Either way
+    the figures measured are kept: the plan's error against float64 and, given ``expected`` (onnxruntime's
+    float32 outputs), onnxruntime's; without a float64 model the reason is kept instead."""
     failed = [o.name for o in comparisons if not o.passed and np.asarray(got[o.name]).dtype == np.float32]
     if not failed:
         return comparisons
     reference = wide.run(feeds, failed)
     if reference is None:
+        for o in comparisons:
+            o.no_float64 = (wide.reason or "onnxruntime cannot run the model in float64") if o.name in failed else ""
         return comparisons
     again = {o.name: o for o in compare_outputs(reference, {n: got[n] for n in failed}, tolerance).outputs}
+    ort = compare_outputs(reference, {n: expected[n] for n in failed}, tolerance).outputs if expected else []
+    ort_error = {o.name: o.relative_error for o in ort}
     result = []
     for o in comparisons:
         second = again.get(o.name)
-        if second is not None and second.passed:
-            second.reference, second.float32_error = "float64", o.relative_error
-            result.append(second)
-        else:
+        if second is None:
             result.append(o)
+            continue
+        kept = second if second.passed else o
+        if second.passed:
+            second.reference, second.float32_error = "float64", o.relative_error
+        kept.float64_error, kept.onnxruntime_error = second.relative_error, ort_error.get(o.name)
+        result.append(kept)
     return result
 
 

@@ -12,11 +12,12 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -261,3 +262,111 @@ def make_session(
         options.add_session_config_entry("session.disable_prepacking", "1")
     payload = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     return ort.InferenceSession(payload, options, providers=providers)
+
+
+#: onnxruntime's words when a provider has no kernel for an op at the types the model uses (bfloat16 MatMul on
+#: the CPU): the model is valid, this provider cannot run it.
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+
+
+@dataclass(frozen=True)
+class MissingKernel:
+    """An op onnxruntime has no kernel for on the providers tried, and the element type it was asked for."""
+
+    op: str
+    node: str
+    dtype: str  # "" when the node's inputs have no known type
+
+    def describe(self, where: str = "CPU") -> str:
+        kind = f"{self.dtype} kernel" if self.dtype else "kernel at this model's types"
+        node = f" (node {self.node!r})" if self.node else ""
+        return f"onnxruntime's {where} provider has no {kind} for {self.op}{node}"
+
+
+def missing_kernel(exc: BaseException, model: onnx.ModelProto | str | Path | None = None) -> MissingKernel | None:
+    """The op and dtype of onnxruntime's "no implementation" error, or None for any other error.
+
+    Such a model is valid (``onnx.checker`` passes); it needs a provider that implements the op at its type:
+    onnxruntime's CPU provider has no bfloat16 arithmetic at all (MatMul, Add, Mul, Relu, LayerNormalization),
+    its CUDA provider has. ``model`` (a proto or a path, read without its external data) lets the dtype of the
+    node's first input be named."""
+    found = _NO_KERNEL.search(str(exc))
+    if found is None:
+        return None
+    op, name = found.group(1), found.group(3)
+    return MissingKernel(op, name, _node_input_dtype(model, op, name) if model is not None else "")
+
+
+def _node_input_dtype(model: onnx.ModelProto | str | Path, op: str, name: str) -> str:
+    """The element type of the first input of the node ``name`` (the first ``op`` node when unnamed)."""
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # shape inference rejects the model: the types the file already gives are used
+        inferred = proto
+    graph = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    for node in graph.node:
+        if node.op_type == op and (node.name == name or not name) and node.input:
+            elem = types.get(node.input[0], 0)
+            return onnx.TensorProto.DataType.Name(elem).lower() if elem else ""
+    return ""
+
+
+def _onnx_type_of(dtype: np.dtype) -> int | None:
+    """The ONNX element type of an ml_dtypes type (bfloat16, float8), which onnxruntime's numpy bridge lacks."""
+    if dtype.type.__module__ != "ml_dtypes":
+        return None
+    return int(helper.np_dtype_to_tensor_dtype(dtype))
+
+
+def run_session(session: Any, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """``session.run``, also for bfloat16 and float8 inputs and outputs.
+
+    onnxruntime's Python binding maps numpy types only ("Numpy_type 256 can't be converted", "No corresponding
+    Numpy type for Tensor Type. bfloat16"): such inputs go in as OrtValues made from their bytes, such outputs
+    come back as their bytes viewed as the ml_dtypes type. Other sessions take the plain path unchanged."""
+    wide = {name: _onnx_type_of(np.asarray(v).dtype) for name, v in feeds.items()}
+    outputs = {o.name: o.type for o in session.get_outputs()}
+    if not any(wide.values()) and not any(_ML_TYPES.get(outputs.get(n, "")) for n in output_names):
+        return list(session.run(list(output_names), dict(feeds)))
+    import onnxruntime as ort
+
+    values = {}
+    for name, value in feeds.items():
+        array = np.ascontiguousarray(value)
+        kind = wide[name]
+        values[name] = (
+            ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(f"u{array.dtype.itemsize}"), kind)
+            if kind
+            else ort.OrtValue.ortvalue_from_numpy(array)
+        )
+    results = session.run_with_ort_values(list(output_names), values)
+    kinds = [_ML_TYPES.get(outputs.get(name, "")) for name in output_names]
+    return [_to_numpy(value, kind) for value, kind in zip(results, kinds, strict=True)]
+
+
+#: onnxruntime's type strings of the ml_dtypes types it may return.
+_ML_TYPES = {
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(float8e4m3fn)": "float8_e4m3fn",
+    "tensor(float8e4m3fnuz)": "float8_e4m3fnuz",
+    "tensor(float8e5m2)": "float8_e5m2",
+    "tensor(float8e5m2fnuz)": "float8_e5m2fnuz",
+}
+
+
+def _to_numpy(value: Any, ml_type: str | None) -> np.ndarray:
+    """An OrtValue on the CPU as numpy: its bytes copied and viewed as ``ml_type`` when numpy lacks the type."""
+    if ml_type is None:
+        return np.asarray(value.numpy())
+    import ctypes
+
+    import ml_dtypes
+
+    dtype = np.dtype(getattr(ml_dtypes, ml_type))
+    shape = tuple(value.shape())
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(value.data_ptr()) if count else b""
+    return np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)

@@ -15,7 +15,7 @@ from unity_eq.errors import RuntimeBackendError, UnityEqError
 from unity_eq.files import raise_if_stopped
 from unity_eq.progress import Tracker
 from unity_eq.runtime.collectives import Board, Communicator, LocalCommunicator, group_of, run_collective
-from unity_eq.runtime.devices import choose_device, describe_devices, device_notes, threads_per_rank
+from unity_eq.runtime.devices import choose_device, describe_devices, device_notes, run_session, threads_per_rank
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
 from unity_eq.runtime.segments import RankProgram, build_rank_program
 
@@ -44,7 +44,7 @@ def execute_rank(
         if segment.session is not None:
             start = time.perf_counter()
             feeds = {name: env[name] for name in segment.inputs}
-            values = segment.session.run(segment.outputs, feeds)
+            values = run_session(segment.session, segment.outputs, feeds)
             env.update(zip(segment.outputs, values, strict=True))
             if times is not None:
                 times.segments_s.append(time.perf_counter() - start)

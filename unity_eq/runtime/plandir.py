@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from unity_eq.dtypes import is_float, is_integral
 from unity_eq.errors import OptionError, PlanError, RuntimeBackendError
 from unity_eq.planfile import InputRecord, RunRecord, read_run_record
 from unity_eq.planfile.pipeline import refuse_pipeline_plan
@@ -191,5 +192,19 @@ def check_inputs(plan: PlanDir, inputs: Mapping[str, np.ndarray]) -> dict[str, n
                 f"inputs: {name!r} has shape {list(array.shape)}, the plan was made for {list(spec.shape)}. "
                 "Re-run `unity-eq optimize` with `--input-shape`."
             )
-        out[name] = array.astype(spec.dtype, copy=False)
+        out[name] = _as_input_dtype(name, array, np.dtype(spec.dtype))
     return out
+
+
+def _as_input_dtype(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``array`` as the model input's ``dtype``. Floats are refused for an integer or boolean input: a cast
+    would truncate 0.7 to 0 and run the model on values nobody chose (token ids, indices, masks). Raw 2-byte
+    values (numpy saves a bfloat16 array to .npz as ``V2``) are read as the input's ml_dtypes type."""
+    if is_integral(dtype) and is_float(array.dtype):
+        raise RuntimeBackendError(
+            f"inputs: {name!r} is {dtype} in the model, the inputs file gives {array.dtype}; refusing to cast "
+            f"floats to {dtype}. Save it as {dtype} (numpy: array.astype(np.{dtype}))."
+        )
+    if array.dtype.kind == "V" and array.dtype.itemsize == dtype.itemsize and array.dtype.fields is None:
+        return array.view(dtype)
+    return array.astype(dtype, copy=False)

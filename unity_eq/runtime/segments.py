@@ -11,7 +11,7 @@ from onnx import helper
 
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.planfile import CollectiveRecord
-from unity_eq.runtime.devices import make_session
+from unity_eq.runtime.devices import make_session, missing_kernel
 from unity_eq.runtime.plandir import PlanDir, check_external_data, check_identity
 
 
@@ -108,6 +108,13 @@ def build_rank_program(plan: PlanDir, rank: int, providers: list[Any], threads: 
         try:
             session = make_session(seg_model, providers, threads, external_folder=path.parent)
         except Exception as exc:  # onnxruntime rejects the segment
+            missing = missing_kernel(exc, seg_model)
+            if missing is not None:  # bfloat16 arithmetic on the CPU: the file is valid, this provider lacks the op
+                where = "CPU" if all(p == "CPUExecutionProvider" for p in providers) else "CUDA"
+                raise RuntimeBackendError(
+                    f"rank {rank}: {path.name}: {missing.describe(where)}; run the plan where the op is implemented "
+                    "(`--device cuda`)."
+                ) from None
             raise RuntimeBackendError(f"rank {rank}: onnxruntime cannot load {path.name}: {exc}") from None
         in_use = session.get_providers()
         segments.append(

@@ -1,0 +1,31 @@
+"""Element types as numpy spells them, ml_dtypes' included (bfloat16, float8, int4), told apart by what they hold.
+
+numpy gives ml_dtypes' types the kind ``V`` (raw bytes), so ``dtype.kind == "f"`` misses bfloat16: whoever
+asks "is this a float", "how precise is it" or "may these values become that type" asks here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["is_float", "is_integral", "relative_precision"]
+
+
+def is_float(dtype: np.dtype) -> bool:
+    """Floating point, numpy's own (float16/32/64) or ml_dtypes' (bfloat16, float8, float4)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or (dtype.type.__module__ == "ml_dtypes" and "float" in dtype.name)
+
+
+def is_integral(dtype: np.dtype) -> bool:
+    """Integers and booleans, numpy's own or ml_dtypes' (int4, uint4): values a float cannot stand for."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "iub" or (dtype.type.__module__ == "ml_dtypes" and "int" in dtype.name)
+
+
+def relative_precision(dtype: np.dtype) -> float:
+    """The machine epsilon of a float type (the spacing of values at 1): 2⁻²³ for float32, 2⁻¹⁰ for float16,
+    2⁻⁷ for bfloat16. A result in that type is off by at least this much relative to its magnitude."""
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(np.dtype(dtype)).eps)
