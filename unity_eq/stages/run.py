@@ -24,6 +24,8 @@ from unity_eq.machine import Machine
 from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
 from unity_eq.rulesets import RuleFile
 from unity_eq.search.meshes import device_groups
+from unity_eq.split import split_graph
+from unity_eq.stages.arithmetic import Forced, refuse_impossible
 from unity_eq.stages.pieces import GraphAt, PieceTable, price_pieces
 from unity_eq.stages.record import pipeline_record
 from unity_eq.stages.search import StageFilter, StageSearch, group_sizes, stage_search
@@ -136,8 +138,9 @@ def plan_stages(
                 f"devices; on {machine.name} that is one of {sizes}."
             )
         sizes = [only.tensor]
-    say(f"stage search: pricing pieces on tensor groups of {sizes} at microbatches {list(micro)}")
     groups = device_groups(machine)
+    _refuse_impossible(graph_at, micro, sizes, groups, batch, only)
+    say(f"stage search: pricing pieces on tensor groups of {sizes} at microbatches {list(micro)}")
     table = price_pieces(graph_at, micro, sizes, machine, objective, rules, limits, say=say, groups=groups)
     found = stage_search(table, machine, objective, batch, micro, only)
     seconds = time.perf_counter() - start
@@ -149,3 +152,21 @@ def plan_stages(
             replace_plan_files(tmp, output_dir)
         plan_dir = output_dir
     return PipelineResult(record, found, table, plan_dir, seconds)
+
+
+def _refuse_impossible(
+    graph_at: GraphAt,
+    micro: Sequence[int],
+    sizes: Sequence[int],
+    groups: Sequence[Sequence[int]],
+    batch: int,
+    only: StageFilter | None,
+) -> None:
+    """Refuse what the counts alone rule out (stages beyond the pieces or the devices, microbatches that do not
+    divide the batch, more devices than pieces × batch × a node can use) before any piece is saturated: the
+    split is cheap, pricing is not. A model that does not split is left to :func:`price_pieces` to refuse."""
+    split = split_graph(graph_at(micro[0]))
+    if split is None:
+        return
+    forced = Forced(only.stages, only.tensor, only.microbatches) if only is not None else Forced()
+    refuse_impossible(forced, [len(g) for g in groups], sizes, len(split.pieces), batch, micro)

@@ -33,6 +33,7 @@ from unity_eq.errors import InfeasiblePlanError, OptionError
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
 from unity_eq.search.meshes import device_groups
+from unity_eq.stages.arithmetic import shapes
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import SCHEDULES, bubble_fraction, in_flight, pipeline_seconds
@@ -343,10 +344,6 @@ def _one(_stage: int) -> int:
     return 1
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
-
-
 def configurations(
     table: PieceTable,
     groups: Sequence[Sequence[int]],
@@ -358,40 +355,33 @@ def configurations(
     """Every configuration the table can price over the machine's device ``groups`` (``pipeline=False``:
     one stage only). Every group gets at least one stage, all of the same d × t devices; the groups are
     tried in every order along the pipeline."""
-    pieces = len(table.pieces)
     sizes = [len(g) for g in groups]
     orders = list(itertools.permutations(range(len(groups))))
-    for tensor in sorted({t for t, _, _ in table.options}):
-        if any(n % tensor for n in sizes):
-            continue
-        common = math.gcd(*(n // tensor for n in sizes))
-        for data in sorted(_divisors(common), reverse=True):
-            stages = sum(n // (data * tensor) for n in sizes)
-            if stages > pieces or (not pipeline and stages > 1):
-                continue
-            for micro in micro_sizes:
-                if batch % (data * micro):
-                    continue
-                microbatches = batch // (data * micro)
-                for recompute in RECOMPUTE if training else ("none",):
-                    for zero in (ZERO_STAGES if training else (0, 3)) if data > 1 else (0,):
-                        for schedule in SCHEDULES if training and stages > 1 else ("1f1b",):
-                            for order in ORDERS if stages > 1 and data > 1 else ("pdt",):
-                                for policy in POLICIES:
-                                    for layout in orders:
-                                        yield StageConfig(
-                                            stages,
-                                            data,
-                                            tensor,
-                                            micro,
-                                            microbatches,
-                                            schedule,
-                                            recompute,
-                                            zero,
-                                            order,
-                                            policy,
-                                            layout,
-                                        )
+    tensors = sorted({t for t, _, _ in table.options})
+    for shape in shapes(sizes, tensors, len(table.pieces), batch, micro_sizes, pipeline):
+        stages, data = shape.stages, shape.data
+        choices = itertools.product(
+            RECOMPUTE if training else ("none",),
+            (ZERO_STAGES if training else (0, 3)) if data > 1 else (0,),
+            SCHEDULES if training and stages > 1 else ("1f1b",),
+            ORDERS if stages > 1 and data > 1 else ("pdt",),
+            POLICIES,
+            orders,
+        )
+        for recompute, zero, schedule, order, policy, layout in choices:
+            yield StageConfig(
+                stages,
+                data,
+                shape.tensor,
+                shape.microbatch,
+                shape.microbatches,
+                schedule,
+                recompute,
+                zero,
+                order,
+                policy,
+                layout,
+            )
 
 
 def _rank(plan: StagePlan) -> tuple[float, int, int, int]:
