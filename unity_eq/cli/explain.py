@@ -85,11 +85,13 @@ def _explain_pipeline(plan_dir: Path, fmt: str, output: Path | None) -> None:
 
     record = read_pipeline_record(plan_dir / "plan.json")
     if fmt in ("svg", "html"):
+        from unity_eq.picture.page import check_picture_output, output_option
         from unity_eq.picture.timeline import timeline_html, timeline_svg
 
         target = output if output is not None else plan_dir / f"plan.{fmt}"
-        check_output_file(target, "`-o`")
-        write_file_atomic(target, timeline_svg(record) if fmt == "svg" else timeline_html(record), "`-o`")
+        what = output_option(output)
+        check_picture_output(target, output)
+        write_file_atomic(target, timeline_svg(record) if fmt == "svg" else timeline_html(record), what)
         out.print(f"wrote {target}", markup=False)
         return
     if fmt == "dot":

@@ -125,6 +125,19 @@ def check_format(fmt: str) -> None:
         raise OptionError(f"`--format`: expected text, json, {', '.join(FORMATS)}; got {fmt!r}.")
 
 
+def output_option(output: Path | None) -> str:
+    """How errors name the file a picture goes to: the user's `-o`, or the default they never typed."""
+    return "`-o`" if output is not None else "the default output (no `-o` given)"
+
+
+def check_picture_output(target: Path, output: Path | None) -> None:
+    """Refuse a picture's file before drawing, naming `-o` only when the user passed it: the default place
+    (``plan.<fmt>`` in the plan folder) that cannot take the file is fixed with `-o FILE`."""
+    if output is None and target.is_dir():
+        raise OptionError(f"{target}: the picture's default output is a folder; pass `-o FILE` to write it elsewhere.")
+    check_output_file(target, output_option(output))
+
+
 def write_picture(plan_dir: Path, fmt: str, output: Path | None = None, *, max_ops: int = 150) -> Picture:
     """Draw the plan in ``plan_dir`` as ``fmt`` (dot, svg or html) into ``output`` (default: ``plan.<fmt>`` in
     the plan folder), atomically. The plan is read and the output checked before anything is drawn (a missing
@@ -135,24 +148,25 @@ def write_picture(plan_dir: Path, fmt: str, output: Path | None = None, *, max_o
         raise OptionError(f"`--max-ops`: expected 1 or more, got {max_ops}.")
     plan = load_plan(plan_dir)
     target = output if output is not None else default_output(plan_dir, fmt)
-    check_output_file(target, "`-o`")
+    what = output_option(output)
+    check_picture_output(target, output)
     if fmt == "html":
         with reading_plan(plan_dir):
             page, drawn = html_page(plan, max_ops=max_ops)
-        write_file_atomic(target, page, "`-o`")
+        write_file_atomic(target, page, what)
         note = None if drawn else f"{DOT_MISSING}: the page holds the graph's DOT text; {INSTALL_DOT} to draw it."
         return Picture(target, note)
     with reading_plan(plan_dir):
         graph = pcg_graph(plan, max_ops=max_ops)
     if fmt == "dot":
-        write_file_atomic(target, str(graph.source), "`-o`")
+        write_file_atomic(target, str(graph.source), what)
         return Picture(target)
     svg = render_svg(graph)
     if svg is not None:
-        write_file_atomic(target, svg, "`-o`")
+        write_file_atomic(target, svg, what)
         return Picture(target)
     fallback = target.with_suffix(".dot")
-    write_file_atomic(fallback, str(graph.source), "`-o`")
+    write_file_atomic(fallback, str(graph.source), what)
     return Picture(
         fallback,
         f"{DOT_MISSING}, so no SVG: wrote the DOT text to {fallback} instead; {INSTALL_DOT} "

@@ -13,7 +13,7 @@ from unity_eq.dtypes import is_float, relative_precision
 from unity_eq.errors import CheckFailed, ModelError, OptionError, PlanError, RuntimeBackendError
 from unity_eq.planfile import InputRecord
 from unity_eq.progress import Tracker
-from unity_eq.runtime.devices import choose_device, make_session, missing_kernel, run_session, threads_per_rank
+from unity_eq.runtime.devices import choose_device, make_session, missing_kernel, run_in_batches, threads_per_rank
 from unity_eq.runtime.execute import execute_local
 from unity_eq.runtime.pipeline import PipelinePlan, is_pipeline_dir, load_pipeline_dir, run_programs, stage_programs
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
@@ -248,7 +248,7 @@ def _run_original(
     session: Any, model_path: str | Path, inputs: Mapping[str, np.ndarray], output_names: list[str], what: str
 ) -> dict[str, np.ndarray]:
     try:
-        values = run_session(session, output_names, inputs)
+        values = run_in_batches(session, output_names, inputs)
     except Exception as exc:  # the original model fails on these inputs: a problem of the inputs, not the plan
         raise RuntimeBackendError(
             f"{model_path}: the original model fails on {what}: {_first_line(exc)}. Pass valid inputs with `--inputs`."

@@ -370,3 +370,43 @@ def _to_numpy(value: Any, ml_type: str | None) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(value.data_ptr()) if count else b""
     return np.frombuffer(bytes(raw), dtype=dtype).reshape(shape)
+
+
+def run_in_batches(session: Any, output_names: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """:func:`run_session`, a chunk of the model's own batch at a time when the feeds hold several
+    (:func:`static_batch`), the chunks' outputs joined along dimension 0."""
+    chunk = static_batch(session, feeds)
+    if chunk is None:
+        return run_session(session, output_names, feeds)
+    total = next(iter(feeds.values())).shape[0]
+    parts = [
+        run_session(session, output_names, {n: v[start : start + chunk] for n, v in feeds.items()})
+        for start in range(0, total, chunk)
+    ]
+    return [np.concatenate(outs, axis=0) for outs in zip(*parts, strict=True)]
+
+
+def static_batch(session: Any, inputs: Mapping[str, np.ndarray]) -> int | None:
+    """The model's own batch when the inputs hold several of them: every input's declared dimension 0 is the
+    same number b, the inputs' is a multiple B of it, and the other dimensions are the declared ones. A pipeline
+    plan made with `--batch B` from a model exported at batch b (its microbatch) takes B samples; the original
+    then runs on B / b chunks, each of its own shape, and their outputs are joined along dimension 0 as the
+    pipeline joins its microbatches. None: run the inputs as they are."""
+    declared = {i.name: i.shape for i in session.get_inputs()}
+    firsts = {dims[0] if dims and isinstance(dims[0], int) else None for dims in declared.values()}
+    if len(firsts) != 1 or None in firsts or not inputs:
+        return None
+    (own,) = firsts
+    sizes = {np.asarray(v).shape[0] if np.ndim(v) else None for v in inputs.values()}
+    if len(sizes) != 1 or None in sizes:
+        return None
+    (total,) = sizes
+    if total == own or total % own:
+        return None
+    same_rest = all(
+        name in declared
+        and len(declared[name]) == np.ndim(value)
+        and all(not isinstance(d, int) or d == s for d, s in zip(declared[name][1:], np.shape(value)[1:], strict=True))
+        for name, value in inputs.items()
+    )
+    return own if same_rest else None

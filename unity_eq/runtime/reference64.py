@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from unity_eq.runtime.devices import run_in_batches
+
 __all__ = ["Float64Reference"]
 
 _FLOAT, _DOUBLE = TensorProto.FLOAT, TensorProto.DOUBLE
@@ -85,7 +87,7 @@ class Float64Reference:
             return None
         feeds = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in inputs.items()}
         try:
-            values = session.run(output_names, feeds)
+            values = run_in_batches(session, output_names, feeds)
         except Exception as exc:  # as above: the float32 verdict stands
             self.reason = _first_line(exc)
             return None
