@@ -91,7 +91,7 @@ def _explain_pipeline(plan_dir: Path, fmt: str, output: Path | None) -> None:
         target = output if output is not None else plan_dir / f"plan.{fmt}"
         what = output_option(output)
         check_picture_output(target, output)
-        write_file_atomic(target, timeline_svg(record) if fmt == "svg" else timeline_html(record), what)
+        write_file_atomic(target, timeline_svg(record) if fmt == "svg" else timeline_html(record, plan_dir), what)
         out.print(f"wrote {target}", markup=False)
         return
     if fmt == "dot":

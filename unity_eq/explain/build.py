@@ -101,6 +101,7 @@ def report_of(plan: ExplainRecord) -> Explanation:
                     OpInput(i, _placement(axes, tensors[i])) for i in step.inputs if isinstance(i, str) and i in tensors
                 ),
                 compute_s=step.compute_s,
+                node=step.node,
             )
         )
 

@@ -37,11 +37,13 @@ class OpRow:
     local_shape: tuple[int, ...] | None
     inputs: tuple[OpInput, ...]
     compute_s: float | None
+    node: str = ""  # the source model's node (ONNX name) this op is, when it is one: what Netron shows
 
     def to_json(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "op": self.op,
+            "node": self.node,
             "output": self.output,
             "source": self.source,
             "placement": dict(self.placement),

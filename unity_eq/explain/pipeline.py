@@ -3,13 +3,39 @@ a text timeline."""
 
 from __future__ import annotations
 
-from unity_eq.planfile.pipeline import ConfigRecord, PipelinePlanRecord
+from unity_eq.planfile.pipeline import ConfigRecord, PipelinePlanRecord, StageRecord
 from unity_eq.stages.timeline import Slot, simulate
 
-__all__ = ["render_pipeline", "summary_rows", "timeline_text"]
+__all__ = ["duration", "render_pipeline", "size", "stage_ranks", "summary_rows", "timeline_text"]
 
 WIDTH = 96
 SHOWN_MICROBATCHES = 12  # the timeline shows the first ones: the rest repeat the steady state
+
+
+def duration(seconds: float) -> str:
+    """Seconds in the unit that shows them with 3 significant digits: ``41.2 µs``, ``3.05 ms``, ``12.4 s``."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-6:.3g} µs"
+
+
+def size(nbytes: float) -> str:
+    """Bytes in the binary unit that shows them best: ``1.50 GiB``, ``96.0 MiB``, ``12.0 KiB``."""
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def stage_ranks(record: PipelinePlanRecord, stage: StageRecord) -> str:
+    """A stage's ranks and how they are used: ``4-7 (2 replicas × 2-rank tensor groups)``."""
+    c = record.chosen
+    if c.data == 1 and c.tensor == 1:
+        return stage.ranks
+    replicas = "1 replica" if c.data == 1 else f"{c.data} replicas"
+    group = "1 rank" if c.tensor == 1 else f"{c.tensor}-rank tensor groups"
+    return f"{stage.ranks} ({replicas} × {group})"
 
 
 def _gib(nbytes: float) -> str:
@@ -93,10 +119,11 @@ def render_pipeline(record: PipelinePlanRecord) -> str:
     for st in record.stages:
         lines.append(
             f"  stage {st.index:>3}: pieces {st.pieces[0]}-{st.pieces[1] - 1} ({st.first_node} … {st.last_node}) "
-            f"on ranks {st.ranks} ({st.device}): {st.seconds * 1e3:.2f} ms; {_gib(st.weight_bytes)} + "
+            f"on ranks {stage_ranks(record, st)} ({st.device}): {st.seconds * 1e3:.2f} ms; {_gib(st.weight_bytes)} + "
             f"{_gib(st.weight_state_bytes)} + {_gib(st.activation_bytes)} = {_gib(st.total_bytes)}"
             + ("; recomputes" if st.recomputes else "")
             + (f"; sends {st.sends}" if st.sends else "")
+            + (f"; in {st.directory}/" if st.directory else "")
         )
     lines.append("")
     lines += timeline_text(record)

@@ -92,14 +92,17 @@ def plan_hash(plan: Plan, graph: Graph, weights: bool = True) -> str:
     return digest.hexdigest()
 
 
-def step_record(step: Step, cost: Cost | None = None) -> StepRecord:
-    """A step as plan.json lists it, with its predicted seconds when the plan was priced step by step."""
+def step_record(step: Step, cost: Cost | None = None, node: str = "") -> StepRecord:
+    """A step as plan.json lists it, with its predicted seconds when the plan was priced step by step; ``node``
+    names the source model's node a compute step is (:func:`source_nodes`) when the step does not."""
     seconds = {"compute_s": cost.compute, "communication_s": cost.comm} if cost is not None else {}
     match step:
         case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain):
             refs = tuple(tuple(i.values) if isinstance(i, Const) else i for i in inputs)
             plain = {k: v for k, v in attrs.items() if isinstance(v, int | float | str | list)}
-            return ComputeStepRecord(op=op, inputs=refs, outputs=outputs, attrs=plain, domain=domain, **seconds)
+            return ComputeStepRecord(
+                op=op, inputs=refs, outputs=outputs, attrs=plain, domain=domain, node=node or step.node, **seconds
+            )
         case LoadInput(out=out, name=name):
             return InputStepRecord(out=out, name=name, **seconds)
         case LoadWeight(out=out, name=name):
@@ -114,6 +117,25 @@ def step_record(step: Step, cost: Cost | None = None) -> StepRecord:
             return ReplicateStepRecord(out=out, src=src, axis=axis, **seconds)
         case _:
             assert_never(step)
+
+
+def source_nodes(plan: Plan, graph: Graph) -> list[str]:
+    """For each step, the ONNX name of the source model's node it is ("" when none): a compute step whose
+    output holds the value a node of the same op makes (as the device files name their nodes, lower/builder.py),
+    so that ``explain`` names ops as Netron does."""
+    producer = {out: node for node in graph.nodes for out in node.outputs if out}
+    names = []
+    for step in plan.steps:
+        found = ""
+        if isinstance(step, Compute):
+            for out in step.outputs:
+                t = plan.tensors.get(out) if out else None
+                value = (t.value or t.source) if t is not None else None
+                if value in producer and producer[value].op_type == step.op_type:
+                    found = producer[value].name
+                    break
+        names.append(found)
+    return names
 
 
 def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], weight_bytes: list[int]) -> PlanRecord:
@@ -180,7 +202,9 @@ def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], 
         files=tuple(f"device_{r}.onnx" for r in range(mesh.size)),
         plan_only=lowered.plan_only,
         tensors=tensors,
-        steps=tuple(step_record(s, c) for s, c in zip(plan.steps, _costs(plan), strict=True)),
+        steps=tuple(
+            step_record(s, c, n) for s, c, n in zip(plan.steps, _costs(plan), source_nodes(plan, graph), strict=True)
+        ),
         collectives=collectives,
         shardings={
             tid: tuple(t.placement_str())

@@ -129,7 +129,10 @@ def _moved(src: _Source, step: _Move, tensors: Mapping[str, TensorRecord], train
 
 def _op_label(op: OpRow, step: ComputeStepRecord, tensors: Mapping[str, TensorRecord], weights: set[str]) -> str:
     name = graphviz.escape(str(op.source or op.output))
-    lines = [f"{op.op}  {name}", _placement_key(op.placement) or "-"]
+    lines = [f"{op.op}  {name}"]
+    if op.node and op.node != (op.source or op.output):  # the ONNX node's own name, as Netron shows it
+        lines.append(graphviz.escape(op.node))
+    lines.append(_placement_key(op.placement) or "-")
     if op.local_shape is not None:
         lines.append("local [" + ",".join(str(d) for d in op.local_shape) + "]")
     used = [i for i in step.inputs if isinstance(i, str) and i in weights]

@@ -18,6 +18,7 @@ class ComputeStepRecord(Record):
     outputs: tuple[str, ...]  # "" for an output nobody reads
     attrs: Mapping[str, Any] = field(default_factory=dict)
     domain: str = ""
+    node: str = ""  # the source model's node (its ONNX name), when the op is one of its: explain names it
     compute_s: float | None = None
     communication_s: float | None = None
 
