@@ -108,17 +108,17 @@ def test_a_16_bit_model_with_inline_weights_is_optimized_run_and_checked_on_2_de
     assert f"(tolerance {10 * ml_dtypes.finfo(NP[dtype]).eps:.3g})" in report
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bfloat16", "float16"])
-def test_external_16_bit_weights_stream_into_a_data_file_that_runs(tmp_path: Path, dtype: int) -> None:
+def test_external_bfloat16_weights_stream_into_a_data_file_that_runs(tmp_path: Path) -> None:
     """External source weights, and more than 16 MiB on the one device: the device file's weights are streamed
-    to ``device_0.onnx.data`` (bfloat16 through onnx's layout), whose header names the plan."""
-    model = _layers(tmp_path / "m.onnx", dtype, hidden=1024, external=True, arithmetic=dtype == F16)
+    to ``device_0.onnx.data`` (bfloat16 through onnx's layout), whose header names the plan. (float16 takes
+    numpy's plain path, as float32 does.)"""
+    model = _layers(tmp_path / "m.onnx", BF16, hidden=1024, external=True)
     plan = tmp_path / "plan"
     _optimize(model, plan, "--devices", "1")
     data = plan / "device_0.onnx.data"
     assert data.exists() and data.stat().st_size > 16 << 20
     assert data.read_bytes()[:16] == b"unity-eq weights"
-    _check_and_run(model, plan, "bfloat16" if dtype == BF16 else "float16")
+    _check_and_run(model, plan, "bfloat16")
 
 
 def test_bfloat16_arithmetic_lowers_and_the_cpu_says_which_kernel_it_lacks(tmp_path: Path) -> None:
@@ -126,8 +126,8 @@ def test_bfloat16_arithmetic_lowers_and_the_cpu_says_which_kernel_it_lacks(tmp_p
     ``optimize`` writes the plan, ``run`` and ``check`` on the CPU each say so in one ``error:`` line."""
     model = _layers(tmp_path / "m.onnx", BF16, layers=1, arithmetic=True)
     plan = tmp_path / "plan"
-    _optimize(model, plan, "--devices", "2")
-    assert (plan / "device_1.onnx").exists()
+    _optimize(model, plan, "--devices", "1")
+    assert (plan / "device_0.onnx").exists()
     for args in (("run", str(plan)), ("check", str(model), str(plan))):
         proc = run_cli(*args, "-q")
         assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -137,13 +137,14 @@ def test_bfloat16_arithmetic_lowers_and_the_cpu_says_which_kernel_it_lacks(tmp_p
 
 
 def test_a_bfloat16_pipeline_passes_bfloat16_activations_between_stages(tmp_path: Path) -> None:
-    model = _layers(tmp_path / "m.onnx", BF16, batch="N")
+    """Exported at batch 2 (static: the pieces are priced at that microbatch only), run as 2 microbatches."""
+    model = _layers(tmp_path / "m.onnx", BF16, batch=2)
     machine = tmp_path / "tiny.toml"
     machine.write_text(MACHINE_TOML.format(memory=80))
     plan = tmp_path / "plan"
     _optimize(
         model, plan, "--machine", str(machine), "--devices", "2", "--pipeline", "--batch", "4", "--stages", "2",
-        "--tensor", "1", "--microbatches", "2",
+        "--tensor", "1",
     )  # fmt: skip
     stage1 = onnx.load(plan / "stage1" / "device_0.onnx", load_external_data=False)
     assert stage1.graph.input[0].type.tensor_type.elem_type == BF16  # what stage 0 sends

@@ -397,11 +397,9 @@ def static_batch(session: Any, inputs: Mapping[str, np.ndarray]) -> int | None:
     if len(firsts) != 1 or None in firsts or not inputs:
         return None
     (own,) = firsts
-    sizes = {np.asarray(v).shape[0] if np.ndim(v) else None for v in inputs.values()}
-    if len(sizes) != 1 or None in sizes:
-        return None
-    (total,) = sizes
-    if total == own or total % own:
+    sizes = {np.shape(v)[0] if np.ndim(v) else None for v in inputs.values()}
+    (total,) = sizes if len(sizes) == 1 else (None,)
+    if own is None or total is None or total == own or total % own:
         return None
     same_rest = all(
         name in declared
