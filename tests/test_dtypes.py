@@ -106,6 +106,14 @@ def test_a_16_bit_model_with_inline_weights_is_optimized_run_and_checked_on_2_de
     report = _check_and_run(model, tmp_path / "plan", name)
     # the tolerance is the output dtype's (10 units of its precision), and the report says which
     assert f"(tolerance {10 * ml_dtypes.finfo(NP[dtype]).eps:.3g})" in report
+    if dtype == BF16:  # numpy saves bfloat16 as raw 2-byte values (V2); they are read back as bfloat16
+        ran = run_cli("run", str(tmp_path / "plan"), "--outputs", str(tmp_path / "out.npz"), "-q")
+        assert ran.returncode == 0, ran.stderr
+        saved = np.load(tmp_path / "out.npz")["Y"]
+        assert saved.dtype == np.dtype("V2")
+        np.savez(tmp_path / "in.npz", X=saved)
+        again = run_cli("check", str(model), str(tmp_path / "plan"), "--inputs", str(tmp_path / "in.npz"), "-q")
+        assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_external_bfloat16_weights_stream_into_a_data_file_that_runs(tmp_path: Path) -> None:
