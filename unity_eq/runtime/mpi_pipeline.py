@@ -6,8 +6,9 @@ group (the stage plan's groups, in its own ranks 0…t-1, mapped to the global r
 microbatch, in order: stage 0 takes its slice of the replica's inputs, every later stage receives the
 activation from the same tensor rank of the previous stage (point to point, tagged by microbatch: the
 activation is replicated on a stage's tensor group), runs, and sends it on. Side tensors (an attention mask
-every layer reads) go from stage 0 straight to the same tensor rank of every later stage that reads them. The last stage's tensor rank 0 of
-each replica sends its outputs to rank 0, which puts the replicas' microbatches back along dimension 0. The
+every layer reads) go from stage 0 straight to the same tensor rank of every later stage that reads them,
+without stage 0 waiting for them to arrive. The last stage's tensor rank 0 of each replica sends its outputs
+to rank 0, which puts the replicas' microbatches back along dimension 0. The
 forward pass only, as the local backend runs it; failures are reported once, as for SPMD plans
 (:mod:`~unity_eq.runtime.mpi_status`).
 """

@@ -33,8 +33,8 @@ from unity_eq.errors import InfeasiblePlanError, OptionError
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
 from unity_eq.search.meshes import device_groups
-from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.split import Piece
+from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import SCHEDULES, bubble_fraction, in_flight, pipeline_seconds
 from unity_eq.stages.state import ZERO_STAGES, microbatch_traffic_s, shard_factors, step_traffic_s
@@ -263,21 +263,15 @@ def side_receives(pieces: Sequence[Piece], cuts: Sequence[tuple[int, int]]) -> l
     ]
 
 
-def _side_links(
-    config: StageConfig, layout: list[_Group], machine: Machine, objective: Objective
-) -> list[CostModel]:
+def _side_links(config: StageConfig, layout: list[_Group], machine: Machine, objective: Objective) -> list[CostModel]:
     """Per later stage (1, 2, …), the link from stage 0 to it (one device of each: the first replica's first
     tensor rank): side tensors go point to point from stage 0 to every later stage that reads them, over
     whatever joins the two."""
-    first = [
-        _stage_devices(config, group.stages, group.devices, k)[0] for group in layout for k in range(group.stages)
-    ]
+    first = [_stage_devices(config, group.stages, group.devices, k)[0] for group in layout for k in range(group.stages)]
     return [CostModel(machine, Mesh(("p",), (2,), (first[0], device)), objective) for device in first[1:]]
 
 
-def _side_seconds(
-    links: list[CostModel], sizes: dict[str, float], reads: Sequence[Sequence[str]]
-) -> float:
+def _side_seconds(links: list[CostModel], sizes: dict[str, float], reads: Sequence[Sequence[str]]) -> float:
     """Stage 0's time per microbatch sending each later stage the side tensors it reads (``reads`` per stage)."""
     return sum(
         links[s - 1].send("p", sum(sizes[name] for name in names)) for s, names in enumerate(reads) if s and names
