@@ -179,6 +179,8 @@ def test_cli_pipeline_of_gpt2_with_a_mask_writes_what_it_priced(exported: dict[s
     assert "Traceback" not in proc.stderr
     outcome = check(model, plan, inputs=masked_inputs(2))
     assert outcome.passed, outcome.describe()
+    text = run_cli("explain", str(plan))
+    assert text.returncode == 0 and "from stage 0" in text.stdout, text.stdout + text.stderr
 
     record = read_pipeline_record(plan / "plan.json")
     machine = default_machine(2)
