@@ -128,10 +128,10 @@ def stitch_stage(
     one-axis mesh of ``tensor`` devices of ``machine`` (the stage's tensor group). ``side_out``: the side
     tensors the stage sends on (stage 0, to the later stages that read them)."""
     stage = _StagePlan(pieces[0].index)
-    for piece, cost in zip(pieces, chosen, strict=True):
-        if cost.plan is None:
-            raise PlanError(f"internal error: piece {piece.index} was priced without its plan ({cost.extraction})")
-        stage.add(piece, reps[piece.signature], cost.plan)
+    for piece, option in zip(pieces, chosen, strict=True):
+        if option.plan is None:
+            raise PlanError(f"internal error: piece {piece.index} was priced without its plan ({option.extraction})")
+        stage.add(piece, reps[piece.signature], option.plan)
     last = pieces[-1]
     if last.stream_out is not None:
         assert stage.stream is not None
@@ -140,8 +140,8 @@ def stitch_stage(
     first = chosen[0].plan
     assert first is not None
     total = ZERO
-    for cost in stage.step_costs:
-        total = total + cost
+    for step_cost in stage.step_costs:
+        total = total + step_cost
     plan = Plan(
         model=graph.name,
         mesh=Mesh(("x",), (tensor,)),
