@@ -15,12 +15,19 @@ import logging
 import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["export_torch_transformer", "light_model_paths", "randomized_light_model"]
+__all__ = [
+    "export_masked_transformer",
+    "export_torch_transformer",
+    "light_model_paths",
+    "masked_inputs",
+    "randomized_light_model",
+]
 
 
 def light_model_paths() -> list[Path]:
@@ -123,6 +130,71 @@ def export_torch_transformer(
     assert program is not None
     program.save(str(path))
     return path
+
+
+def export_masked_transformer(
+    kind: str, path: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 2, seq: int = 16, vocab: int = 256
+) -> Path:
+    """Export a transformers GPT-2, BERT or LLaMA (``kind``: gpt2, bert, llama) built from a small config with
+    random weights, as released models are: ``input_ids`` and ``attention_mask`` inputs, a dynamic batch, the
+    dynamo exporter. Nothing is downloaded (HF_HUB_OFFLINE=1). The extended mask every layer reads is a side
+    tensor of the split (docs/scale.md)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    import transformers
+
+    path = Path(path)
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config: Any = transformers.GPT2Config(
+            n_layer=layers,
+            n_embd=hidden,
+            n_head=heads,
+            n_positions=seq,
+            vocab_size=vocab,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model: Any = transformers.GPT2Model(config)
+    elif kind == "bert":
+        config = transformers.BertConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=4 * hidden,
+            vocab_size=vocab, max_position_embeddings=seq,
+        )  # fmt: skip
+        model = transformers.BertModel(config)
+    elif kind == "llama":
+        config = transformers.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=1,
+            intermediate_size=2 * hidden, vocab_size=vocab, max_position_embeddings=seq,
+        )  # fmt: skip
+        model = transformers.LlamaModel(config)
+    else:
+        raise ValueError(f"unknown transformers model kind {kind!r}")
+    config.use_cache = False
+    model.eval()
+    ids = torch.randint(0, vocab, (2, seq))
+    mask = torch.ones(2, seq, dtype=torch.int64)
+    batch = torch.export.Dim("batch")
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            model, (ids,), kwargs={"attention_mask": mask}, dynamo=True,
+            dynamic_shapes={"input_ids": {0: batch}, "attention_mask": {0: batch}},
+        )  # fmt: skip
+    assert program is not None
+    program.save(str(path))
+    return path
+
+
+def masked_inputs(batch: int, seq: int = 16, vocab: int = 256, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for :func:`export_masked_transformer`'s models whose padding differs between the rows, so a mask
+    routed to the wrong stage or microbatch changes the outputs."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq), dtype=np.int64)
+    mask[0, seq // 2 :] = 0
+    mask[batch - 1, seq - 3 :] = 0
+    return {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64), "attention_mask": mask}
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from unity_eq.cost import OBJECTIVES
 from unity_eq.egraph import Limits, SaturationResult
-from unity_eq.errors import OptionError, RuleError
+from unity_eq.errors import OptionError, PlanError, RuleError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.lower import LoweredPlan, check_output_dir, lower, refuse_missing_weights, write_plan_dir, write_plan_only
 from unity_eq.machine import Machine, default_machine
@@ -354,32 +354,14 @@ def optimize_pipeline(
     )
     if lowering:
         from unity_eq.lower.pipeline import lower_pipeline
+        from unity_eq.split import split_graph
 
         assert target is not None
         best = result.search.best
-        plan_stage = _stage_planner(objective, limits, rule_files, generated_rules)
         say(f"lowering {len(best.cuts)} stage(s), each on a tensor group of {best.config.tensor} device(s)")
-        graph = graph_at(best.config.microbatch)
-        result.record = lower_pipeline(result.record, best, graph, chosen_machine, target, plan_stage, say)
+        split = split_graph(graph_at(best.config.microbatch))
+        if split is None:
+            raise PlanError(f"internal error: the model no longer splits at microbatch {best.config.microbatch}")
+        result.record = lower_pipeline(result.record, best, split, chosen_machine, target, say)
         result.plan_dir = target
     return result
-
-
-def _stage_planner(
-    objective: str, limits: Limits | None, rule_files: Sequence[Path] | None, generated_rules: bool
-) -> Callable[[Graph, Machine, Mesh, Path], None]:
-    """How a pipeline stage is planned: ``optimize`` of its graph on its tensor group's mesh, written there."""
-
-    def plan_stage(graph: Graph, machine: Machine, mesh: Mesh, directory: Path) -> None:
-        optimize(
-            graph,
-            machine=machine,
-            mesh=mesh,
-            objective=objective,
-            limits=limits,
-            rule_files=rule_files,
-            generated_rules=generated_rules,
-            output_dir=directory,
-        )
-
-    return plan_stage

@@ -2,13 +2,12 @@
 
 A stage of a pipeline plan (:mod:`unity_eq.stages`) is a contiguous range of the model's pieces
 (:func:`unity_eq.split.split_graph`) run by ``t`` devices, the same in every data-parallel replica. Lowered, it
-is a model of its own — the activation it receives (or the model inputs) in, the activation it sends (or the
-model outputs) out, the weights it reads, at the microbatch size — planned on a one-axis mesh of ``t``
-devices like any model, so the existing runtime runs it unchanged. The pipeline's plan.json gains, per stage,
-its directory (``stage<s>/``) and the global ranks of each replica (:func:`stage_replicas`).
-
-Planning a stage's graph is the caller's (``unity_eq.pipeline`` passes ``optimize``): the search sits above
-lowering in the layers, so it comes in as :data:`PlanStage`.
+is a model of its own — the activation it receives (or the model inputs) and the side tensors it reads in, the
+activation it sends (or the model outputs) and, for stage 0, the side tensors later stages read out, the
+weights it reads, at the microbatch size — and its plan is the stage search's own: the piece plans it priced,
+stitched (:func:`unity_eq.stages.stitch.stitch_stage`), not a second search, so the files are the plan that
+plan.json's predicted step prices. The existing runtime runs each stage unchanged. The pipeline's plan.json
+gains, per stage, its directory (``stage<s>/``) and the global ranks of each replica (:func:`stage_replicas`).
 """
 
 from __future__ import annotations
@@ -19,17 +18,16 @@ from pathlib import Path
 
 from unity_eq.errors import PlanError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
-from unity_eq.ir import Graph, Mesh
-from unity_eq.lower.stage import refuse_missing_weights
+from unity_eq.ir import Graph
+from unity_eq.lower.stage import lower, refuse_missing_weights, write_plan_dir
 from unity_eq.machine import Machine
 from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
-from unity_eq.split import Piece, piece_graph, split_graph
-from unity_eq.stages.search import StagePlan
+from unity_eq.split import BlockSplit, Piece, piece_graph
+from unity_eq.stages.search import StagePlan, side_receives
+from unity_eq.stages.stitch import stitch_stage
 
-__all__ = ["PlanStage", "lower_pipeline", "stage_directory", "stage_graph", "stage_machine", "stage_replicas"]
+__all__ = ["lower_pipeline", "stage_directory", "stage_graph", "stage_machine", "stage_replicas"]
 
-#: Plans a stage's graph on a machine of ``t`` devices over a one-axis mesh and writes its plan directory there.
-PlanStage = Callable[[Graph, Machine, Mesh, Path], None]
 Say = Callable[[str], None]
 
 
@@ -38,9 +36,12 @@ def stage_directory(index: int) -> str:
     return f"stage{index}"
 
 
-def stage_graph(graph: Graph, pieces: Sequence[Piece], index: int) -> Graph:
-    """Pieces ``pieces`` (consecutive) as one model: the first's incoming tensor (or the model inputs) in, the
-    last's outgoing tensor (or the model outputs) out, the weights they read.
+def stage_graph(
+    graph: Graph, pieces: Sequence[Piece], index: int, side_in: Sequence[str] = (), side_out: Sequence[str] = ()
+) -> Graph:
+    """Pieces ``pieces`` (consecutive) as one model: the first's incoming tensor (or the model inputs) and the
+    side tensors ``side_in`` in, the last's outgoing tensor (or the model outputs) and the side tensors
+    ``side_out`` out, the weights they read.
 
     A constant-computing node copied into several pieces (``split``) appears once, where it first appears."""
     seen: set[str] = set()
@@ -50,7 +51,7 @@ def stage_graph(graph: Graph, pieces: Sequence[Piece], index: int) -> Graph:
             if node.name not in seen:
                 seen.add(node.name)
                 nodes.append(node)
-    whole = Piece(index, tuple(nodes), pieces[0].stream_in, pieces[-1].stream_out, "")
+    whole = Piece(index, tuple(nodes), pieces[0].stream_in, pieces[-1].stream_out, "", tuple(side_in), tuple(side_out))
     return dataclasses.replace(piece_graph(graph, whole), name=f"{graph.name}.stage{index}")
 
 
@@ -79,34 +80,39 @@ def stage_replicas(plan: StagePlan, stage: int) -> tuple[tuple[int, ...], ...]:
 def lower_pipeline(
     record: PipelinePlanRecord,
     best: StagePlan,
-    graph: Graph,
+    split: BlockSplit,
     machine: Machine,
     output_dir: Path,
-    plan_stage: PlanStage,
     say: Say | None = None,
 ) -> PipelinePlanRecord:
-    """Write the pipeline plan directory: ``stage<s>/`` for every stage (``plan_stage`` of its graph at the
-    microbatch ``graph``), then plan.json with each stage's directory and ranks, all atomically.
+    """Write the pipeline plan directory: ``stage<s>/`` for every stage (its piece plans as the search chose
+    them, stitched, on the model ``split`` at the microbatch), then plan.json with each stage's directory and
+    ranks, all atomically.
 
     Raises ModelError when a weight's data is absent (weightless planning: pass ``--plan-only``)."""
     say = say or (lambda _m: None)
     check_output_dir(output_dir)
+    graph = split.graph
     refuse_missing_weights(graph)
-    split = split_graph(graph)
-    if split is None or len(split.pieces) != record.search.pieces:
-        found = 0 if split is None else len(split.pieces)
+    if len(split.pieces) != record.search.pieces or len(best.pieces) != len(split.pieces):
         raise PlanError(
-            f"internal error: the model splits into {found} pieces at microbatch {best.config.microbatch}, the "
-            f"stage search found {record.search.pieces}"
+            f"internal error: the model splits into {len(split.pieces)} pieces at microbatch "
+            f"{best.config.microbatch}, the stage search found {record.search.pieces}"
         )
     t = best.config.tensor
-    mesh = Mesh(("x",), (t,))
+    reps = split.distinct
+    receives = side_receives(split.pieces, best.cuts)
+    later = set().union(*receives)
     stages = []
     with plan_tempdir(output_dir) as tmp:
         for s, (first, end) in enumerate(best.cuts):
             say(f"stage {s}: pieces {first}-{end - 1} on {t} device(s)")
-            sub = stage_machine(machine, best.devices[s][:t])
-            plan_stage(stage_graph(graph, split.pieces[first:end], s), sub, mesh, tmp / stage_directory(s))
+            pieces = split.pieces[first:end]
+            sends = tuple(name for name in pieces[0].side_out if name in later) if s == 0 else ()
+            sub = stage_graph(graph, pieces, s, receives[s], sends)
+            chosen = best.pieces[first:end]
+            plan = stitch_stage(pieces, reps, chosen, sub, sends, stage_machine(machine, best.devices[s][:t]), t)
+            write_plan_dir(lower(plan, sub), tmp / stage_directory(s))
             stages.append(
                 dataclasses.replace(record.stages[s], directory=stage_directory(s), replicas=stage_replicas(best, s))
             )

@@ -67,6 +67,10 @@ class StageRecord(Record):
     last_node: str
     receives: str | None  # the activation it gets from the previous stage (None: the model inputs)
     sends: str | None  # the activation it passes on (None: the model outputs)
+    #: side tensors (an attention mask every layer reads) it receives from stage 0, point to point, per microbatch
+    side_receives: tuple[str, ...] = ()
+    #: stage 0: the side tensors it makes and sends to every later stage that reads them (``side_receives``)
+    side_sends: tuple[str, ...] = ()
     ranks: str  # its devices, e.g. "0-63" or "0-7, 64-71" (rank = device)
     device: str  # their kind
     recomputes: bool = False  # whether it keeps its pieces' inputs only and runs their forwards again

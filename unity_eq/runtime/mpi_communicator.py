@@ -107,6 +107,16 @@ class MPICommunicator:
         request = self.p2p.isend(np.ascontiguousarray(array), dest=dest, tag=tag)
         self._wait(request, f"send to rank {dest} (tag {tag})")
 
+    def start_send(self, array: np.ndarray, dest: int, tag: int = 0) -> tuple[Any, str]:
+        """A send that does not wait for its receiver (:meth:`finish_sends` does): a pipeline's stage 0 sends a
+        side tensor to every later stage and goes on to its next microbatch meanwhile."""
+        return self.p2p.isend(np.ascontiguousarray(array), dest=dest, tag=tag), f"send to rank {dest} (tag {tag})"
+
+    def finish_sends(self, sends: Sequence[tuple[Any, str]]) -> None:
+        """Wait until every send :meth:`start_send` began has been received."""
+        for request, what in sends:
+            self._wait(request, what)
+
     def recv(self, source: int, tag: int = 0) -> np.ndarray:
         found: list[Any] = []
 

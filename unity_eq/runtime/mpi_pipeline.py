@@ -5,8 +5,10 @@ loads ``stage<s>/device_<k>.onnx``; the stage's collectives run on sub-communica
 group (the stage plan's groups, in its own ranks 0…t-1, mapped to the global ranks). Microbatch by
 microbatch, in order: stage 0 takes its slice of the replica's inputs, every later stage receives the
 activation from the same tensor rank of the previous stage (point to point, tagged by microbatch: the
-activation is replicated on a stage's tensor group), runs, and sends it on. The last stage's tensor rank 0 of
-each replica sends its outputs to rank 0, which puts the replicas' microbatches back along dimension 0. The
+activation is replicated on a stage's tensor group), runs, and sends it on. Side tensors (an attention mask
+every layer reads) go from stage 0 straight to the same tensor rank of every later stage that reads them,
+without stage 0 waiting for them to arrive. The last stage's tensor rank 0 of each replica sends its outputs
+to rank 0, which puts the replicas' microbatches back along dimension 0. The
 forward pass only, as the local backend runs it; failures are reported once, as for SPMD plans
 (:mod:`~unity_eq.runtime.mpi_status`).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +31,7 @@ __all__ = ["PipelineRank", "pipeline_groupings", "pipeline_rank", "run_pipeline_
 
 Feeds = dict[str, np.ndarray]
 OUTPUT_TAG = 1 << 20  # tags of the outputs sent to rank 0 (microbatch tags stay below it)
+SIDE_TAG = 1 << 21  # tags of the side tensors stage 0 sends: SIDE_TAG + microbatch · count + the tensor's index
 
 
 @dataclass
@@ -116,6 +120,21 @@ def _microbatches(plan: PipelinePlan, feeds: Mapping[str, np.ndarray], replica: 
     return [{n: v[(first + i) * b : (first + i + 1) * b] for n, v in feeds.items()} for i in range(m)]
 
 
+def _send_side(part: PipelineRank, outputs: Feeds, comm: MPICommunicator, microbatch: int) -> list[Any]:
+    """Stage 0: each side tensor (an attention mask) to the same tensor rank of every later stage that reads it,
+    without waiting (stage 0 goes on to its next microbatch while the later stages are busy); the caller waits
+    for the returned sends at the end."""
+    record = part.plan.record
+    side = record.stages[0].side_sends
+    sends = []
+    for stage in record.stages[1:]:
+        for name in stage.side_receives:
+            tag = SIDE_TAG + microbatch * len(side) + side.index(name)
+            place = part.place(stage.index, part.replica, part.tensor)
+            sends.append(comm.start_send(outputs[name], place, tag=tag))
+    return sends
+
+
 def run_pipeline_rank(
     part: PipelineRank,
     feeds: Mapping[str, np.ndarray],
@@ -133,6 +152,8 @@ def run_pipeline_rank(
     directory = plan.stages[stage]
     inputs = _microbatches(plan, feeds, replica) if stage == 0 else []
     results: list[Feeds] = []
+    side = record.stages[0].side_sends
+    pending: list[Any] = []  # stage 0's side tensor sends, waited for after the last microbatch
     for i in range(plan.microbatches):
         if stage == 0:
             values = {name: inputs[i][name] for name in directory.input_specs}
@@ -140,15 +161,21 @@ def run_pipeline_rank(
             received = record.stages[stage].receives
             assert received is not None
             values = {received: comm.recv(part.place(stage - 1, replica, tensor), tag=i)}
+            for name in record.stages[stage].side_receives:  # from stage 0, after the stream (stage 0's order)
+                tag = SIDE_TAG + i * len(side) + side.index(name)
+                values[name] = comm.recv(part.place(0, replica, tensor), tag=tag)
         outputs = execute_rank(part.program, values, group, times)
         if stage < last:
             sent = record.stages[stage].sends
             assert sent is not None
             comm.send(outputs[sent], part.place(stage + 1, replica, tensor), tag=i)
+        if stage == 0:
+            pending.extend(_send_side(part, outputs, comm, i))
         else:
             results.append(outputs)
         if on_microbatch is not None:
             on_microbatch(i + 1, plan.microbatches)
+    comm.finish_sends(pending)
     names = plan.whole.output_names
     joined: Feeds = {}
     if stage == last and tensor == 0:

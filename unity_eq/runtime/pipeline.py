@@ -3,7 +3,8 @@
 A pipeline plan (``optimize --pipeline``) holds one SPMD plan directory per stage (``stage<s>/``). The batch
 (dimension 0 of every input) is split into ``d`` replicas × ``m`` microbatches of ``b`` samples; each
 microbatch runs stage 0's ranks (the existing local runtime, :func:`~unity_eq.runtime.execute.execute_local`),
-its output feeds stage 1, and so on; the last stage's outputs are put back together along dimension 0 in
+its output feeds stage 1, and so on (the side tensors stage 0 makes, an attention mask, feed every later stage
+that reads them); the last stage's outputs are put back together along dimension 0 in
 replica-then-microbatch order. Replicas are independent and the stages of one microbatch run in order, so
 running the microbatches one after the other computes what the schedule computes (forward only: the runtime
 runs inference, as for SPMD plans).
@@ -92,11 +93,18 @@ def load_pipeline_dir(path: str | Path) -> PipelinePlan:
             "`--plan-only` writes one that runs."
         )
     stages = [load_plan_dir(root / str(stage.directory)) for stage in record.stages]
+    made = set(record.stages[0].side_sends)
     for before, after, stage in zip(stages, stages[1:], record.stages[1:], strict=False):
-        if list(after.input_specs) != [stage.receives] or before.output_names != [stage.receives]:
+        wanted = [stage.receives, *stage.side_receives]
+        if list(after.input_specs) != wanted or before.output_names[:1] != [stage.receives]:
             raise PlanError(
                 f"{root}: stage {stage.index} does not read what stage {stage.index - 1} sends ({stage.receives!r}). "
                 "Re-run `unity-eq optimize --pipeline`."
+            )
+        if not made.issuperset(stage.side_receives) or not set(stage.side_receives) <= set(stages[0].output_names):
+            raise PlanError(
+                f"{root}: stage {stage.index} reads side tensors {list(stage.side_receives)} that stage 0 does not "
+                "send. Re-run `unity-eq optimize --pipeline`."
             )
     return PipelinePlan(root, record, stages, _whole(root, record, stages[0], stages[-1]))
 
@@ -131,11 +139,15 @@ def run_programs(
     parts = _microbatches(plan, feeds)
     for done, part in enumerate(parts):
         values: Feeds = part
+        side: Feeds = {}  # what stage 0 sends to the later stages that read it (an attention mask)
         for stage, (directory, ranks) in enumerate(zip(plan.stages, programs, strict=True)):
+            available = {**side, **values}
             try:
-                values = execute_local(ranks, {name: values[name] for name in directory.input_specs}, timeout)
+                values = execute_local(ranks, {name: available[name] for name in directory.input_specs}, timeout)
             except RuntimeBackendError as exc:
                 raise RuntimeBackendError(f"stage {stage}, microbatch {done}: {exc}") from None
+            if stage == 0:
+                side = {name: values[name] for name in plan.record.stages[0].side_sends}
         results.append(values)
         if on_microbatch is not None:
             on_microbatch(done + 1, len(parts))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from unity_eq.blocks import saturate_pieces
 from unity_eq.cost import CostModel, Objective
@@ -53,6 +53,9 @@ class PieceCost:
     input_bytes: float  # the incoming activation, whole: what full recomputation keeps per microbatch
     output_bytes: float  # the outgoing activation, whole: what a stage boundary sends
     weight_itemsize: int  # bytes per weight element (mixed precision: 16-bit weights, fp32 master copy)
+    #: the intra-op plan these figures price (of the piece's representative: ``split.BlockSplit.distinct``),
+    #: which lowering stitches into the stage's plan (``stages.stitch``), so what is written is what was priced
+    plan: Plan | None = field(default=None, compare=False, repr=False)
 
     @property
     def step_s(self) -> float:
@@ -70,6 +73,9 @@ class PieceTable:
     signatures: dict[tuple[int, int], int]  # distinct pieces saturated per (tensor-group size, microbatch)
     enodes: int = 0
     saturate_s: float = 0.0
+    #: microbatch → the whole bytes of each side tensor (an attention mask every layer reads, made by the first
+    #: piece: ``split``), which the first stage sends to every later stage that reads it, once per microbatch
+    side_bytes: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def costs(self, tensor: int, micro: int, group: int = 0) -> list[list[PieceCost]]:
         return self.options[(tensor, micro, group)]
@@ -124,6 +130,7 @@ def _piece_cost(name: str, plan: Plan, graph: Graph, piece: Piece, objective: Ob
         input_bytes=float(graph.types[piece.stream_in].nbytes) if piece.stream_in else 0.0,
         output_bytes=float(graph.types[piece.stream_out].nbytes) if piece.stream_out else 0.0,
         weight_itemsize=itemsize,
+        plan=plan,
     )
 
 
@@ -184,14 +191,17 @@ def price_pieces(
         splits[micro] = split
     first = splits[min(micro_sizes)]
     for micro, split in splits.items():
-        cuts = [(p.stream_in, p.stream_out) for p in split.pieces]
-        if cuts != [(p.stream_in, p.stream_out) for p in first.pieces]:
+        cuts = [(p.stream_in, p.stream_out, p.side_in) for p in split.pieces]
+        if cuts != [(p.stream_in, p.stream_out, p.side_in) for p in first.pieces]:
             raise OptionError(
                 f"the model splits into {len(first.pieces)} pieces at microbatch {min(micro_sizes)} and "
                 f"{len(split.pieces)} at {micro}: its cuts depend on the batch size, so it cannot be staged."
             )
     jobs = [(g, m) for m in micro_sizes for g in group_sizes]
     table = PieceTable(list(first.pieces), {}, {})
+    for micro, split in splits.items():
+        side = split.pieces[0].side_out
+        table.side_bytes[micro] = {name: float(split.graph.types[name].nbytes) for name in side}
 
     device_sets = [tuple(g) for g in groups] if groups is not None else [tuple(range(machine.device_count))]
 

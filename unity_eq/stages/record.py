@@ -14,7 +14,7 @@ from unity_eq.planfile.pipeline import (
     StageSearchRecord,
 )
 from unity_eq.stages.pieces import PieceTable
-from unity_eq.stages.search import StagePlan, StageSearch
+from unity_eq.stages.search import StagePlan, StageSearch, side_receives
 from unity_eq.version import __version__
 
 __all__ = ["config_record", "pipeline_record"]
@@ -67,6 +67,8 @@ def pipeline_record(
     best = found.best
     pieces = table.pieces
     stages = []
+    receives = side_receives(pieces, best.cuts)
+    later = set().union(*receives)
     for s, (i, j) in enumerate(best.cuts):
         memory = best.memory[s]
         stages.append(
@@ -77,6 +79,8 @@ def pipeline_record(
                 last_node=pieces[j - 1].nodes[-1].name,
                 receives=pieces[i].stream_in,
                 sends=pieces[j - 1].stream_out,
+                side_receives=receives[s],
+                side_sends=tuple(name for name in pieces[0].side_out if name in later) if s == 0 else (),
                 ranks=_ranges(list(best.devices[s])),
                 device=machine.devices[best.devices[s][0]].name,
                 recomputes=best.recomputed[s] if best.recomputed else False,

@@ -33,13 +33,23 @@ from unity_eq.errors import InfeasiblePlanError, OptionError
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
 from unity_eq.search.meshes import device_groups
+from unity_eq.split import Piece
 from unity_eq.stages.arithmetic import shapes
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import SCHEDULES, bubble_fraction, in_flight, pipeline_seconds
 from unity_eq.stages.state import ZERO_STAGES, microbatch_traffic_s, shard_factors, step_traffic_s
 
-__all__ = ["StageConfig", "StageFilter", "StageMemory", "StagePlan", "evaluate", "group_sizes", "stage_search"]
+__all__ = [
+    "StageConfig",
+    "StageFilter",
+    "StageMemory",
+    "StagePlan",
+    "evaluate",
+    "group_sizes",
+    "side_receives",
+    "stage_search",
+]
 
 #: none: keep every activation; full: every stage keeps its pieces' inputs and recomputes; stage: each stage
 #: recomputes only if keeping its activations would not fit (1F1B's first stages hold more microbatches)
@@ -123,6 +133,8 @@ class StagePlan:
     capacities: tuple[float, ...]  # usable bytes per device of each stage
     devices: tuple[tuple[int, ...], ...] = ()  # each stage's devices (rank = device), replicas × tensor group
     recomputed: tuple[bool, ...] = ()  # whether each stage recomputes its activations
+    #: the intra-op plan chosen for every piece (in model order, on its stage's device group): what lowering writes
+    pieces: tuple[PieceCost, ...] = ()
 
     @property
     def step_s(self) -> float:
@@ -243,6 +255,30 @@ def _sends(
     return found
 
 
+def side_receives(pieces: Sequence[Piece], cuts: Sequence[tuple[int, int]]) -> list[tuple[str, ...]]:
+    """Per stage, the side tensors (``split``: an attention mask every layer reads, made by the first piece) it
+    receives from stage 0, in order of first use; stage 0 makes them and receives none."""
+    return [
+        tuple(dict.fromkeys(name for piece in pieces[i:j] for name in piece.side_in)) if s else ()
+        for s, (i, j) in enumerate(cuts)
+    ]
+
+
+def _side_links(config: StageConfig, layout: list[_Group], machine: Machine, objective: Objective) -> list[CostModel]:
+    """Per later stage (1, 2, …), the link from stage 0 to it (one device of each: the first replica's first
+    tensor rank): side tensors go point to point from stage 0 to every later stage that reads them, over
+    whatever joins the two."""
+    first = [_stage_devices(config, group.stages, group.devices, k)[0] for group in layout for k in range(group.stages)]
+    return [CostModel(machine, Mesh(("p",), (2,), (first[0], device)), objective) for device in first[1:]]
+
+
+def _side_seconds(links: list[CostModel], sizes: dict[str, float], reads: Sequence[Sequence[str]]) -> float:
+    """Stage 0's time per microbatch sending each later stage the side tensors it reads (``reads`` per stage)."""
+    return sum(
+        links[s - 1].send("p", sum(sizes[name] for name in names)) for s, names in enumerate(reads) if s and names
+    )
+
+
 def evaluate(
     config: StageConfig,
     table: PieceTable,
@@ -275,6 +311,16 @@ def evaluate(
     stage_index = [k for group in layout for k in range(group.stages)]
     if len(stage_group) != config.stages:
         return None
+    sizes = table.side_bytes.get(config.microbatch, {})
+    links: list[CostModel] = []
+    side_bound = 0.0
+    if sizes and config.stages > 1:
+        if (shared, "side") not in memo:
+            memo[(shared, "side")] = _side_links(config, layout, machine, objective)
+        links = memo[(shared, "side")]
+        # while cutting, stage 0 pays a send of every side tensor to every later stage (the cut is not known
+        # yet, and this keeps stage 0's time independent of the later stages); the plan's figures are exact
+        side_bound = _side_seconds(links, sizes, [tuple(sizes)] * config.stages)
     largest_weights = max(c.weight_bytes for g in layout for c in g.pieces)
     largest_activation = max(c.activation_bytes for g in layout for c in g.pieces)
     capacities = [g.capacity for g in stage_group]
@@ -294,12 +340,14 @@ def evaluate(
             return True
         return bytes_with(stage_group[stage].keep, stage, i, j, False) > capacities[stage]
 
-    def seconds(stage: int, i: int, j: int) -> float:
+    def seconds(stage: int, i: int, j: int, side: float | None = None) -> float:
         group = stage_group[stage]
         f = group.redo if recomputes(stage, i, j) else group.keep
         forward = sends[stage][j - 1] if stage < config.stages - 1 else 0.0
         backward = sends[stage - 1][i - 1] if training and stage > 0 else 0.0  # the input's gradient goes back
-        return f.time[j] - f.time[i] + forward + backward
+        # side tensors carry no gradient back (a mask or a rotary table is computed from inputs alone)
+        extra = (side_bound if side is None else side) if stage == 0 else 0.0
+        return f.time[j] - f.time[i] + forward + backward + extra
 
     def nbytes(stage: int, i: int, j: int) -> float:
         redo = recomputes(stage, i, j)
@@ -310,14 +358,17 @@ def evaluate(
     if cuts is None:
         return None
     weight_f = shard_factors(config.zero, config.data)[0]
+    side_exact = _side_seconds(links, sizes, side_receives(table.pieces, cuts)) if links else 0.0
     memory, stage_s, devices, redone = [], [], [], []
+    chosen: list[PieceCost] = []
     sync = 0.0
     for s, (i, j) in enumerate(cuts):
         group = stage_group[s]
         resident = group.keep.fixed[j] - group.keep.fixed[i]
         weights = sum(c.weight_bytes for c in group.pieces[i:j])
         memory.append(StageMemory(weights * weight_f, resident - weights * weight_f, nbytes(s, i, j) - resident))
-        stage_s.append(seconds(s, i, j))
+        stage_s.append(seconds(s, i, j, side_exact))
+        chosen.extend(group.pieces[i:j])
         devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
         redone.append(recomputes(s, i, j))
         own = sum(c.gradient_s for c in group.pieces[i:j])
@@ -333,6 +384,7 @@ def evaluate(
         tuple(capacities),
         tuple(devices),
         tuple(redone),
+        tuple(chosen),
     )
 
 

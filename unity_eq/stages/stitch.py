@@ -1,0 +1,186 @@
+"""A pipeline stage's SPMD plan, stitched from the piece plans the stage search priced.
+
+The stage search (:mod:`.search`) prices every piece by one of its intra-op plans (:class:`.pieces.PieceCost`,
+extracted on the tensor group's one-axis mesh and chosen by the configuration's policy). Lowering writes those
+plans, not new ones: each stage's plan is its pieces' chosen plans in a row (renamed from the piece's
+representative to the copy, as :mod:`unity_eq.extract.blocks` stitches a split model), so the files are the
+plan that was priced and plan.json reports, memory policy included. Pieces enter and leave replicated on
+their group, so a piece's incoming tensor is the previous piece's outgoing one as it stands.
+
+Side tensors (``split``: an attention mask every layer reads) are made by the first piece. In stage 0 the
+pieces that read one get the first piece's tensor; a later stage loads each side tensor it reads once, as an
+input of the stage (stage 0 sends it, point to point), and its pieces share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from typing_extensions import assert_never
+
+from unity_eq.cost import ZERO, Cost
+from unity_eq.errors import PlanError
+from unity_eq.ir import Graph, Mesh
+from unity_eq.machine import Machine
+from unity_eq.memory import plan_memory
+from unity_eq.plan import (
+    AllGather,
+    AllReduce,
+    Compute,
+    LoadInput,
+    LoadWeight,
+    Plan,
+    PlanTensor,
+    Replicated,
+    Slice,
+    Step,
+)
+from unity_eq.planfile import PlanReport
+from unity_eq.report import cost_breakdown
+from unity_eq.split import Piece
+from unity_eq.stages.pieces import PieceCost
+
+__all__ = ["instance_names", "stitch_stage"]
+
+
+def instance_names(rep: Piece, copy: Piece) -> dict[str, str]:
+    """Tensor (and weight) names of the representative piece → the same tensors of a copy (same signature)."""
+    mapping: dict[str, str] = {}
+    if rep.stream_in is not None and copy.stream_in is not None:
+        mapping[rep.stream_in] = copy.stream_in
+    mapping.update(zip(rep.side_in, copy.side_in, strict=True))
+    for a, b in zip(rep.nodes, copy.nodes, strict=True):
+        for x, y in zip(a.inputs, b.inputs, strict=True):
+            if x and y and x not in mapping:
+                mapping[x] = y
+        for x, y in zip(a.outputs, b.outputs, strict=True):
+            if x and y:
+                mapping[x] = y
+    return mapping
+
+
+class _StagePlan:
+    """The stage's plan as it is stitched: tensors, steps and their prices, the stream between pieces."""
+
+    def __init__(self, first: int) -> None:
+        self.first = first  # the stage's first piece (its incoming tensor is a stage input)
+        self.tensors: dict[str, PlanTensor] = {}
+        self.steps: list[Step] = []
+        self.step_costs: list[Cost] = []
+        self.stream: str | None = None  # the tensor the previous piece sent on, replicated
+        self.side: dict[str, str] = {}  # a side tensor of the model → its tensor in this stage's plan
+        self.outputs: dict[str, str] = {}
+
+    def add(self, piece: Piece, rep: Piece, plan: Plan) -> None:
+        """Append ``plan`` (of ``rep``, the representative of ``piece``'s signature) as ``piece``."""
+        names = instance_names(rep, piece)
+        rename: dict[str, str] = {}
+
+        def name_of(tid: str) -> str:
+            if tid not in rename:
+                tensor = plan.tensors[tid]
+                new = names.get(tid) if tid == tensor.source else None
+                if new is None or new in self.tensors:  # a plan's own name, or a constant another piece made too
+                    new = f"b{piece.index}.{tid}"
+                rename[tid] = new
+                source = names.get(tensor.source, tensor.source) if tensor.source else None
+                value = names.get(tensor.value, tensor.value) if tensor.value else None
+                self.tensors[new] = PlanTensor(new, tensor.shape, tensor.dtype, tensor.placement, source, value)
+            return rename[tid]
+
+        costs = plan.step_costs if len(plan.step_costs) == len(plan.steps) else [ZERO] * len(plan.steps)
+        for step, cost in zip(plan.steps, costs, strict=True):
+            if isinstance(step, LoadInput) and step.name == rep.stream_in and piece.index != self.first:
+                assert self.stream is not None
+                rename[step.out] = self.stream  # the previous piece's output, replicated as this piece reads it
+                continue
+            if isinstance(step, LoadInput) and step.name in rep.side_in:
+                side = names[step.name]
+                if side in self.side:
+                    rename[step.out] = self.side[side]
+                    continue
+                self.side[side] = name_of(step.out)  # a later stage: stage 0 sends it, loaded once
+                self.steps.append(LoadInput(self.side[side], side))
+                self.step_costs.append(cost)
+                continue
+            self.steps.append(_renamed(step, name_of, names))
+            self.step_costs.append(cost)
+        if piece.stream_out is None:
+            self.outputs.update((name, name_of(plan.outputs[name])) for name in plan.outputs)
+        else:
+            assert rep.stream_out is not None
+            self.stream = name_of(plan.outputs[rep.stream_out])
+        for made, name in zip(rep.side_out, piece.side_out, strict=True):
+            self.side[name] = name_of(plan.outputs[made])
+
+
+def stitch_stage(
+    pieces: Sequence[Piece],
+    reps: dict[str, Piece],
+    chosen: Sequence[PieceCost],
+    graph: Graph,
+    side_out: Sequence[str],
+    machine: Machine,
+    tensor: int,
+) -> Plan:
+    """The plan of a stage of ``pieces`` (consecutive; ``graph`` is the stage's own model: ``lower.pipeline``),
+    each by its chosen plan (``chosen``, one per piece, of the representative ``reps[signature]``), on a
+    one-axis mesh of ``tensor`` devices of ``machine`` (the stage's tensor group). ``side_out``: the side
+    tensors the stage sends on (stage 0, to the later stages that read them)."""
+    stage = _StagePlan(pieces[0].index)
+    for piece, option in zip(pieces, chosen, strict=True):
+        if option.plan is None:
+            raise PlanError(f"internal error: piece {piece.index} was priced without its plan ({option.extraction})")
+        stage.add(piece, reps[piece.signature], option.plan)
+    last = pieces[-1]
+    if last.stream_out is not None:
+        assert stage.stream is not None
+        stage.outputs[last.stream_out] = stage.stream
+        stage.outputs.update((name, stage.side[name]) for name in side_out)
+    first = chosen[0].plan
+    assert first is not None
+    total = ZERO
+    for step_cost in stage.step_costs:
+        total = total + step_cost
+    plan = Plan(
+        model=graph.name,
+        mesh=Mesh(("x",), (tensor,)),
+        machine=machine,
+        objective=first.objective,
+        tensors=stage.tensors,
+        steps=stage.steps,
+        inputs=list(graph.inputs),
+        outputs={name: stage.outputs[name] for name in graph.outputs},
+        cost=total,
+        step_costs=stage.step_costs,
+    )
+    plan.report = PlanReport(memory=plan_memory(plan).to_record(), cost=cost_breakdown(plan))
+    return plan
+
+
+def _renamed(step: Step, rename: Callable[[str], str], weights: dict[str, str]) -> Step:
+    """``step`` with its tensors renamed by ``rename`` and its inputs and weights by ``weights``."""
+    match step:
+        case LoadInput(out=out, name=name):
+            return LoadInput(rename(out), weights.get(name, name))
+        case LoadWeight(out=out, name=name):
+            return LoadWeight(rename(out), weights.get(name, name))
+        case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain, node=node):
+            return Compute(
+                tuple(rename(o) if o else "" for o in outputs),
+                op,
+                tuple(rename(i) if isinstance(i, str) else i for i in inputs),
+                attrs,
+                domain,
+                node,
+            )
+        case Slice(out=out, src=src, dim=dim, axis=axis):
+            return Slice(rename(out), rename(src), dim, axis)
+        case AllGather(out=out, src=src, dim=dim, axis=axis):
+            return AllGather(rename(out), rename(src), dim, axis)
+        case AllReduce(out=out, src=src, axis=axis):
+            return AllReduce(rename(out), rename(src), axis)
+        case Replicated(out=out, src=src, axis=axis):
+            return Replicated(rename(out), rename(src), axis)
+        case _:
+            assert_never(step)
