@@ -36,9 +36,26 @@ from unity_eq.search.meshes import device_groups
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import SCHEDULES, bubble_fraction, in_flight, pipeline_seconds
-from unity_eq.stages.state import ZERO_STAGES, microbatch_traffic_s, shard_factors, step_traffic_s
+from unity_eq.stages.state import (
+    ZERO_STAGES,
+    microbatch_traffic_s,
+    optimizer_update_s,
+    shard_factors,
+    step_traffic_s,
+)
 
-__all__ = ["StageConfig", "StageFilter", "StageMemory", "StagePlan", "evaluate", "group_sizes", "stage_search"]
+__all__ = [
+    "StageConfig",
+    "StageFilter",
+    "StageMemory",
+    "StagePlan",
+    "evaluate",
+    "group_sizes",
+    "layouts",
+    "priced_pairs",
+    "stage_search",
+    "static_batch_note",
+]
 
 #: none: keep every activation; full: every stage keeps its pieces' inputs and recomputes; stage: each stage
 #: recomputes only if keeping its activations would not fit (1F1B's first stages hold more microbatches)
@@ -320,7 +337,7 @@ def evaluate(
         devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
         redone.append(recomputes(s, i, j))
         own = sum(c.gradient_s for c in group.pieces[i:j])
-        update = 2 * (resident if training else 0.0) / group.bandwidth  # the optimizer reads and writes its state
+        update = optimizer_update_s(resident, group.bandwidth) if training else 0.0
         sync = max(sync, step_traffic_s(config.zero, weights, config.data, group.model, training) + own + update)
     return StagePlan(
         config,
@@ -347,6 +364,48 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+def layouts(
+    tensor_sizes: Sequence[int],
+    groups: Sequence[Sequence[int]],
+    batch: int,
+    micro_sizes: Sequence[int],
+    pieces: int | None = None,
+    min_stages: int = 1,
+    max_stages: int | None = None,
+) -> Iterator[tuple[int, int, int, int]]:
+    """Every (tensor, data, stages, microbatch size) that lays the machine's device ``groups`` out (each group
+    gets at least one stage of the same d × t devices) with ``min_stages`` to ``max_stages`` stages, at most
+    one per piece, and divides the ``batch``: the part of a configuration that decides which pieces are
+    priced. A microbatch size is tried when it divides a replica's batch (``batch / d``)."""
+    sizes = [len(g) for g in groups]
+    for tensor in sorted(set(tensor_sizes)):
+        if any(n % tensor for n in sizes):
+            continue
+        common = math.gcd(*(n // tensor for n in sizes))
+        for data in sorted(_divisors(common), reverse=True):
+            stages = sum(n // (data * tensor) for n in sizes)
+            if stages < min_stages or (max_stages is not None and stages > max_stages):
+                continue
+            if pieces is not None and stages > pieces:
+                continue
+            for micro in micro_sizes:
+                if batch % (data * micro) == 0:
+                    yield tensor, data, stages, micro
+
+
+def priced_pairs(
+    tensor_sizes: Sequence[int],
+    groups: Sequence[Sequence[int]],
+    batch: int,
+    micro_sizes: Sequence[int],
+    min_stages: int = 1,
+) -> list[tuple[int, int]]:
+    """The (tensor-group size, microbatch) pairs some layout with at least ``min_stages`` stages uses: only
+    their pieces need saturating (the training search leaves one stage to the SPMD search, so a tensor group
+    of a whole node on a one-node machine is never priced there)."""
+    return sorted({(t, b) for t, _, _, b in layouts(tensor_sizes, groups, batch, micro_sizes, None, min_stages)})
+
+
 def configurations(
     table: PieceTable,
     groups: Sequence[Sequence[int]],
@@ -357,41 +416,46 @@ def configurations(
 ) -> Iterator[StageConfig]:
     """Every configuration the table can price over the machine's device ``groups`` (``pipeline=False``:
     one stage only). Every group gets at least one stage, all of the same d × t devices; the groups are
-    tried in every order along the pipeline."""
-    pieces = len(table.pieces)
-    sizes = [len(g) for g in groups]
+    tried in every order along the pipeline. A layout whose pieces were not priced (``priced_pairs``) is
+    left out."""
     orders = list(itertools.permutations(range(len(groups))))
-    for tensor in sorted({t for t, _, _ in table.options}):
-        if any(n % tensor for n in sizes):
+    tensors = sorted({t for t, _, _ in table.options})
+    priced = {(t, b) for t, b, _ in table.options}
+    found = layouts(tensors, groups, batch, micro_sizes, len(table.pieces), 1, None if pipeline else 1)
+    for tensor, data, stages, micro in found:
+        if (tensor, micro) not in priced:
             continue
-        common = math.gcd(*(n // tensor for n in sizes))
-        for data in sorted(_divisors(common), reverse=True):
-            stages = sum(n // (data * tensor) for n in sizes)
-            if stages > pieces or (not pipeline and stages > 1):
-                continue
-            for micro in micro_sizes:
-                if batch % (data * micro):
-                    continue
-                microbatches = batch // (data * micro)
-                for recompute in RECOMPUTE if training else ("none",):
-                    for zero in (ZERO_STAGES if training else (0, 3)) if data > 1 else (0,):
-                        for schedule in SCHEDULES if training and stages > 1 else ("1f1b",):
-                            for order in ORDERS if stages > 1 and data > 1 else ("pdt",):
-                                for policy in POLICIES:
-                                    for layout in orders:
-                                        yield StageConfig(
-                                            stages,
-                                            data,
-                                            tensor,
-                                            micro,
-                                            microbatches,
-                                            schedule,
-                                            recompute,
-                                            zero,
-                                            order,
-                                            policy,
-                                            layout,
-                                        )
+        microbatches = batch // (data * micro)
+        for recompute in RECOMPUTE if training else ("none",):
+            for zero in (ZERO_STAGES if training else (0, 3)) if data > 1 else (0,):
+                for schedule in SCHEDULES if training and stages > 1 else ("1f1b",):
+                    for order in ORDERS if stages > 1 and data > 1 else ("pdt",):
+                        for policy in POLICIES:
+                            for layout in orders:
+                                yield StageConfig(
+                                    stages,
+                                    data,
+                                    tensor,
+                                    micro,
+                                    microbatches,
+                                    schedule,
+                                    recompute,
+                                    zero,
+                                    order,
+                                    policy,
+                                    layout,
+                                )
+
+
+def static_batch_note(micro: int) -> str:
+    """Why a model exported with a static batch gets fewer pipelines, and what to do about it."""
+    return (
+        f"the model's batch dimension is static ({micro}): every microbatch is {micro} samples, which limits "
+        f"the stage search (microbatches of {micro} only; a batch per step of {micro} allows one microbatch); "
+        "export it with a dynamic batch axis (torch.onnx.export(..., dynamo=True, dynamic_shapes={INPUT: "
+        "{0: torch.export.Dim('batch')}}), or dynamic_axes={INPUT: {0: 'batch'}}) and pass `--batch N` to "
+        "try every microbatch size that divides a replica's batch"
+    )
 
 
 def _rank(plan: StagePlan) -> tuple[float, int, int, int]:
@@ -417,9 +481,15 @@ def stage_search(
     batch: int,
     micro_sizes: Sequence[int],
     only: StageFilter | None = None,
+    static_batch: int | None = None,
+    min_stages: int = 1,
 ) -> StageSearch:
     """The cheapest configuration that fits (among those ``only`` admits); InfeasiblePlanError names the
-    smallest footprint found and what would make it fit, OptionError says when ``only`` admits none."""
+    smallest footprint found and what would make it fit, OptionError says when ``only`` admits none.
+    ``static_batch``: the model's own batch when it is static (the only microbatch), named in those errors
+    since it, not the devices, is then what no configuration divides. ``min_stages``: the best has at least
+    that many stages (2: the training search, whose one-stage case is the SPMD search's); ``best_flat`` is
+    still the best one-stage configuration priced."""
     groups = device_groups(machine)
     memo: dict[Any, Any] = {}
     best: StagePlan | None = None
@@ -432,23 +502,31 @@ def stage_search(
         evaluated += 1
         plan = evaluate(config, table, machine, objective, batch, groups, memo)
         if plan is None:
+            if config.stages < min_stages:
+                continue
             footprint = _footprint(config, table, objective)
             if smallest is None or footprint < smallest[0]:
                 smallest = (footprint, config)
             continue
         fitting += 1
-        if best is None or _rank(plan) < _rank(best):
+        if config.stages >= min_stages and (best is None or _rank(plan) < _rank(best)):
             best = plan
         if config.stages == 1 and (flat is None or _rank(plan) < _rank(flat)):
             flat = plan
+    static = f" ({static_batch_note(static_batch)})" if static_batch is not None else ""
     if only is not None and evaluated == 0:
+        limit = (
+            f"the model's static batch {static_batch} is every microbatch{static}"
+            if static_batch is not None
+            else "the microbatches the batch per replica"
+        )
         raise OptionError(
             f"{only.describe()}: no configuration of {machine.device_count} devices and a batch of {batch} "
             f"(microbatches of {', '.join(map(str, micro_sizes))}) has them; stages × tensor must divide the "
-            "devices, tensor the devices of a node, and the microbatches the batch per replica."
+            f"devices, tensor the devices of a node, and {limit}."
         )
     if best is None:
-        raise InfeasiblePlanError(_infeasible(smallest, machine))
+        raise InfeasiblePlanError(_infeasible(smallest, machine, static_batch))
     return StageSearch(best, flat, evaluated, fitting)
 
 
@@ -470,8 +548,10 @@ def _footprint(config: StageConfig, table: PieceTable, objective: Objective) -> 
     return (resident + copies * held) / config.stages
 
 
-def _infeasible(smallest: tuple[float, StageConfig] | None, machine: Machine) -> str:
+def _infeasible(smallest: tuple[float, StageConfig] | None, machine: Machine, static_batch: int | None = None) -> str:
     capacity = min(machine.usable_memory(d) for d in range(machine.device_count))
+    if smallest is None and static_batch is not None:
+        return f"no stage configuration fits the devices: {static_batch_note(static_batch)}."
     if smallest is None:
         return "no stage configuration divides the batch and the devices; pass a batch the devices divide."
     need, config = smallest
