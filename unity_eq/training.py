@@ -35,6 +35,7 @@ from unity_eq.pipeline import (
     write_spmd,
 )
 from unity_eq.plan import Plan
+from unity_eq.planfile import TrainingSearchRecord
 from unity_eq.planfile.pipeline import SpmdRecord, write_pipeline_json
 from unity_eq.progress import Tracker
 from unity_eq.report import cost_breakdown
@@ -231,8 +232,18 @@ def _write(
 ) -> None:
     """The chosen plan's directory: the SPMD plan's, or the pipeline's (plan.json alone with ``plan_only``)."""
     if result.chosen == "spmd":
-        assert result.spmd is not None
-        write_spmd(result.spmd, target, plan_only, say, tracker)
+        spmd = result.spmd
+        assert spmd is not None and result.spmd_step_s is not None
+        best = result.staged.search.best.config.describe() if result.staged is not None else None
+        record = TrainingSearchRecord(
+            step_s=result.spmd_step_s,
+            passes=result.passes,
+            pipeline_step_s=result.pipeline_step_s,
+            pipeline=best,
+            notes=tuple(result.notes),
+        )
+        spmd.plan.report = replace(spmd.plan.report, training_search=record)
+        write_spmd(spmd, target, plan_only, say, tracker)
         result.plan_dir = result.spmd.plan_dir
         return
     staged = result.staged
