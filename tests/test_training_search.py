@@ -137,3 +137,22 @@ def test_training_writes_the_spmd_plan_where_pipelining_loses_and_names_a_static
     assert explained.returncode == 0, explained.stderr
     assert "the training search chose this SPMD plan" in explained.stdout and "the best pipeline" in explained.stdout
     assert "the model's batch dimension is static (2)" in explained.stdout
+
+
+def test_training_refuses_before_any_search(tmp_path: Path) -> None:
+    """Options that cannot apply and weights that cannot be lowered: one error line, nothing written."""
+    model = _layered_model(tmp_path / "layers.onnx", layers=2)
+    base = ["optimize", str(model), "--devices", "2", "--no-generated-rules", "-q", "-o", str(tmp_path / "plan")]
+    proc = run_cli(*base, "--batch", "4")  # inference
+    assert proc.returncode == 2 and "pass it with `--objective training` or `--pipeline`" in proc.stderr
+    proc = run_cli(*base, "--objective", "training", "--batch", "4", "--mesh", "2")
+    assert proc.returncode == 2 and "give its batch with `--input-shape`" in proc.stderr
+    proc = run_cli(*base, "--objective", "training")  # a dynamic batch and no size for it
+    assert proc.returncode == 2 and "pass `--batch N`" in proc.stderr
+    weightless = onnx.load(model)
+    path = tmp_path / "weightless.onnx"
+    onnx.save(weightless, path, save_as_external_data=True, location="weightless.data", size_threshold=0)
+    (tmp_path / "weightless.data").unlink()
+    proc = run_cli(*base[:1], str(path), *base[2:], "--objective", "training", "--batch", "4")
+    assert proc.returncode == 2 and "has no data" in proc.stderr and "`--plan-only`" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "plan").exists()
