@@ -133,7 +133,8 @@ def optimize_training(
     else:
         batched = graph_at_batch(path, input_shapes, batch)
         graph = batched.graph_at(batched.static_batch or batched.batch)  # the whole batch, or the static one
-    passes = batched.batch // batched.static_batch if batched is not None and batched.static_batch else 1
+    static = batched.static_batch if batched is not None else None
+    passes = batched.batch // static if batched is not None and static else 1
     if batched is not None and batched.static_batch is not None:
         notes.append(static_batch_note(batched.static_batch))
     if batched is not None and split_graph(graph) is None:
@@ -172,6 +173,11 @@ def optimize_training(
     if spmd_step is None and piped is None:
         raise InfeasiblePlanError(" ".join(m for m in (spmd_error, *notes[-1:]) if m) or "no plan fits.")
     chosen = "pipeline" if piped is not None and (spmd_step is None or piped < spmd_step * (1 - 1e-9)) else "spmd"
+    if chosen == "spmd" and passes > 1:
+        notes.append(
+            f"the SPMD plan is one pass of {static} samples (the model's static batch): a step runs it {passes} "
+            "times, accumulating the gradients"
+        )
     result = TrainingResult(chosen, spmd, spmd_step, passes, staged, notes)
     if staged is not None:
         staged.record = replace(staged.record, spmd=_spmd_record(spmd, spmd_step, passes, spmd_error))
