@@ -250,7 +250,7 @@ def _write(
         )
         spmd.plan.report = replace(spmd.plan.report, training_search=record)
         write_spmd(spmd, target, plan_only, say, tracker)
-        result.plan_dir = result.spmd.plan_dir
+        result.plan_dir = spmd.plan_dir
         return
     staged = result.staged
     assert staged is not None and batched is not None
