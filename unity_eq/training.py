@@ -145,7 +145,6 @@ def optimize_training(
         batched = None
     if target is not None and not plan_only:
         refuse_missing_weights(graph)  # before the searches: lowering would refuse it, minutes later
-    say(f"{graph.summary()}; machine {chosen_machine.describe()}")
     spmd, spmd_error = None, None
     try:
         spmd = optimize(
