@@ -248,7 +248,8 @@ def test_optimize_pipeline_writes_a_plan_explain_reads_and_run_refuses(tmp_path:
     assert record.batch == 8 and record.devices == 4
     c = record.chosen
     assert c.tensor * c.stages * c.data == 4 and c.data * c.microbatch * c.microbatches == 8
-    assert record.search.microbatch_sizes == (1, 2, 4) and record.search.pieces == 4
+    # a dynamic batch: every microbatch size that divides the batch of 8 (a replica's batch divides it too)
+    assert record.search.microbatch_sizes == (1, 2, 4, 8) and record.search.pieces == 4
     # the stages cover the pieces in order, each once
     assert [s.pieces[0] for s in record.stages] == [0, *(s.pieces[1] for s in record.stages[:-1])]
     assert record.stages[-1].pieces[1] == 4
@@ -290,7 +291,7 @@ def test_optimize_pipeline_refuses_options_that_do_not_apply(tmp_path: Path) -> 
     proc = run_cli("optimize", str(model), "--devices", "2", "--pipeline", "--mesh", "2", "--batch", "4")
     assert proc.returncode == 2 and "`--mesh` do not apply to `--pipeline`" in proc.stderr
     proc = run_cli("optimize", str(model), "--devices", "2", "--batch", "4")
-    assert proc.returncode == 2 and "pass it with `--pipeline`" in proc.stderr
+    assert proc.returncode == 2 and "pass it with `--objective training` or `--pipeline`" in proc.stderr
     proc = run_cli("optimize", str(model), "--devices", "2", "--pipeline")
     assert proc.returncode == 2 and "pass `--batch N`" in proc.stderr
 

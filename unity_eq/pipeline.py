@@ -31,7 +31,7 @@ from unity_eq.stages.run import PipelineResult
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["OptimizeResult", "optimize", "optimize_pipeline"]
+__all__ = ["OptimizeResult", "lower_stages", "machine_for", "optimize", "optimize_pipeline", "write_spmd"]
 
 Progress = Callable[[str], None]
 
@@ -47,7 +47,7 @@ class OptimizeResult:
     search: SearchResult | None = None
 
 
-def _machine_for(
+def machine_for(
     devices: int | None,
     machine: Machine | str | Path | None,
     nodes: int | None = None,
@@ -128,7 +128,7 @@ def optimize(
     say = progress or (lambda _msg: None)
     began = time.perf_counter()
     timings: dict[str, float] = {}
-    chosen_machine = _machine_for(devices, machine, nodes, interconnect)
+    chosen_machine = machine_for(devices, machine, nodes, interconnect)
     if objective not in OBJECTIVES:
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
     goal = OBJECTIVES[objective]
@@ -209,31 +209,40 @@ def optimize(
         )
         say(f"profile: {table.hits} of {table.hits + table.misses} op prices measured, the rest from the roofline")
 
-    lowered, plan_dir = None, None
-    if output_dir is not None and plan_only:
-        start = time.perf_counter()
-        lowered = lower(plan, graph, plan_only=True)
-        plan_dir = write_plan_only(lowered, output_dir)
-        timings["lower_s"] = time.perf_counter() - start
-    elif output_dir is not None:
-        start = time.perf_counter()
-        say("lowering to per-device ONNX")
-        lowered = lower(plan, graph)
-        row = "device files"
-        if tracker is not None:
-            tracker.start(row, f"writing 0 of {lowered.world_size}")
-
-        def written(done: int, total: int) -> None:
-            if tracker is not None:
-                tracker.count(row, done, total, "written")
-
-        plan_dir = write_plan_dir(lowered, output_dir, written)
-        timings["lower_s"] = time.perf_counter() - start
-        if tracker is not None:
-            tracker.finish(row, f"{lowered.world_size} written to {plan_dir}")
+    found = OptimizeResult(plan, graph, None, None, trial.saturation, timings, result)
+    if output_dir is not None:
+        write_spmd(found, Path(output_dir), plan_only, say, tracker)
     timings["wall_s"] = time.perf_counter() - began
     plan.stats = replace(plan.stats, timings=dict(timings))
-    return OptimizeResult(plan, graph, lowered, plan_dir, trial.saturation, timings, result)
+    return found
+
+
+def write_spmd(
+    result: OptimizeResult, output_dir: Path, plan_only: bool, say: Progress, tracker: Tracker | None = None
+) -> None:
+    """Lower the plan and write its plan directory (plan.json alone with ``plan_only``), atomically; ``result``
+    gets the lowered plan, the directory and ``lower_s``."""
+    plan, graph = result.plan, result.graph
+    start = time.perf_counter()
+    if plan_only:
+        result.lowered = lower(plan, graph, plan_only=True)
+        result.plan_dir = write_plan_only(result.lowered, output_dir)
+        result.timings["lower_s"] = time.perf_counter() - start
+        return
+    say("lowering to per-device ONNX")
+    lowered = result.lowered = lower(plan, graph)
+    row = "device files"
+    if tracker is not None:
+        tracker.start(row, f"writing 0 of {lowered.world_size}")
+
+    def written(done: int, total: int) -> None:
+        if tracker is not None:
+            tracker.count(row, done, total, "written")
+
+    result.plan_dir = write_plan_dir(lowered, output_dir, written)
+    result.timings["lower_s"] = time.perf_counter() - start
+    if tracker is not None:
+        tracker.finish(row, f"{lowered.world_size} written to {result.plan_dir}")
 
 
 def check_rule_files(paths: Sequence[Path]) -> None:
@@ -327,7 +336,7 @@ def optimize_pipeline(
     from unity_eq.stages.search import StageFilter
 
     say = progress or (lambda _msg: None)
-    chosen_machine = _machine_for(devices, machine, nodes, interconnect)
+    chosen_machine = machine_for(devices, machine, nodes, interconnect)
     if objective not in OBJECTIVES:
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
     if batch is not None and batch < 1:
@@ -343,25 +352,44 @@ def optimize_pipeline(
         check_rule_files(rule_files)
     rules = load_rule_files(list(rule_files) if rule_files is not None else default_rule_files(generated_rules))
     say(f"loading {model}")
-    graph_at, per_step, micro = graph_at_batch(Path(model), input_shapes, batch)
+    batched = graph_at_batch(Path(model), input_shapes, batch)
     lowering = target is not None and not plan_only
-    if lowering:
-        refuse_missing_weights(graph_at(micro[0]))  # before the search: lowering would refuse it, minutes later
-    say(f"machine {chosen_machine.describe()}; batch {per_step} per step")
+    if lowering:  # before the search: lowering would refuse it, minutes later
+        refuse_missing_weights(batched.graph_at(batched.micro_sizes[0]))
+    say(f"machine {chosen_machine.describe()}; batch {batched.batch} per step")
     goal = OBJECTIVES[objective]
     result = plan_stages(
-        graph_at, per_step, micro, chosen_machine, goal, rules, limits, None if lowering else target, say, only
+        batched.graph_at,
+        batched.batch,
+        batched.micro_sizes,
+        chosen_machine,
+        goal,
+        rules,
+        limits,
+        None if lowering else target,
+        say,
+        only,
+        static_batch=batched.static_batch,
     )
     if lowering:
-        from unity_eq.lower.pipeline import lower_pipeline
-        from unity_eq.split import split_graph
-
         assert target is not None
-        best = result.search.best
-        say(f"lowering {len(best.cuts)} stage(s), each on a tensor group of {best.config.tensor} device(s)")
-        split = split_graph(graph_at(best.config.microbatch))
-        if split is None:
-            raise PlanError(f"internal error: the model no longer splits at microbatch {best.config.microbatch}")
-        result.record = lower_pipeline(result.record, best, split, chosen_machine, target, say)
-        result.plan_dir = target
+        lower_stages(result, batched.graph_at, chosen_machine, target, say)
     return result
+
+
+def lower_stages(
+    result: PipelineResult, graph_at: Callable[[int], Graph], machine: Machine, target: Path, say: Progress
+) -> None:
+    """Write the chosen pipeline as a plan directory per stage and the top plan.json (unity_eq.lower.pipeline),
+    each stage stitched from the piece plans the stage search priced (no second search); ``result`` is
+    updated in place."""
+    from unity_eq.lower.pipeline import lower_pipeline
+    from unity_eq.split import split_graph
+
+    best = result.search.best
+    say(f"lowering {len(best.cuts)} stage(s), each on a tensor group of {best.config.tensor} device(s)")
+    split = split_graph(graph_at(best.config.microbatch))
+    if split is None:
+        raise PlanError(f"internal error: the model no longer splits at microbatch {best.config.microbatch}")
+    result.record = lower_pipeline(result.record, best, split, machine, target, say)
+    result.plan_dir = target

@@ -61,10 +61,13 @@ def optimize(
     pipeline: bool = typer.Option(
         False,
         "--pipeline",
-        help="Search pipeline stages × data × tensor groups, microbatches, schedule, recomputation and ZeRO "
-        "(docs/pipeline.md); writes plan.json and a plan directory per stage.",
+        help="Write a pipeline plan whatever it costs: the stage search alone (stages × data × tensor groups, "
+        "microbatches, schedule, recomputation, ZeRO; docs/pipeline.md). `--objective training` weighs "
+        "pipelines against SPMD plans without it.",
     ),
-    batch: int = typer.Option(None, "--batch", help="With --pipeline: samples per step (default: the model's batch)."),
+    batch: int = typer.Option(
+        None, "--batch", help="Training or --pipeline: samples per step (default: the model's batch)."
+    ),
     stages: int = typer.Option(None, "--stages", help="With --pipeline: only plans of this many pipeline stages."),
     tensor: int = typer.Option(None, "--tensor", help="With --pipeline: only plans with tensor groups of this size."),
     microbatches: int = typer.Option(
@@ -98,8 +101,20 @@ def optimize(
     rule_files = None
     if rules:
         rule_files = default_rule_files(not no_generated_rules) + list(rules)
-    if batch is not None and not pipeline:
-        raise OptionError("`--batch` sets the samples per step of a pipeline: pass it with `--pipeline`.")
+    spmd_only = [
+        name for name, given in (("--mesh", mesh), ("--profile", profile), ("--weight-input", weight_input)) if given
+    ]
+    training = objective == "training" and not pipeline
+    if batch is not None and not pipeline and not training:
+        raise OptionError(
+            "`--batch` sets the samples per step of training or of a pipeline: pass it with `--objective training` "
+            "or `--pipeline`."
+        )
+    if batch is not None and training and spmd_only:
+        raise OptionError(
+            f"`--batch` plans a training step over SPMD plans and pipelines; `{spmd_only[0]}` plans one SPMD plan "
+            "of the model as it is: give its batch with `--input-shape` instead."
+        )
     staged_options = (("--stages", stages), ("--tensor", tensor), ("--microbatches", microbatches))
     given_staged = [name for name, value in staged_options if value is not None]
     if given_staged and not pipeline:
@@ -138,6 +153,9 @@ def optimize(
         if check_plan and staged.plan_dir is not None:
             print_check(model, staged.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
         return
+    if training and not spmd_only:
+        _optimize_training(model, batch, max_axes, blocks, extractor, ilp_time_limit, quiet, check_plan, common)
+        return
     live = live_display(quiet)
     with live or contextlib.nullcontext():
         result = run_optimize(
@@ -157,7 +175,70 @@ def optimize(
         print_check(model, result.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
 
 
-def _print_plan_summary(result: Any) -> None:
+def _optimize_training(
+    model: Path,
+    batch: int | None,
+    max_axes: int,
+    blocks: str,
+    extractor: str,
+    ilp_time_limit: float,
+    quiet: bool,
+    check_plan: bool,
+    common: dict[str, Any],
+) -> None:
+    """``--objective training``: the SPMD search and the stage search on the same workload, the cheaper written
+    (unity_eq.training), and a summary that compares them."""
+    from unity_eq.training import optimize_training
+
+    live = live_display(quiet)
+    with live or contextlib.nullcontext():
+        found = optimize_training(
+            model,
+            batch=batch,
+            max_axes=max_axes,
+            blocks=blocks,
+            extractor=extractor,
+            ilp_time_limit=ilp_time_limit,
+            tracker=live,
+            **{k: v for k, v in common.items() if k != "objective"},
+        )
+    rows = _training_rows(found)
+    if found.chosen == "pipeline":
+        _print_pipeline_summary(found.staged, rows)
+    else:
+        _print_plan_summary(found.spmd, rows)
+    if check_plan and found.plan_dir is not None:
+        print_check(model, found.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
+
+
+def _training_rows(found: Any) -> list[tuple[str, str]]:
+    """What the training search compared: the SPMD plan's step and the best pipeline's, and its notes."""
+    spmd, piped = found.spmd_step_s, found.pipeline_step_s
+    passes = f" over {found.passes} accumulated passes" if found.passes > 1 else ""
+    spmd_text = (
+        f"{spmd * 1e3:.1f} ms per step on mesh {found.spmd.plan.mesh}{passes} (with the optimizer's update)"
+        if spmd is not None
+        else "no SPMD plan fits"
+    )
+    if piped is not None:
+        best = found.staged.search.best.config
+        piped_text = f"{piped * 1e3:.1f} ms per step ({best.describe()})"
+    else:
+        piped_text = "none"
+    chosen = found.chosen
+    ratio = ""
+    if spmd is not None and piped is not None:
+        ratio = f"; SPMD {spmd / found.step_s:.2f}×, pipeline {piped / found.step_s:.2f}× the chosen step"
+    rows = [
+        ("training search", f"{'pipeline' if chosen == 'pipeline' else 'SPMD plan'} chosen{ratio}"),
+        ("SPMD search", spmd_text),
+        ("best pipeline", piped_text),
+    ]
+    rows += [("note", note) for note in found.notes]
+    return rows
+
+
+def _print_plan_summary(result: Any, extra: list[tuple[str, str]] | None = None) -> None:
     from unity_eq.report import device_span
 
     plan = result.plan
@@ -215,20 +296,24 @@ def _print_plan_summary(result: Any) -> None:
     sat = plan.stats.saturation
     enodes, iterations, stop = (sat.enodes, sat.iterations, sat.stop_reason) if sat else (None, None, None)
     table.add_row("search", f"{enodes} e-nodes, {iterations} iterations ({stop}), " + _search_time(result.timings))
+    for key, value in extra or ():
+        table.add_row(key, value)
     if result.plan_dir is not None:
         only = " (plan.json only: --plan-only)" if result.lowered is not None and result.lowered.plan_only else ""
         table.add_row("written to", f"{result.plan_dir}{only}")
     out.print(table)
 
 
-def _print_pipeline_summary(result: Any) -> None:
+def _print_pipeline_summary(result: Any, extra: list[tuple[str, str]] | None = None) -> None:
     from unity_eq.explain.pipeline import summary_rows
 
     record = result.record
     table = Table(title=f"pipeline plan for {record.model}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    for key, value in summary_rows(record):
+    rows = summary_rows(record)
+    keys, values = {key for key, _ in rows}, {value for _, value in rows}
+    for key, value in [*rows, *((k, v) for k, v in extra or () if k not in keys and v not in values)]:
         table.add_row(key, value)
     if result.plan_dir is not None:
         what = "stage directories and plan.json" if result.record.lowered else "plan.json only"

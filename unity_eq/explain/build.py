@@ -143,8 +143,26 @@ def report_of(plan: ExplainRecord) -> Explanation:
         ops=tuple(ops),
         communication=tuple(communication),
         pcg=tuple(pcg_lines(plan, kinds)),
-        notes=tuple(([PLAN_ONLY_NOTE] if plan.plan_only else []) + _notes(ops, total)),
+        notes=tuple(([PLAN_ONLY_NOTE] if plan.plan_only else []) + _training_notes(plan) + _notes(ops, total)),
     )
+
+
+def _training_notes(plan: ExplainRecord) -> list[str]:
+    """What ``optimize --objective training`` compared this SPMD plan with (docs/pipeline.md)."""
+    found = plan.training_search
+    if found is None:
+        return []
+    passes = f" over {found.passes} accumulated passes" if found.passes > 1 else ""
+    text = (
+        f"the training search chose this SPMD plan: {found.step_s * 1e3:.3f} ms per step{passes} with the "
+        "optimizer's update"
+    )
+    if found.pipeline_step_s is not None:
+        text += (
+            f"; the best pipeline ({found.pipeline}) {found.pipeline_step_s * 1e3:.3f} ms, "
+            f"{found.pipeline_step_s / found.step_s:.2f}×"
+        )
+    return [text, *found.notes]
 
 
 #: explain's note on a plan written by ``optimize --plan-only`` (its plan.json says ``plan_only: true``)

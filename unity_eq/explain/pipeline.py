@@ -3,7 +3,8 @@ a text timeline."""
 
 from __future__ import annotations
 
-from unity_eq.planfile.pipeline import ConfigRecord, PipelinePlanRecord, StageRecord
+from unity_eq.planfile.pipeline import ConfigRecord, PipelinePlanRecord, SpmdRecord, StageRecord
+from unity_eq.stages.search import static_batch_note
 from unity_eq.stages.timeline import Slot, simulate
 
 __all__ = ["duration", "render_pipeline", "size", "stage_ranks", "summary_rows", "timeline_text"]
@@ -67,9 +68,14 @@ def summary_rows(record: PipelinePlanRecord) -> list[tuple[str, str]]:
     flat = record.without_pipeline
     if flat is not None and c.stages > 1:
         rows.append(("without a pipeline", f"{flat.step_s / c.step_s:.2f}× the step ({_config_text(flat)})"))
-    elif flat is None:
+    elif flat is None and record.spmd is None:
         rows.append(("without a pipeline", "no one-stage configuration fits (or none was searched: --stages)"))
+    spmd = record.spmd
+    if spmd is not None:
+        rows.append(("SPMD search", _spmd_text(spmd, c.step_s)))
     s = record.search
+    if s.static_batch is not None:
+        rows.append(("static batch", static_batch_note(s.static_batch)))
     rows.append(
         (
             "search",
@@ -78,6 +84,17 @@ def summary_rows(record: PipelinePlanRecord) -> list[tuple[str, str]]:
         )
     )
     return rows
+
+
+def _spmd_text(spmd: SpmdRecord, step_s: float) -> str:
+    """The SPMD search's best on the same workload, against the pipeline chosen (the training search)."""
+    if spmd.mesh is None or spmd.step_s is None:
+        return f"no SPMD plan fits ({spmd.note})" if spmd.note else "no SPMD plan fits"
+    passes = f" over {spmd.passes} accumulated passes" if spmd.passes > 1 else ""
+    return (
+        f"{spmd.step_s * 1e3:.1f} ms per step on mesh {spmd.mesh}{passes}, with the optimizer's update: "
+        f"{spmd.step_s / step_s:.2f}× the pipeline's"
+    )
 
 
 def timeline_text(record: PipelinePlanRecord, width: int = WIDTH) -> list[str]:

@@ -219,6 +219,7 @@ def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], 
         stats=plan.stats,
         plan_hash=lowered.plan_hash,
         memory=PlanMemoryRecord(usage=report.memory, weight_bytes_per_rank=tuple(weight_bytes)),
+        training_search=report.training_search,
     )
 
 

@@ -53,6 +53,7 @@ from unity_eq.planfile.search import (
     SkippedRecord,
     StatsRecord,
     TieBreakRecord,
+    TrainingSearchRecord,
     TrialSecondsRecord,
     TriedRecord,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "StepRecord",
     "TensorRecord",
     "TieBreakRecord",
+    "TrainingSearchRecord",
     "TrialSecondsRecord",
     "TriedRecord",
     "WeightStepRecord",

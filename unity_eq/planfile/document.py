@@ -23,6 +23,7 @@ from unity_eq.planfile.search import (
     ParallelismRecord,
     PlanMemoryRecord,
     StatsRecord,
+    TrainingSearchRecord,
 )
 from unity_eq.planfile.sections import CostRecord, MachineRecord, MeshRecord, ModelRecord, TensorRecord
 from unity_eq.planfile.steps import (
@@ -79,6 +80,7 @@ class PlanRecord(Record):
     stats: StatsRecord
     plan_hash: str
     memory: PlanMemoryRecord
+    training_search: TrainingSearchRecord | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +101,7 @@ class ExplainRecord(Record):
     extraction: ExtractionRecord | None = None
     parallelism: ParallelismRecord | None = None
     memory: PlanMemoryRecord | None = None
+    training_search: TrainingSearchRecord | None = None
 
     @property
     def training(self) -> bool:

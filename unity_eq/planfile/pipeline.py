@@ -23,6 +23,7 @@ __all__ = [
     "PIPELINE_PLAN",
     "ConfigRecord",
     "PipelinePlanRecord",
+    "SpmdRecord",
     "StageRecord",
     "StageSearchRecord",
     "is_lowered_pipeline",
@@ -98,6 +99,19 @@ class StageSearchRecord(Record):
     microbatch_sizes: tuple[int, ...]
     group_sizes: tuple[int, ...]
     seconds: float
+    static_batch: int | None = None  # the model's own batch when static: the only microbatch it allows
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpmdRecord(Record):
+    """The SPMD search's best plan on the same workload (``optimize --objective training``: the one-stage case
+    of the training search), its step priced as the stage search prices one."""
+
+    mesh: str | None  # None: the SPMD search found no plan that fits (``note`` says why)
+    step_s: float | None  # its cost over ``passes`` passes plus the optimizer's update
+    cost_s: float | None  # its plan's own cost: one forward and backward pass with its gradient all-reduces
+    passes: int = 1  # passes per step: a model with a static batch accumulates batch / its batch
+    note: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +134,7 @@ class PipelinePlanRecord(Record):
     without_pipeline: ConfigRecord | None  # the best configuration with one stage
     search: StageSearchRecord
     fingerprint: str | None = None  # of what the model computes (frontends.onnx_read.model_fingerprint)
+    spmd: SpmdRecord | None = None  # the SPMD search's best on the same workload (the training search)
 
     @property
     def lowered(self) -> bool:

@@ -221,6 +221,18 @@ class PlanMemoryRecord(Record):
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainingSearchRecord(Record):
+    """``optimize --objective training`` chose this SPMD plan over the best pipeline (docs/pipeline.md, "One
+    planner for training"): both steps priced alike, and why the pipelines were limited or not considered."""
+
+    step_s: float  # this plan's step as the stage search prices one (passes, the optimizer's update)
+    passes: int = 1  # passes per step: a static batch smaller than the step's is accumulated
+    pipeline_step_s: float | None = None  # the best pipeline of 2+ stages (None: none considered or none fits)
+    pipeline: str | None = None  # its configuration, in words
+    notes: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class PlanReport:
     """What the search found besides the plan (plan.json sections of the same names; see unity_eq.search)."""
@@ -232,6 +244,7 @@ class PlanReport:
     parallelism: ParallelismRecord | None = None
     memory: MemoryUsageRecord | None = None
     cost: CostRecord | None = None
+    training_search: TrainingSearchRecord | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from unity_eq.errors import OptionError
 
-__all__ = ["Shape", "refuse_impossible", "shapes"]
+__all__ = ["Forced", "Shape", "divisors", "refuse_impossible", "shapes"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,8 @@ class Shape:
     microbatches: int
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """Every positive divisor of ``n``, ascending."""
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
@@ -52,7 +53,7 @@ def shapes(
         if any(n % tensor for n in group_devices):
             continue
         common = math.gcd(*(n // tensor for n in group_devices))
-        for data in sorted(_divisors(common), reverse=True):
+        for data in sorted(divisors(common), reverse=True):
             stages = sum(n // (data * tensor) for n in group_devices)
             if (pieces is not None and stages > pieces) or (not pipeline and stages > 1):
                 continue

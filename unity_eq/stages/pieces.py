@@ -172,14 +172,18 @@ def price_pieces(
     workers: int = 2,
     say: Say | None = None,
     groups: Sequence[Sequence[int]] | None = None,
+    pairs: Sequence[tuple[int, int]] | None = None,
 ) -> PieceTable:
     """Saturate and extract every distinct piece for each microbatch and group size (``workers`` at a time),
     priced on each of the machine's device ``groups`` (one kind each; default: all devices as one group).
+    ``pairs``: only these (group size, microbatch) pairs (``search.priced_pairs``), not every combination.
 
     Raises OptionError when the model does not split into pieces, or splits differently at two microbatch
     sizes (a cut that depends on the batch: the stages could not be the same pieces)."""
     say = say or (lambda _m: None)
     limits = limits or Limits()
+    jobs = list(pairs) if pairs is not None else [(g, m) for m in micro_sizes for g in group_sizes]
+    micro_sizes = sorted({m for _, m in jobs})
     splits: dict[int, BlockSplit] = {}
     for micro in micro_sizes:
         split = split_graph(graph_at(micro))
@@ -197,7 +201,6 @@ def price_pieces(
                 f"the model splits into {len(first.pieces)} pieces at microbatch {min(micro_sizes)} and "
                 f"{len(split.pieces)} at {micro}: its cuts depend on the batch size, so it cannot be staged."
             )
-    jobs = [(g, m) for m in micro_sizes for g in group_sizes]
     table = PieceTable(list(first.pieces), {}, {})
     for micro, split in splits.items():
         side = split.pieces[0].side_out

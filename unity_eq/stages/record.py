@@ -63,6 +63,7 @@ def pipeline_record(
     batch: int,
     seconds: float,
     micro_sizes: tuple[int, ...],
+    static_batch: int | None = None,
 ) -> PipelinePlanRecord:
     best = found.best
     pieces = table.pieces
@@ -117,5 +118,6 @@ def pipeline_record(
             microbatch_sizes=micro_sizes,
             group_sizes=tuple(sorted({t for t, _, _ in table.options})),
             seconds=seconds,
+            static_batch=static_batch,
         ),
     )

@@ -2,8 +2,9 @@
 configurations and write the pipeline plan's plan.json.
 
 The model's batch is dimension 0 of every input. When the ONNX model declares it dynamic, the pieces are priced
-at microbatches of 1, 2 and 4 samples (those that divide the batch per replica); when it is static, the
-model's own batch is the microbatch and ``batch`` (the samples per step) says how many there are.
+at every microbatch size that divides a replica's batch (each distinct piece saturated once per tensor-group
+size and microbatch); when it is static, the model's own batch is the microbatch and ``batch`` (the samples
+per step) says how many there are: the summary and explain say so (``search.static_batch_note``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
 from unity_eq.rulesets import RuleFile
 from unity_eq.search.meshes import device_groups
 from unity_eq.split import split_graph
-from unity_eq.stages.arithmetic import Forced, refuse_impossible
+from unity_eq.stages.arithmetic import Forced, divisors, refuse_impossible
 from unity_eq.stages.pieces import GraphAt, PieceTable, price_pieces
 from unity_eq.stages.record import pipeline_record
-from unity_eq.stages.search import StageFilter, StageSearch, group_sizes, stage_search
+from unity_eq.stages.search import StageFilter, StageSearch, group_sizes, priced_pairs, stage_search, static_batch_note
 
-__all__ = ["DEFAULT_MICROBATCHES", "PipelineResult", "graph_at_batch", "plan_stages"]
+__all__ = ["BatchedModel", "PipelineResult", "batch_blocker", "graph_at_batch", "plan_stages"]
 
-DEFAULT_MICROBATCHES = (1, 2, 4)
 Say = Callable[[str], None]
 
 
@@ -45,6 +45,17 @@ class PipelineResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class BatchedModel:
+    """The model as the stage search sees it: at any microbatch size, the samples per step, the microbatch
+    sizes to try, and the model's own batch when it is static (then the only microbatch)."""
+
+    graph_at: GraphAt
+    batch: int
+    micro_sizes: tuple[int, ...]
+    static_batch: int | None = None
+
+
 def _declared_shapes(path: Path) -> dict[str, list[int | None]]:
     """Each graph input's declared dimensions (an int when static, None when dynamic)."""
     model = onnx.load(path, load_external_data=False)
@@ -54,47 +65,59 @@ def _declared_shapes(path: Path) -> dict[str, list[int | None]]:
         if value.name in initializers:
             continue
         dims = value.type.tensor_type.shape.dim
-        if not dims:
-            raise OptionError(f"{path}: input {value.name!r} has no dimension 0 to split into microbatches.")
         shapes[value.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in dims]
     return shapes
 
 
-def graph_at_batch(
-    path: Path, input_shapes: Mapping[str, Sequence[int]] | None, batch: int | None
-) -> tuple[GraphAt, int, tuple[int, ...]]:
-    """The model at a given microbatch size, the batch per step, and the microbatch sizes to try."""
+def batch_blocker(path: Path) -> str | None:
+    """Why dimension 0 of the model's inputs cannot be its batch (then it cannot be cut into microbatches), or
+    None when it can: the training search then plans the model without a pipeline, ``--pipeline`` refuses."""
+    declared = _declared_shapes(path)
+    for name, dims in declared.items():
+        if not dims:
+            return f"{path}: input {name!r} has no dimension 0 to split into microbatches."
+    firsts = {dims[0] for dims in declared.values()}
+    if None in firsts and len(firsts) > 1:
+        return (
+            f"{path}: dimension 0 is static on some inputs and dynamic on others: a pipeline needs it to be the "
+            "batch on every input."
+        )
+    if len(firsts) > 1:
+        return (
+            f"{path}: dimension 0 of the inputs differs ({sorted(map(str, firsts))}): a pipeline splits dimension "
+            "0 of every input into microbatches, so it must be the batch on all of them."
+        )
+    return None
+
+
+def graph_at_batch(path: Path, input_shapes: Mapping[str, Sequence[int]] | None, batch: int | None) -> BatchedModel:
+    """The model at a given microbatch size, the batch per step, and the microbatch sizes to try: with a dynamic
+    batch, every divisor of the batch (those that divide a replica's batch are priced); with a static one, the
+    model's own batch. OptionError when dimension 0 is not a batch (:func:`batch_blocker`), when a dynamic
+    batch is given no size, or when ``batch`` is not a multiple of a static one."""
     from unity_eq.frontends.onnx import load_onnx
 
+    blocker = batch_blocker(path)
+    if blocker is not None:
+        raise OptionError(blocker)
     overrides = {n: tuple(s) for n, s in (input_shapes or {}).items()}
     declared = _declared_shapes(path)
-    firsts = {name: dims[0] for name, dims in declared.items()}
-    if all(first is not None for first in firsts.values()):
-        own = set(firsts.values())
-        if len(own) != 1:
-            raise OptionError(
-                f"{path}: dimension 0 of the inputs differs ({sorted(map(str, own))}): `--pipeline` splits dimension "
-                "0 of every input into microbatches, so it must be the batch on all of them."
-            )
-        (micro,) = own
-        assert micro is not None
+    (micro,) = {dims[0] for dims in declared.values()} or {None}
+    if micro is not None:
         graph = load_onnx(path, overrides)
         per_step = batch or micro
         if per_step % micro:
             raise OptionError(
-                f"`--batch` {per_step} is not a multiple of the model's batch {micro} (dimension 0 of its inputs, "
-                "static): that is the microbatch. Pass a multiple, or export the model with a dynamic batch axis."
+                f"`--batch` {per_step}: {static_batch_note(micro)}. With this export, pass a multiple of {micro}."
             )
-        return (lambda _micro: graph), per_step, (micro,)
-    if any(first is not None for first in firsts.values()):
-        raise OptionError(
-            f"{path}: dimension 0 is static on some inputs and dynamic on others: `--pipeline` needs it to be the "
-            "batch on every input."
-        )
+        return BatchedModel(lambda _micro: graph, per_step, (micro,), micro)
     if batch is None:
         given = {overrides[n][0] for n in declared if n in overrides}
         if len(given) != 1:
-            raise OptionError("`--pipeline` with a dynamic batch dimension: pass `--batch N` (samples per step).")
+            raise OptionError(
+                "the model's batch dimension is dynamic: pass `--batch N` (samples per step) to plan its training "
+                "or a pipeline."
+            )
         (batch,) = given
 
     def rest(name: str) -> tuple[int, ...]:
@@ -106,7 +129,7 @@ def graph_at_batch(
     def graph_at(micro: int) -> Graph:
         return load_onnx(path, {name: (micro, *rest(name)) for name in declared})
 
-    return graph_at, batch, tuple(m for m in DEFAULT_MICROBATCHES if batch % m == 0)
+    return BatchedModel(graph_at, batch, tuple(divisors(batch)))
 
 
 def plan_stages(
@@ -120,9 +143,16 @@ def plan_stages(
     output_dir: Path | None = None,
     say: Say | None = None,
     only: StageFilter | None = None,
+    *,
+    min_stages: int = 1,
+    static_batch: int | None = None,
 ) -> PipelineResult:
     """Price the pieces, search the configurations (those ``only`` admits), and (with ``output_dir``) write
-    plan.json atomically. A forced tensor-group size is the only one priced (its pieces saturated alone)."""
+    plan.json atomically. A forced tensor-group size is the only one priced (its pieces saturated alone).
+    ``min_stages``: price only the (tensor group, microbatch) pairs of layouts with at least that many stages
+    (the training search gives one stage to the SPMD search); one-stage configurations whose pairs were priced
+    anyway still make ``without_pipeline``. ``static_batch``: the model's own batch when it is static, named in
+    errors. Raises OptionError when no layout has ``min_stages`` stages (``search.layouts``)."""
     say = say or (lambda _m: None)
     start = time.perf_counter()
     if output_dir is not None:
@@ -140,11 +170,20 @@ def plan_stages(
         sizes = [only.tensor]
     groups = device_groups(machine)
     _refuse_impossible(graph_at, micro, sizes, groups, batch, only)
-    say(f"stage search: pricing pieces on tensor groups of {sizes} at microbatches {list(micro)}")
-    table = price_pieces(graph_at, micro, sizes, machine, objective, rules, limits, say=say, groups=groups)
-    found = stage_search(table, machine, objective, batch, micro, only)
+    pairs = priced_pairs(sizes, groups, batch, micro, min_stages)
+    if not pairs:
+        raise OptionError(
+            f"no layout of {machine.device_count} devices into at least {min_stages} stage(s) divides a batch of "
+            f"{batch}" + (f" ({static_batch_note(static_batch)})" if static_batch is not None else "") + "."
+        )
+    shown = ", ".join(f"{t}×{b}" for t, b in pairs)
+    say(f"stage search: pricing pieces at {len(pairs)} (tensor group × microbatch) sizes: {shown}")
+    table = price_pieces(graph_at, micro, sizes, machine, objective, rules, limits, say=say, groups=groups, pairs=pairs)
+    found = stage_search(table, machine, objective, batch, micro, only, static_batch, min_stages)
     seconds = time.perf_counter() - start
-    record = pipeline_record(found, table, graph_at(micro[0]), machine, objective, batch, seconds, micro)
+    priced = tuple(sorted({b for _, b in pairs}))
+    graph = graph_at(priced[0])
+    record = pipeline_record(found, table, graph, machine, objective, batch, seconds, priced, static_batch)
     plan_dir = None
     if output_dir is not None:
         with plan_tempdir(output_dir) as tmp:

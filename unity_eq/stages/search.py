@@ -38,7 +38,13 @@ from unity_eq.stages.arithmetic import shapes
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import SCHEDULES, bubble_fraction, in_flight, pipeline_seconds
-from unity_eq.stages.state import ZERO_STAGES, microbatch_traffic_s, shard_factors, step_traffic_s
+from unity_eq.stages.state import (
+    ZERO_STAGES,
+    microbatch_traffic_s,
+    optimizer_update_s,
+    shard_factors,
+    step_traffic_s,
+)
 
 __all__ = [
     "StageConfig",
@@ -47,8 +53,10 @@ __all__ = [
     "StagePlan",
     "evaluate",
     "group_sizes",
+    "priced_pairs",
     "side_receives",
     "stage_search",
+    "static_batch_note",
 ]
 
 #: none: keep every activation; full: every stage keeps its pieces' inputs and recomputes; stage: each stage
@@ -372,7 +380,7 @@ def evaluate(
         devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
         redone.append(recomputes(s, i, j))
         own = sum(c.gradient_s for c in group.pieces[i:j])
-        update = 2 * (resident if training else 0.0) / group.bandwidth  # the optimizer reads and writes its state
+        update = optimizer_update_s(resident, group.bandwidth) if training else 0.0
         sync = max(sync, step_traffic_s(config.zero, weights, config.data, group.model, training) + own + update)
     return StagePlan(
         config,
@@ -396,6 +404,21 @@ def _one(_stage: int) -> int:
     return 1
 
 
+def priced_pairs(
+    tensor_sizes: Sequence[int],
+    groups: Sequence[Sequence[int]],
+    batch: int,
+    micro_sizes: Sequence[int],
+    min_stages: int = 1,
+) -> list[tuple[int, int]]:
+    """The (tensor-group size, microbatch) pairs some layout with at least ``min_stages`` stages uses: only
+    their pieces need saturating (the training search leaves one stage to the SPMD search, so a tensor group
+    of a whole node on a one-node machine is never priced there)."""
+    sizes = [len(g) for g in groups]
+    found = shapes(sizes, tensor_sizes, None, batch, micro_sizes)
+    return sorted({(s.tensor, s.microbatch) for s in found if s.stages >= min_stages})
+
+
 def configurations(
     table: PieceTable,
     groups: Sequence[Sequence[int]],
@@ -406,11 +429,15 @@ def configurations(
 ) -> Iterator[StageConfig]:
     """Every configuration the table can price over the machine's device ``groups`` (``pipeline=False``:
     one stage only). Every group gets at least one stage, all of the same d × t devices; the groups are
-    tried in every order along the pipeline."""
+    tried in every order along the pipeline. A layout whose pieces were not priced (``priced_pairs``) is
+    left out."""
     sizes = [len(g) for g in groups]
     orders = list(itertools.permutations(range(len(groups))))
     tensors = sorted({t for t, _, _ in table.options})
+    priced = {(t, b) for t, b, _ in table.options}
     for shape in shapes(sizes, tensors, len(table.pieces), batch, micro_sizes, pipeline):
+        if (shape.tensor, shape.microbatch) not in priced:
+            continue
         stages, data = shape.stages, shape.data
         choices = itertools.product(
             RECOMPUTE if training else ("none",),
@@ -436,6 +463,17 @@ def configurations(
             )
 
 
+def static_batch_note(micro: int) -> str:
+    """Why a model exported with a static batch gets fewer pipelines, and what to do about it."""
+    return (
+        f"the model's batch dimension is static ({micro}): every microbatch is {micro} samples, which limits "
+        f"the stage search (microbatches of {micro} only; a batch per step of {micro} allows one microbatch); "
+        "export it with a dynamic batch axis (torch.onnx.export(..., dynamo=True, dynamic_shapes={INPUT: "
+        "{0: torch.export.Dim('batch')}}), or dynamic_axes={INPUT: {0: 'batch'}}) and pass `--batch N` to "
+        "try every microbatch size that divides a replica's batch"
+    )
+
+
 def _rank(plan: StagePlan) -> tuple[float, int, int, int]:
     """Cheapest first; on a tie the simpler: no recomputation, less weight-state sharding, fewer stages."""
     c = plan.config
@@ -459,9 +497,15 @@ def stage_search(
     batch: int,
     micro_sizes: Sequence[int],
     only: StageFilter | None = None,
+    static_batch: int | None = None,
+    min_stages: int = 1,
 ) -> StageSearch:
     """The cheapest configuration that fits (among those ``only`` admits); InfeasiblePlanError names the
-    smallest footprint found and what would make it fit, OptionError says when ``only`` admits none."""
+    smallest footprint found and what would make it fit, OptionError says when ``only`` admits none.
+    ``static_batch``: the model's own batch when it is static (the only microbatch), named in those errors
+    since it, not the devices, is then what no configuration divides. ``min_stages``: the best has at least
+    that many stages (2: the training search, whose one-stage case is the SPMD search's); ``best_flat`` is
+    still the best one-stage configuration priced."""
     groups = device_groups(machine)
     memo: dict[Any, Any] = {}
     best: StagePlan | None = None
@@ -474,23 +518,31 @@ def stage_search(
         evaluated += 1
         plan = evaluate(config, table, machine, objective, batch, groups, memo)
         if plan is None:
+            if config.stages < min_stages:
+                continue
             footprint = _footprint(config, table, objective)
             if smallest is None or footprint < smallest[0]:
                 smallest = (footprint, config)
             continue
         fitting += 1
-        if best is None or _rank(plan) < _rank(best):
+        if config.stages >= min_stages and (best is None or _rank(plan) < _rank(best)):
             best = plan
         if config.stages == 1 and (flat is None or _rank(plan) < _rank(flat)):
             flat = plan
+    static = f" ({static_batch_note(static_batch)})" if static_batch is not None else ""
     if only is not None and evaluated == 0:
+        limit = (
+            f"the model's static batch {static_batch} is every microbatch{static}"
+            if static_batch is not None
+            else "the microbatches the batch per replica"
+        )
         raise OptionError(
             f"{only.describe()}: no configuration of {machine.device_count} devices and a batch of {batch} "
             f"(microbatches of {', '.join(map(str, micro_sizes))}) has them; stages × tensor must divide the "
-            "devices, tensor the devices of a node, and the microbatches the batch per replica."
+            f"devices, tensor the devices of a node, and {limit}."
         )
     if best is None:
-        raise InfeasiblePlanError(_infeasible(smallest, machine))
+        raise InfeasiblePlanError(_infeasible(smallest, machine, static_batch))
     return StageSearch(best, flat, evaluated, fitting)
 
 
@@ -512,8 +564,10 @@ def _footprint(config: StageConfig, table: PieceTable, objective: Objective) -> 
     return (resident + copies * held) / config.stages
 
 
-def _infeasible(smallest: tuple[float, StageConfig] | None, machine: Machine) -> str:
+def _infeasible(smallest: tuple[float, StageConfig] | None, machine: Machine, static_batch: int | None = None) -> str:
     capacity = min(machine.usable_memory(d) for d in range(machine.device_count))
+    if smallest is None and static_batch is not None:
+        return f"no stage configuration fits the devices: {static_batch_note(static_batch)}."
     if smallest is None:
         return "no stage configuration divides the batch and the devices; pass a batch the devices divide."
     need, config = smallest

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from unity_eq.cost import CostModel
 
-__all__ = ["ZERO_STAGES", "microbatch_traffic_s", "shard_factors", "step_traffic_s"]
+__all__ = ["ZERO_STAGES", "microbatch_traffic_s", "optimizer_update_s", "shard_factors", "step_traffic_s"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -62,3 +62,10 @@ def microbatch_traffic_s(
     if zero == 2:
         return scatter
     return (2 if training else 1) * model.all_gather(axis, weights) + scatter
+
+
+def optimizer_update_s(resident_bytes: float, bandwidth: float) -> float:
+    """The optimizer's update after the last microbatch: it reads and writes the weights and their state a
+    device keeps (``resident_bytes``) at memory ``bandwidth`` (bytes/s). One formula for a pipeline stage and
+    for the SPMD search's plan, so the training search compares the two on the same terms."""
+    return 2 * resident_bytes / bandwidth
