@@ -64,7 +64,7 @@ def priced(exported: dict[str, Path]) -> dict[str, tuple[Path, GraphAt, PieceTab
     machine = default_machine(BATCH)
     found = {}
     for kind, path in exported.items():
-        graph_at, _, _ = graph_at_batch(path, None, BATCH)
+        graph_at = graph_at_batch(path, None, BATCH).graph_at
         table = price_pieces(graph_at, (1,), [1], machine, TRAINING, rules, groups=device_groups(machine))
         found[kind] = (path, graph_at, table)
     return found
@@ -209,7 +209,7 @@ def test_the_memory_policy_chosen_is_the_plan_written(tmp_path: Path) -> None:
     onnx_model.ir_version = 10  # check runs the original in onnxruntime
     onnx.save(onnx_model, model)
     machine = default_machine(4)
-    graph_at, _, _ = graph_at_batch(model, None, 8)
+    graph_at = graph_at_batch(model, None, 8).graph_at
     rules = load_rule_files(default_rule_files(False))
     table = price_pieces(graph_at, (4,), [2], machine, TRAINING, rules, groups=device_groups(machine))
     plans = {}
