@@ -135,10 +135,11 @@ class CheckResult:
         verdict = "match" if self.passed else "MISMATCH"
         tried = f" over {len(self.draws)} input sets" if len(self.draws) > 1 else ""
         where = f" ({w.inputs})" if w.inputs else ""
+        exact = "; integers and booleans exactly" if isinstance(w.expected, int) else ""
         text = (
             f"{verdict}: {len(self.outputs)} output(s){tried}; worst {w.name!r} relative error "
-            f"{w.relative_error:.2e} (tolerance {self.tolerance:g}){where}, max abs error {w.max_abs_error:.3g} "
-            f"at {list(w.index)}: expected {w.expected:.6g}, got {w.got:.6g}"
+            f"{w.relative_error:.2e} (tolerance {self.tolerance:g}{exact}){where}, max abs error "
+            f"{w.max_abs_error:.3g} at {list(w.index)}: expected {_shown(w.expected)}, got {_shown(w.got)}"
         )
         wide = [o for o in self.outputs if o.reference == "float64"]
         if wide:
@@ -151,11 +152,17 @@ class CheckResult:
         return text
 
 
+def _shown(value: float) -> str:
+    """A value in a message: an integer in full (two int64 that differ in the last digit must read apart)."""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
 def compare_outputs(
     expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tolerance: float = 1e-4
 ) -> CheckResult:
-    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly;
-    equal values (infinities included) and NaN against NaN count as equal."""
+    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly, in
+    their own dtype (see :func:`_compare_exact`); equal values (infinities included) and NaN against NaN count
+    as equal."""
     results = []
     for name, ref in expected.items():
         ref = np.asarray(ref)
@@ -164,7 +171,10 @@ def compare_outputs(
             results.append(OutputComparison(name, False, float("inf"), float("inf"), (), float("nan"), float("nan")))
             continue
         if ref.size == 0:
-            results.append(OutputComparison(name, True, 0.0, 0.0, (), 0.0, 0.0))
+            results.append(OutputComparison(name, ref.dtype == out.dtype, 0.0, 0.0, (), 0.0, 0.0))
+            continue
+        if ref.dtype.kind in "iub":
+            results.append(_compare_exact(name, ref, out))
             continue
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
@@ -175,8 +185,7 @@ def compare_outputs(
         finite = np.isfinite(ref) if ref.dtype.kind == "f" else np.ones(ref.shape, bool)
         scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 1.0
         relative = max_abs / max(scale, 1e-30)
-        exact = ref.dtype.kind in "iub"
-        passed = max_abs == 0.0 if exact else relative <= _tolerance_for(ref.dtype, tolerance)
+        passed = relative <= _tolerance_for(ref.dtype, tolerance)
         results.append(
             OutputComparison(
                 name,
@@ -189,6 +198,20 @@ def compare_outputs(
             )
         )
     return CheckResult(results, tolerance)
+
+
+def _compare_exact(name: str, ref: np.ndarray, out: np.ndarray) -> OutputComparison:
+    """An integer or boolean output: every element equal, compared in the integers themselves (an int64 above
+    2**53 differs from its neighbour, which a float64 difference would call 0) and in the same dtype (a plan
+    that returns floats where the model returns integers is wrong even when the values agree)."""
+    differ = ref != out if ref.dtype == out.dtype else np.ones(ref.shape, bool)
+    if not differ.any():
+        return OutputComparison(name, True, 0.0, 0.0, (), 0.0, 0.0)
+    index = tuple(int(i) for i in np.argwhere(differ)[0])
+    expected, got = ref[index].item(), out[index].item()
+    error = abs(int(expected) - int(got)) if isinstance(got, int | bool) else abs(float(expected) - float(got))
+    scale = max(int(np.max(np.abs(ref.astype(np.float64)))), 1)
+    return OutputComparison(name, False, float(max(error, 1)), float(max(error, 1)) / scale, index, expected, got)
 
 
 def _tolerance_for(dtype: np.dtype, tolerance: float) -> float:
