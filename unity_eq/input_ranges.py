@@ -381,7 +381,7 @@ def _evaluate(
 def _fixed_outside(graph: Graph, node: Node, indices: np.ndarray) -> str | None:
     """What is wrong with a node's constant indices (None when every one is in range): a GatherND's are
     checked coordinate by coordinate against the dimensions each indexes."""
-    i, d = _INDEXING[node.op_type]
+    _, d = _INDEXING[node.op_type]
     shape = graph.types[node.inputs[d]].shape
     if node.op_type in ("GatherND", "ScatterND"):
         batch = int(node.attrs.get("batch_dims", 0))

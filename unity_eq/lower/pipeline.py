@@ -22,6 +22,7 @@ from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph, Mesh
 from unity_eq.lower.stage import refuse_missing_weights
 from unity_eq.machine import Machine
+from unity_eq.planfile import read_run_record
 from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
 from unity_eq.split import Piece, piece_graph, split_graph
 from unity_eq.stages.search import StagePlan
@@ -34,7 +35,7 @@ Say = Callable[[str], None]
 
 
 def stage_directory(index: int) -> str:
-    """The stage's plan directory, relative to the pipeline plan's (``files.is_plan_file`` knows the name)."""
+    """The stage's plan directory, relative to the pipeline plan's (plan.json's manifest lists its files)."""
     return f"stage{index}"
 
 
@@ -107,8 +108,11 @@ def lower_pipeline(
             say(f"stage {s}: pieces {first}-{end - 1} on {t} device(s)")
             sub = stage_machine(machine, best.devices[s][:t])
             plan_stage(stage_graph(graph, split.pieces[first:end], s), sub, mesh, tmp / stage_directory(s))
+            written = read_run_record(tmp / stage_directory(s) / "plan.json").plan_hash
             stages.append(
-                dataclasses.replace(record.stages[s], directory=stage_directory(s), replicas=stage_replicas(best, s))
+                dataclasses.replace(
+                    record.stages[s], directory=stage_directory(s), replicas=stage_replicas(best, s), plan_hash=written
+                )
             )
         lowered = dataclasses.replace(record, stages=tuple(stages))
         write_pipeline_json(tmp / "plan.json", lowered)

@@ -148,7 +148,9 @@ def _mesh_axes(path: Path, mesh: Any, world: int) -> dict[str, list[tuple[int, .
     }
 
 
-def _check_axis(path: Path, where: str, axis: str, groups: list[Any], mesh: Mapping[str, list[tuple[int, ...]]]) -> None:
+def _check_axis(
+    path: Path, where: str, axis: str, groups: list[Any], mesh: Mapping[str, list[tuple[int, ...]]]
+) -> None:
     """A collective's groups are its axis's groups: the runtime runs the groups, so a plan.json whose groups
     and axis disagree (hand-edited, or another plan's) would run a collective other than the one planned."""
     if axis not in mesh:
