@@ -5,6 +5,7 @@ and `check` draws inputs for models whose index tables are constants (real optim
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -111,3 +112,30 @@ def test_check_draws_inputs_for_a_bert_with_a_constant_index_table(tmp_path: Pat
     result = check(model, plan)
     assert result.passed, result.describe()
     assert len(result.draws) > 1
+
+
+def test_check_compares_every_weight_bit_for_bit(mlp_plan: Path, examples: Path, tmp_path: Path) -> None:
+    """One element of one weight moved to the next float32 (far below any tolerance) once passed `check`;
+    every device's weights are now compared with the model's slices, byte for byte."""
+    import onnx
+    from onnx import numpy_helper
+
+    from unity_eq.errors import CheckFailed
+    from unity_eq.weightfile import META_WEIGHTS
+
+    copy = tmp_path / "plan"
+    shutil.copytree(mlp_plan, copy)
+    path = copy / "device_1.onnx"
+    model = onnx.load(str(path))
+    named = json.loads({p.key: p.value for p in model.metadata_props}[META_WEIGHTS])
+    tensor = next(t for t in model.graph.initializer if t.name in named and len(t.dims) == 2)
+    array = numpy_helper.to_array(tensor).copy()
+    array[1, 2] = np.nextafter(array[1, 2], np.float32(np.inf))
+    tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+    onnx.save(model, str(path))
+    assert check(examples / "mlp.onnx", mlp_plan).passed  # the plan as written: every weight matches
+    name = re.escape(tensor.name)
+    with pytest.raises(CheckFailed, match=rf"device_1\.onnx: weight '{name}' .* differs .* at index \[1, 2\]"):
+        check(examples / "mlp.onnx", copy)
+    proc = run_cli("check", str(examples / "mlp.onnx"), str(copy), "-q")
+    assert proc.returncode == 1 and "differs from the model's slice at index [1, 2]" in proc.stderr + proc.stdout

@@ -18,6 +18,7 @@ from unity_eq.runtime.pipeline import PipelinePlan, is_pipeline_dir, load_pipeli
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
 from unity_eq.runtime.reference64 import Float64Reference
 from unity_eq.runtime.segments import build_rank_program
+from unity_eq.runtime.weightcheck import check_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,13 @@ def check(
     plan = pipeline.whole if pipeline is not None else load_plan_dir(plan_dir)  # whole: the pipeline's inputs
     check_plan_is_of(model_path, plan)
     check_weights_present(model_path)
+    directories = pipeline.stages if pipeline is not None else [plan]
+    if on_progress:
+        on_progress(
+            f"comparing the weights of {sum(d.world_size for d in directories)} device file(s) with the model's"
+        )
+    shapes = {name: spec.shape for name, spec in directories[0].input_specs.items()}
+    check_weight_bytes(model_path, directories, shapes)
     trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
     if inputs is not None:
         given = check_inputs(plan, inputs)
