@@ -31,7 +31,7 @@ from unity_eq.planfile import (
     read_explain_record,
 )
 from unity_eq.runtime.plandir import PlanDir
-from unity_eq.weightfile import META_WEIGHTS, Deferred, value_of
+from unity_eq.weightfile import META_WEIGHTS, Deferred, release_pages, value_of
 
 __all__ = ["check_weight_bytes"]
 
@@ -100,7 +100,7 @@ def check_weight_bytes(model_path: str | Path, plans: Sequence[PlanDir], shapes:
 
 
 def _compare_rank(path: Path, constants: _RankConstants) -> int:
-    model = onnx.load(str(path))  # with its data file: the bytes onnxruntime runs
+    model = onnx.load(str(path), load_external_data=False)  # weights in its data file are mapped, not read
     props = {p.key: p.value for p in model.metadata_props}
     if META_WEIGHTS not in props:
         raise PlanError(
@@ -113,7 +113,7 @@ def _compare_rank(path: Path, constants: _RankConstants) -> int:
         if name not in present:
             raise CheckFailed(f"{path}: weight {name!r} is missing from the device file. Re-run `unity-eq optimize`.")
     for tensor in model.graph.initializer:
-        actual = numpy_helper.to_array(tensor)
+        actual = _array(path, tensor)
         tid = named.get(tensor.name)
         if tid is None:
             if actual.dtype != np.int64 or actual.ndim > 1:
@@ -126,8 +126,30 @@ def _compare_rank(path: Path, constants: _RankConstants) -> int:
         key = constants.alias.get(tid, tid)
         if key not in constants.consts:
             raise CheckFailed(f"{path}: weight {tensor.name!r} claims plan tensor {tid!r}, which holds no weight.")
-        _compare(path, tensor.name, constants.origin.get(key, "?"), value_of(constants.consts[key]), actual)
+        expected = value_of(constants.consts[key])
+        _compare(path, tensor.name, constants.origin.get(key, "?"), expected, actual)
+        release_pages(expected)
+        release_pages(actual)
     return len(named)
+
+
+def _array(path: Path, tensor: onnx.TensorProto) -> np.ndarray:
+    """An initializer's value: a read-only mapping of the device's data file when it lives there (the
+    bytes onnxruntime reads; never the whole rank in memory), else the value stored in the model."""
+    from onnx import external_data_helper
+
+    if not external_data_helper.uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    info = external_data_helper.ExternalDataInfo(tensor)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    shape = tuple(int(d) for d in tensor.dims)
+    if Path(info.location).name != info.location or not (path.parent / info.location).is_file():
+        raise PlanError(f"{path}: weight {tensor.name!r} is stored in {info.location!r}, not beside it.")
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.zeros(shape, dtype)
+    mapped = np.memmap(path.parent / info.location, dtype=dtype, mode="r", offset=int(info.offset or 0), shape=(count,))
+    return mapped.reshape(shape)
 
 
 def _compare(path: Path, name: str, origin: str, expected: np.ndarray, actual: np.ndarray) -> None:
