@@ -1,4 +1,6 @@
-"""`check`: the original model and the plan on the same random inputs, outputs compared within a tolerance."""
+"""`check`: every device's weights compared bit for bit with the model's (:mod:`~unity_eq.runtime.weightcheck`),
+then the original model and the plan on the same random inputs, float outputs compared within a tolerance and
+integer and boolean outputs exactly."""
 
 from __future__ import annotations
 
