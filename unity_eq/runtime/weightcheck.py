@@ -54,7 +54,7 @@ class _RankConstants:
         return tuple(self.record.tensors[tid].local_shape)
 
     def run(self, where: Path) -> None:
-        from unity_eq.lower.builder import DeviceGraphBuilder, _chunk
+        from unity_eq.lower.builder import DeviceGraphBuilder
         from unity_eq.plan import Compute, Const
 
         for step in self.record.steps:
@@ -69,7 +69,7 @@ class _RankConstants:
                     src = self.alias.get(src, src)
                     if src in self.consts:
                         i = self.record.mesh.axes.index(axis)
-                        self.consts[out] = _chunk(self.consts[src], dim, self.coords[i], self.record.mesh.sizes[i])
+                        self.consts[out] = _piece(self.consts[src], dim, self.coords[i], self.record.mesh.sizes[i])
                         self.origin[out] = self.origin[src]
                 case ComputeStepRecord():
                     inputs = tuple(Const(tuple(i)) if isinstance(i, tuple | list) else i for i in step.inputs)
@@ -81,6 +81,15 @@ class _RankConstants:
                             )
                         )
                         self.origin.update({o: made for o in step.outputs if o})
+
+
+def _piece(value: Value, dim: int, index: int, parts: int) -> np.ndarray:
+    """Chunk ``index`` of ``parts`` along ``dim`` (a view of a mapped weight: nothing is read yet)."""
+    array = value_of(value)
+    size = array.shape[dim] // parts
+    where = [slice(None)] * array.ndim
+    where[dim] = slice(index * size, (index + 1) * size)
+    return array[tuple(where)]
 
 
 def check_weight_bytes(model_path: str | Path, plans: Sequence[PlanDir], shapes: Mapping[str, Sequence[int]]) -> int:
