@@ -12,7 +12,6 @@ import pytest
 from conftest import run_cli
 from test_stages import MACHINE_TOML, _layered_model
 
-from unity_eq.files import is_plan_file
 from unity_eq.planfile.pipeline import read_pipeline_record
 from unity_eq.runtime.checker import run_original
 from unity_eq.runtime.pipeline import load_pipeline_dir, run_pipeline
@@ -108,9 +107,12 @@ def test_under_mpiexec_4_ranks_run_2_stages_of_2_way_tensor_parallel(
     assert "Traceback" not in wrong.stdout + wrong.stderr
 
 
-def test_stage_directories_belong_to_the_plan() -> None:
-    # a later optimize into the same folder replaces them, instead of keeping them as the user's files
-    assert is_plan_file("stage0") and is_plan_file("stage12") and not is_plan_file("stages")
+def test_stage_directories_belong_to_the_plan(lowered: tuple[Path, Path]) -> None:
+    # plan.json's manifest lists every stage's files: a later optimize into the same folder replaces them,
+    # instead of keeping them as the user's files
+    _, plan = lowered
+    written = read_pipeline_record(plan / "plan.json").written
+    assert {"plan.json", "stage0/plan.json", "stage0/device_0.onnx", "stage1/device_1.onnx"} <= set(written)
 
 
 def test_forced_configurations_that_cannot_be_say_so(tmp_path: Path) -> None:
@@ -137,3 +139,78 @@ def test_absent_weights_are_refused_before_the_search(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "has no data" in proc.stderr and "`--plan-only`" in proc.stderr and "Traceback" not in proc.stderr
     assert not plan.exists()
+
+
+def _copy_plan(plan: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    target = tmp_path / "plan"
+    shutil.copytree(plan, target)
+    return target
+
+
+def test_a_stage_from_another_plan_is_refused(lowered: tuple[Path, Path], tmp_path: Path) -> None:
+    """A ``stage0/`` copied from another pipeline plan of the same architecture (other weights, a plan
+    consistent in itself) once ran with exit 0 and outputs off by 114 %: plan.json now records each stage's
+    plan hash, and run and check refuse the stranger, naming the stage."""
+    model, plan = lowered
+    copy = _copy_plan(plan, tmp_path)
+    stage = copy / "stage0"
+    foreign = "f" * 32  # another plan: its plan.json and its device files agree with each other
+    meta = json.loads((stage / "plan.json").read_text())
+    meta["plan_hash"] = foreign
+    (stage / "plan.json").write_text(json.dumps(meta))
+    for device in stage.glob("device_*.onnx"):
+        proto = onnx.load(str(device))
+        for prop in proto.metadata_props:
+            if prop.key == "unity_eq.plan_hash":
+                prop.value = foreign
+        weight = next(t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.dims)
+        array = onnx.numpy_helper.to_array(weight) * 2
+        weight.CopyFrom(onnx.numpy_helper.from_array(array, weight.name))
+        onnx.save(proto, str(device))
+    for args in (("run", str(copy), "-q"), ("check", str(model), str(copy), "-q")):
+        proc = run_cli(*args)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "stage 0 (stage0/) belongs to another plan" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_stage_list_edited_in_plan_json_is_refused(lowered: tuple[Path, Path], tmp_path: Path) -> None:
+    """Deleting the last entry of ``stages`` once made run exit 0 writing stage 0's activation as the model's
+    output (local and MPI); now the stage count of the chosen configuration is checked, and the ends."""
+    from test_mpi import unity_eq
+
+    _, plan = lowered
+    copy = _copy_plan(plan, tmp_path)
+    meta = json.loads((copy / "plan.json").read_text())
+    good = json.dumps(meta)
+    meta["stages"].pop()
+    (copy / "plan.json").write_text(json.dumps(meta))
+    proc = run_cli("run", str(copy), "-q", "--outputs", str(tmp_path / "out.npz"))
+    assert proc.returncode == 2 and "stage 1 is missing" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out.npz").exists()
+    mpi, _ = unity_eq(2, "run", str(copy), "--backend", "mpi", "-q", timeout=300)
+    assert mpi.returncode != 0 and "stage 1 is missing" in mpi.stdout + mpi.stderr
+    assert "Traceback" not in mpi.stdout + mpi.stderr
+    meta["chosen"]["stages"] = 1  # the count made to agree: stage 0 still sends an activation, not the outputs
+    (copy / "plan.json").write_text(json.dumps(meta))
+    proc = run_cli("run", str(copy), "-q")
+    assert (
+        proc.returncode == 2
+        and "makes the activation" in proc.stderr
+        and "the last stage makes the model outputs" in proc.stderr
+    ), proc.stderr
+    meta = json.loads(good)
+    meta["stages"][1]["plan_hash"] = meta["stages"][0]["plan_hash"]
+    (copy / "plan.json").write_text(json.dumps(meta))
+    proc = run_cli("run", str(copy), "-q")
+    assert proc.returncode == 2 and "stage 1 (stage1/) belongs to another plan" in proc.stderr, proc.stderr
+
+
+def test_outputs_may_not_overwrite_the_plan(lowered: tuple[Path, Path]) -> None:
+    model, plan = lowered
+    before = (plan / "plan.json").read_bytes()
+    for target in (plan / "plan.json", plan / "stage1" / "device_0.onnx", model):
+        proc = run_cli("run", str(plan), "-q", "--outputs", str(target))
+        assert proc.returncode == 2 and "would destroy" in proc.stderr, proc.stderr
+    assert (plan / "plan.json").read_bytes() == before

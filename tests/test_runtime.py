@@ -182,7 +182,7 @@ def test_plan_json_with_an_unknown_collective_is_one_error(tmp_path: Path) -> No
     meta = {
         "format_version": PLAN_FORMAT_VERSION,
         "model": {"name": "m", "inputs": {"x": {"shape": [2], "dtype": "float32"}}, "outputs": ["y"]},
-        "mesh": {"ranks": [{"rank": 0}]},
+        "mesh": {"axes": ["x"], "sizes": [1], "ranks": [{"rank": 0}]},
         "files": ["device_0.onnx"],
         "collectives": [
             {"id": 3, "kind": "broadcast", "axis": "x", "groups": [[0]], "src": "a", "dst": "b", "stage": 0}

@@ -4,9 +4,11 @@
   cannot be written is an error before a search of minutes, not a traceback after it. The check creates and
   removes a probe file in the nearest existing folder, because permission bits do not tell (``/proc`` looks
   writable to root).
-* **A plan replaces only its own files** (:func:`replace_plan_files`): re-optimizing into a plan folder keeps
-  the user's notes and ``out.npz``, and the folder's permissions. The plan is still replaced atomically: the
-  new folder is built aside (the user's files hard-linked into it) and swapped in by rename.
+* **A plan replaces only its own files** (:func:`replace_plan_files`): the files its plan.json lists as written
+  (a manifest, not a name pattern): re-optimizing into a plan folder keeps the user's notes, ``out.npz``, a
+  model named ``device_9.onnx`` or ``stage7/notes.txt``, and the folder's permissions. The plan is still
+  replaced atomically: the new folder is built aside (the user's files hard-linked into it) and swapped in
+  by rename.
 * **Temporary folders record their owner** (:func:`owned_tempdir`, :func:`sweep_stale`): their names carry the
   pid of the process that made them, so a later run removes those of runs that died (SIGKILL, power loss)
   and never those of a live one.
@@ -43,7 +45,6 @@ __all__ = [
     "check_output_folder",
     "die_with_parent",
     "install_signal_handlers",
-    "is_plan_file",
     "owned_tempdir",
     "owner_tag",
     "raise_if_stopped",
@@ -56,7 +57,6 @@ __all__ = [
 
 JOB_PREFIX = "unity-eq-"  # the engine's job folders in the system temp folder
 _OWNER = re.compile(r"-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>\d+)-")
-_PLAN_FILE = re.compile(r"device_\d+\.onnx(\.data)?|stage\d+")  # stage<s>/: a pipeline plan's stage
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -297,12 +297,6 @@ def _fresh_name(where: Path, prefix: str) -> Path:
 # Replacing a plan's files
 
 
-def is_plan_file(name: str) -> bool:
-    """Whether a file name in a plan folder belongs to the plan (``plan.json``, ``device_<r>.onnx[.data]``, a
-    pipeline plan's ``stage<s>`` directories)."""
-    return name == "plan.json" or _PLAN_FILE.fullmatch(name) is not None
-
-
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -310,14 +304,9 @@ def _umask() -> int:
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
-    """Put the user's entry ``src`` at ``dst`` without copying bytes when the filesystem allows."""
+    """Put the user's file ``src`` at ``dst`` without copying bytes when the filesystem allows."""
     if src.is_symlink():
         dst.symlink_to(src.readlink())
-    elif src.is_dir():
-        dst.mkdir()
-        shutil.copystat(src, dst)
-        for child in src.iterdir():
-            _link_or_copy(child, dst / child.name)
     else:
         try:
             os.link(src, dst)
@@ -325,13 +314,44 @@ def _link_or_copy(src: Path, dst: Path) -> None:
             shutil.copy2(src, dst)
 
 
+def _keep_user_entries(old: Path, new: Path, rel: str, owned: set[str], manifest: bool, writes: set[str]) -> None:
+    """Put every entry of ``old`` (the plan folder, or a folder in it at ``rel``) that the earlier plan did not
+    write into ``new``, folders merged. A user's file where the new plan writes one is refused when the earlier
+    plan's manifest says it is not the plan's (an older plan.json, with no manifest, lets the plan's names go)."""
+    for entry in old.iterdir():
+        name = f"{rel}{entry.name}"
+        target = new / entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            made = not target.exists()
+            if made:
+                target.mkdir()
+                shutil.copystat(entry, target)
+            _keep_user_entries(entry, target, f"{name}/", owned, manifest, writes)
+            if made and not any(target.iterdir()) and any(o.startswith(f"{name}/") for o in owned):
+                target.rmdir()  # a folder of the earlier plan's files only (a stage directory) goes with them
+            continue
+        if name in owned:
+            continue
+        if name in writes:
+            if manifest:
+                raise PlanError(
+                    f"{old / entry.name}: not a file of the plan in this folder (its plan.json does not list it), "
+                    f"and the new plan writes {name}; move the file away or pass another `-o`."
+                )
+            continue
+        _link_or_copy(entry, target)
+
+
 def replace_plan_files(new: Path, target: Path) -> None:
     """Make ``target`` hold the plan built in ``new`` (a sibling folder) and the user's other files.
 
-    The plan's files (:func:`is_plan_file`) of an earlier plan go; every other entry of ``target`` stays, with
-    the folder's permissions. Files get the permissions the umask gives (onnx writes external data 0600).
-    Atomic as far as a filesystem allows: ``new`` is completed aside, then two renames swap it in, and a
-    failure between them puts the old folder back."""
+    The files the earlier plan wrote (the manifest in its plan.json, :mod:`unity_eq.planfile.manifest`) go;
+    every other entry of ``target`` stays, with the folder's permissions, whatever its name. Files get the
+    permissions the umask gives (onnx writes external data 0600). Atomic as far as a filesystem allows:
+    ``new`` is completed aside, then two renames swap it in, and a failure between them puts the old folder
+    back."""
+    from unity_eq.planfile.manifest import manifest_of, plan_files
+
     mask = _umask()
     for path in new.iterdir():
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)  # a stage directory must stay searchable
@@ -340,9 +360,8 @@ def replace_plan_files(new: Path, target: Path) -> None:
         new.replace(target)
         return
     shutil.copystat(target, new)
-    for entry in target.iterdir():
-        if not is_plan_file(entry.name):
-            _link_or_copy(entry, new / entry.name)
+    owned, manifest = plan_files(target) or (set(), False)
+    _keep_user_entries(target, new, "", owned, manifest, set(manifest_of(new)))
     backup = target.with_name(f".{target.name}.old-{_owner_tag()}swap")
     target.replace(backup)
     try:

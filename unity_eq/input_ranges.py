@@ -10,6 +10,10 @@ reaches, 0-9, 0/1, 0), propagate intervals forward through the graph (:func:`pro
 whose interval leaves the table, and narrow the widest input that reaches a violated site, until every site is
 in range. Ops without a rule give an unknown interval: a site reached only through them is not constrained
 (nothing is claimed about it). Inputs whose name says ``mask`` start at 0/1.
+
+Indices that depend on no model input at all (a BERT export's ``GatherND`` over a constant index table) are
+no interval but values: they are computed (:func:`fixed_sites_checked`) and checked coordinate by coordinate,
+and no input is narrowed for them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from unity_eq.errors import OptionError
+from unity_eq.errors import ModelError, OptionError
 from unity_eq.ir import Graph, Node
 
 __all__ = ["IndexSite", "integer_input_ranges", "propagate"]
@@ -251,7 +255,7 @@ def integer_input_ranges(graph: Graph, where: str = "model") -> dict[str, tuple[
     names = [n for n, t in graph.inputs.items() if t.dtype != "none" and np.dtype(t.dtype).kind in "iu"]
     if not names:
         return {}
-    sites = index_sites(graph)
+    sites = fixed_sites_checked(graph, index_sites(graph), where)
     deps = _dependents(graph, names)
     candidates = {
         name: _candidates(name, sites, [s for s in sites if name in deps.get(s.tensor, frozenset())]) for name in names
@@ -278,3 +282,114 @@ def integer_input_ranges(graph: Graph, where: str = "model") -> dict[str, tuple[
 
 def _outside(interval: Interval | None, site: IndexSite) -> bool:
     return interval is not None and (interval[0] < site.low or interval[1] > site.high)
+
+
+#: Largest tensor (elements) computed for a site's constant indices: index tables are small; a chain through
+#: a weight matrix is left alone (the site then keeps its interval check).
+_FIXED_LIMIT = 1 << 20
+
+
+def fixed_sites_checked(graph: Graph, sites: list[IndexSite], where: str) -> list[IndexSite]:
+    """The sites whose indices depend on some model input; those that depend on none are computed here and
+    checked exactly (a ModelError when the model's own constant indices leave their table: no input can fix
+    that). A site whose constant indices cannot be computed here (too large, an op of another domain) stays."""
+    free = _input_free(graph)
+    producer = {out: node for node in graph.nodes for out in node.outputs if out}
+    values: dict[str, np.ndarray | None] = {}
+    kept = []
+    for site in sites:
+        value = _fixed_value(graph, producer, free, site.tensor, values) if site.tensor in free else None
+        if value is None:
+            kept.append(site)
+            continue
+        node = next(n for n in graph.nodes if (n.name or n.op_type) == site.node and site.tensor in n.inputs)
+        bad = _fixed_outside(graph, node, value)
+        if bad is not None:
+            raise ModelError(
+                f"{where}: the indices of {site.op_type} node {site.node!r} are constants (they depend on no "
+                f"input) and leave their table: {bad}. The model fails on every input; fix or re-export it."
+            )
+    return kept
+
+
+def _input_free(graph: Graph) -> set[str]:
+    """Tensors whose values depend on no model input (a Shape or Size of anything is fixed: shapes are)."""
+    free = set(graph.initializers)
+    for node in graph.nodes:
+        if node.domain:
+            continue
+        if node.op_type in ("Shape", "Size") or all(i in free for i in node.inputs if i):
+            free.update(o for o in node.outputs if o)
+    return free
+
+
+def _fixed_value(
+    graph: Graph,
+    producer: Mapping[str, Node],
+    free: set[str],
+    tensor: str,
+    values: dict[str, np.ndarray | None],
+) -> np.ndarray | None:
+    """The value of an input-free tensor, computed node by node with onnx's reference evaluator (memoized in
+    ``values``); None when it is too large or made by a node computed here without a rule (a subgraph)."""
+    if tensor in values:
+        return values[tensor]
+    result: np.ndarray | None = None
+    if tensor in graph.initializers:
+        array = np.asarray(graph.initializers[tensor])
+        result = array if array.size <= _FIXED_LIMIT else None
+    elif tensor in producer:
+        node = producer[tensor]
+        outs = _evaluate(graph, producer, free, node, values)
+        for name, out in zip(node.outputs, outs, strict=False):
+            values[name] = out
+        result = values.get(tensor)
+    values[tensor] = result
+    return result
+
+
+def _evaluate(
+    graph: Graph, producer: Mapping[str, Node], free: set[str], node: Node, values: dict[str, np.ndarray | None]
+) -> list[np.ndarray | None]:
+    """One input-free node's outputs (None each when an input is unknown or the node has a subgraph)."""
+    none: list[np.ndarray | None] = [None] * len(node.outputs)
+    if node.op_type in ("Shape", "Size"):
+        shape = graph.types[node.inputs[0]].shape
+        if node.op_type == "Size":
+            return [np.array(math.prod(shape), np.int64)]
+        start, end = int(node.attrs.get("start", 0)), node.attrs.get("end")
+        return [np.array(shape[start : None if end is None else int(end)], np.int64)]
+    if any(isinstance(v, onnx.GraphProto) for v in node.attrs.values()):
+        return none
+    feeds = {}
+    for name in node.inputs:
+        if name:
+            value = _fixed_value(graph, producer, free, name, values)
+            if value is None:
+                return none
+            feeds[name] = value
+    from onnx.reference import ReferenceEvaluator
+
+    proto = onnx.helper.make_node(node.op_type, list(node.inputs), list(node.outputs), **dict(node.attrs))
+    try:
+        outs = ReferenceEvaluator(proto, opsets={"": graph.opset}).run(None, feeds)
+    except Exception:  # as the frontend's folding (onnx_fold): an op the reference runtime lacks or gets
+        return none  # wrong stays uncomputed, and its site keeps the interval check
+    return [np.asarray(o) if np.asarray(o).size <= _FIXED_LIMIT else None for o in outs]
+
+
+def _fixed_outside(graph: Graph, node: Node, indices: np.ndarray) -> str | None:
+    """What is wrong with a node's constant indices (None when every one is in range): a GatherND's are
+    checked coordinate by coordinate against the dimensions each indexes."""
+    _, d = _INDEXING[node.op_type]
+    shape = graph.types[node.inputs[d]].shape
+    if node.op_type in ("GatherND", "ScatterND"):
+        batch = int(node.attrs.get("batch_dims", 0))
+        sizes = list(shape[batch : batch + indices.shape[-1]]) if indices.ndim else []
+        columns = [(indices[..., k], size) for k, size in enumerate(sizes)]
+    else:
+        columns = [(indices, shape[int(node.attrs.get("axis", 0))])]
+    for k, (column, size) in enumerate(columns):
+        if column.size and (column.min() < -size or column.max() > size - 1):
+            return f"coordinate {k} takes values in [{column.min()}, {column.max()}], the dimension has {size}"
+    return None

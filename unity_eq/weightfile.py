@@ -49,6 +49,9 @@ META_PLAN_HASH = "unity_eq.plan_hash"
 META_COORDS = "unity_eq.mesh_coords"
 META_MESH = "unity_eq.mesh"
 META_COLLECTIVES = "unity_eq.collectives"
+#: initializer name -> the plan tensor whose piece it holds, for every initializer made from the model's
+#: weights: ``check`` recomputes each from the source model and compares the bytes
+META_WEIGHTS = "unity_eq.weights"
 
 
 @dataclass(frozen=True)

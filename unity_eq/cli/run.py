@@ -37,12 +37,14 @@ def run(
 ) -> None:
     """Run every shard of a plan and write the model's outputs."""
     from unity_eq.runtime import load_plan_dir, random_inputs, run_plan
+    from unity_eq.runtime.plandir import refuse_plan_output
 
     def note(message: str) -> None:
         err.print(f"[yellow]{escape(message)}[/yellow]")
 
     def check_outputs() -> None:
         if outputs is not None:
+            refuse_plan_output(outputs, plan_dir)
             check_output_file(outputs, "`--outputs`")
 
     results: dict[str, np.ndarray] | None

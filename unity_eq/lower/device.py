@@ -22,6 +22,7 @@ from unity_eq.weightfile import (
     META_MESH,
     META_PLAN_HASH,
     META_RANK,
+    META_WEIGHTS,
     Deferred,
     ExternalWeights,
     embedded,
@@ -86,7 +87,9 @@ class LoweredPlan:
         for step in self.plan.steps:
             builder.add(step, collectives)
         model = builder.finish(self.opsets, self.ir_version)
-        onnx.helper.set_model_props(model, identity_props(self.plan, rank, self.plan_hash, builder.cuts))
+        props = identity_props(self.plan, rank, self.plan_hash, builder.cuts)
+        props[META_WEIGHTS] = json.dumps({name: tid for tid, name in builder.const_names.items()})
+        onnx.helper.set_model_props(model, props)
         return model, collectives, builder.initializers
 
     def collective_names(self) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph
 from unity_eq.lower.stage import lower, refuse_missing_weights, write_plan_dir
 from unity_eq.machine import Machine
+from unity_eq.planfile import read_run_record
 from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
 from unity_eq.split import BlockSplit, Piece, piece_graph
 from unity_eq.stages.search import StagePlan, side_receives
@@ -32,7 +33,7 @@ Say = Callable[[str], None]
 
 
 def stage_directory(index: int) -> str:
-    """The stage's plan directory, relative to the pipeline plan's (``files.is_plan_file`` knows the name)."""
+    """The stage's plan directory, relative to the pipeline plan's (plan.json's manifest lists its files)."""
     return f"stage{index}"
 
 
@@ -113,8 +114,11 @@ def lower_pipeline(
             chosen = best.pieces[first:end]
             plan = stitch_stage(pieces, reps, chosen, sub, sends, stage_machine(machine, best.devices[s][:t]), t)
             write_plan_dir(lower(plan, sub), tmp / stage_directory(s))
+            written = read_run_record(tmp / stage_directory(s) / "plan.json").plan_hash
             stages.append(
-                dataclasses.replace(record.stages[s], directory=stage_directory(s), replicas=stage_replicas(best, s))
+                dataclasses.replace(
+                    record.stages[s], directory=stage_directory(s), replicas=stage_replicas(best, s), plan_hash=written
+                )
             )
         lowered = dataclasses.replace(record, stages=tuple(stages))
         write_pipeline_json(tmp / "plan.json", lowered)

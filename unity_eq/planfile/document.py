@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing_extensions import assert_never
 
 from unity_eq.planfile.checks import bad, read_plan_json
 from unity_eq.planfile.codec import Record
+from unity_eq.planfile.manifest import manifest_of
 from unity_eq.planfile.run import CollectiveRecord
 from unity_eq.planfile.search import (
     BaselineRecord,
@@ -39,7 +41,10 @@ from unity_eq.planfile.steps import (
 
 
 def write_plan_json(path: Path, plan: PlanRecord) -> None:
-    """Write ``plan.json`` (indent 1, as every plan so far: plan hashes and diffs stay comparable)."""
+    """Write ``plan.json`` (indent 1, as every plan so far: plan hashes and diffs stay comparable) into the
+    folder the plan was built in, with the manifest of what it wrote there (``written``, see
+    :func:`~unity_eq.planfile.manifest.manifest_of`)."""
+    plan = dataclasses.replace(plan, written=manifest_of(path.parent))
     path.write_text(json.dumps(plan.to_json(), indent=1, default=json_default))
 
 
@@ -81,6 +86,9 @@ class PlanRecord(Record):
     plan_hash: str
     memory: PlanMemoryRecord
     training_search: TrainingSearchRecord | None = None
+    #: every file the plan wrote, relative to its folder (plan.json included): what a later ``optimize`` into
+    #: the folder replaces (the user's other files stay), and what ``run --outputs`` may not overwrite
+    written: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ instead of failing on a missing field (docs/pipeline.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 from unity_eq.errors import PlanError
 from unity_eq.planfile.checks import PLAN_FORMAT_VERSION, REDO, bad
 from unity_eq.planfile.codec import Record
+from unity_eq.planfile.manifest import manifest_of
 
 __all__ = [
     "PIPELINE_PLAN",
@@ -26,6 +28,7 @@ __all__ = [
     "SpmdRecord",
     "StageRecord",
     "StageSearchRecord",
+    "check_lowered_stages",
     "is_lowered_pipeline",
     "is_pipeline_plan",
     "read_pipeline_record",
@@ -34,6 +37,7 @@ __all__ = [
 ]
 
 PIPELINE_PLAN = "pipeline"
+REDO_PIPELINE = "Restore the plan's own files or re-run `unity-eq optimize --pipeline`."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +88,9 @@ class StageRecord(Record):
     #: the global ranks of each data-parallel replica of the stage, in tensor-rank order: rank
     #: ``replicas[r][k]`` runs tensor rank k of replica r (lowered plans only)
     replicas: tuple[tuple[int, ...], ...] = ()
+    #: the plan hash of its plan directory (its plan.json's ``plan_hash``, lowered plans only): ``run`` and
+    #: ``check`` refuse a stage directory whose plan is not the one lowered with this pipeline plan
+    plan_hash: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +142,7 @@ class PipelinePlanRecord(Record):
     search: StageSearchRecord
     fingerprint: str | None = None  # of what the model computes (frontends.onnx_read.model_fingerprint)
     spmd: SpmdRecord | None = None  # the SPMD search's best on the same workload (the training search)
+    written: tuple[str, ...] = ()  # every file the plan wrote, relative to its folder (planfile.manifest)
 
     @property
     def lowered(self) -> bool:
@@ -143,6 +151,9 @@ class PipelinePlanRecord(Record):
 
 
 def write_pipeline_json(path: Path, record: PipelinePlanRecord) -> None:
+    """Write plan.json into the folder the plan was built in, with the manifest of every file written there
+    (``written``: its stage directories' files included)."""
+    record = dataclasses.replace(record, written=manifest_of(path.parent))
     path.write_text(json.dumps(record.to_json(), indent=1))
 
 
@@ -200,6 +211,62 @@ def read_pipeline_record(path: Path) -> PipelinePlanRecord:
     record = PipelinePlanRecord.from_json(raw, path, "")
     _check_consistent(record, path)
     return record
+
+
+def check_lowered_stages(record: PipelinePlanRecord, path: Path) -> None:
+    """What running a lowered pipeline plan relies on: one stage per stage of the chosen configuration (the
+    stage count is ``chosen.stages``), each with its own plan directory inside the plan and its plan hash,
+    the first reading the model inputs and the last making the model outputs, ``chosen.data`` replicas of
+    ``chosen.tensor`` ranks each, no rank twice. A stage list edited by hand (a stage deleted: the run would
+    write an intermediate tensor as the model's output) is one PlanError naming the stage."""
+    chosen, stages = record.chosen, record.stages
+    if len(stages) < chosen.stages:
+        raise PlanError(
+            f"{path}: stage {len(stages)} is missing: the chosen configuration has {chosen.stages} stages, "
+            f"'stages' lists {len(stages)}. {REDO_PIPELINE}"
+        )
+    if len(stages) > chosen.stages:
+        raise PlanError(
+            f"{path}: stage {chosen.stages} is one too many: the chosen configuration has {chosen.stages} stages, "
+            f"'stages' lists {len(stages)}. {REDO_PIPELINE}"
+        )
+    seen: set[int] = set()
+    directories: set[str] = set()
+    for stage in stages:
+        where = f"stage {stage.index} ({stage.directory}/)"
+        directory = str(stage.directory)
+        if Path(directory).name != directory or directory in (".", "..") or directory in directories:
+            raise bad(path, f"stages[{stage.index}].directory", "a folder of its own in the plan folder", directory)
+        directories.add(directory)
+        if not stage.plan_hash:
+            raise PlanError(f"{path}: {where} records no plan hash (an older unity-eq wrote it). {REDO_PIPELINE}")
+        _check_ends(path, where, stage, chosen.stages)
+        if len(stage.replicas) != chosen.data or any(len(r) != chosen.tensor for r in stage.replicas):
+            raise bad(
+                path,
+                f"stages[{stage.index}].replicas",
+                f"{chosen.data} replica(s) of {chosen.tensor} rank(s) (the chosen configuration)",
+                [list(r) for r in stage.replicas],
+            )
+        ranks = [rank for replica in stage.replicas for rank in replica]
+        if seen & set(ranks) or len(set(ranks)) != len(ranks):
+            raise bad(
+                path, f"stages[{stage.index}].replicas", "ranks no other stage runs", [list(r) for r in stage.replicas]
+            )
+        seen.update(ranks)
+
+
+def _check_ends(path: Path, where: str, stage: StageRecord, count: int) -> None:
+    """The first stage reads the model inputs and only it; the last makes the model outputs and only it."""
+    first, last = stage.index == 0, stage.index == count - 1
+    if first != (stage.receives is None):
+        got = "the model inputs" if stage.receives is None else f"the activation {stage.receives!r}"
+        rule = "first stage reads the model inputs" if first else "stages after the first receive an activation"
+        raise PlanError(f"{path}: {where} receives {got}; the {rule}. {REDO_PIPELINE}")
+    if last != (stage.sends is None):
+        got = "the model outputs" if stage.sends is None else f"the activation {stage.sends!r}"
+        rule = "last stage makes the model outputs" if last else "stages before the last send an activation"
+        raise PlanError(f"{path}: {where} makes {got}; the {rule}. {REDO_PIPELINE}")
 
 
 def _check_consistent(record: PipelinePlanRecord, path: Path) -> None:

@@ -4,10 +4,13 @@ the runtime uses once, when the plan loads."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from unity_eq.errors import PlanError
 from unity_eq.planfile.checks import INT, LIST, OBJECT, REDO, STR, bad, read_plan_json
@@ -102,6 +105,7 @@ def read_run_record(meta_path: Path) -> RunRecord:
         raise bad(meta_path, "model.outputs", "an object of output names", outputs)
     collectives = _need(meta_path, meta, "collectives", list, "collectives")
     world = len(meta["files"])
+    axes: dict[str, list[tuple[int, ...]]] = {}  # the mesh's groups, read at the first collective
     fingerprint = model.get("fingerprint")
     hash_ = meta.get("plan_hash")
     return RunRecord(
@@ -111,7 +115,7 @@ def read_run_record(meta_path: Path) -> RunRecord:
         inputs=records,
         outputs=tuple(outputs),
         files=tuple(meta["files"]),
-        collectives=tuple(_collective(meta_path, c, i, world) for i, c in enumerate(collectives)),
+        collectives=tuple(_collective(meta_path, c, i, world, meta["mesh"], axes) for i, c in enumerate(collectives)),
         plan_hash=hash_ if isinstance(hash_, str) else None,
     )
 
@@ -124,7 +128,44 @@ def _need(path: Path, obj: Mapping[str, Any], key: str, kind: type, where: str) 
     return value
 
 
-def _collective(path: Path, raw: Any, index: int, world: int) -> CollectiveRecord:
+def _mesh_axes(path: Path, mesh: Any, world: int) -> dict[str, list[tuple[int, ...]]]:
+    """Every mesh axis with its groups (as ``Mesh.groups`` makes them: the ranks that differ only along the
+    axis, in axis order, groups in the order of their first rank), from plan.json's mesh."""
+    axes, sizes = mesh.get("axes"), mesh.get("sizes")
+    if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes) or len(set(axes)) != len(axes):
+        raise bad(path, "mesh.axes", "a list of distinct axis names", axes)
+    if (
+        not isinstance(sizes, list)
+        or len(sizes) != len(axes)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)
+        or math.prod(sizes) != world
+    ):
+        raise bad(path, "mesh.sizes", f"{len(axes)} positive sizes whose product is the {world} ranks", sizes)
+    ranks = np.arange(world, dtype=np.int64).reshape(sizes)
+    return {
+        axis: [tuple(row) for row in np.moveaxis(ranks, i, -1).reshape(-1, sizes[i]).tolist()]
+        for i, axis in enumerate(axes)
+    }
+
+
+def _check_axis(
+    path: Path, where: str, axis: str, groups: list[Any], mesh: Mapping[str, list[tuple[int, ...]]]
+) -> None:
+    """A collective's groups are its axis's groups: the runtime runs the groups, so a plan.json whose groups
+    and axis disagree (hand-edited, or another plan's) would run a collective other than the one planned."""
+    if axis not in mesh:
+        raise bad(path, f"{where}.axis", f"a mesh axis ({', '.join(mesh)})", axis)
+    if [tuple(g) for g in groups] != mesh[axis]:
+        raise PlanError(
+            f"{path}: field '{where}.groups': the groups of mesh axis {axis!r} are "
+            f"{[list(g) for g in mesh[axis]]}, plan.json has {[list(g) for g in groups]}: the collective's groups "
+            f"and axis disagree. {REDO}"
+        )
+
+
+def _collective(
+    path: Path, raw: Any, index: int, world: int, mesh_raw: Any, mesh: dict[str, list[tuple[int, ...]]]
+) -> CollectiveRecord:
     where = f"collectives[{index}]"
     if not isinstance(raw, dict):
         raise bad(path, where, OBJECT, raw)
@@ -137,6 +178,9 @@ def _collective(path: Path, raw: Any, index: int, world: int) -> CollectiveRecor
         if not isinstance(group, list) or not all(isinstance(r, int) and 0 <= r < world for r in group):
             raise bad(path, f"{where}.groups", f"lists of ranks below {world}", groups)
     extra = {name: _need(path, raw, name, int, where) for name in COLLECTIVE_KINDS[kind]}
+    if not mesh:
+        mesh.update(_mesh_axes(path, mesh_raw, world))
+    _check_axis(path, where, _need(path, raw, "axis", str, where), groups, mesh)
     return CollectiveRecord(
         id=_need(path, raw, "id", int, where),
         kind=kind,

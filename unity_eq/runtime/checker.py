@@ -1,4 +1,6 @@
-"""`check`: the original model and the plan on the same random inputs, outputs compared within a tolerance."""
+"""`check`: every device's weights compared bit for bit with the model's (:mod:`~unity_eq.runtime.weightcheck`),
+then the original model and the plan on the same random inputs, float outputs compared within a tolerance and
+integer and boolean outputs exactly."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from unity_eq.runtime.pipeline import PipelinePlan, is_pipeline_dir, load_pipeli
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
 from unity_eq.runtime.reference64 import Float64Reference
 from unity_eq.runtime.segments import build_rank_program
+from unity_eq.runtime.weightcheck import check_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -159,21 +162,28 @@ class CheckResult:
         tried = f" over {len(self.draws)} input sets" if len(self.draws) > 1 else ""
         where = f" ({w.inputs})" if w.inputs else ""
         allowed = w.tolerance if w.tolerance is not None else self.tolerance
+        exact = "; integers and booleans exactly" if isinstance(w.expected, int) else ""
         text = (
             f"{verdict}: {len(self.outputs)} output(s){tried}; worst {w.name!r} relative error "
-            f"{w.relative_error:.2e} (tolerance {allowed:.3g}){where}, max abs error {w.max_abs_error:.3g} "
-            f"at {list(w.index)}: expected {w.expected:.6g}, got {w.got:.6g}"
+            f"{w.relative_error:.2e} (tolerance {allowed:.3g}{exact}){where}, max abs error "
+            f"{w.max_abs_error:.3g} at {list(w.index)}: expected {_shown(w.expected)}, got {_shown(w.got)}"
         )
         for o in self.outputs:
             text += o.describe_float64()
         return text
 
 
+def _shown(value: float) -> str:
+    """A value in a message: an integer in full (two int64 that differ in the last digit must read apart)."""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
 def compare_outputs(
     expected: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], tolerance: float = 1e-4
 ) -> CheckResult:
-    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly;
-    equal values (infinities included) and NaN against NaN count as equal."""
+    """Relative error of each output: max |a − b| / max |a|. Integers and booleans must match exactly, in
+    their own dtype (see :func:`_compare_exact`); equal values (infinities included) and NaN against NaN count
+    as equal."""
     results = []
     for name, ref in expected.items():
         ref = np.asarray(ref)
@@ -182,7 +192,10 @@ def compare_outputs(
             results.append(OutputComparison(name, False, float("inf"), float("inf"), (), float("nan"), float("nan")))
             continue
         if ref.size == 0:
-            results.append(OutputComparison(name, True, 0.0, 0.0, (), 0.0, 0.0))
+            results.append(OutputComparison(name, ref.dtype == out.dtype, 0.0, 0.0, (), 0.0, 0.0))
+            continue
+        if ref.dtype.kind in "iub":
+            results.append(_compare_exact(name, ref, out))
             continue
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(ref.astype(np.float64) - out.astype(np.float64))
@@ -193,9 +206,8 @@ def compare_outputs(
         finite = np.isfinite(ref) if ref.dtype.kind == "f" else np.ones(ref.shape, bool)
         scale = float(np.max(np.abs(ref[finite]))) if finite.any() else 1.0
         relative = max_abs / max(scale, 1e-30)
-        exact = ref.dtype.kind in "iub"
-        allowed = None if exact else tolerance_for(ref.dtype, tolerance)
-        passed = max_abs == 0.0 if allowed is None else relative <= allowed
+        allowed = tolerance_for(ref.dtype, tolerance)
+        passed = relative <= allowed
         results.append(
             OutputComparison(
                 name,
@@ -222,6 +234,21 @@ def tolerance_for(dtype: np.dtype, tolerance: float) -> float:
     :data:`PRECISION_UNITS` times the type's machine epsilon when that is larger: 9.8e-3 for float16, 7.8e-2
     for bfloat16 (7 bits of mantissa), against 1e-4 for float32 and float64."""
     return max(tolerance, PRECISION_UNITS * relative_precision(dtype)) if is_float(dtype) else tolerance
+
+
+def _compare_exact(name: str, ref: np.ndarray, out: np.ndarray) -> OutputComparison:
+    """An integer or boolean output: every element equal, compared in the integers themselves (an int64 above
+    2**53 differs from its neighbour, which a float64 difference would call 0) and in the same dtype (a plan
+    that returns floats where the model returns integers is wrong even when the values agree)."""
+    differ = ref != out if ref.dtype == out.dtype else np.ones(ref.shape, bool)
+    if not differ.any():
+        return OutputComparison(name, True, 0.0, 0.0, (), 0.0, 0.0)
+    index = tuple(int(i) for i in np.argwhere(differ)[0])
+    expected, got = ref[index].item(), out[index].item()
+    error = abs(int(expected) - int(got)) if isinstance(got, int | bool) else abs(float(expected) - float(got))
+    scale = max(int(np.max(np.abs(ref.astype(np.float64)))), 1)
+    return OutputComparison(name, False, float(max(error, 1)), float(max(error, 1)) / scale, index, expected, got)
+
 
 
 def _original_session(model_path: str | Path) -> Any:
@@ -286,6 +313,13 @@ def check(
     plan = pipeline.whole if pipeline is not None else load_plan_dir(plan_dir)  # whole: the pipeline's inputs
     check_plan_is_of(model_path, plan)
     check_weights_present(model_path)
+    directories = pipeline.stages if pipeline is not None else [plan]
+    if on_progress:
+        on_progress(
+            f"comparing the weights of {sum(d.world_size for d in directories)} device file(s) with the model's"
+        )
+    shapes = {name: spec.shape for name, spec in directories[0].input_specs.items()}
+    check_weight_bytes(model_path, directories, shapes)
     trials: list[tuple[str, Callable[[], dict[str, np.ndarray]]]]
     if inputs is not None:
         given = check_inputs(plan, inputs)

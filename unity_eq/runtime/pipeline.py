@@ -20,7 +20,14 @@ import numpy as np
 
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.planfile import InputRecord, RunRecord
-from unity_eq.planfile.pipeline import PipelinePlanRecord, is_lowered_pipeline, read_pipeline_record
+from unity_eq.planfile.pipeline import (
+    REDO_PIPELINE,
+    PipelinePlanRecord,
+    StageRecord,
+    check_lowered_stages,
+    is_lowered_pipeline,
+    read_pipeline_record,
+)
 from unity_eq.runtime.devices import choose_device, threads_per_rank
 from unity_eq.runtime.execute import execute_local
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
@@ -92,7 +99,8 @@ def load_pipeline_dir(path: str | Path) -> PipelinePlan:
             f"planned and explained, not lowered, so it cannot run. `unity-eq optimize --pipeline` without "
             "`--plan-only` writes one that runs."
         )
-    stages = [load_plan_dir(root / str(stage.directory)) for stage in record.stages]
+    check_lowered_stages(record, root / "plan.json")
+    stages = [_load_stage(root, stage, record.chosen.tensor) for stage in record.stages]
     made = set(record.stages[0].side_sends)
     for before, after, stage in zip(stages, stages[1:], record.stages[1:], strict=False):
         wanted = [stage.receives, *stage.side_receives]
@@ -107,6 +115,28 @@ def load_pipeline_dir(path: str | Path) -> PipelinePlan:
                 "send. Re-run `unity-eq optimize --pipeline`."
             )
     return PipelinePlan(root, record, stages, _whole(root, record, stages[0], stages[-1]))
+
+
+def _load_stage(root: Path, stage: StageRecord, tensor: int) -> PlanDir:
+    """A stage's plan directory, refused when it is not the one lowered with this pipeline plan: its plan hash
+    is not the one plan.json records for the stage (a ``stage<s>/`` copied from another plan, even of the same
+    architecture), or it runs on another number of ranks than the chosen tensor group."""
+    where = f"{root}: stage {stage.index} ({stage.directory}/)"
+    if not (root / str(stage.directory)).is_dir():
+        raise PlanError(f"{where} is missing. {REDO_PIPELINE}")
+    directory = load_plan_dir(root / str(stage.directory))
+    found = directory.record.plan_hash
+    if found != stage.plan_hash:
+        shown = f"{found[:12]}…" if found else "none"
+        raise PlanError(
+            f"{where} belongs to another plan (its plan hash {shown}, plan.json records "
+            f"{str(stage.plan_hash)[:12]}… for it). {REDO_PIPELINE}"
+        )
+    if directory.world_size != tensor:
+        raise PlanError(
+            f"{where} runs on {directory.world_size} rank(s), the chosen tensor group on {tensor}. {REDO_PIPELINE}"
+        )
+    return directory
 
 
 def stage_programs(plan: PipelinePlan, device: str = "cpu") -> list[list[RankProgram]]:

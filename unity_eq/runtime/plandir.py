@@ -208,3 +208,50 @@ def _as_input_dtype(name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray
     if array.dtype.kind == "V" and array.dtype.itemsize == dtype.itemsize and array.dtype.fields is None:
         return array.view(dtype)
     return array.astype(dtype, copy=False)
+
+
+def refuse_plan_output(output: Path, plan_dir: Path, what: str = "`--outputs`") -> None:
+    """Refuse an output path that would overwrite the plan or its model: a file the plan in ``plan_dir``
+    wrote (its plan.json's manifest: plan.json, device files, their data, stage directories' files), the
+    model it was made from (plan.json's ``model.source``) or that model's external data files. Checked before
+    the run, so a mistyped ``--outputs P/plan.json`` costs nothing and destroys nothing."""
+    from unity_eq.planfile.manifest import plan_files
+
+    target = output.resolve()
+    root = Path(plan_dir)
+    owned = plan_files(root) if root.is_dir() else None
+    for name in sorted(owned[0]) if owned else ():
+        if (root / name).resolve() == target:
+            raise OptionError(
+                f"{what} {output}: is {name}, a file of the plan in {plan_dir}; writing the outputs there would "
+                "destroy the plan. Pass another path."
+            )
+    for model in _source_files(root):
+        if model.resolve() == target:
+            raise OptionError(
+                f"{what} {output}: is {model}, the model the plan was made from (or its weight data); writing the "
+                "outputs there would destroy it. Pass another path."
+            )
+
+
+def _source_files(root: Path) -> list[Path]:
+    """The model a plan was made from (plan.json's source, when it is still there) and its external data."""
+    from google.protobuf.message import DecodeError
+
+    from unity_eq.planfile.manifest import model_source
+
+    source = model_source(root)
+    if source is None or not Path(source).is_file():
+        return []
+    path = Path(source)
+    found = [path]
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (OSError, DecodeError):
+        return found  # not a model onnx reads: there is no data file of it to protect
+    from onnx import external_data_helper
+
+    for tensor in proto.graph.initializer:
+        if external_data_helper.uses_external_data(tensor):
+            found.append(path.parent / external_data_helper.ExternalDataInfo(tensor).location)
+    return found
