@@ -152,8 +152,13 @@ def entry() -> int:
 
 
 def _quiet_mpi_rank() -> bool:
-    """An MPI backend's rank other than 0: it leaves the job's messages to rank 0."""
-    if "unity_eq.runtime.mpi" not in sys.modules:
+    """An MPI backend's rank other than 0: it leaves the job's messages to rank 0. Also before the backend is
+    loaded (an interrupt while the ranks start), from the command line."""
+    argv = sys.argv[1:]
+    asked = any(
+        a == "--backend=mpi" or (a == "--backend" and argv[i + 1 : i + 2] == ["mpi"]) for i, a in enumerate(argv)
+    )
+    if "unity_eq.runtime.mpi" not in sys.modules and not asked:
         return False
     from unity_eq.runtime.mpi_supervisor import quiet_rank
 
