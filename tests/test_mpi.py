@@ -305,3 +305,39 @@ def test_killing_the_process_mpiexec_started_says_so(plans: dict[str, Path]) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize(("signame", "to_group"), [("SIGINT", True), ("SIGTERM", False)])
+def test_interrupting_mpiexec_gives_one_line_and_the_signal_s_code(
+    plans: dict[str, Path], signame: str, to_group: bool
+) -> None:
+    """Ctrl-C (SIGINT to mpiexec's process group, as a terminal sends it) or SIGTERM to mpiexec during
+    `mpiexec -n 2 unity-eq run`: one `interrupted` line, exit 128 + the signal's number, no MPICH banner.
+    MPICH's proxy SIGKILLed the other ranks as soon as the first interrupted rank exited (its PMI socket closed
+    without PMI's finalize), and mpiexec exited 9 after its "BAD TERMINATION" banner."""
+    import os
+    import signal
+
+    signum = signal.Signals[signame]
+    command = [_mpiexec(), "-n", "2", "unity-eq", "run", str(plans["mlp-2"]), "--backend", "mpi"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # rank 0 prints it once MPI is up, before the ranks load their shards
+        assert first.startswith("… run: loading"), first
+        start = time.monotonic()
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - start < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, (proc.returncode, out, err)
+    said = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert len(said) == 1 and said[0].startswith(f"interrupted by {signame}: unity-eq run"), err
+    assert "error:" not in err and "Traceback" not in err, err
+    assert "BAD TERMINATION" not in out and "signal 9" not in out, out

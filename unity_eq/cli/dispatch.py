@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False)
         signum = received_signal()
-        if signum is not None:  # typer ≥ 0.25 turns an interrupt into exit code 130
+        # typer ≥ 0.25 turns an interrupt into exit code 130. An MPI rank other than 0 whose command ran to its
+        # end keeps its status: the job's outcome is rank 0's, which prints the results or the interrupt
+        if signum is not None and not _quiet_mpi_rank():
             _say_interrupted(argv if argv is not None else sys.argv[1:], signum)
             return 128 + signum
         if isinstance(rv, int) and rv:
@@ -112,8 +114,11 @@ def entry() -> int:
     Once the command is over (its result printed, its files written), the interpreter still takes a moment to
     exit, and has by then put back the default handlers: a SIGTERM in that moment ended the process with -15
     and no word. From the end of :func:`main` on, SIGINT and SIGTERM are ignored: the process is only exiting,
-    with the command's own exit status. Not under MPI: there the exit finalizes MPI, which waits for the other
-    ranks, and mpiexec's SIGTERM (or the parent-death signal) must still end a rank stuck there."""
+    with the command's own exit status. Under MPI, only a rank below its supervisor (the default): the exit may
+    end MPI, which waits for the other ranks, and a rank stuck there must still be ended, by its supervisor
+    after an interrupt (without one, by mpiexec's SIGTERM or the parent-death signal). The rank tells its
+    supervisor its status, which the supervisor keeps if a signal kills the rank during the interpreter's
+    teardown, when the default handlers are back."""
     try:
         code = main()
     except KeyboardInterrupt:  # the signal came in the instant main returned
@@ -121,7 +126,7 @@ def entry() -> int:
         _say_interrupted(sys.argv[1:], signum)
         code = 128 + (signum or signal.SIGINT)
     finally:
-        if "unity_eq.runtime.mpi" not in sys.modules:
+        if "unity_eq.runtime.mpi" not in sys.modules or _supervised_rank():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_IGN)
     if code >= 128 and "unity_eq.runtime.mpi" not in sys.modules:
@@ -139,11 +144,42 @@ def entry() -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if "unity_eq.runtime.mpi" in sys.modules:
+        from unity_eq.runtime.mpi_supervisor import declare_status
+
+        declare_status(code)
     return code
 
 
+def _quiet_mpi_rank() -> bool:
+    """An MPI backend's rank other than 0: it leaves the job's messages to rank 0. Also before the backend is
+    loaded (an interrupt while the ranks start), from the command line."""
+    argv = sys.argv[1:]
+    asked = any(
+        a == "--backend=mpi" or (a == "--backend" and argv[i + 1 : i + 2] == ["mpi"]) for i, a in enumerate(argv)
+    )
+    if "unity_eq.runtime.mpi" not in sys.modules and not asked:
+        return False
+    from unity_eq.runtime.mpi_supervisor import quiet_rank
+
+    return quiet_rank()
+
+
+def _supervised_rank() -> bool:
+    """An MPI rank forked by the supervisor (:func:`unity_eq.runtime.mpi_supervisor.supervise`)."""
+    if "unity_eq.runtime.mpi" not in sys.modules:
+        return False
+    from unity_eq.runtime.mpi_supervisor import supervised
+
+    return supervised()
+
+
 def _say_interrupted(argv: list[str], signum: int | None) -> None:
-    """``interrupted by SIGINT: unity-eq optimize (at: mesh x=4: saturating); temporary files removed``."""
+    """``interrupted by SIGINT: unity-eq optimize (at: mesh x=4: saturating); temporary files removed``.
+
+    Under the MPI backend only rank 0 says it: every rank is interrupted at once, and the job needs one line."""
+    if _quiet_mpi_rank():
+        return
     verb = next((a for a in argv if not a.startswith("-")), "")
     name = signal.Signals(signum).name if signum else "SIGINT"
     where = f" (at: {last_step[-1]})" if last_step else ""

@@ -38,6 +38,10 @@ Failures end every rank, with one line naming the rank and the cause, within the
   MPI starts: the child is the MPI rank, the parent only waits for it and, if it died, prints
   ``error: rank R died: killed by signal SIGKILL …`` and exits non-zero, which makes ``mpiexec`` stop the
   others. ``UNITY_EQ_MPI_SUPERVISOR=0`` turns this off (POSIX only).
+* **Interrupts.** ``mpiexec`` forwards Ctrl-C and SIGTERM to every rank; each stops without a status round
+  (rank 0 prints the one ``interrupted`` line). The supervisor ends a rank that has not stopped within 5 s,
+  then sends PMI's ``finalize`` for it, so that MPICH's proxy does not take the exit for a crash and kill the
+  other ranks: every rank exits 128 + the signal's number, and so does ``mpiexec`` (docs/runtime.md).
 
 This module runs a plan (:func:`run_plan_mpi`); the parts it drives live beside it:
 :mod:`~unity_eq.runtime.mpi_supervisor` (mpi4py and the supervisor), :mod:`~unity_eq.runtime.mpi_status`
@@ -272,7 +276,30 @@ def run_plan_mpi(
         status = failure(rank, FINAL, exc)
     statuses, missing = agree(control, status, timeout)
     conclude(control, statuses, missing, timeout)
-    for other in range(1, world.size if setup.pipeline is None else 1):  # a pipeline's outputs are rank 0's alone
+    try:
+        return _finish(mpi, control, comm, statuses, setup, outputs, stats, tracker, setup_s, ours)
+    except KeyboardInterrupt:
+        if rank == 0:
+            raise
+        return None  # this rank's part is done and rank 0 has every status: the job's outcome is rank 0's
+
+
+def _finish(
+    mpi: Any,
+    control: Control,
+    comm: MPICommunicator,
+    statuses: dict[int, RankStatus],
+    setup: _Setup,
+    outputs: dict[str, np.ndarray] | None,
+    stats: dict[str, Any] | None,
+    tracker: Tracker,
+    setup_s: float,
+    ours: bool,
+) -> dict[str, np.ndarray] | None:
+    """After the last status round: compare the ranks' outputs, report, end MPI. A rank other than 0
+    interrupted here exits 0 (its caller returns): the outputs are complete and rank 0 prints them."""
+    rank = control.rank
+    for other in range(1, control.size if setup.pipeline is None else 1):  # a pipeline's outputs are rank 0's alone
         theirs, first = statuses[other].info["digests"], statuses[0].info["digests"]
         differs = [name for name in first if theirs.get(name) != first[name]]
         if differs:
@@ -284,7 +311,7 @@ def run_plan_mpi(
             {"rank": r, "host": s.info["host"], "device": s.info["device"], "runs": s.info["runs"]}
             for r, s in sorted(statuses.items())
         ]
-    tracker.finish("run", f"{world.size} ranks run")
+    tracker.finish("run", f"{control.size} ranks run")
     comm.poller.wait(lambda: bool(mpi.Request.Testall(control.sends)), "sending the final status")
     if ours:
         mpi.Finalize()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from unity_eq.errors import RuntimeBackendError, UnityEqError
+from unity_eq.files import received_signal, stop_requested
 from unity_eq.runtime.mpi_supervisor import claim_job_report, orphaned, tell_supervisor
 
 __all__ = [
@@ -130,6 +132,8 @@ class Poller:
                 raise WaitTimeout(f"{what} did not complete within {self.timeout:g} s")
             if orphaned():
                 os._exit(1)
+            if stop_requested():  # the interrupt was turned into another error (onnxruntime does) and handled
+                interrupted(self.control.rank)
             spins += 1
             if spins > self.spins:
                 time.sleep(min(1e-3, 1e-5 * (spins - self.spins)))
@@ -167,6 +171,8 @@ def agree(control: Control, mine: RankStatus, timeout: float) -> tuple[dict[int,
             break
         if orphaned():
             os._exit(1)
+        if stop_requested():  # a rank whose interrupt became another error: it stops with the others
+            interrupted(control.rank)
         time.sleep(1e-3)
     missing = sorted(set(range(control.size)) - set(statuses))
     return statuses, missing
@@ -257,7 +263,7 @@ def interrupted(rank: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     tell_supervisor("X")
-    os._exit(130)
+    os._exit(128 + (received_signal() or signal.SIGINT))
 
 
 def conclude(control: Control, statuses: Mapping[int, RankStatus], missing: Sequence[int], timeout: float) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from unity_eq.errors import RuntimeBackendError
 from unity_eq.files import owner_tag, sweep_stale
@@ -24,9 +25,12 @@ from unity_eq.files import owner_tag, sweep_stale
 __all__ = [
     "REPORT_PREFIX",
     "claim_job_report",
+    "declare_status",
     "import_mpi",
     "orphaned",
+    "quiet_rank",
     "supervise",
+    "supervised",
     "tell_supervisor",
 ]
 
@@ -63,6 +67,13 @@ def _launcher_rank() -> str:
         if name in os.environ:
             return os.environ[name]
     return "?"
+
+
+def declare_status(code: int) -> None:
+    """The rank's command is over and the process exits with ``code``: its supervisor exits with it even if a
+    late signal (mpiexec forwards Ctrl-C to every rank) kills the rank while the interpreter tears down, when
+    the default handlers are back (the rank died -2 after printing its results, and mpiexec exited 130)."""
+    tell_supervisor(f"D{code};")
 
 
 def tell_supervisor(text: str) -> None:
@@ -177,20 +188,40 @@ def supervise() -> None:
         return
     os.close(write_fd)
     forwarded: list[int] = []
+    ended: list[bool] = []
 
     def forward(signum: int, _frame: Any) -> None:
         forwarded.append(signum)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
+        if signum in _INTERRUPTS and len(forwarded) == 1:
+            signal.setitimer(signal.ITIMER_REAL, INTERRUPT_GRACE_S)
+
+    def end_rank(_signum: int, _frame: Any) -> None:
+        """The rank did not stop: it is blocked in a collective (``MPI_Comm_split`` waits for ranks that have
+        already left) or inside one long native call, where Python never sees the signal."""
+        ended.append(True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         with contextlib.suppress(ValueError):  # not the main thread: signals stay with the default handlers
             signal.signal(signum, forward)
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGALRM, end_rank)
     _, status = os.waitpid(pid, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
     said = b""
     while chunk := os.read(read_fd, 4096):
         said += chunk
     code = os.waitstatus_to_exitcode(status)
+    interrupt = next((s for s in forwarded if s in _INTERRUPTS), 0)
+    if interrupt:
+        declared = re.findall(r"D(\d+);", said.decode(errors="replace"))
+        if declared:  # the command was over; a late signal may have killed the rank in the interpreter's teardown
+            _leave_interrupted(int(declared[-1]), interrupt, said_it=True)
+        stopped = 0 <= code < 128 and not ended  # finished, or failed on its own, before the signal took effect
+        _leave_interrupted(code if stopped else 128 + interrupt, interrupt, said_it=code >= 0 and not ended)
     if not forwarded and (code < 0 or not said.endswith(b"X")):
         text = said.decode(errors="replace")
         rank = text[1:].split(";", 1)[0] if text.startswith("R") else _launcher_rank()
@@ -205,6 +236,69 @@ def supervise() -> None:
         sys.stderr.flush()
         os._exit(1)
     os._exit(code if code >= 0 else 128 - code)
+
+
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPT_GRACE_S = 5.0  # how long an interrupted rank may take to stop before its supervisor ends it
+
+
+def _leave_interrupted(code: int, signum: int, said_it: bool) -> NoReturn:
+    """The supervisor of an interrupted rank, once the rank is gone: exit with ``code`` (128 + the signal's
+    number, unless the rank's command was over) without making ``mpiexec`` take the job for a crash.
+
+    MPICH's proxy (``hydra_pmi_proxy``) SIGKILLs every other rank as soon as one rank's PMI socket (named by
+    ``PMI_FD``, inherited by this process and the rank) closes before PMI's ``finalize`` was sent. MPICH sends
+    it only from a C exit hook, after ``MPI_Finalize``; an interrupted rank cannot end MPI (requests may be
+    pending, and ``MPI_Finalize`` may wait for ranks that never come). The killed ranks then made ``mpiexec``
+    print its "BAD TERMINATION" banner and exit 9. So this process sends PMI's finalize for the rank: one line
+    of PMI-1's wire protocol, which the proxy reads whatever version the library spoke (it detects the version
+    of every command), then waits for the answer, after which the proxy closes the socket on its side. When
+    the rank had sent it already, the proxy has closed the socket and the write fails, harmlessly. Every rank
+    then exits with the same code, which ``mpiexec`` returns (it ORs its ranks' wait statuses). Other launchers
+    (no ``PMI_FD``) are left as they were. Rank 0 prints the job's one ``interrupted`` line (the CLI does);
+    if it had to be ended before it could, this process does.
+    """
+    if not said_it and _launcher_rank() == "0":
+        verb = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+        with contextlib.suppress(OSError):
+            os.write(
+                2,
+                f"interrupted by {signal.Signals(signum).name}: unity-eq {verb} (rank 0 was ended: it had not "
+                f"stopped within {INTERRUPT_GRACE_S:g} s)\n".encode(),
+            )
+    fd_text = os.environ.get("PMI_FD", "")
+    if fd_text.isdigit():
+        _finalize_pmi(int(fd_text))
+    os._exit(code)
+
+
+def _finalize_pmi(fd: int) -> None:
+    """PMI-1's ``cmd=finalize``, then the proxy's answer (``cmd=finalize_ack``), waited for at most 2 s."""
+    import select
+
+    with contextlib.suppress(OSError):  # the rank ended MPI itself: the proxy has closed the socket already
+        os.write(fd, b"cmd=finalize\n")
+        deadline = time.monotonic() + 2.0
+        said = b""
+        while b"\n" not in said and (left := deadline - time.monotonic()) > 0:
+            if not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 256)
+            if not chunk:
+                break
+            said += chunk
+
+
+def quiet_rank() -> bool:
+    """Whether this process is an MPI rank other than 0 (which leaves the job's messages to rank 0)."""
+    rank = _launcher_rank()
+    return rank.isdigit() and rank != "0"
+
+
+def supervised() -> bool:
+    """Whether this process is a rank forked by :func:`supervise` (which ends it if it hangs after an
+    interrupt, and keeps the status it declared)."""
+    return bool(_SUPERVISED["parent"])
 
 
 def orphaned() -> bool:
