@@ -38,6 +38,7 @@ from unity_eq.verify._bounded import (
 from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
+from unity_eq.verify._types import check_types, describe_dtypes, integer_assignments
 
 from unity_eq.files import worker_pool
 from unity_eq.ops.elementwise import INTERPRETED
@@ -94,6 +95,7 @@ class RuleReport:
     annotation: str | None = None
     message: str = ""
     direction: str = ""
+    integer: list[tuple[str, str]] = field(default_factory=list)  # (dtypes, status) of the integer checks
 
     @property
     def ok(self) -> bool:
@@ -147,6 +149,8 @@ class RuleReport:
                 "max_relative_error": self.numeric.max_error,
                 "seconds": round(self.numeric.seconds, 4),
             }
+        if self.integer:
+            out["integer"] = [{"dtypes": d, "status": st} for d, st in self.integer]
         cex = self.counterexample
         if cex is not None:
             out["counterexample"] = cex.to_json()
@@ -253,6 +257,56 @@ def _templates_first(rules: Sequence[Rule]) -> list[int]:
 
 
 def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
+    start = time.perf_counter()
+    typed = _type_refutation(rule)
+    if typed is not None:
+        assert typed.counterexample is not None
+        report = RuleReport(rule.name, rule.file, rule.line, "refuted", "types", 0.0, bounded=typed)
+        report.message = typed.counterexample.message
+        report.seconds = time.perf_counter() - start
+        return report
+    report = _decide_values(rule, facts, options, cache)
+    if options.bounded and report.status != "refuted":
+        _integer_checks(rule, facts, options, cache, report)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _type_refutation(rule: Rule) -> BoundedResult | None:
+    """A refutation when the right-hand side is ill-typed for some dtypes the left-hand side accepts
+    (verify/_types.py): onnxruntime would refuse the graph the rule builds, whatever the values."""
+    check = check_types(rule)
+    if not check.problem:
+        return None
+    cex = Counterexample(f"dtypes {describe_dtypes(check.dtypes)}" if check.dtypes else "every dtype", "type", check.problem)
+    return BoundedResult("refuted", counterexample=cex, reason=check.problem)
+
+
+def _integer_checks(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any], report: RuleReport) -> None:
+    """A rule holding ``Div`` or ``ReduceMean`` that may apply to integer tensors is also checked on every case
+    with integer semantics (truncating division), once per integer dtype assignment its left-hand side
+    accepts; a rule restricted to floats by a dtype guard has none. The value proofs above are over the
+    reals, which integer tensors are not closed under division."""
+    for dtypes in integer_assignments(rule, check_types(rule)):
+        result = prove_bounded(
+            rule, facts, budget=options.budget, sizes=options.sizes, timeout_ms=options.timeout_ms, cache=cache,
+            dtypes=dtypes,
+        )
+        shown = describe_dtypes(dtypes)
+        report.integer.append((shown, result.status))
+        if result.status == "proven":
+            continue
+        if result.status == "refuted":
+            report.status, report.kind, report.bounded = "refuted", "bounded", result
+            cex = result.counterexample
+            report.message = f"on integer tensors ({shown}): " + (cex.message if cex else "refuted")
+            return
+        if report.status == "proven":
+            report.status = "partial" if result.status == "partial" else "unknown"
+            report.message = f"on integer tensors ({shown}): {result.reason or result.status}"
+
+
+def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     start = time.perf_counter()
     bounded, generic = _proofs(rule, facts, options, cache)
     numeric = check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None
