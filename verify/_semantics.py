@@ -706,10 +706,10 @@ class _Case:
         total = parts[()] if not partial else self.bk.sum_pieces([parts[c] for c in combos])
         self.global_cache[Var(name)] = total
         self.inputs[name] = total
-        if self.int_bk is not None and is_integer(self.dtypes.get(name.split("#")[0], "")):
-            if isinstance(self.bk, Z3Backend):
-                for part in parts.values():
-                    self.assumptions.extend(z3.IsInt(sym) for sym in part.reshape(-1) if not sym.is_int())
+        integer = self.int_bk is not None and is_integer(self.dtypes.get(name.split("#")[0], ""))
+        if integer and isinstance(self.bk, Z3Backend):
+            for part in parts.values():
+                self.assumptions.extend(z3.IsInt(sym) for sym in part.reshape(-1) if not sym.is_int())
         if spec.integer and isinstance(self.bk, Z3Backend):
             for sym in total.reshape(-1):
                 self.assumptions.append(sym >= -spec.high)

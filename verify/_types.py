@@ -35,7 +35,6 @@ __all__ = ["TypeCheck", "TypeProblem", "check_types", "integer_assignments", "te
 
 PARALLEL = {"Partition", "Combine", "Replicate", "Reduce"}
 _UNIVERSE = frozenset(FLOAT_DTYPES | INTEGER_DTYPES | {"bool"})
-_MAX_INTEGER_RUNS = 8
 
 
 class TypeProblem(Exception):
@@ -278,7 +277,7 @@ def _op_dtype(term: App, var_dtypes: dict[str, str], out: dict[Term, str]) -> st
 def _show(dtypes: frozenset[str]) -> str:
     if dtypes == _UNIVERSE:
         return "every dtype"
-    if FLOAT_DTYPES <= dtypes and dtypes - FLOAT_DTYPES:
+    if dtypes >= FLOAT_DTYPES and dtypes - FLOAT_DTYPES:
         return "floats and " + ", ".join(sorted(dtypes - FLOAT_DTYPES))
     return ", ".join(sorted(dtypes))
 
@@ -398,8 +397,6 @@ def integer_assignments(rule: Rule, check: TypeCheck) -> list[dict[str, str]]:
             continue
         chosen = dict(zip(reps, combo, strict=True))
         out.append({name: chosen[rep] for name, rep in check.class_of.items()})
-        if len(out) >= _MAX_INTEGER_RUNS:
-            break
     return out
 
 

@@ -41,6 +41,7 @@ from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._types import check_types, describe_dtypes, integer_assignments
 
 from unity_eq.files import worker_pool
+from unity_eq.ops.dtypes import INTEGER_SENSITIVE
 from unity_eq.ops.elementwise import INTERPRETED
 from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import Family
@@ -265,6 +266,14 @@ def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, 
         report.message = typed.counterexample.message
         report.seconds = time.perf_counter() - start
         return report
+    early = _integer_counterexample(rule, facts, options, cache) if options.bounded else None
+    if early is not None:
+        report = RuleReport(rule.name, rule.file, rule.line, "refuted", "bounded", 0.0, bounded=early[1])
+        cex = early[1].counterexample
+        report.message = f"on integer tensors ({early[0]}): " + (cex.message if cex else "refuted")
+        report.integer.append((early[0], "refuted"))
+        report.seconds = time.perf_counter() - start
+        return report
     report = _decide_values(rule, facts, options, cache)
     if options.bounded and report.status != "refuted":
         _integer_checks(rule, facts, options, cache, report)
@@ -278,18 +287,66 @@ def _type_refutation(rule: Rule) -> BoundedResult | None:
     check = check_types(rule)
     if not check.problem:
         return None
-    cex = Counterexample(f"dtypes {describe_dtypes(check.dtypes)}" if check.dtypes else "every dtype", "type", check.problem)
+    cex = Counterexample(
+        f"dtypes {describe_dtypes(check.dtypes)}" if check.dtypes else "every dtype", "type", check.problem
+    )
     return BoundedResult("refuted", counterexample=cex, reason=check.problem)
 
 
-def _integer_checks(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any], report: RuleReport) -> None:
+def _integer_counterexample(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]
+) -> tuple[str, BoundedResult] | None:
+    """A counterexample on integer tensors among the smallest cases (as many as the generic proof's cross-check
+    takes), looked for before the value proofs: a rule wrong on integers only (a mean of means) is refuted
+    without first checking every case over the reals. Rules whose only such op is elementwise (``Div``) are
+    left to :func:`_integer_checks`: their proofs over uninterpreted functions usually cover integers."""
+    heads = {t.head for term in (rule.lhs, rule.rhs) for t in walk(term) if isinstance(t, App)}
+    if all(_elementwise(h) for h in heads & INTEGER_SENSITIVE):
+        return None
+    budget = options.cross_check or 1000
+    for dtypes in integer_assignments(rule, check_types(rule))[:_MAX_INTEGER_CHECKS]:
+        result = prove_bounded(
+            rule, facts, budget=budget, sizes=options.sizes, timeout_ms=options.timeout_ms, cache=cache, dtypes=dtypes
+        )
+        if result.status == "refuted":
+            return describe_dtypes(dtypes), result
+    return None
+
+
+def _integer_checks(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any], report: RuleReport
+) -> None:
     """A rule holding ``Div`` or ``ReduceMean`` that may apply to integer tensors is also checked on every case
     with integer semantics (truncating division), once per integer dtype assignment its left-hand side
     accepts; a rule restricted to floats by a dtype guard has none. The value proofs above are over the
     reals, which integer tensors are not closed under division."""
-    for dtypes in integer_assignments(rule, check_types(rule)):
+    assignments = integer_assignments(rule, check_types(rule))
+    if not assignments:
+        return
+    if _integer_by_template(rule, report):
+        report.integer.append(("integers", "proven (an instance of the uninterpreted template)"))
+        return
+    if report.kind == "generic" and report.status == "proven" and options.generic:
+        generic = prove_generic(rule, facts, options.generic_timeout_ms, True, integer=True)
+        if generic.proven:
+            report.integer.append(("integers", "proven (generic, without the axioms of the reals)"))
+            return
+    if len(assignments) > _MAX_INTEGER_CHECKS:
+        if report.status == "proven":
+            report.status = "unknown"
+            report.message = (
+                f"{len(assignments)} integer dtype assignments to check (more than {_MAX_INTEGER_CHECKS}): "
+                "restrict the rule with `(float-dtype (dtype x))` guards"
+            )
+        return
+    for dtypes in assignments:
         result = prove_bounded(
-            rule, facts, budget=options.budget, sizes=options.sizes, timeout_ms=options.timeout_ms, cache=cache,
+            rule,
+            facts,
+            budget=options.budget,
+            sizes=options.sizes,
+            timeout_ms=options.timeout_ms,
+            cache=cache,
             dtypes=dtypes,
         )
         shown = describe_dtypes(dtypes)
@@ -304,6 +361,19 @@ def _integer_checks(rule: Rule, facts: DerivedFacts, options: Options, cache: di
         if report.status == "proven":
             report.status = "partial" if result.status == "partial" else "unknown"
             report.message = f"on integer tensors ({shown}): {result.reason or result.status}"
+
+
+_MAX_INTEGER_CHECKS = 8
+
+
+def _integer_by_template(rule: Rule, report: RuleReport) -> bool:
+    """True when the rule's values were proven as an instance of an uninterpreted template and its only
+    integer-sensitive ops are elementwise (``Div``): integer division is a function of its operands too, so
+    the template's proof for every function covers it (on integer inputs, a subset of the reals)."""
+    heads = {t.head for term in (rule.lhs, rule.rhs) for t in walk(term) if isinstance(t, App)}
+    sensitive = heads & INTEGER_SENSITIVE
+    by_template = bool(report.bounded and report.bounded.reason.startswith("an instance of"))
+    return by_template and report.status == "proven" and all(_elementwise(h) for h in sensitive)
 
 
 def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:

@@ -1,8 +1,8 @@
 """Encode a Graph into egglog program text for one mesh (no rules: those come from the rule files).
 
 One ``let`` per tensor (so shared subterms stay shared), the global shape, dtype and replicated placement of
-every original tensor, the mesh axes, the floating dtypes (``float-dtype``), and the literal-keyed facts the guards need (``reshape-map``,
-``reduce-map``), which the op families name (unity_eq/typed_nodes.py).
+every original tensor, the mesh axes, the floating dtypes (``float-dtype``), and the literal-keyed facts the
+guards need (``reshape-map``, ``reduce-map``), which the op families name (unity_eq/typed_nodes.py).
 """
 
 from __future__ import annotations

@@ -92,9 +92,29 @@ _TABLE: dict[str, OpTypes] = {
     **{
         op: _same(_X, FLOAT_DTYPES)
         for op in (
-            "Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Softplus", "Softsign", "Floor",
-            "Ceil", "Sin", "Cos", "Round", "HardSwish", "Mish", "LeakyRelu", "Elu", "Celu", "Selu",
-            "ThresholdedRelu", "HardSigmoid", "Gelu",
+            "Relu",
+            "Sigmoid",
+            "Tanh",
+            "Exp",
+            "Log",
+            "Sqrt",
+            "Reciprocal",
+            "Softplus",
+            "Softsign",
+            "Floor",
+            "Ceil",
+            "Sin",
+            "Cos",
+            "Round",
+            "HardSwish",
+            "Mish",
+            "LeakyRelu",
+            "Elu",
+            "Celu",
+            "Selu",
+            "ThresholdedRelu",
+            "HardSigmoid",
+            "Gelu",
         )
     },
     "Erf": _same(_X, FLOAT_DTYPES),
@@ -140,9 +160,7 @@ _TABLE: dict[str, OpTypes] = {
     "Concat": _same(("inputs",), ALL_DTYPES),
     "Split": _same(("input",), ALL_DTYPES),
     "Expand": _same(("input",), ALL_DTYPES),
-    "Gather": OpTypes(
-        {"data": "T", "indices": "Tind"}, {"T": ALL_DTYPES, "Tind": frozenset({"int32", "int64"})}, "T"
-    ),
+    "Gather": OpTypes({"data": "T", "indices": "Tind"}, {"T": ALL_DTYPES, "Tind": frozenset({"int32", "int64"})}, "T"),
     **{op: _same(("data",), FLOAT_DTYPES | _MM_INTS) for op in ("ReduceSum", "ReduceMean")},
     **{op: _same(("data",), NUMERIC) for op in ("ReduceMax", "ReduceMin")},
 }

@@ -157,11 +157,12 @@ def axioms(v: Any) -> None:
             patterns=[rsum(ch(x, d, i, n), axes, k, kd)],
         ),
     )
-    # The mean of equal-sized groups' means is the mean: a mean over one of the axes first, dims kept.
+    # The mean of equal-sized groups' means is the mean: a mean over one of the axes first, dims kept. On the
+    # reals only (group ``.reals``): integer means truncate each group's mean.
     rmean = v.op("ReduceMean")
     inner = rmean(x, v.vec_of(d2), 1, kd)
     v.add(
-        "ReduceMean",
+        "ReduceMean.reals",
         FA(
             [x, axes, k, kd, d2],
             z3.Implies(
