@@ -86,3 +86,44 @@ def test_saturation_splits_the_mean_over_a_reduced_dim(tmp_path: Path) -> None:
             for averaged in itertools.combinations(others, size):
                 expected.add((tuple(1 if i in averaged else n for i, n in enumerate(shape)), d))
     assert gathered == expected
+
+
+def _int_mean_model(path: Path) -> Path:
+    """logits = X @ W in int64 [B, S, V] → ReduceMean over every axis: onnxruntime's integer mean truncates."""
+    rng = np.random.default_rng(1)
+    weight = numpy_helper.from_array(rng.integers(0, 9, (H, V)).astype(np.int64), "W")
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["logits"], name="head"),
+        helper.make_node("ReduceMean", ["logits"], ["loss"], keepdims=0, name="mean"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int_mean",
+        [helper.make_tensor_value_info("X", TensorProto.INT64, [B, S, H])],
+        [helper.make_tensor_value_info("loss", TensorProto.INT64, [])],
+        [weight],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+    return path
+
+
+def test_an_int64_mean_is_never_split_into_truncated_partial_means(tmp_path: Path) -> None:
+    """reduce-mean-split-reduced holds on floats only (each partial mean truncates on integers: the int64 mean of
+    [[1, 2], [2, 3]] is 2, the mean of its row means 1 and 2 is 1), so its `(float-dtype (dtype a))` guard keeps
+    it off an int64 ReduceMean: the plan's answer is exactly onnxruntime's on 2 and 4 devices."""
+    import onnxruntime as ort
+
+    from unity_eq.runtime import run_plan
+
+    model = _int_mean_model(tmp_path / "int_mean.onnx")
+    rng = np.random.default_rng(2)
+    # non-negative values: each truncated partial mean loses 0.5 on average, so the mean of them is lower by
+    # about 0.5 and truncates to one less (with values around 0 the errors would cancel)
+    x = rng.integers(0, 10, (B, S, H)).astype(np.int64)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"X": x})
+    for devices in (2, 4):
+        out = tmp_path / f"plan{devices}"
+        optimize(model, devices=devices, objective="training", mesh=str(devices), output_dir=out)
+        got = run_plan(out, {"X": x})["loss"]
+        assert got.dtype == np.int64 and np.array_equal(got, want), (devices, got, want)

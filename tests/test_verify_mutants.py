@@ -33,7 +33,7 @@ CORPUS = Path(__file__).parent / "data" / "mutants_corpus.egg"
 NAMES = re.findall(r':name "([^"]+)"', CORPUS.read_text())
 MUTANTS = [n for n in NAMES if n.startswith("mx-")]
 LOOK_ALIKES = [n for n in NAMES if n.startswith("ok-")]
-CATEGORIES = ("perm", "swap", "cut", "bcast", "red", "part", "guard", "bmm", "axeq", "train")
+CATEGORIES = ("perm", "swap", "cut", "bcast", "red", "part", "guard", "bmm", "axeq", "train", "type")
 
 # Re-checked against the exhaustive bounded prover: the entries of the sampled prover's days (rank-4 MatMul
 # and free tensors, a budget that stopped early, the broadcast instance that was never drawn) are all

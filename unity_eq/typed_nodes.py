@@ -2,7 +2,8 @@
 
 A node becomes a typed term when its op has a spec (unity_eq/ops/) and every argument can be stated: inputs in
 their places, constant integer lists known, no attribute the constructor does not model, no secondary output
-read. Its values are then made canonical by the op's family (``OpFamily.normalize``: negative axes, implicit
+read, its tensors of dtypes the op's type constraints allow (unity_eq/ops/dtypes.py). Its values are then made
+canonical by the op's family (``OpFamily.normalize``: negative axes, implicit
 defaults, shapes read off the node) so that equal computations become equal terms, and the family names the
 literal-keyed facts its guards need (``OpFamily.guard_facts``). Any other node is carried opaquely: it runs as
 onnxruntime runs it, on one piece of the mesh, and is never sharded.
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ir import Graph, Node
+from unity_eq.ops.dtypes import node_types_allowed
 from unity_eq.ops.family import NodeView, NotModeled, OpFamily
 from unity_eq.ops.registry import family_for
 from unity_eq.ops.spec import OpSpec
@@ -51,9 +53,34 @@ def typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict
     """The typed constructor's arguments by name, canonical; None when the node must stay opaque."""
     try:
         view = node_view(node, graph)
-        return _checked(spec, _normalize(node, spec, _collect(node, graph, spec, used), view))
+        values = _collect(node, graph, spec, used)
+        _check_dtypes(spec, values, graph)
+        return _checked(spec, _normalize(node, spec, values, view))
     except NotModeled:
         return None
+
+
+def _check_dtypes(spec: OpSpec, values: dict[str, Any], graph: Graph) -> None:
+    """The node's tensors have dtypes the op's type constraints allow (unity_eq/ops/dtypes.py): the verifier
+    proves rules for those only, so a node of any other dtype (an integer Gemm, a string Equal) stays opaque."""
+    seen: dict[str, str | None] = {}
+    for arg in spec.args:
+        if arg.sort == "T":
+            names = [values[arg.name]] if values[arg.name] else []
+        elif arg.sort == "TList":
+            names = list(values[arg.name])
+        else:
+            continue
+        for name in names:
+            ttype = graph.types.get(name)
+            dtype = ttype.dtype if ttype is not None else None
+            if not node_types_allowed(spec.name, {arg.name: dtype}):
+                raise NotModeled
+            seen.setdefault(arg.name, dtype)
+            if seen[arg.name] != dtype:
+                raise NotModeled  # a list's tensors of different dtypes
+    if not node_types_allowed(spec.name, seen):
+        raise NotModeled
 
 
 def _collect(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict[str, Any]:

@@ -556,10 +556,19 @@ def _gradient_problem(lhs: Term, rhs: Term, structure: _Structure, mesh: Mesh) -
     return structure.gradients[trivial]
 
 
-def check_case(rule: Rule, case: Case, timeout_ms: int = 2000, structures: StructureCache | None = None) -> CaseOutcome:
+def check_case(
+    rule: Rule,
+    case: Case,
+    timeout_ms: int = 2000,
+    structures: StructureCache | None = None,
+    dtypes: dict[str, str] | None = None,
+) -> CaseOutcome:
     """Prove or refute a rule in one case (see the module docstring). ``structures`` shares placement
-    inference between the cases of one rule."""
+    inference between the cases of one rule. ``dtypes``: the tensor variables' dtypes when some are integers
+    (integer semantics for the ops on them); None: real tensors."""
     describe = case.describe(rule.var_sorts)
+    if dtypes:
+        describe += "; dtypes " + ", ".join(f"{k}: {v}" for k, v in sorted(dtypes.items()))
     lhs, rhs, tensor_vars, specs = concrete_rule(rule, case)
     structure = _structure(lhs, rhs, case, tensor_vars, structures)
     if structure.skip:
@@ -571,7 +580,9 @@ def check_case(rule: Rule, case: Case, timeout_ms: int = 2000, structures: Struc
     bk = Z3Backend()
     attrs: dict[str, Any] = {}
     try:
-        equations, values, skip = evaluate_case(lhs, rhs, case.mesh, pl, specs, attrs, bk, gradients=False)
+        equations, values, skip = evaluate_case(
+            lhs, rhs, case.mesh, pl, specs, attrs, bk, gradients=False, dtypes=dtypes
+        )
     except EvalFailure as exc:
         return CaseOutcome("refuted", Counterexample(describe, exc.kind, exc.message))
     if equations is None or values is None:
@@ -716,6 +727,7 @@ def prove_bounded(
     cache: dict[Any, Any] | None = None,
     lazy: bool = False,
     instances: dict[Any, Any] | None = None,
+    dtypes: dict[str, str] | None = None,
 ) -> BoundedResult:
     """Check every case of the ranges (``budget``: at most that many, and the result is then ``partial``
     when cases were left); stop at the first counterexample. ``cache`` shares enumerations between rules
@@ -725,10 +737,12 @@ def prove_bounded(
     checking the smallest first. The verdict is the same (refuted when some case refutes, else unknown when
     some case is, else proven), but a refuted rule stops at its first counterexample without building the
     other cases; the counterexample is then not necessarily the smallest. ``instances`` shares the
-    left-hand side's instances with rules of the same left-hand side (the drafts of a generated rule)."""
+    left-hand side's instances with rules of the same left-hand side (the drafts of a generated rule).
+    ``dtypes``: check with these dtypes of the tensor variables (integer semantics where they are
+    integers; verify/_types.py's ``integer_assignments``)."""
     start = time.perf_counter()
     if lazy and budget is None:
-        return _prove_lazy(rule, facts, cfg, sizes, timeout_ms, instances, start)
+        return _prove_lazy(rule, facts, cfg, sizes, timeout_ms, instances, start, dtypes)
     key = enumeration_key(rule, facts, cfg, tuple(sizes)) if cache is not None else None
     enum = cache.get(key) if cache is not None else None
     if enum is None:
@@ -741,7 +755,7 @@ def prove_bounded(
         result.seconds = time.perf_counter() - start
         return result
     cases = enum.cases if budget is None else enum.cases[:budget]
-    _check_cases(rule, cases, timeout_ms, result)
+    _check_cases(rule, cases, timeout_ms, result, dtypes)
     if result.status == "proven" and len(cases) < len(enum.cases) and not result.reason:
         result.status = "partial"
         result.reason = (
@@ -761,6 +775,7 @@ def _prove_lazy(
     timeout_ms: int,
     instances: dict[Any, Any] | None,
     start: float,
+    dtypes: dict[str, str] | None = None,
 ) -> BoundedResult:
     result = BoundedResult("proven")
     error = _unsupported(rule, facts)
@@ -778,7 +793,7 @@ def _prove_lazy(
                 yield case
 
     try:
-        _check_cases(rule, fresh(), timeout_ms, result)
+        _check_cases(rule, fresh(), timeout_ms, result, dtypes)
     except GuardError as exc:
         result.status, result.reason = "unknown", str(exc)
     result.enumerated, result.classes = count[0], len(seen)
@@ -788,7 +803,9 @@ def _prove_lazy(
     return result
 
 
-def _check_cases(rule: Rule, cases: Iterable[Case], timeout_ms: int, result: BoundedResult) -> None:
+def _check_cases(
+    rule: Rule, cases: Iterable[Case], timeout_ms: int, result: BoundedResult, dtypes: dict[str, str] | None = None
+) -> None:
     """Check ``cases`` in order into ``result`` (status ``proven`` on entry): stop at a counterexample (a
     little later after a shape one, to find input values that show it too); a z3 timeout makes a rule with
     no counterexample ``unknown``."""
@@ -800,7 +817,7 @@ def _check_cases(rule: Rule, cases: Iterable[Case], timeout_ms: int, result: Bou
             search -= 1
             if search < 0:
                 break
-        outcome = check_case(rule, case, timeout_ms, structures)
+        outcome = check_case(rule, case, timeout_ms, structures, dtypes)
         if outcome.status == "skipped":
             continue
         result.checked += 1

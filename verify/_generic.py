@@ -487,6 +487,10 @@ class _Rule:
             d = self.value(args[0])
             self.facts += [d >= 0, d < 8]
             return
+        if head == "float-dtype":
+            # the proof is over the reals, which is the float semantics: the guard only narrows the rule to
+            # it (integer tensors are checked apart, verify/_types.py), so it adds no fact
+            return
         if head in ("can-split", "can-split-opt", "splittable-size"):
             x, d, ax = self.value(args[0]), self.value(args[1]), self.axis(args[2])
             split = z3.And(z.div(x, d, self.n[ax]), d >= 0, d < z.vlen(z.shape(x)), self.n[ax] >= 2)
@@ -558,14 +562,19 @@ def _axis_classes(rule: Rule, axis_vars: list[str], literals: list[str]) -> list
     return out
 
 
-def prove_generic(rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000, witnessed: bool = False) -> GenericResult:
+def prove_generic(
+    rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000, witnessed: bool = False, integer: bool = False
+) -> GenericResult:
     """Try a shape-generic proof (see the module docstring). Never raises for unsupported rules.
 
     Premises must be satisfiable, or the proof is vacuous: for every assignment of axis variables the
     guards' facts alone must be satisfiable (quantifier-free: z3 decides it quickly), and the guards' facts
     together with the axioms too. ``witnessed`` says a bounded case satisfies the guards: the axioms hold for
     real tensors (each is an identity of the tensor semantics), so that case is a model of the premises and
-    z3 need not find one (with quantified axioms it rarely can within the time limit)."""
+    z3 need not find one (with quantified axioms it rarely can within the time limit). ``integer``: prove it
+    for integer tensors: the axioms that hold on the reals only (group names ending in ``.reals``: the mean of
+    equal groups' means is the mean) are left out; elementwise ops are uninterpreted functions here, so
+    integer division is covered."""
     start = time.perf_counter()
     result = GenericResult(False)
     if unsupported_relations(rule.guards, facts) or unsupported_constructors(rule):
@@ -576,7 +585,7 @@ def prove_generic(rule: Rule, facts: DerivedFacts, timeout_ms: int = 1000, witne
     try:
         for assignment in _axis_classes(rule, axis_vars, literals):
             try:
-                _prove_one(rule, assignment, facts, timeout_ms, result, witnessed)
+                _prove_one(rule, assignment, facts, timeout_ms, result, witnessed, integer)
             except _Infeasible:
                 continue  # an axis guard excludes this way of naming axes: no such case
             result.assignments += 1
@@ -601,6 +610,7 @@ def _prove_one(
     timeout_ms: int,
     result: GenericResult,
     witnessed: bool,
+    integer: bool = False,
 ) -> None:
     r = _Rule(rule, assignment, facts_db)
     z = r.z
@@ -741,7 +751,9 @@ def _prove_one(
     _check_premises(ground, assignment, "the guards")
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
-    for group in sorted(r.groups | {"algebra"}):
+    groups = r.groups | {"algebra"}
+    groups |= {g + ".reals" for g in groups} if not integer else set()
+    for group in sorted(groups):
         for axiom in z.axioms.get(group, []):
             solver.add(axiom)
     solver.add(*r.facts)

@@ -32,6 +32,7 @@ from unity_eq.verify._semantics import (
 from unity_eq.verify._tensor import ShapeError, infer_shape
 
 from unity_eq.egraph import MAX_RANK
+from unity_eq.ops.dtypes import FLOAT_DTYPES
 from unity_eq.ops.reduce import reduce_pairs
 from unity_eq.ops.registry import OPS
 from unity_eq.ops.reshape import reshape_pairs
@@ -514,9 +515,16 @@ def _rel_reshape_map(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
 
 
 def _rel_reduce_map(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
+    if not tuple(a[0]):
+        return  # the encoder states it for its (normalized, non-empty) axes only: empty axes never match
     for d, d2 in reduce_pairs(tuple(a[0]), int(a[1]), int(a[2])):
         if _eq(a[3], d) and _eq(a[4], d2):
             yield [*a[:3], d, d2]
+
+
+def _rel_float_dtype(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
+    if a[0] in FLOAT_DTYPES:
+        yield [a[0]]
 
 
 def _rel_bcast_operand(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
@@ -548,6 +556,7 @@ BUILTIN_RELATIONS: dict[str, tuple[Rel, frozenset[int]]] = {
     "perm-map": (_rel_perm_map, frozenset({1, 2})),
     "reshape-map": (_rel_reshape_map, frozenset({2, 3})),
     "reduce-map": (_rel_reduce_map, frozenset({3, 4})),
+    "float-dtype": (_rel_float_dtype, frozenset()),
 }
 
 _COMPARE = {

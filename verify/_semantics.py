@@ -28,9 +28,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from unity_eq.verify._tensor import NumpyBackend, ShapeError, Z3Backend, evaluate
+import z3
+from unity_eq.verify._tensor import (
+    NumpyBackend,
+    NumpyIntegerBackend,
+    ShapeError,
+    Z3Backend,
+    Z3IntegerBackend,
+    evaluate,
+)
+from unity_eq.verify._types import TypeProblem, term_dtypes
 
 from unity_eq.ir import Mesh
+from unity_eq.ops.dtypes import is_integer
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
@@ -624,11 +634,26 @@ def chunk_of(x: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
 class _Case:
     """Evaluates the terms of one concrete case on one backend."""
 
-    def __init__(self, mesh: Mesh, pl: Placements, specs: dict[str, VarSpec], attrs: dict[str, Any], bk: Any) -> None:
+    def __init__(
+        self,
+        mesh: Mesh,
+        pl: Placements,
+        specs: dict[str, VarSpec],
+        attrs: dict[str, Any],
+        bk: Any,
+        dtypes: dict[str, str] | None = None,
+    ) -> None:
         self.mesh = mesh
         self.pl = pl
         self.specs = specs
         self.bk = bk
+        # integer tensors (``dtypes``: variable -> dtype): integer-valued inputs, ops on them by the integer
+        # backend (truncating division)
+        self.dtypes = dtypes or {}
+        self.int_bk: Any = None
+        if any(is_integer(d) for d in self.dtypes.values()):
+            self.int_bk = Z3IntegerBackend() if isinstance(bk, Z3Backend) else NumpyIntegerBackend(bk.rng)
+        self.term_dtypes: dict[Term, str] = {}
         self.attrs = attrs
         self.coords = [mesh.coords(r) for r in range(mesh.size)]
         self.global_cache: dict[Term, Any] = {}
@@ -681,6 +706,10 @@ class _Case:
         total = parts[()] if not partial else self.bk.sum_pieces([parts[c] for c in combos])
         self.global_cache[Var(name)] = total
         self.inputs[name] = total
+        integer = self.int_bk is not None and is_integer(self.dtypes.get(name.split("#")[0], ""))
+        if integer and isinstance(self.bk, Z3Backend):
+            for part in parts.values():
+                self.assumptions.extend(z3.IsInt(sym) for sym in part.reshape(-1) if not sym.is_int())
         if spec.integer and isinstance(self.bk, Z3Backend):
             for sym in total.reshape(-1):
                 self.assumptions.append(sym >= -spec.high)
@@ -690,6 +719,16 @@ class _Case:
             combo = tuple(self.coords[rank][i] for i in partial)
             pieces.append(self.expected(parts[combo], placement, rank))
         self.var_pieces[name] = pieces
+
+    def backend(self, term: Term) -> Any:
+        """The backend an op application is evaluated with: the integer one when its dtype is an integer."""
+        if self.int_bk is None:
+            return self.bk
+        try:
+            dtype = term_dtypes(term, self.dtypes, self.term_dtypes).get(term, "")
+        except TypeProblem:
+            dtype = ""  # the rule's type check reports it; the values are compared as reals
+        return self.int_bk if is_integer(dtype) else self.bk
 
     # --- global values
     def erase(self, term: Term) -> Term:
@@ -753,7 +792,7 @@ class _Case:
         if head == "TCons":
             return [self.glob(term.args[0]), *self.glob(term.args[1])]
         if head in OPS:
-            return evaluate(head, [self.glob(a) for a in term.args], self.bk)
+            return evaluate(head, [self.glob(a) for a in term.args], self.backend(term))
         raise EvalFailure("shape", f"no semantics for constructor {head}")
 
     def _lit(self, term: Lit) -> Any:
@@ -815,7 +854,7 @@ class _Case:
                 # as lowering does: the target becomes this device's piece of the op's (global) output
                 out = self.glob(term)
                 args[1] = self.local_shape(tuple(out.shape), self.placement(term))
-            return evaluate(head, args, self.bk)
+            return evaluate(head, args, self.backend(term))
         raise EvalFailure("shape", f"no semantics for constructor {head}")
 
 
@@ -910,13 +949,16 @@ def evaluate_case(
     attrs: dict[str, Any],
     bk: Any,
     gradients: bool = True,
+    dtypes: dict[str, str] | None = None,
 ) -> tuple[list[Equation] | None, CaseValues | None, str | None]:
     """Evaluate one case. Returns (equations, values, None) when the left-hand side is well formed, or
     (None, None, reason) to skip the case (the left-hand side cannot exist: e.g. a piece that does not
     split). Raises EvalFailure when the right-hand side is ill formed (a refutation), or, with
     ``gradients``, when the sides give a variable its training gradient in different placements (a caller
-    that passes False, to report a value counterexample first, must call :func:`gradient_problem` itself)."""
-    case = _Case(mesh, pl, specs, attrs, bk)
+    that passes False, to report a value counterexample first, must call :func:`gradient_problem` itself).
+    ``dtypes``: the dtype of each tensor variable where some is an integer (ops on integer tensors get
+    integer semantics, integer inputs integer values); None: every tensor a real one."""
+    case = _Case(mesh, pl, specs, attrs, bk, dtypes)
     lhs_items, rhs_items = list_elements(lhs), list_elements(rhs)
     equations: list[Equation] = []
     try:

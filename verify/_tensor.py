@@ -15,6 +15,10 @@ Exact and uninterpreted operations (the proof holds for every interpretation of 
   arguments, string/int attributes part of the name), Pow, And, Or, Xor, and the primitives ``exp``,
   ``log``, ``sqrt`` and ``pow`` inside Softmax, LogSoftmax, LayerNormalization, BatchNormalization and LRN.
 
+Ops on integer tensors are evaluated by the integer backends (:class:`Z3IntegerBackend`,
+:class:`NumpyIntegerBackend`): the same, except that division truncates toward zero (``Div``, the mean of
+``ReduceMean``), as onnxruntime's integer kernels do.
+
 The numeric backend replaces each uninterpreted function by a fixed smooth function derived from its name.
 """
 
@@ -31,7 +35,15 @@ from unity_eq.ops.family import OpFamily, ShapeError  # one class: a plug-in fam
 from unity_eq.ops.registry import family_for
 from unity_eq.ops.tensors import obj
 
-__all__ = ["NumpyBackend", "ShapeError", "Z3Backend", "evaluate", "infer_shape"]
+__all__ = [
+    "NumpyBackend",
+    "NumpyIntegerBackend",
+    "ShapeError",
+    "Z3Backend",
+    "Z3IntegerBackend",
+    "evaluate",
+    "infer_shape",
+]
 
 Shape = tuple[int, ...]
 
@@ -365,6 +377,37 @@ class NumpyBackend:
         for p in pieces[1:]:
             out = np.asarray(out + p)
         return out
+
+
+def _z3_trunc_div(a: Any, b: Any) -> Any:
+    """ONNX's integer division: the quotient truncated toward zero (``-7 / 2`` is ``-3``), on integer-valued
+    reals (the verifier's integer tensors are reals constrained to be integers)."""
+    q = _z3_div(a, b)
+    floor = z3.ToReal(z3.ToInt(q))
+    ceil = -z3.ToReal(z3.ToInt(-q))
+    return z3.If(q >= 0, floor, ceil)
+
+
+_Z3_TRUNC_DIV = np.frompyfunc(_z3_trunc_div, 2, 1)
+
+
+class Z3IntegerBackend(Z3Backend):
+    """The z3 backend for ops on integer tensors: division truncates (``Div``, ``ReduceMean``'s mean); sums,
+    products, maxima and comparisons are the reals' restricted to integers."""
+
+    integer = True
+
+    def div(self, a: Any, b: Any) -> Any:
+        return _Z3_TRUNC_DIV(a, b)
+
+
+class NumpyIntegerBackend(NumpyBackend):
+    """The numpy backend for ops on integer tensors: division truncates, as onnxruntime's does."""
+
+    integer = True
+
+    def div(self, a: Any, b: Any) -> Any:
+        return np.trunc(np.divide(a, b))
 
 
 Backend = Z3Backend | NumpyBackend

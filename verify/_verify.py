@@ -38,8 +38,10 @@ from unity_eq.verify._bounded import (
 from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
+from unity_eq.verify._types import check_types, describe_dtypes, integer_assignments
 
 from unity_eq.files import worker_pool
+from unity_eq.ops.dtypes import INTEGER_SENSITIVE
 from unity_eq.ops.elementwise import INTERPRETED
 from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import Family
@@ -94,6 +96,7 @@ class RuleReport:
     annotation: str | None = None
     message: str = ""
     direction: str = ""
+    integer: list[tuple[str, str]] = field(default_factory=list)  # (dtypes, status) of the integer checks
 
     @property
     def ok(self) -> bool:
@@ -147,6 +150,8 @@ class RuleReport:
                 "max_relative_error": self.numeric.max_error,
                 "seconds": round(self.numeric.seconds, 4),
             }
+        if self.integer:
+            out["integer"] = [{"dtypes": d, "status": st} for d, st in self.integer]
         cex = self.counterexample
         if cex is not None:
             out["counterexample"] = cex.to_json()
@@ -253,6 +258,133 @@ def _templates_first(rules: Sequence[Rule]) -> list[int]:
 
 
 def _decide(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
+    start = time.perf_counter()
+    typed = _type_refutation(rule)
+    if typed is not None:
+        assert typed.counterexample is not None
+        report = RuleReport(rule.name, rule.file, rule.line, "refuted", "types", 0.0, bounded=typed)
+        report.message = typed.counterexample.message
+        report.seconds = time.perf_counter() - start
+        return report
+    covered = _integer_generic(rule, facts, options)
+    early = _integer_counterexample(rule, facts, options, cache) if options.bounded and not covered else None
+    if early is not None:
+        report = RuleReport(rule.name, rule.file, rule.line, "refuted", "bounded", 0.0, bounded=early[1])
+        cex = early[1].counterexample
+        report.message = f"on integer tensors ({early[0]}): " + (cex.message if cex else "refuted")
+        report.integer.append((early[0], "refuted"))
+        report.seconds = time.perf_counter() - start
+        return report
+    report = _decide_values(rule, facts, options, cache)
+    if options.bounded and report.status != "refuted":
+        if covered and report.status == "proven":
+            report.integer.append(("integers", "proven (generic, without the axioms of the reals)"))
+        else:
+            _integer_checks(rule, facts, options, cache, report)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _type_refutation(rule: Rule) -> BoundedResult | None:
+    """A refutation when the right-hand side is ill-typed for some dtypes the left-hand side accepts
+    (verify/_types.py): onnxruntime would refuse the graph the rule builds, whatever the values."""
+    check = check_types(rule)
+    if not check.problem:
+        return None
+    cex = Counterexample(
+        f"dtypes {describe_dtypes(check.dtypes)}" if check.dtypes else "every dtype", "type", check.problem
+    )
+    return BoundedResult("refuted", counterexample=cex, reason=check.problem)
+
+
+def _integer_generic(rule: Rule, facts: DerivedFacts, options: Options) -> bool:
+    """Whether a generic proof without the axioms that hold on the reals only covers the rule's integer
+    tensors (tried first: it costs a second where a bounded check on integers costs many). It counts only
+    when the value proofs prove the rule too (their bounded cases witness the premises)."""
+    if not (options.generic and integer_assignments(rule, check_types(rule))):
+        return False
+    return prove_generic(rule, facts, options.generic_timeout_ms, True, integer=True).proven
+
+
+def _integer_counterexample(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]
+) -> tuple[str, BoundedResult] | None:
+    """A counterexample on integer tensors among the smallest cases (as many as the generic proof's cross-check
+    takes), looked for before the value proofs: a rule wrong on integers only (a mean of means) is refuted
+    without first checking every case over the reals. Rules whose only such op is elementwise (``Div``) are
+    left to :func:`_integer_checks`: their proofs over uninterpreted functions usually cover integers."""
+    heads = {t.head for term in (rule.lhs, rule.rhs) for t in walk(term) if isinstance(t, App)}
+    if all(_elementwise(h) for h in heads & INTEGER_SENSITIVE):
+        return None
+    budget = options.cross_check or 1000
+    for dtypes in integer_assignments(rule, check_types(rule))[:_MAX_INTEGER_CHECKS]:
+        result = prove_bounded(
+            rule, facts, budget=budget, sizes=options.sizes, timeout_ms=options.timeout_ms, cache=cache, dtypes=dtypes
+        )
+        if result.status == "refuted":
+            return describe_dtypes(dtypes), result
+    return None
+
+
+def _integer_checks(
+    rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any], report: RuleReport
+) -> None:
+    """A rule holding ``Div`` or ``ReduceMean`` that may apply to integer tensors is also checked on every case
+    with integer semantics (truncating division), once per integer dtype assignment its left-hand side
+    accepts; a rule restricted to floats by a dtype guard has none. The value proofs above are over the
+    reals, which integer tensors are not closed under division."""
+    assignments = integer_assignments(rule, check_types(rule))
+    if not assignments:
+        return
+    if _integer_by_template(rule, report):
+        report.integer.append(("integers", "proven (an instance of the uninterpreted template)"))
+        return
+    if len(assignments) > _MAX_INTEGER_CHECKS:
+        if report.status == "proven":
+            report.status = "unknown"
+            report.message = (
+                f"{len(assignments)} integer dtype assignments to check (more than {_MAX_INTEGER_CHECKS}): "
+                "restrict the rule with `(float-dtype (dtype x))` guards"
+            )
+        return
+    for dtypes in assignments:
+        result = prove_bounded(
+            rule,
+            facts,
+            budget=options.budget,
+            sizes=options.sizes,
+            timeout_ms=options.timeout_ms,
+            cache=cache,
+            dtypes=dtypes,
+        )
+        shown = describe_dtypes(dtypes)
+        report.integer.append((shown, result.status))
+        if result.status == "proven":
+            continue
+        if result.status == "refuted":
+            report.status, report.kind, report.bounded = "refuted", "bounded", result
+            cex = result.counterexample
+            report.message = f"on integer tensors ({shown}): " + (cex.message if cex else "refuted")
+            return
+        if report.status == "proven":
+            report.status = "partial" if result.status == "partial" else "unknown"
+            report.message = f"on integer tensors ({shown}): {result.reason or result.status}"
+
+
+_MAX_INTEGER_CHECKS = 8
+
+
+def _integer_by_template(rule: Rule, report: RuleReport) -> bool:
+    """True when the rule's values were proven as an instance of an uninterpreted template and its only
+    integer-sensitive ops are elementwise (``Div``): integer division is a function of its operands too, so
+    the template's proof for every function covers it (on integer inputs, a subset of the reals)."""
+    heads = {t.head for term in (rule.lhs, rule.rhs) for t in walk(term) if isinstance(t, App)}
+    sensitive = heads & INTEGER_SENSITIVE
+    by_template = bool(report.bounded and report.bounded.reason.startswith("an instance of"))
+    return by_template and report.status == "proven" and all(_elementwise(h) for h in sensitive)
+
+
+def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     start = time.perf_counter()
     bounded, generic = _proofs(rule, facts, options, cache)
     numeric = check_numeric(rule, facts, cases=options.numeric_cases, cache=cache) if options.numeric else None

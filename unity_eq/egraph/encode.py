@@ -1,8 +1,8 @@
 """Encode a Graph into egglog program text for one mesh (no rules: those come from the rule files).
 
 One ``let`` per tensor (so shared subterms stay shared), the global shape, dtype and replicated placement of
-every original tensor, the mesh axes, and the literal-keyed facts the guards need (``reshape-map``,
-``reduce-map``), which the op families name (unity_eq/typed_nodes.py).
+every original tensor, the mesh axes, the floating dtypes (``float-dtype``), and the literal-keyed facts the
+guards need (``reshape-map``, ``reduce-map``), which the op families name (unity_eq/typed_nodes.py).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unity_eq.ir import Graph, Mesh, Node
+from unity_eq.ops.dtypes import FLOAT_DTYPES
 from unity_eq.ops.registry import spec_for
 from unity_eq.ops.spec import OpSpec
 from unity_eq.typed_nodes import guard_facts, typed_values, used_outputs
@@ -140,6 +141,8 @@ def encode(graph: Graph, mesh: Mesh) -> Encoding:
     for axis, size in zip(mesh.axes, mesh.sizes, strict=True):
         w.lines.append(f"(mesh-axis {_egg_string(axis)} {size})")
     _axes_facts(w, mesh)
+    for dtype in sorted(FLOAT_DTYPES):  # guards `(float-dtype (dtype x))` restrict rules to float tensors
+        w.lines.append(f"(float-dtype {_egg_string(dtype)})")
     max_rank = max((t.rank for t in graph.types.values()), default=1)
     for d in range(max(max_rank, 1)):
         w.lines.append(f"(dim-range {d})")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import oa16
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, Saved, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, need, out_dtype, pool_out, window_attrs, window_defaults, window_positions
 
@@ -55,8 +55,16 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
         raise ShapeError("Conv: kernel_shape differs from W")
     if b is not None and tuple(b) != (m,):
         raise ShapeError(f"Conv: B {list(b)} is not [{m}]")
+    if _same_dilated(auto_pad, dils):
+        # onnxruntime refuses it ("Dilation not supported for AutoPadType::SAME_UPPER"): a rule that builds one
+        # is refuted, and the encoder leaves such a node opaque
+        raise ShapeError(f"Conv with auto_pad {auto_pad} and dilations {list(dils)} does not run in onnxruntime")
     kern, pads_, strides_, dils_ = window_attrs(x[2:], w[2:], pads, strides, dils, auto_pad)
     return (n, m, *pool_out(x[2:], kern, pads_, strides_, dils_, False))
+
+
+def _same_dilated(auto_pad: Any, dils: Any) -> bool:
+    return str(auto_pad) in ("SAME_UPPER", "SAME_LOWER") and any(int(d) != 1 for d in dils or ())
 
 
 def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
@@ -174,7 +182,10 @@ def axioms(v: Any) -> None:
 
 
 def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
-    """The kernel shape read off W when absent; strides, dilations and pads written out."""
+    """The kernel shape read off W when absent; strides, dilations and pads written out. ``SAME`` padding with
+    dilations is not modeled (onnxruntime refuses it)."""
+    if _same_dilated(v["auto_pad"], v["dilations"]):
+        raise NotModeled
     w_shape = node.shape(v["W"])
     v["kernel_shape"] = tuple(v["kernel_shape"]) or tuple(w_shape[2:])
     v.update(window_defaults(v, len(w_shape) - 2))

@@ -139,7 +139,9 @@ class OpFamily:
     axes, keepdims, rank, d, d2)``: ints and int tuples). ``implied_attrs``: ONNX attributes an op's
     constructor states in another form (Split's ``num_outputs``: its sizes). ``saved(op)``: what the op's
     backward pass keeps (:class:`Saved`), for training memory; without it (a plug-in that does not say) every
-    tensor input counts as kept, the conservative guess.
+    tensor input counts as kept, the conservative guess. ``types(op)``: the op's type constraints
+    (:class:`unity_eq.ops.dtypes.OpTypes`) when it does not take every dtype; without it every operand may be
+    any dtype and the output is its first operand's.
     """
 
     name: str
@@ -155,6 +157,7 @@ class OpFamily:
     guard_facts: Callable[[str, Mapping[str, Any], NodeView], Iterable[tuple[Any, ...]]] | None = None
     implied_attrs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     saved: Callable[[str], Saved] | None = None
+    types: Callable[[str], Any] | None = None  # op -> unity_eq.ops.dtypes.OpTypes (None: any dtype)
 
     def __post_init__(self) -> None:
         if not self.specs:

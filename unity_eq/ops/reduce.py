@@ -32,9 +32,18 @@ SPECS = tuple(
 )
 
 
+def _noop(args: Sequence[Any]) -> bool:
+    """ONNX's ``noop_with_empty_axes``: with no axes given, the reduction is the identity (not a reduction
+    over every dim). With axes given, the attribute changes nothing."""
+    return not tuple(args[1]) and len(args) > 3 and bool(int(args[3]))
+
+
 def infer_shape(op: str, args: Sequence[Any]) -> Shape:
-    """The reduced axes become 1 (``keepdims``) or disappear; no axes reduce every dim."""
+    """The reduced axes become 1 (``keepdims``) or disappear; no axes reduce every dim, or none with
+    ``noop_with_empty_axes`` (the identity)."""
     x, axes, keep = need(args[0]), tuple(args[1]), args[2]
+    if _noop(args):
+        return tuple(x)
     axes = axes or tuple(range(len(x)))
     if len(set(axes)) != len(axes) or any(not 0 <= a < len(x) for a in axes):
         raise ShapeError(f"reduction axes {list(axes)} for rank {len(x)}")
@@ -75,8 +84,12 @@ def guard_facts(op: str, values: Mapping[str, Any], node: NodeView) -> Iterator[
 
 
 def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
-    """Sums and means exactly, maxima and minima as the backend's ``largest``/``smallest``."""
+    """Sums and means exactly, maxima and minima as the backend's ``largest``/``smallest``; empty axes with
+    ``noop_with_empty_axes`` are the identity, as ONNX says. The mean divides with the backend's ``div``,
+    which truncates on integer tensors (onnxruntime's int64 ReduceMean of [1, 2] is 1)."""
     x, axes, keep, _nop = args
+    if _noop(args):
+        return x
     axes = list(axes) or list(range(x.ndim))
     if op == "ReduceMax":
         return reduce_elements(bk, x, axes, bool(keep), bk.largest)
@@ -90,13 +103,15 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
-    """Every shape of rank 1 to ``other_rank``, every non-empty set of axes, dims kept or not."""
+    """Every shape of rank 1 to ``other_rank``, every set of axes (the empty one: every dim), dims kept or
+    not, ``noop_with_empty_axes`` 0 and 1 (with no axes, 1 is the identity)."""
     for shape in other_shapes(ranges):
         rank = len(shape)
-        for size in range(1, rank + 1):
+        for size in range(rank + 1):
             for axes in itertools.combinations(range(rank), size):
                 for keep in (0, 1):
-                    yield {"data": shape}, {"axes": axes, "keepdims": keep, "noop_with_empty_axes": 0}
+                    for nop in (0, 1):
+                        yield {"data": shape}, {"axes": axes, "keepdims": keep, "noop_with_empty_axes": nop}
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
@@ -142,11 +157,12 @@ def axioms(v: Any) -> None:
             patterns=[rsum(ch(x, d, i, n), axes, k, kd)],
         ),
     )
-    # The mean of equal-sized groups' means is the mean: a mean over one of the axes first, dims kept.
+    # The mean of equal-sized groups' means is the mean: a mean over one of the axes first, dims kept. On the
+    # reals only (group ``.reals``): integer means truncate each group's mean.
     rmean = v.op("ReduceMean")
     inner = rmean(x, v.vec_of(d2), 1, kd)
     v.add(
-        "ReduceMean",
+        "ReduceMean.reals",
         FA(
             [x, axes, k, kd, d2],
             z3.Implies(
@@ -174,7 +190,8 @@ REDUCE = OpFamily(
     evaluate=evaluate,
     instances=instances,
     flops=flops,
-    ranges="every shape of rank 1-3 with dims 1-4, every non-empty set of axes, keepdims 0 and 1",
+    ranges="every shape of rank 1-3 with dims 1-4, every set of axes (empty included), keepdims 0 and 1, "
+    "noop_with_empty_axes 0 and 1",
     axioms=axioms,
     normalize=normalize,
     guard_facts=guard_facts,
