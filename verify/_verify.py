@@ -217,12 +217,17 @@ def _uninterpreted(head: str) -> bool:
     return _elementwise(head) and head not in _INTERPRETED
 
 
-def instance_key(rule: Rule) -> Any:
+def instance_key(rule: Rule, facts: DerivedFacts) -> Any:
     """Rules with equal keys differ only in which elementwise ops of one argument layout they apply, with
     the same pattern of equal and distinct ops. A rule of the key whose elementwise ops are all
     uninterpreted (Relu, Pow…) and is proven bounded proves every other rule of the key over the same cases:
     each of them is an instance of it (substitute each uninterpreted function by the op in its place; the
-    ranges, guards and shapes are the same, since ops of one layout share them)."""
+    ranges, guards and shapes are the same, since ops of one layout share them).
+
+    The key holds everything the proof depended on besides the rule's text: the analysis declarations that
+    mention each of its elementwise ops (renamed by position), since guards read the facts they derive (a
+    file that derives a relation for Pow but not for Sub makes a Pow rule's proof say nothing of the Sub
+    rule: issue 21)."""
     order: dict[str, int] = {}
 
     def canon(term: Term) -> Any:
@@ -235,7 +240,9 @@ def instance_key(rule: Rule) -> Any:
 
     own = rule.name if any(isinstance(t, App) and t.head == "dtype" for g in rule.guards for t in walk(g)) else ""
     # a guard on dtypes may tell ops apart (a comparison yields bool): such a rule is its own class
-    return (canon(rule.lhs), canon(rule.rhs), tuple(canon(g) for g in rule.guards), rule.sorts, own)
+    key = (canon(rule.lhs), canon(rule.rhs), tuple(canon(g) for g in rule.guards), rule.sorts, own)
+    derived = tuple(facts.mentions(head, f"#op{i}") for head, i in sorted(order.items(), key=lambda kv: kv[1]))
+    return (*key, derived)
 
 
 def _is_template(rule: Rule) -> bool:
@@ -321,7 +328,7 @@ def _proofs(
 
 def _bounded(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> BoundedResult:
     """The bounded proof, or the proof of an uninterpreted template this rule is an instance of."""
-    key = ("template", instance_key(rule), options.budget, options.sizes)
+    key = ("template", instance_key(rule, facts), options.budget, options.sizes)
     template = cache.get(key)
     if template is not None and not _is_template(rule):
         name, proof = template
@@ -379,7 +386,7 @@ def verify_program(
     # rules that share an enumeration go to the same worker; groups are dealt largest first
     groups: dict[Any, list[int]] = {}
     for i, rule in enumerate(rules):
-        groups.setdefault((enumeration_key(rule, facts), instance_key(rule)), []).append(i)
+        groups.setdefault((enumeration_key(rule, facts), instance_key(rule, facts)), []).append(i)
     buckets: list[list[int]] = [[] for _ in range(jobs * 2)]
     for members in sorted(groups.values(), key=len, reverse=True):
         min(buckets, key=len).extend(members)
