@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from unity_eq.ops.cases import other_shapes
+from unity_eq.ops.cases import shape_pool
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, static, tensor
 from unity_eq.ops.tensors import Shape, need, norm_axis, reduce_elements
@@ -90,8 +90,10 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
-    """Every shape of rank 1 to ``other_rank``, every non-empty set of axes, dims kept or not."""
-    for shape in other_shapes(ranges):
+    """Every shape of rank 1 to ``max_rank`` (rank 4 over ``rank4_dims``: at rank 3 every permutation fixing
+    dim 0 is its own inverse, so a rule that maps axes through p where p^-1 is needed passed there), every
+    non-empty set of axes, dims kept or not."""
+    for shape in shape_pool(ranges, range(1, ranges.max_rank + 1)):
         rank = len(shape)
         for size in range(1, rank + 1):
             for axes in itertools.combinations(range(rank), size):
