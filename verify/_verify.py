@@ -28,6 +28,7 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
+from unity_eq.verify._analysis import check_analysis_decl, checked_claims
 from unity_eq.verify._bounded import (
     BoundedResult,
     Counterexample,
@@ -45,7 +46,7 @@ from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import Family
 from unity_eq.rulefile.load import load_program, shipped_rule_files
 from unity_eq.rulefile.parse import Program
-from unity_eq.rulefile.terms import App, Rule, Term, walk
+from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, walk
 
 __all__ = [
     "Options",
@@ -53,6 +54,7 @@ __all__ = [
     "RuleReport",
     "load_program",
     "shipped_rule_files",
+    "verify_analyses",
     "verify_program",
     "verify_rules",
 ]
@@ -407,6 +409,32 @@ def verify_program(
     return [results[i] for i in range(len(rules))]
 
 
+def verify_analyses(
+    program: Program,
+    decls: Sequence[AnalysisDecl],
+    options: Options = Options(),
+    progress: Callable[[RuleReport], None] | None = None,
+) -> list[RuleReport]:
+    """Check each analysis declaration that derives a relation the guards rely on (can-split, perm-map…)
+    against that relation's meaning (:mod:`unity_eq.verify._analysis`): one report each, named
+    ``analysis <relations>``, refuted with the case where a derived fact is false."""
+    facts = DerivedFacts(program.analyses)
+    out = []
+    for decl in decls:
+        got = check_analysis_decl(decl, program.env, facts, options.sizes)
+        relations = " ".join(dict.fromkeys(c.head for c in checked_claims(decl)))
+        cex = Counterexample(got.case, "analysis", got.message) if got.status == "refuted" else None
+        bounded = BoundedResult(got.status, got.checked, got.checked, got.checked, cex, got.message, got.seconds)
+        report = RuleReport(f"analysis {relations}", decl.pos.file, decl.pos.line, got.status, "bounded", got.seconds)
+        report.bounded, report.message = bounded, got.message
+        if got.status == "unknown":
+            report.kind = "none"
+        out.append(report)
+        if progress:
+            progress(report)
+    return out
+
+
 def verify_rules(
     paths: Sequence[Path] | None = None,
     names: Sequence[str] = (),
@@ -418,8 +446,9 @@ def verify_rules(
     program, targets = load_program(paths)
     report = Report(analyses=0, files=sorted(targets), errors=list(program.errors))
     chosen = [r for r in program.rules if r.file in targets]
-    report.analyses = sum(1 for a in program.analyses if a.pos.file in targets)
-    if not chosen and not report.analyses and not program.errors and paths:
+    declared = [a for a in program.analyses if a.pos.file in targets]
+    report.analyses = sum(1 for a in declared if not checked_claims(a))  # the others are checked, as rules
+    if not chosen and not declared and not program.errors and paths:
         report.errors.append(
             f"nothing to verify: no rewrite, rule or analysis declaration in {', '.join(sorted(targets))}."
         )
@@ -434,5 +463,8 @@ def verify_rules(
             )
     if not program.errors:
         report.rules = verify_program(program, chosen, options, progress)
+        if not names and options.bounded:
+            decls = [a for a in program.analyses if a.pos.file in targets and checked_claims(a)]
+            report.rules += verify_analyses(program, decls, options, progress)
     report.seconds = time.perf_counter() - start
     return report
