@@ -73,3 +73,56 @@ def test_odd_rule_files_get_a_verdict(tmp_path: Path, name: str, capsys: pytest.
 
     (rule,) = json.loads((tmp_path / "r.json").read_text())["rules"]
     assert rule["status"] == status, rule
+
+
+ANALYSIS_MUTANTS = {
+    # can-split derived without the divisibility test: a rewrite guarded by it would split 3 rows in 2
+    "can-split-no-divisibility": (
+        "(rule ((= e (Relu x)) (mesh-axis ax n) (= s (shape e)) (dim-range d) (< d (vec-length s)) (> n 1)"
+        " (>= (vec-get s d) n)) ((can-split e d ax)) :ruleset analysis)",
+        "refuted",
+    ),
+    # perm-map with its dims the wrong way round: (1 2 0) moves dim 1 to 0, not 0 to 1
+    "perm-map-inverted": (
+        "(rule ((= e (Transpose x p)) (dim-range j) (< j (vec-length p))) ((perm-map p j (vec-get p j)))"
+        " :ruleset analysis)",
+        "refuted",
+    ),
+    # bc-dim of a broadcast operand, off by one where ranks differ
+    "bc-dim-left-aligned": (
+        "(rule ((bcast-operand e x) (= se (shape e)) (= sx (shape x)) (dim-range d) (< d (vec-length sx))"
+        " (= (vec-get sx d) (vec-get se d))) ((bc-dim x e d d)) :ruleset analysis)",
+        "refuted",
+    ),
+    # sound: a Relu of a splittable tensor is splittable (same shape, same placement)
+    "can-split-through-relu": (
+        "(rule ((= e (Relu x)) (can-split x d ax)) ((can-split e d ax)) :ruleset analysis)",
+        "proven",
+    ),
+    # two tensors and no root pattern: not enumerable, so unknown (fails), never silently accepted
+    "two-unrelated-tensors": (
+        "(rule ((can-split x d ax) (can-split y d ax)) ((can-split x d ax)) :ruleset analysis)",
+        "unknown",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def analysis_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
+    """Every declaration above in one file, verified once (loading costs seconds): reports by line."""
+    path = tmp_path_factory.mktemp("analysis") / "facts.egg"
+    path.write_text("".join(ANALYSIS_MUTANTS[name][0] + "\n" for name in sorted(ANALYSIS_MUTANTS)))
+    report = verify_rules([path], options=Options(jobs=1))
+    assert report.errors == []
+    return {r.line: r for r in report.rules}
+
+
+@pytest.mark.parametrize("name", sorted(ANALYSIS_MUTANTS))
+def test_analysis_facts_are_checked_against_their_meaning(analysis_reports: dict[int, Any], name: str) -> None:
+    """Before, every such declaration was 'facts only, nothing to prove' and `verify` exited 0."""
+    status = ANALYSIS_MUTANTS[name][1]
+    report = analysis_reports[sorted(ANALYSIS_MUTANTS).index(name) + 1]
+    assert report.status == status, (report.status, report.message)
+    assert report.name.startswith("analysis ")
+    if status == "refuted":
+        assert report.counterexample is not None and report.counterexample.case
