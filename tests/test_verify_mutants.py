@@ -5,9 +5,9 @@
 reductions through the reduced dim, partial values through non-linear ops, missing or weakened guards,
 batched MatMul mis-sharded at rank 3 x 4, axis-equality guards on two-axis meshes, a Replicate dropped under
 sharded work; ``inst``: the escapes of issue 21, rules that were proven only because no instance showed
-the interaction they get wrong) and sound rules that look like them (``ok-<category>-*``). One test per rule: every mutant is
-refuted with a counterexample, every look-alike proven. The comment above each rule in the corpus says why
-it is wrong or right.
+the interaction they get wrong) and sound rules that look like them (``ok-<category>-*``). One test per
+rule: every mutant is refuted with a counterexample, every look-alike proven. The comment above each rule
+in the corpus says why it is wrong or right.
 
 ``ESCAPES`` lists the mutants the verifier does not refute, with the reason; they are strict xfails, so a
 test starts failing (and the entry must go) as soon as one is refuted.

@@ -109,7 +109,7 @@ class DerivedFacts:
         """Every declaration whose pattern mentions ``head`` anywhere (not only at its root), with the op
         renamed ``token``: what a proof that uses ``head`` may have depended on (proof reuse keys)."""
         out = []
-        for root, entries in self.by_head.items():
+        for entries in self.by_head.values():
             for var, pattern, actions in entries:
                 if not any(isinstance(t, App) and t.head == head for t in _walk(pattern)):
                     continue

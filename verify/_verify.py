@@ -354,6 +354,17 @@ def _worker(args: tuple[list[Rule], Program, Options]) -> list[RuleReport]:
 
 
 def decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
+    """The verdict on ``rule`` (both directions of a birewrite). An exception of the verifier itself on an odd
+    rule becomes a failing *unknown* verdict that names it (never accepted by an annotation), so that one
+    rule cannot end ``unity-eq verify`` with a traceback and hide the verdicts on the others."""
+    try:
+        return _decide_both(rule, facts, options, cache)
+    except Exception as exc:  # reported as the rule's verdict, with the exception: not swallowed
+        message = f"the verifier failed on this rule ({type(exc).__name__}: {exc}): a bug of unity_eq.verify"
+        return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
+
+
+def _decide_both(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     report = _decide(rule, facts, options, cache)
     if rule.bidirectional:
         back = _decide(rule.reversed(), facts, options, cache)

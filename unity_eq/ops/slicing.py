@@ -196,7 +196,8 @@ def _split_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
 
 def _axis_slices(n: int, every: bool) -> list[tuple[int, int, int]]:
     """(start, end, step) on a dim of size ``n`` that select at least one element. ``every``: each start
-    from ``-n`` to ``n-1`` and one below ``-n`` (clamped to 0, as a start of INT64_MIN is), each end from ``-n`` to ``n`` and past it (clamped, as exporters write
+    from ``-n`` to ``n-1`` and one below ``-n`` (clamped to 0, as a start of INT64_MIN is), each end from
+    ``-n`` to ``n`` and past it (clamped, as exporters write
     INT64_MAX), steps 1-3, so a guard on the numbers (``(<= (vec-get st 0) 1)``) meets every slice it admits,
     negative spellings included. Otherwise the few a rule over two axes needs: from the start, from 1 or
     from the last element, to the end, to 1 or to the last, steps 1 and 2."""
