@@ -53,6 +53,7 @@ SLOW_LOOK_ALIKES = {
     "ok-inst-slice-strided-split",
     "ok-inst-slice-negative-start",
     "ok-inst-conv-kernel1-dilation-dropped",
+    "ok-inst-concat3-transpose-perm",
 }
 
 

@@ -28,7 +28,7 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
-from unity_eq.verify._analysis import check_analysis_decl, checked_claims
+from unity_eq.verify._analysis import AnalysisOutcome, check_analysis_decl, checked_claims
 from unity_eq.verify._bounded import (
     BoundedResult,
     Counterexample,
@@ -420,6 +420,11 @@ def verify_program(
     return [results[i] for i in range(len(rules))]
 
 
+def _analysis_worker(args: tuple[AnalysisDecl, Program, tuple[int, ...]]) -> AnalysisOutcome:
+    decl, program, sizes = args
+    return check_analysis_decl(decl, program.env, DerivedFacts(program.analyses), sizes)
+
+
 def verify_analyses(
     program: Program,
     decls: Sequence[AnalysisDecl],
@@ -429,10 +434,17 @@ def verify_analyses(
     """Check each analysis declaration that derives a relation the guards rely on (can-split, perm-map…)
     against that relation's meaning (:mod:`unity_eq.verify._analysis`): one report each, named
     ``analysis <relations>``, refuted with the case where a derived fact is false."""
-    facts = DerivedFacts(program.analyses)
+    jobs = max(1, min(options.jobs or (os.cpu_count() or 1), len(decls)))
+    if jobs == 1:
+        facts = DerivedFacts(program.analyses)
+        outcomes = [check_analysis_decl(decl, program.env, facts, options.sizes) for decl in decls]
+    else:
+        method = "fork" if "fork" in get_all_start_methods() and threading.active_count() == 1 else "spawn"
+        with worker_pool(jobs, get_context(method)) as pool:
+            futures = [pool.submit(_analysis_worker, (decl, program, options.sizes)) for decl in decls]
+            outcomes = [f.result() for f in futures]
     out = []
-    for decl in decls:
-        got = check_analysis_decl(decl, program.env, facts, options.sizes)
+    for decl, got in zip(decls, outcomes, strict=True):
         relations = " ".join(dict.fromkeys(c.head for c in checked_claims(decl)))
         cex = Counterexample(got.case, "analysis", got.message) if got.status == "refuted" else None
         bounded = BoundedResult(got.status, got.checked, got.checked, got.checked, cex, got.message, got.seconds)
