@@ -227,11 +227,11 @@ def _slice_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     ``(2, n)`` and ``(3, n)`` (splits of the other dim while a strided slice runs along it)."""
     if not cfg.sample:
         for n in LARGE_DIMS:
-            for shape in ((n,), (2, n), (3, n), (n, 2)):
-                axis = shape.index(n)
-                for sl in _large_slices(n):
-                    given = dict(starts=(sl[0],), ends=(sl[1],), axes=(axis,), steps=(sl[2],))
-                    yield {"data": shape}, given
+            large: tuple[tuple[int, ...], ...] = ((n,), (2, n), (3, n), (n, 2))
+            for big in large:
+                axis = big.index(n)
+                for start, end, step in _large_slices(n):
+                    yield {"data": big}, {"starts": (start,), "ends": (end,), "axes": (axis,), "steps": (step,)}
     for shape in other_shapes(cfg):
         rank = len(shape)
         choices: list[tuple[tuple[int, ...], list[tuple[tuple[int, int, int], ...]]]] = [
