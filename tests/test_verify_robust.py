@@ -6,6 +6,7 @@ line) for every rule file, never a traceback; proof reuse keyed on the file's ow
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,10 @@ ODD_FILES = {
         '(rewrite (Gemm a b c al be ta tb) (Add (Gemm a b (NoneT) al be ta tb) c) :name "odd")',
         "refuted",
     ),
-    # ordering strings: no z3 formula, the generic proof is unsupported, the bounded proof decides
-    "string-order": ('(rewrite (Relu a) (Relu a) :when ((< "x" "y")) :name "odd")', "proven"),
+    # ordering strings: a load error, `error:` lines (exit 2)
+    "string-order": ('(rewrite (Relu a) (Relu a) :when ((< "x" "y")) :name "odd")', "error"),
+    # an unknown relation in a guard: a load error with a suggestion
+    "unknown-relation": ('(rewrite (Relu a) (Relu a) :when ((can-splitt a 0 "x")) :name "odd")', "error"),
 }
 
 
@@ -68,9 +71,12 @@ def test_odd_rule_files_get_a_verdict(tmp_path: Path, name: str, capsys: pytest.
     code = cli_main(["verify", str(path), "--jobs", "1", "--quiet", "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err
+    if status == "error":
+        lines = out.out.strip().splitlines()
+        assert code == 2 and lines[0].startswith("error:"), out.out + out.err
+        assert all(line.startswith("error:") for line in lines[:-1]), out.out  # the last is the summary
+        return
     assert code == (0 if status == "proven" else 1), out.out + out.err
-    import json
-
     (rule,) = json.loads((tmp_path / "r.json").read_text())["rules"]
     assert rule["status"] == status, rule
 
