@@ -97,12 +97,16 @@ def _param_shapes(norm: tuple[int, ...]) -> list[tuple[int, ...]]:
 def _layernorm_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Every shape of rank 1 to ``max_rank`` (rank 4 over ``rank4_dims``), every axis, every Scale shape of
     :func:`_param_shapes` (a rule that reads Scale as the full normalized shape met a lower-rank one only
-    here), B absent, of the normalized shape, or of Scale's shape."""
+    here), B absent or of Scale's shape."""
     for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
             norm = shape[axis:]
-            for scale in _param_shapes(norm):
-                for bias in dict.fromkeys((None, norm, scale)):
+            # rank 4 is there for the permutations (docs/verify.md): its Scale is the normalized shape; the
+            # lower-rank Scales are shown at ranks 1-3, where how Scale broadcasts is the same
+            for scale in _param_shapes(norm) if len(shape) <= 3 else [norm]:
+                # B beside each Scale: absent, and present in Scale's own shape (B of every other shape
+                # broadcasts the same way as Scale does, which the Scale shapes already cover)
+                for bias in (None, scale):
                     yield {"X": shape, "Scale": scale, "B": bias}, {"axis": axis}
 
 
