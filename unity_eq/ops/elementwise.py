@@ -379,10 +379,10 @@ ELEMENTWISE = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-3, "
-        "every output shape and, at every position, every pattern of full or size-1 operands, every rank "
-        "deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, {1, 2} for three "
-        "operands)"
+        "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4 "
+        "(three operands: 0-3), every output shape and, at every position, every pattern of full or size-1 "
+        "operands, every rank deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, "
+        "{1, 2} at rank 4 and for three operands at rank 3)"
     ),
     axioms=axioms,
     saved=saved,

@@ -324,7 +324,8 @@ RESHAPE = OpFamily(
         "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
         " number of elements, Flatten at every axis, Squeeze of every set of size-1 dims, Unsqueeze of every one"
         " or two new axes; Transpose: rank 1-4, every permutation; Expand: input rank 0-3, every target (a size-1"
-        " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size)"
+        " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size,"
+        " or two of sizes 1-3)"
     ),
     axioms=axioms,
     normalize=normalize,

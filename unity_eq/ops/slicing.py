@@ -429,11 +429,12 @@ SLICING = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "Concat: rank 1-4, every axis, 1-2 operands (3 up to rank 2), every size of every operand along the axis;"
-        " Split: rank 1-4, every axis, every composition of the dim into 1-3 parts, every output; Slice: rank 1-3,"
-        " every axis, every (start, end, step) that selects at least one element (starts -n … n-1, ends -n … n"
-        " and past the end, steps 1-3), two-axis slices of rank-2 tensors; Gather: data rank 1-3, every axis,"
-        " indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
+        "Concat: rank 1-4, every axis, 1-3 operands (three beyond rank 2: sizes 1-2), every size of every operand"
+        " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts (ranks 1-2:"
+        " also with one empty part), every non-empty output; Slice: rank 1-3, every axis, every (start, end,"
+        " step) that selects at least one element (starts -n-2 and -n … n-1, ends -n … n and past the end,"
+        " steps 1-3), two-axis slices of rank-2 tensors, dims 5-12 sliced with steps 1-4; Gather: data rank 1-3,"
+        " every axis, indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
     ),
     axioms=axioms,
     normalize=normalize,
