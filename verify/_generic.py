@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,6 +77,17 @@ class GenericResult:
     status: str = "unproven"
     assignments: int = 0
     premises: str = ""  # how the premises were shown satisfiable: "z3" or "bounded case"
+
+
+def _compare(head: str, lv: Any, rv: Any, fact: Term) -> Any:
+    """The z3 formula of a comparison guard, computed for ``head`` alone (building all five made ``!=`` of a
+    string crash on ``<``); a comparison z3 cannot state (ordering strings) leaves the rule unsupported."""
+    try:
+        if head == "!=":
+            return lv != rv
+        return {"<": operator.lt, ">": operator.gt, "<=": operator.le, ">=": operator.ge}[head](lv, rv)
+    except (TypeError, z3.Z3Exception) as exc:
+        raise _Unsupported(f"guard {fact}: {exc}") from None
 
 
 class _Unsupported(Exception):
@@ -471,7 +483,7 @@ class _Rule:
             if head != "!=" and any(isinstance(a, Var) and self.sorts.get(a.name) == "String" for a in args):
                 raise _Unsupported(f"guard {fact} orders strings")
             lv, rv = self.value(args[0]), self.value(args[1])
-            self.facts.append({"<": lv < rv, ">": lv > rv, "<=": lv <= rv, ">=": lv >= rv, "!=": lv != rv}[head])
+            self.facts.append(_compare(head, lv, rv, fact))
             return
         if head == "vec-contains":
             self.facts.append(z.rel["vec-contains"](self.value(args[0]), self.value(args[1])))

@@ -106,6 +106,18 @@ class DerivedFacts:
         self.memo[key] = out
         return out
 
+    def mentions(self, head: str, token: str) -> tuple[str, ...]:
+        """Every declaration whose pattern mentions ``head`` anywhere (not only at its root), with the op
+        renamed ``token``: what a proof that uses ``head`` may have depended on (proof reuse keys)."""
+        out = []
+        for entries in self.by_head.values():
+            for var, pattern, actions in entries:
+                if not any(isinstance(t, App) and t.head == head for t in _walk(pattern)):
+                    continue
+                text = f"{var}={pattern}=>{' '.join(map(str, actions))}"
+                out.append(text.replace(f"({head} ", f"({token} ").replace(f"({head})", f"({token})"))
+        return tuple(sorted(out))
+
     def signature(self, head: str, token: str) -> tuple[str, ...]:
         """The declarations about ``head``, with the op renamed ``token`` (for cache keys)."""
         out = []

@@ -32,7 +32,7 @@ import numpy as np
 import z3
 
 from unity_eq.ops.family import OpFamily, ShapeError  # one class: a plug-in family's shape errors are the verifier's
-from unity_eq.ops.registry import family_for
+from unity_eq.ops.registry import OPS, family_for
 from unity_eq.ops.tensors import obj
 
 __all__ = [
@@ -434,7 +434,14 @@ _NP_CMP = {
 
 def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     """The output shape of ``op`` applied to ``args`` (tensor arguments given as shapes, ``None`` for
-    ``NoneT``, lists of shapes for ``TList``; other arguments as values). Raises ShapeError."""
+    ``NoneT``, lists of shapes for ``TList``; other arguments as values). Raises ShapeError, also when a
+    required input is absent: a rule that feeds an absent optional input (Gemm's C, a Clip bound) to an op
+    that needs one (Add, Max) is wrong there, not a crash of the verifier."""
+    spec = OPS.get(op)
+    if spec is not None:
+        for arg, value in zip(spec.args, args, strict=False):
+            if arg.sort == "T" and not arg.optional and value is None:
+                raise ShapeError(f"{op}: its required input {arg.name} is absent (NoneT)")
     return tuple(_family(op).infer_shape(op, args))
 
 

@@ -28,6 +28,7 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
+from unity_eq.verify._analysis import AnalysisOutcome, check_analysis_decl, checked_claims
 from unity_eq.verify._bounded import (
     BoundedResult,
     Counterexample,
@@ -47,7 +48,7 @@ from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import Family
 from unity_eq.rulefile.load import load_program, shipped_rule_files
 from unity_eq.rulefile.parse import Program
-from unity_eq.rulefile.terms import App, Rule, Term, walk
+from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, walk
 
 __all__ = [
     "Options",
@@ -55,6 +56,7 @@ __all__ = [
     "RuleReport",
     "load_program",
     "shipped_rule_files",
+    "verify_analyses",
     "verify_program",
     "verify_rules",
 ]
@@ -222,12 +224,17 @@ def _uninterpreted(head: str) -> bool:
     return _elementwise(head) and head not in _INTERPRETED
 
 
-def instance_key(rule: Rule) -> Any:
+def instance_key(rule: Rule, facts: DerivedFacts) -> Any:
     """Rules with equal keys differ only in which elementwise ops of one argument layout they apply, with
     the same pattern of equal and distinct ops. A rule of the key whose elementwise ops are all
     uninterpreted (Relu, Pow…) and is proven bounded proves every other rule of the key over the same cases:
     each of them is an instance of it (substitute each uninterpreted function by the op in its place; the
-    ranges, guards and shapes are the same, since ops of one layout share them)."""
+    ranges, guards and shapes are the same, since ops of one layout share them).
+
+    The key holds everything the proof depended on besides the rule's text: the analysis declarations that
+    mention each of its elementwise ops (renamed by position), since guards read the facts they derive (a
+    file that derives a relation for Pow but not for Sub makes a Pow rule's proof say nothing of the Sub
+    rule: issue 21)."""
     order: dict[str, int] = {}
 
     def canon(term: Term) -> Any:
@@ -240,7 +247,9 @@ def instance_key(rule: Rule) -> Any:
 
     own = rule.name if any(isinstance(t, App) and t.head == "dtype" for g in rule.guards for t in walk(g)) else ""
     # a guard on dtypes may tell ops apart (a comparison yields bool): such a rule is its own class
-    return (canon(rule.lhs), canon(rule.rhs), tuple(canon(g) for g in rule.guards), rule.sorts, own)
+    key = (canon(rule.lhs), canon(rule.rhs), tuple(canon(g) for g in rule.guards), rule.sorts, own)
+    derived = tuple(facts.mentions(head, f"#op{i}") for head, i in sorted(order.items(), key=lambda kv: kv[1]))
+    return (*key, derived)
 
 
 def _is_template(rule: Rule) -> bool:
@@ -453,7 +462,7 @@ def _proofs(
 
 def _bounded(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> BoundedResult:
     """The bounded proof, or the proof of an uninterpreted template this rule is an instance of."""
-    key = ("template", instance_key(rule), options.budget, options.sizes)
+    key = ("template", instance_key(rule, facts), options.budget, options.sizes)
     template = cache.get(key)
     if template is not None and not _is_template(rule):
         name, proof = template
@@ -477,6 +486,17 @@ def _worker(args: tuple[list[Rule], Program, Options]) -> list[RuleReport]:
 
 
 def decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
+    """The verdict on ``rule`` (both directions of a birewrite). An exception of the verifier itself on an odd
+    rule becomes a failing *unknown* verdict that names it (never accepted by an annotation), so that one
+    rule cannot end ``unity-eq verify`` with a traceback and hide the verdicts on the others."""
+    try:
+        return _decide_both(rule, facts, options, cache)
+    except Exception as exc:  # reported as the rule's verdict, with the exception: not swallowed
+        message = f"the verifier failed on this rule ({type(exc).__name__}: {exc}): a bug of unity_eq.verify"
+        return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
+
+
+def _decide_both(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
     report = _decide(rule, facts, options, cache)
     if rule.bidirectional:
         back = _decide(rule.reversed(), facts, options, cache)
@@ -511,7 +531,7 @@ def verify_program(
     # rules that share an enumeration go to the same worker; groups are dealt largest first
     groups: dict[Any, list[int]] = {}
     for i, rule in enumerate(rules):
-        groups.setdefault((enumeration_key(rule, facts), instance_key(rule)), []).append(i)
+        groups.setdefault((enumeration_key(rule, facts), instance_key(rule, facts)), []).append(i)
     buckets: list[list[int]] = [[] for _ in range(jobs * 2)]
     for members in sorted(groups.values(), key=len, reverse=True):
         min(buckets, key=len).extend(members)
@@ -532,6 +552,44 @@ def verify_program(
     return [results[i] for i in range(len(rules))]
 
 
+def _analysis_worker(args: tuple[AnalysisDecl, Program, tuple[int, ...]]) -> AnalysisOutcome:
+    decl, program, sizes = args
+    return check_analysis_decl(decl, program.env, DerivedFacts(program.analyses), sizes)
+
+
+def verify_analyses(
+    program: Program,
+    decls: Sequence[AnalysisDecl],
+    options: Options = Options(),
+    progress: Callable[[RuleReport], None] | None = None,
+) -> list[RuleReport]:
+    """Check each analysis declaration that derives a relation the guards rely on (can-split, perm-map…)
+    against that relation's meaning (:mod:`unity_eq.verify._analysis`): one report each, named
+    ``analysis <relations>``, refuted with the case where a derived fact is false."""
+    jobs = max(1, min(options.jobs or (os.cpu_count() or 1), len(decls)))
+    if jobs == 1:
+        facts = DerivedFacts(program.analyses)
+        outcomes = [check_analysis_decl(decl, program.env, facts, options.sizes) for decl in decls]
+    else:
+        method = "fork" if "fork" in get_all_start_methods() and threading.active_count() == 1 else "spawn"
+        with worker_pool(jobs, get_context(method)) as pool:
+            futures = [pool.submit(_analysis_worker, (decl, program, options.sizes)) for decl in decls]
+            outcomes = [f.result() for f in futures]
+    out = []
+    for decl, got in zip(decls, outcomes, strict=True):
+        relations = " ".join(dict.fromkeys(c.head for c in checked_claims(decl)))
+        cex = Counterexample(got.case, "analysis", got.message) if got.status == "refuted" else None
+        bounded = BoundedResult(got.status, got.checked, got.checked, got.checked, cex, got.message, got.seconds)
+        report = RuleReport(f"analysis {relations}", decl.pos.file, decl.pos.line, got.status, "bounded", got.seconds)
+        report.bounded, report.message = bounded, got.message
+        if got.status == "unknown":
+            report.kind = "none"
+        out.append(report)
+        if progress:
+            progress(report)
+    return out
+
+
 def verify_rules(
     paths: Sequence[Path] | None = None,
     names: Sequence[str] = (),
@@ -543,8 +601,9 @@ def verify_rules(
     program, targets = load_program(paths)
     report = Report(analyses=0, files=sorted(targets), errors=list(program.errors))
     chosen = [r for r in program.rules if r.file in targets]
-    report.analyses = sum(1 for a in program.analyses if a.pos.file in targets)
-    if not chosen and not report.analyses and not program.errors and paths:
+    declared = [a for a in program.analyses if a.pos.file in targets]
+    report.analyses = sum(1 for a in declared if not checked_claims(a))  # the others are checked, as rules
+    if not chosen and not declared and not program.errors and paths:
         report.errors.append(
             f"nothing to verify: no rewrite, rule or analysis declaration in {', '.join(sorted(targets))}."
         )
@@ -559,5 +618,8 @@ def verify_rules(
             )
     if not program.errors:
         report.rules = verify_program(program, chosen, options, progress)
+        if not names and options.bounded:
+            decls = [a for a in program.analyses if a.pos.file in targets and checked_claims(a)]
+            report.rules += verify_analyses(program, decls, options, progress)
     report.seconds = time.perf_counter() - start
     return report

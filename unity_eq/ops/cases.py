@@ -89,3 +89,49 @@ def absent_options(tensors: Sequence[Any]) -> list[frozenset[int]]:
     if len(optional) > 1:
         options.append(frozenset(optional))
     return options
+
+
+#: every value of ONNX's ``auto_pad`` (Conv and the windowed poolings)
+AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
+
+#: one window: (spatial, kernel, pads, strides, dilations, auto_pad), pads begins then ends
+Window = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], str]
+
+
+@cache
+def window_product(pool: bool) -> tuple[Window, ...]:
+    """Every 1-D window of the product: sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every
+    ``auto_pad`` (``pads`` empty unless NOTSET, as ONNX requires) and, with NOTSET, every pair of pads 0-2
+    (poolings: pads below the kernel, ONNX's rule). A product, not a sample: the attributes interact (a
+    dilated window with padding, a stride that leaves a remainder, SAME padding that is uneven), so a rule
+    that is right for one combination only meets the others. Sizes 5 and 6 are not multiples of the
+    strides 2 and 4 and 3 and 4, so a window that divides evenly is not the only kind (issue 21)."""
+    out: list[Window] = []
+    for size, k, s, d in itertools.product(range(1, 7), (1, 2, 3), (1, 2, 3), (1, 2)):
+        for auto in AUTO_PADS:
+            if pool and auto.startswith("SAME") and d > 1:
+                continue  # onnxruntime pads these for the undilated kernel: not modeled (pooling.py)
+            if auto != "NOTSET":
+                pad_options: list[tuple[int, ...]] = [()]
+            else:
+                pad_options = [(b, e) for b in range(3) for e in range(3) if not pool or (b < k and e < k)]
+            for pads in pad_options:
+                if size + sum(pads or (0,)) < d * (k - 1) + 1 and auto in ("NOTSET", "VALID"):
+                    continue  # the window does not fit the (padded) input
+                out.append(((size,), (k,), pads, (s,), (d,), auto))
+    return tuple(out)
+
+
+@cache
+def window_pairs(pool: bool) -> tuple[Window, ...]:
+    """2-D windows whose two axes differ: each 1-D window of :func:`window_product` beside another of the
+    same ``auto_pad`` (every seventh, shifted), so that every attribute is asymmetric somewhere and a rule
+    that mixes up the axes' pads, strides or dilations meets a case where that matters."""
+    out: list[Window] = []
+    for auto in AUTO_PADS:
+        ones = [w for w in window_product(pool) if w[5] == auto]
+        for i in range(0, len(ones), 7):
+            a, b = ones[i], ones[(i * 5 + 3) % len(ones)]
+            pads = (a[2][0], b[2][0], a[2][1], b[2][1]) if auto == "NOTSET" else ()
+            out.append(((*a[0], *b[0]), (*a[1], *b[1]), pads, (*a[3], *b[3]), (*a[4], *b[4]), auto))
+    return tuple(out)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.cases import oa16
+from unity_eq.ops.cases import AUTO_PADS, oa16, window_pairs, window_product
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, need, out_dtype, pool_out, window_attrs, window_defaults, window_positions
@@ -104,6 +104,31 @@ _CONV_2D = [  # (H, W, kernel, pads, strides, dilations)
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
+    """Two parts. (1) Every window of the product (``cases.window_product``: sizes 1-6, kernels 1-3, strides
+    1-3, dilations 1-2, every ``auto_pad``, every pair of pads 0-2) and the 2-D windows whose axes differ
+    (``cases.window_pairs``), each with (N, C, M) = (1, 1, 1) and (2, 2, 2), groups 1 and 2, with and without
+    bias: every attribute combination meets the batch, channel and group splits of a mesh axis of 2.
+    (2) (N, C, M) from the orthogonal array over ``dims`` (each of N, C and M takes every dim), each with a
+    1-D window (every other row a 2-D one) from the short lists above, groups 1 and 2, with and without bias:
+    the splits over axes of 3 and 4. Why the product need not be crossed with every (N, C, M): a Conv's
+    window acts on each (batch, output channel, input channel) plane alike, so what a rule does to the
+    window attributes shows on one plane, and what it does to N, C and M on any window; the two parts
+    cover each, and their meeting (a split of 2 under every window)."""
+    if ranges.sample:
+        yield from _oa_instances(ranges)
+        return
+    for spatial, kern, pads, strides, dils, auto in (*window_product(False), *window_pairs(False)):
+        attrs = dict(
+            auto_pad=auto, dilations=dils, group=1, kernel_shape=kern, pads=pads, strides=strides
+        )
+        yield {"X": (1, 1, *spatial), "W": (1, 1, *kern), "B": None}, attrs
+        for g, with_bias in itertools.product((1, 2), (True, False)):
+            x, w = (2, 2, *spatial), (2, 2 // g, *kern)
+            yield {"X": x, "W": w, "B": (2,) if with_bias else None}, {**attrs, "group": g}
+    yield from _oa_instances(ranges)
+
+
+def _oa_instances(ranges: InstanceRanges) -> Iterator[Instance]:
     """(N, C, M) from the orthogonal array over ``dims``, each with a 1-D window (and every other row a 2-D
     one) from the lists above, groups 1 and 2, with and without bias, ``auto_pad`` VALID now and then."""
     d = ranges.dims
@@ -121,7 +146,7 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
                 if not with_bias and (i + g) % 2:
                     continue
                 x, w = (n, c, *spatial), (m, c // g, *kern)
-                auto = "VALID" if i % 7 == 3 else "NOTSET"
+                auto = AUTO_PADS[i % 4] if i % 3 == 0 else "NOTSET"
                 attrs = dict(
                     auto_pad=auto,
                     dilations=dils,
@@ -207,8 +232,9 @@ CONV = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "(N, C, M) from an orthogonal array over dims 1-4, 1-D and 2-D windows with pads, strides and dilations,"
-        " groups 1 and 2, with and without bias, auto_pad NOTSET and VALID"
+        "every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every auto_pad and every pair of"
+        " pads 0-2, and 2-D windows whose axes differ, each with (N, C, M) = (1, 1, 1) and (2, 2, 2), groups 1"
+        " and 2, with and without bias; and (N, C, M) from an orthogonal array over dims 1-4 with a few windows"
     ),
     axioms=axioms,
     normalize=normalize,

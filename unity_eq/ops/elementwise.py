@@ -218,7 +218,9 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
     also lack leading dims where it is size 1 (every rank deficit), and an optional one be absent."""
     tensors = [a for a in spec.args if a.sort == "T"]
     k = len(tensors)
-    for r in range(min(cfg.other_rank, cfg.max_rank) + 1):
+    for r in range(cfg.max_rank + 1):
+        if r > 3 and k > 2 and not cfg.sample:
+            continue  # three operands at rank 4: 8^4 patterns of which are size 1 per output shape, times each nesting
         dims = _broadcast_dims(cfg, r, k)
         positions = broadcast_positions(k, dims)
         rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
@@ -246,11 +248,15 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
 
 
 def _broadcast_dims(cfg: InstanceRanges, rank: int, k: int) -> Sequence[int]:
-    """``dims`` up to rank 2; at rank 3 ``rank4_dims`` (two operands) or 1-2 (three: Where, Clip). Every
-    pattern of three operands at rank 3 over 1-4 is over 10^5 instances, and each nested operator multiplies
-    them."""
+    """``dims`` up to rank 2; at rank 3 ``rank4_dims`` (two operands) or 1-2 (three: Where, Clip); at rank 4
+    1-2 (one and two operands). Every pattern of three operands at rank 3 over 1-4 is over 10^5 instances,
+    and each nested operator multiplies them. Rank 4 is there for the permutations: at rank 3 every
+    permutation fixing dim 0 is its own inverse, so a rule that uses p where p^-1 is needed passes; values
+    on dims of 2 tell p from p^-1 at rank 4 (the dims' sizes need not differ)."""
     if cfg.sample or rank <= 2:
         return cfg.dims
+    if rank >= 4:
+        return cfg.dims[:2]
     return cfg.rank4_dims if k <= 2 else cfg.dims[:2]
 
 
@@ -373,10 +379,10 @@ ELEMENTWISE = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-3, "
-        "every output shape and, at every position, every pattern of full or size-1 operands, every rank "
-        "deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, {1, 2} for three "
-        "operands)"
+        "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4 "
+        "(three operands: 0-3), every output shape and, at every position, every pattern of full or size-1 "
+        "operands, every rank deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, "
+        "{1, 2} at rank 4 and for three operands at rank 3)"
     ),
     axioms=axioms,
     saved=saved,

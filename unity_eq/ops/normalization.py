@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from unity_eq.ops.cases import other_shapes
+from unity_eq.ops.cases import shape_pool
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, check_axis, need, norm_axis, reduce_elements
@@ -81,17 +81,33 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
 
 
 def _softmax_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    for shape in other_shapes(cfg):
+    """Every shape of rank 1 to ``max_rank`` (rank 4 over ``rank4_dims``), every axis."""
+    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
             yield {"X": shape}, {"axis": axis}
 
 
+def _param_shapes(norm: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The shapes a LayerNormalization Scale (or B) may take: the normalized shape, every shape of lower rank
+    that broadcasts to it (its trailing dims), and ones where it is larger than 1 (broadcast within a dim)."""
+    out = [norm, *(norm[j:] for j in range(1, len(norm))), tuple(1 for _ in norm)]
+    return list(dict.fromkeys(out))
+
+
 def _layernorm_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    for i, shape in enumerate(other_shapes(cfg)):
+    """Every shape of rank 1 to ``max_rank`` (rank 4 over ``rank4_dims``), every axis, every Scale shape of
+    :func:`_param_shapes` (a rule that reads Scale as the full normalized shape met a lower-rank one only
+    here), B absent or of Scale's shape."""
+    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
             norm = shape[axis:]
-            bias = norm if (i + axis) % 2 == 0 else None
-            yield {"X": shape, "Scale": norm, "B": bias}, {"axis": axis}
+            # rank 4 is there for the permutations (docs/verify.md): its Scale is the normalized shape; the
+            # lower-rank Scales are shown at ranks 1-3, where how Scale broadcasts is the same
+            for scale in _param_shapes(norm) if len(shape) <= 3 else [norm]:
+                # B beside each Scale: absent, and present in Scale's own shape (B of every other shape
+                # broadcasts the same way as Scale does, which the Scale shapes already cover)
+                for bias in (None, scale):
+                    yield {"X": shape, "Scale": scale, "B": bias}, {"axis": axis}
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
@@ -157,7 +173,10 @@ NORMALIZATION = OpFamily(
     evaluate=evaluate,
     instances=instances,
     flops=flops,
-    ranges="every shape of rank 1-3 with dims 1-4, every axis; LayerNormalization with and without B",
+    ranges=(
+        "every shape of rank 1-4 (dims 1-4 up to rank 3, {1, 2, 4} at rank 4), every axis; LayerNormalization's"
+        " Scale of the normalized shape and (ranks 1-3) of every lower rank and all ones, B absent or as Scale"
+    ),
     axioms=axioms,
     normalize=normalize,
     saved=saved,

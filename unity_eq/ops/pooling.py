@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from unity_eq.ops.cases import window_pairs, window_product
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
@@ -231,6 +232,24 @@ _POOL_WINDOWS: list[tuple[Shape, Shape, Shape, Shape, Shape, int, int]] = [
 
 
 def _pooling(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    """The windowed poolings: every window of the product (``cases.window_product``/``window_pairs``:
+    sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every ``auto_pad``, every pair of pads below the
+    kernel) crossed with ``ceil_mode`` 0/1 and (AveragePool) ``count_include_pad`` 0/1, on (N, C) = (1, 1)
+    and (2, 3) (a split of 2 along the batch, of 3 along the channels); then every (N, C) over ``dims``
+    with two of the short windows above (splits of 2-4). A window acts on each (batch, channel) plane alike,
+    so the product need not be crossed with every (N, C) (conv.py's argument)."""
+    if spec.name in ("MaxPool", "AveragePool") and not cfg.sample:
+        cips = (0, 1) if spec.name == "AveragePool" else (0,)
+        for (spatial, kern, pads, strides, dils, auto), ceil, cip in itertools.product(
+            (*window_product(True), *window_pairs(True)), (0, 1), cips
+        ):
+            given: dict[str, Any] = dict(
+                auto_pad=auto, kernel_shape=kern, pads=pads, strides=strides, dilations=dils, ceil_mode=ceil
+            )
+            if spec.name == "AveragePool":
+                given["count_include_pad"] = cip
+            for n, c in ((1, 1), (2, 3)):
+                yield {"X": (n, c, *spatial)}, given
     for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
         if spec.name in ("GlobalAveragePool", "GlobalMaxPool"):
             for plane in ((3,), (2, 2), (1,))[: 1 + i % 3]:
@@ -402,9 +421,10 @@ POOLING = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "every (N, C) with dims 1-4: MaxPool and AveragePool with 1-D and 2-D windows (pads, strides,"
-        " dilations, ceil_mode, count_include_pad), the global poolings over 1-3 planes, LRN with sizes 1-3,"
-        " BatchNormalization of rank 2-4"
+        "MaxPool and AveragePool: every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every"
+        " auto_pad and every pair of pads below the kernel, and 2-D windows whose axes differ, times ceil_mode"
+        " and count_include_pad, on (N, C) = (1, 1) and (2, 3); every (N, C) with dims 1-4 with a few windows;"
+        " the global poolings over 1-3 planes, LRN with sizes 1-3, BatchNormalization of rank 2-4"
     ),
     axioms=axioms,
     normalize=normalize,

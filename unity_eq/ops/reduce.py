@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from unity_eq.ops.cases import other_shapes
+from unity_eq.ops.cases import shape_pool
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, static, tensor
 from unity_eq.ops.tensors import Shape, need, norm_axis, reduce_elements
@@ -103,9 +103,11 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
-    """Every shape of rank 1 to ``other_rank``, every set of axes (the empty one: every dim), dims kept or
-    not, ``noop_with_empty_axes`` 0 and 1 (with no axes, 1 is the identity)."""
-    for shape in other_shapes(ranges):
+    """Every shape of rank 1 to ``max_rank`` (rank 4 over ``rank4_dims``: at rank 3 every permutation fixing
+    dim 0 is its own inverse, so a rule that maps axes through p where p^-1 is needed passed there), every set
+    of axes (the empty one: every dim), dims kept or not, ``noop_with_empty_axes`` 0 and 1 (with no axes, 1 is
+    the identity)."""
+    for shape in shape_pool(ranges, range(1, ranges.max_rank + 1)):
         rank = len(shape)
         for size in range(rank + 1):
             for axes in itertools.combinations(range(rank), size):
@@ -190,7 +192,7 @@ REDUCE = OpFamily(
     evaluate=evaluate,
     instances=instances,
     flops=flops,
-    ranges="every shape of rank 1-3 with dims 1-4, every set of axes (empty included), keepdims 0 and 1, "
+    ranges="every shape of rank 1-4 (rank 4 over {1, 2, 4}), every set of axes (empty included), keepdims 0 and 1, "
     "noop_with_empty_axes 0 and 1",
     axioms=axioms,
     normalize=normalize,

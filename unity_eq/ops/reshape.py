@@ -144,12 +144,15 @@ def _transpose_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
 def _expand_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Every target shape of every input shape up to ``other_rank``: a size-1 dim expands to each of
     ``dims``, a larger one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new
-    leading dim of each size."""
+    leading dim of each size, or two of sizes 1-3 (up to rank 4: a rule that counts the new dims as one met
+    none before)."""
     for shape in shape_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
         per_dim = [cfg.dims if n == 1 else (n, 1) for n in shape]
         leads: list[tuple[int, ...]] = [()]
         if len(shape) < cfg.other_rank:
             leads += [(n,) for n in cfg.dims]
+        if len(shape) + 2 <= cfg.max_rank and not cfg.sample:
+            leads += [(a, b) for a in cfg.dims[:3] for b in cfg.dims[:3]]  # two new leading dims
         for j, (lead, rest) in enumerate(itertools.product(leads, itertools.product(*per_dim))):
             if cfg.sample and j % 3:
                 continue
@@ -321,7 +324,8 @@ RESHAPE = OpFamily(
         "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
         " number of elements, Flatten at every axis, Squeeze of every set of size-1 dims, Unsqueeze of every one"
         " or two new axes; Transpose: rank 1-4, every permutation; Expand: input rank 0-3, every target (a size-1"
-        " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size)"
+        " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size,"
+        " or two of sizes 1-3)"
     ),
     axioms=axioms,
     normalize=normalize,

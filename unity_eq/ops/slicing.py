@@ -144,14 +144,22 @@ def _gather(args: Sequence[Any], bk: Any) -> Any:
 
 
 def _concat_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it."""
+    """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it (three operands
+    beyond rank 2: sizes 1-2, and at rank 4 other dims of 1-2)."""
     out: list[Instance] = []
     for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
             if shape[axis] != cfg.dims[0]:
                 continue  # the other dims range over every shape; the axis dim is each operand's own
-            for count in (1, 2, 3) if len(shape) <= 2 else (1, 2):
-                for sizes in itertools.product(rank_dims(cfg, len(shape)), repeat=count):
+            for count in (1, 2, 3):
+                sizes_from = rank_dims(cfg, len(shape))
+                if count == 3 and len(shape) > 2:
+                    # three operands beyond rank 2 (a permutation of three operands at rank 4 is no
+                    # involution): sizes 1-2 along the axis, and at rank 4 the other dims 1-2 too
+                    if cfg.sample or (len(shape) > 3 and any(n > 2 for n in shape)):
+                        continue
+                    sizes_from = cfg.dims[:2]
+                for sizes in itertools.product(sizes_from, repeat=count):
                     items = [(*shape[:axis], n, *shape[axis + 1 :]) for n in sizes]
                     out.append(({"inputs": items}, {"axis": axis}))
     # every case fits (the operands agree outside the axis), so this strides the instances themselves
@@ -164,32 +172,66 @@ def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
     return [(first, *rest) for first in range(1, total) for rest in _compositions(total - first, parts - 1)]
 
 
+def _with_a_zero(total: int, parts: int) -> list[tuple[int, ...]]:
+    """Splits of ``total`` into ``parts`` sizes, one of them 0 (ONNX allows an empty output)."""
+    return [(*c[:z], 0, *c[z:]) for c in _compositions(total, parts - 1) for z in range(parts)]
+
+
 def _split_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
+    """Every composition of the dim into 1-3 parts and, into 2 and 3 parts, with one empty part (its
+    neighbours' output indices shift: a rule that counts outputs by position met none before) on shapes of
+    rank 1-2; every non-empty output (an empty one has a dim of 0, beyond the ranges)."""
     for i, shape in enumerate(shape_pool(cfg, range(1, cfg.max_rank + 1))):
         for axis in range(len(shape)):
             options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
-            for j, sizes in enumerate(options):
+            if len(shape) <= 2:  # where a part is empty does not depend on the other dims: ranks 1-2 show it
+                options += [c for p in (2, 3) for c in _with_a_zero(shape[axis], p)]
+            for j, sizes in enumerate(dict.fromkeys(options)):
                 if cfg.sample and len(options) > 3 and (i + j) % 2:
                     continue
                 for index in range(len(sizes)):
-                    yield OpCase({"input": shape}, {"split": sizes, "axis": axis}, index)
+                    if sizes[index]:
+                        yield OpCase({"input": shape}, {"split": sizes, "axis": axis}, index)
 
 
 def _axis_slices(n: int, every: bool) -> list[tuple[int, int, int]]:
     """(start, end, step) on a dim of size ``n`` that select at least one element. ``every``: each start
-    from ``-n`` to ``n-1``, each end from ``-n`` to ``n`` and past it (clamped, as exporters write
+    from ``-n`` to ``n-1`` and one below ``-n`` (clamped to 0, as a start of INT64_MIN is), each end from
+    ``-n`` to ``n`` and past it (clamped, as exporters write
     INT64_MAX), steps 1-3, so a guard on the numbers (``(<= (vec-get st 0) 1)``) meets every slice it admits,
     negative spellings included. Otherwise the few a rule over two axes needs: from the start, from 1 or
     from the last element, to the end, to 1 or to the last, steps 1 and 2."""
-    starts = range(-n, n) if every else sorted({0, min(1, n - 1), -1})
+    starts = [-n - 2, *range(-n, n)] if every else sorted({0, min(1, n - 1), -1})
     ends = [*range(-n, n + 1), n + 3] if every else sorted({1, -1, n, n + 3})
     steps = (1, 2, 3) if every else (1, 2)
     return [(s, e, st) for s in starts for e in ends for st in steps if len(range(n)[s:e:st]) > 0]
 
 
+#: dims beyond ``dims``: each is a multiple of a step (or 1) that is at least step x mesh size but not a
+#: multiple of it (6 = 2·3 >= 2·2, 9 >= 3·2, 8 >= 2·3, 12 >= 2·4 and 3·3), so that a guard ">= n * step"
+#: differs from "n * step divides the dim" on some case (issue 21)
+LARGE_DIMS = (5, 6, 8, 9, 12)
+
+
+def _large_slices(n: int) -> list[tuple[int, int, int]]:
+    """Slices of a large dim: from the start, 1, 2, the last or below ``-n``; to 1, the last, the end or past
+    it; steps 1-4."""
+    starts = sorted({0, 1, 2, -1, -n - 2})
+    ends = sorted({1, -1, n - 1, n, n + 3})
+    return [(s, e, st) for s in starts for e in ends for st in (1, 2, 3, 4) if len(range(n)[s:e:st]) > 0]
+
+
 def _slice_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Every non-empty one-axis slice of every shape (:func:`_axis_slices`); two-axis slices of rank-2
-    shapes from the smaller per-axis set."""
+    shapes from the smaller per-axis set; slices of :data:`LARGE_DIMS` along the last axis of ``(n,)``,
+    ``(2, n)`` and ``(3, n)`` (splits of the other dim while a strided slice runs along it)."""
+    if not cfg.sample:
+        for n in LARGE_DIMS:
+            large: tuple[tuple[int, ...], ...] = ((n,), (2, n), (3, n), (n, 2))
+            for big in large:
+                axis = big.index(n)
+                for start, end, step in _large_slices(n):
+                    yield {"data": big}, {"starts": (start,), "ends": (end,), "axes": (axis,), "steps": (step,)}
     for shape in other_shapes(cfg):
         rank = len(shape)
         choices: list[tuple[tuple[int, ...], list[tuple[tuple[int, int, int], ...]]]] = [
@@ -387,11 +429,12 @@ SLICING = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "Concat: rank 1-4, every axis, 1-2 operands (3 up to rank 2), every size of every operand along the axis;"
-        " Split: rank 1-4, every axis, every composition of the dim into 1-3 parts, every output; Slice: rank 1-3,"
-        " every axis, every (start, end, step) that selects at least one element (starts -n … n-1, ends -n … n"
-        " and past the end, steps 1-3), two-axis slices of rank-2 tensors; Gather: data rank 1-3, every axis,"
-        " indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
+        "Concat: rank 1-4, every axis, 1-3 operands (three beyond rank 2: sizes 1-2), every size of every operand"
+        " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts (ranks 1-2:"
+        " also with one empty part), every non-empty output; Slice: rank 1-3, every axis, every (start, end,"
+        " step) that selects at least one element (starts -n-2 and -n … n-1, ends -n … n and past the end,"
+        " steps 1-3), two-axis slices of rank-2 tensors, dims 5-12 sliced with steps 1-4; Gather: data rank 1-3,"
+        " every axis, indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
     ),
     axioms=axioms,
     normalize=normalize,

@@ -53,6 +53,23 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
         for block in range(1, max(ranges.dims) + 1):
             if shape[2] % block == 0 and shape[3] % block == 0:
                 yield {"input": shape}, {"blocksize": block}
+    if ranges.sample:
+        return
+    for big, block in LARGE:
+        for n in (1, 2):
+            yield {"input": (n, 1, big, block)}, {"blocksize": block}
+            yield {"input": (n, 1, block, big)}, {"blocksize": block}
+
+
+#: (a height or width H, a blocksize b dividing it). A split of H over a mesh axis of n is sound when each
+#: piece's H / n rows are a multiple of b; with dims 1-4 every such H with H >= n * b was a multiple of n * b,
+#: so a split guarded by ">= n * b" passed and onnxruntime rejected the plan at H = 6 (issue 21). The H that
+#: tell the two guards apart are the multiples of n and b, at least n * b, whose H / n is no multiple of b:
+#: for mesh sizes n of 2-4 and blocksizes 1-4 the smallest are 6 (n = 2, b = 2 or 3), 12 (n = 4, b = 2;
+#: n = 3, b = 3; n = 2, b = 4) and 20 (n = 4, b = 4); the other pairs have none (b = 1; n = 3, b = 2 or 4;
+#: n = 4, b = 3: there H / n is always a multiple of b), so these dims are every case the guards differ on
+#: up to the smallest.
+LARGE = ((6, 2), (12, 2), (6, 3), (12, 3), (12, 4), (20, 4))
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
@@ -74,6 +91,9 @@ SPACE_TO_DEPTH = OpFamily(
     evaluate=evaluate,
     instances=instances,
     flops=flops,
-    ranges="every rank-4 input with dims 1-4 and every blocksize 1-4 that divides its height and width",
+    ranges=(
+        "every rank-4 input with dims 1-4 and every blocksize 1-4 that divides its height and width; heights and"
+        " widths 6, 12 and 20 (blocksizes 2-4) where a split's pieces are not multiples of the blocksize"
+    ),
     saved=saved,
 )
