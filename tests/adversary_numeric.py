@@ -511,3 +511,29 @@ def _an_relu_partial() -> tuple[Side, Side]:
 def _an_concat3() -> tuple[Side, Side]:
     a, b, c = f32((1,)), f32((1,), 1), f32((1,), 2)
     return (lambda: shape_of(run("Concat", a, b, c, axis=0))), (lambda: i64(2))
+
+
+# ----------------------------------------------------------------------------------------- more, various
+@counterexample("adv-rank4-mask-add-split-leading-dims")
+def _mask_add() -> tuple[Side, Side]:
+    x, m = f32((1, 2, 2, 2)), f32((2, 2, 2), 1)
+    return (lambda: run("Add", x, m)), (lambda: gather([run("Add", p, m) for p in chunks(x, 1, 2)], 1))
+
+
+@counterexample("adv-flatten-as-reshape-zero-minus-one")
+def _flatten() -> tuple[Side, Side]:
+    x = f32((2, 3, 4))
+    return (lambda: run("Flatten", x, axis=2)), (lambda: run("Reshape", x, i64(0, -1)))
+
+
+@counterexample("adv-nan-where-greater-as-max")
+def _nan_max() -> tuple[Side, Side]:
+    a, b = np.array([np.nan], np.float32), np.array([1.0], np.float32)
+    return (lambda: run("Where", run("Greater", a, b), a, b)), (lambda: run("Max", a, b))
+
+
+@counterexample("adv-float-cancel-addend-in-compare")
+def _float_compare() -> tuple[Side, Side]:
+    a, b, c = np.array([1.0], np.float32), np.array([0.0], np.float32), np.array([1e8], np.float32)
+    as_float = lambda t: t.astype(np.float32)  # noqa: E731  (booleans compared as 0/1)
+    return (lambda: as_float(run("Greater", run("Add", a, c), run("Add", b, c)))), (lambda: as_float(run("Greater", a, b)))
