@@ -145,13 +145,17 @@ def _layernorm_neg() -> tuple[Side, Side]:
 def _concat_neg() -> tuple[Side, Side]:
     a, b = f32((1, 2)), f32((1, 2), 1)
     pieces = zip(chunks(a, 1, 2), chunks(b, 1, 2), strict=True)
-    return (lambda: run("Concat", a, b, axis=-1)), (lambda: gather([run("Concat", x, y, axis=-1) for x, y in pieces], 1))
+    return (lambda: run("Concat", a, b, axis=-1)), (
+        lambda: gather([run("Concat", x, y, axis=-1) for x, y in pieces], 1)
+    )
 
 
 @counterexample("adv-negaxis-slice-split")
 def _slice_neg() -> tuple[Side, Side]:
     x, st, en, ax = f32((4,)), i64(1), i64(3), i64(-1)
-    return (lambda: run("Slice", x, st, en, ax)), (lambda: gather([run("Slice", p, st, en, ax) for p in chunks(x, 0, 2)], 0))
+    return (lambda: run("Slice", x, st, en, ax)), (
+        lambda: gather([run("Slice", p, st, en, ax) for p in chunks(x, 0, 2)], 0)
+    )
 
 
 @counterexample("adv-negaxis-gather-split-data-inner")
@@ -231,7 +235,9 @@ def _slice_slice() -> tuple[Side, Side]:
 @counterexample("adv-split-as-slice-drop-last")
 def _split_drop_last() -> tuple[Side, Side]:
     x = f32((3,))
-    return (lambda: run("Split", x, i64(1, 1, 1), axis=0, outputs=3)), (lambda: run("Slice", x, i64(0), i64(-1), i64(0)))
+    return (lambda: run("Split", x, i64(1, 1, 1), axis=0, outputs=3)), (
+        lambda: run("Slice", x, i64(0), i64(-1), i64(0))
+    )
 
 
 @counterexample("adv-gather-gather-commute")
@@ -245,7 +251,9 @@ def _gather_gather() -> tuple[Side, Side]:
 @counterexample("adv-gather-scalar-index-split-inner")
 def _gather_scalar() -> tuple[Side, Side]:
     a, i = f32((2, 2)), np.array(0, dtype=np.int64)
-    return (lambda: run("Gather", a, i, axis=0)), (lambda: gather([run("Gather", p, i, axis=0) for p in chunks(a, 1, 2)], 1))
+    return (lambda: run("Gather", a, i, axis=0)), (
+        lambda: gather([run("Gather", p, i, axis=0) for p in chunks(a, 1, 2)], 1)
+    )
 
 
 # ----------------------------------------------------------------------------------------- broadcasting
@@ -354,7 +362,9 @@ def _rows_vector() -> tuple[Side, Side]:
 def _conv_group() -> tuple[Side, Side]:
     a, w, b = f32((1, 2, 1, 1)), f32((2, 1, 1, 1), 1), f32((2,), 2)
     pieces = zip(chunks(w, 0, 2), chunks(b, 0, 2), strict=True)
-    return (lambda: run("Conv", a, w, b, group=2)), (lambda: gather([run("Conv", a, wp, bp, group=2) for wp, bp in pieces], 1))
+    return (lambda: run("Conv", a, w, b, group=2)), (
+        lambda: gather([run("Conv", a, wp, bp, group=2) for wp, bp in pieces], 1)
+    )
 
 
 @counterexample("adv-conv-hw-swap-asymmetric-pads")
@@ -435,7 +445,7 @@ def _matmul_2d() -> tuple[Side, Side]:
     j and computes y[i, j] = a_i @ b_j (forward values are right). The backward of MatMul gives b_j's gradient
     a_i^T g[i, j] on device (i, j); only a Replicate of b's piece on a1 all-reduces it over i. Without it the
     device keeps its own term: compared here with the true gradient a^T g restricted to column block j."""
-    a, b, g = f32((2, 2)), f32((2, 2), 1), f32((2, 2), 2)  # g: the loss gradient arriving at y = a @ b
+    a, g = f32((2, 2)), f32((2, 2), 2)  # g: the loss gradient arriving at y = a @ b (b does not enter it)
     true_grad_b0 = lambda: (a.T @ g)[:, :1]  # noqa: E731
     device_00 = lambda: run("MatMul", chunks(a, 0, 2)[0].T.copy(), chunks(chunks(g, 0, 2)[0], 1, 2)[0])  # noqa: E731
     return true_grad_b0, device_00
@@ -536,4 +546,14 @@ def _nan_max() -> tuple[Side, Side]:
 def _float_compare() -> tuple[Side, Side]:
     a, b, c = np.array([1.0], np.float32), np.array([0.0], np.float32), np.array([1e8], np.float32)
     as_float = lambda t: t.astype(np.float32)  # noqa: E731  (booleans compared as 0/1)
-    return (lambda: as_float(run("Greater", run("Add", a, c), run("Add", b, c)))), (lambda: as_float(run("Greater", a, b)))
+    return (lambda: as_float(run("Greater", run("Add", a, c), run("Add", b, c)))), (
+        lambda: as_float(run("Greater", a, b))
+    )
+
+
+@counterexample("adv-slice-split-first-axis-only")
+def _slice_two_axes() -> tuple[Side, Side]:
+    x, st, en, ax = f32((2, 4)), i64(0, 1), i64(2, 3), i64(0, 1)
+    return (lambda: run("Slice", x, st, en, ax)), (
+        lambda: gather([run("Slice", p, st, en, ax) for p in chunks(x, 1, 2)], 1)
+    )
