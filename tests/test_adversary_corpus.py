@@ -115,6 +115,7 @@ SLOW: set[str] = {
     "adv-slice-slice-compose-negative",
     "adv-ok-slice-slice-compose",
     "adv-ok-2axis-matmul-2d",
+    "adv-ok-where-partial-both-branches",
 }
 
 
