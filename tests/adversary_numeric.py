@@ -1,0 +1,559 @@
+"""Concrete counterexamples for the adversary corpus (``tests/data/adversary_corpus.egg``), run by onnxruntime.
+
+Each ``adv-*`` rule of the corpus has a function here, registered under its name, that builds both sides of
+the rule on the failing shapes and attributes named in the corpus comment, one ONNX node at a time
+(onnxruntime runs every operator; numpy only slices, concatenates and sums the pieces of the device mesh, as
+docs/verify.md "What a rule must keep" defines them), and returns the two values. The test asserts they
+differ: a different shape, a different value, or a right-hand side that onnxruntime refuses to evaluate (an
+operator applied to shapes it does not take). None of this uses the verifier: it is the independent evidence
+that each rule is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+OPSET = 18
+Side = Callable[[], np.ndarray]
+COUNTEREXAMPLES: dict[str, Callable[[], tuple[Side, Side]]] = {}
+
+
+class Invalid(Exception):
+    """onnxruntime (or the mesh simulation) cannot evaluate a side on these shapes."""
+
+
+def counterexample(name: str) -> Callable[[Callable[[], tuple[Side, Side]]], Callable[[], tuple[Side, Side]]]:
+    """Register the counterexample of corpus rule ``name``."""
+
+    def register(fn: Callable[[], tuple[Side, Side]]) -> Callable[[], tuple[Side, Side]]:
+        COUNTEREXAMPLES[name] = fn
+        return fn
+
+    return register
+
+
+def run(op: str, *inputs: Any, outputs: int = 1, index: int = 0, **attrs: Any) -> np.ndarray:
+    """Output ``index`` of one ONNX node ``op`` with ``outputs`` outputs on ``inputs`` (numpy arrays; ``None``
+    for an absent optional input), by onnxruntime."""
+    names, feeds, graph_inputs = [], {}, []
+    for k, value in enumerate(inputs):
+        if value is None:
+            names.append("")
+            continue
+        arr = np.asarray(value)
+        name = f"in{k}"
+        names.append(name)
+        feeds[name] = arr
+        dtype = helper.np_dtype_to_tensor_dtype(arr.dtype)
+        graph_inputs.append(helper.make_tensor_value_info(name, dtype, arr.shape))
+    out_names = [f"out{k}" for k in range(outputs)]
+    node = helper.make_node(op, names, out_names, **attrs)
+    outs = [onnx.ValueInfoProto(name=o) for o in out_names]  # types left to onnxruntime's inference
+    graph = helper.make_graph([node], "g", graph_inputs, outs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    try:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return np.asarray(session.run(None, feeds)[index])
+    except Exception as exc:  # onnxruntime/onnx refusing the node is the evidence, kept as its message
+        raise Invalid(f"{op}: {exc}") from exc
+
+
+def i64(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def f32(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Distinct values: a coincidence cannot make the sides agree."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def chunks(x: np.ndarray, d: int, n: int) -> list[np.ndarray]:
+    """Partition: piece i of n equal contiguous chunks along d."""
+    if x.shape[d] % n:
+        raise Invalid(f"dim {d} of size {x.shape[d]} does not split into {n}")
+    return list(np.split(x, n, axis=d))
+
+
+def gather(pieces: list[np.ndarray], d: int) -> np.ndarray:
+    """Combine: the all-gather, pieces concatenated in axis order."""
+    try:
+        return np.concatenate(pieces, axis=d)
+    except (ValueError, np.exceptions.AxisError) as exc:
+        raise Invalid(f"Combine along {d}: {exc}") from exc
+
+
+def differ(lhs: Side, rhs: Side) -> str:
+    """Why the sides differ ('' when they agree). The left-hand side must evaluate."""
+    want = lhs()
+    try:
+        got = rhs()
+    except Invalid as exc:
+        return f"right-hand side invalid: {exc}"
+    if want.shape != got.shape:
+        return f"shapes {want.shape} vs {got.shape}"
+    if not np.allclose(want, got, equal_nan=False):
+        return f"values {want.ravel()[:6]} vs {got.ravel()[:6]}"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------- rank > 4
+@counterexample("adv-rank5-transpose-swap01-twice")
+def _transpose_swap01() -> tuple[Side, Side]:
+    a, p = f32((2, 3, 4, 5, 6)), [1, 0, 3, 4, 2]
+    return (lambda: run("Transpose", run("Transpose", a, perm=p), perm=p)), (lambda: a)
+
+
+@counterexample("adv-rank5-global-avgpool-as-mean")
+def _gap_rank5() -> tuple[Side, Side]:
+    a = f32((1, 1, 2, 1, 2))
+    return (lambda: run("GlobalAveragePool", a)), (lambda: run("ReduceMean", a, i64(2, 3), keepdims=1))
+
+
+@counterexample("adv-rank4-bcast-transpose-add")
+def _transpose_add() -> tuple[Side, Side]:
+    a, b, p = f32((2, 2, 1, 1)), f32((2, 1, 1), 1), [1, 0, 2, 3]
+    return (lambda: run("Add", run("Transpose", a, perm=p), b)), (lambda: run("Transpose", run("Add", a, b), perm=p))
+
+
+# ------------------------------------------------------------------------------------------ negative axes
+@counterexample("adv-negaxis-softmax-split")
+def _softmax_neg() -> tuple[Side, Side]:
+    a = f32((2, 2))
+    return (lambda: run("Softmax", a, axis=-1)), (
+        lambda: gather([run("Softmax", p, axis=-1) for p in chunks(a, 1, 2)], 1)
+    )
+
+
+@counterexample("adv-negaxis-layernorm-split")
+def _layernorm_neg() -> tuple[Side, Side]:
+    a, s, b = f32((2, 2)), f32((2,), 1), f32((2,), 2)
+    return (lambda: run("LayerNormalization", a, s, b, axis=-1)), (
+        lambda: gather([run("LayerNormalization", p, s, b, axis=-1) for p in chunks(a, 1, 2)], 1)
+    )
+
+
+@counterexample("adv-negaxis-concat-split")
+def _concat_neg() -> tuple[Side, Side]:
+    a, b = f32((1, 2)), f32((1, 2), 1)
+    pieces = zip(chunks(a, 1, 2), chunks(b, 1, 2), strict=True)
+    return (lambda: run("Concat", a, b, axis=-1)), (
+        lambda: gather([run("Concat", x, y, axis=-1) for x, y in pieces], 1)
+    )
+
+
+@counterexample("adv-negaxis-slice-split")
+def _slice_neg() -> tuple[Side, Side]:
+    x, st, en, ax = f32((4,)), i64(1), i64(3), i64(-1)
+    return (lambda: run("Slice", x, st, en, ax)), (
+        lambda: gather([run("Slice", p, st, en, ax) for p in chunks(x, 0, 2)], 0)
+    )
+
+
+@counterexample("adv-negaxis-gather-split-data-inner")
+def _gather_neg() -> tuple[Side, Side]:
+    a, i = f32((2, 4)), i64(1)
+    return (lambda: run("Gather", a, i, axis=-1)), (
+        lambda: gather([run("Gather", p, i, axis=-1) for p in chunks(a, 1, 2)], 1 + 1 - 1)
+    )
+
+
+@counterexample("adv-negaxis-reducemax-split")
+def _reducemax_neg() -> tuple[Side, Side]:
+    a, axes = f32((2, 2)), i64(-1)
+    return (lambda: run("ReduceMax", a, axes, keepdims=1)), (
+        lambda: gather([run("ReduceMax", p, axes, keepdims=1) for p in chunks(a, 1, 2)], 1)
+    )
+
+
+# ------------------------------------------------------------------------------------ Transpose / Reshape
+@counterexample("adv-transpose-unit-front-as-reshape")
+def _transpose_reshape() -> tuple[Side, Side]:
+    x, p = f32((2, 2, 1)), [2, 1, 0]
+    return (lambda: run("Transpose", x, perm=p)), (lambda: run("Reshape", x, i64(1, 2, 2)))
+
+
+@counterexample("adv-reshape-reshape-zero-copies")
+def _reshape_reshape() -> tuple[Side, Side]:
+    x = f32((2, 3))
+    return (lambda: run("Reshape", run("Reshape", x, i64(3, 2)), i64(0, -1))), (lambda: run("Reshape", x, i64(0, -1)))
+
+
+@counterexample("adv-reshape-allowzero-flip")
+def _allowzero() -> tuple[Side, Side]:
+    x = f32((2, 3))
+    return (lambda: run("Reshape", x, i64(0, 3), allowzero=0)), (lambda: run("Reshape", x, i64(0, 3), allowzero=1))
+
+
+# ---------------------------------------------------------------------------------- Concat / Split, uneven
+@counterexample("adv-concat-block-swap-uneven")
+def _block_swap() -> tuple[Side, Side]:
+    a, b, c, d = f32((1, 1)), f32((1, 2), 1), f32((1, 2), 2), f32((1, 1), 3)
+    return (lambda: run("Concat", run("Concat", a, b, axis=1), run("Concat", c, d, axis=1), axis=0)), (
+        lambda: run("Concat", run("Concat", a, c, axis=0), run("Concat", b, d, axis=0), axis=1)
+    )
+
+
+@counterexample("adv-split-concat-equal-halves")
+def _split_halves() -> tuple[Side, Side]:
+    a, b = f32((1,)), f32((3,), 1)
+    return (lambda: run("Split", run("Concat", a, b, axis=0), i64(2, 2), axis=0, outputs=2)), (lambda: a)
+
+
+@counterexample("adv-split-concat-first-two-parts")
+def _split_first_two() -> tuple[Side, Side]:
+    x = f32((4,))
+    parts = lambda: [run("Split", x, i64(1, 1, 2), axis=0, outputs=3, index=k) for k in (0, 1)]  # noqa: E731
+    return (lambda: run("Concat", *parts(), axis=0)), (lambda: x)
+
+
+@counterexample("adv-gather-concat-axis-shift")
+def _gather_concat() -> tuple[Side, Side]:
+    a, b, i = f32((2, 2)), f32((2, 2), 1), np.array(0, dtype=np.int64)
+    return (lambda: run("Gather", run("Concat", a, b, axis=1), i, axis=0)), (
+        lambda: run("Concat", run("Gather", a, i, axis=0), run("Gather", b, i, axis=0), axis=1)
+    )
+
+
+# ---------------------------------------------------------------------------------------- Gather / Slice
+@counterexample("adv-slice-slice-compose-negative")
+def _slice_slice() -> tuple[Side, Side]:
+    x = f32((4,))
+    return (lambda: run("Slice", run("Slice", x, i64(1), i64(4), i64(0)), i64(-2), i64(3), i64(0))), (
+        lambda: run("Slice", x, i64(1 - 2), i64(1 + 3), i64(0))
+    )
+
+
+@counterexample("adv-split-as-slice-drop-last")
+def _split_drop_last() -> tuple[Side, Side]:
+    x = f32((3,))
+    return (lambda: run("Split", x, i64(1, 1, 1), axis=0, outputs=3)), (
+        lambda: run("Slice", x, i64(0), i64(-1), i64(0))
+    )
+
+
+@counterexample("adv-gather-gather-commute")
+def _gather_gather() -> tuple[Side, Side]:
+    x, i, j = f32((2, 2)), i64(1), np.array(0, dtype=np.int64)
+    return (lambda: run("Gather", run("Gather", x, i, axis=1), j, axis=0)), (
+        lambda: run("Gather", run("Gather", x, j, axis=0), i, axis=1)
+    )
+
+
+@counterexample("adv-gather-scalar-index-split-inner")
+def _gather_scalar() -> tuple[Side, Side]:
+    a, i = f32((2, 2)), np.array(0, dtype=np.int64)
+    return (lambda: run("Gather", a, i, axis=0)), (
+        lambda: gather([run("Gather", p, i, axis=0) for p in chunks(a, 1, 2)], 1)
+    )
+
+
+# ----------------------------------------------------------------------------------------- broadcasting
+@counterexample("adv-where-same-branches")
+def _where_same() -> tuple[Side, Side]:
+    c, x = np.array([[True], [False]]), f32((3,))
+    return (lambda: run("Where", c, x, x)), (lambda: x)
+
+
+@counterexample("adv-sub-add-cancel-bcast")
+def _sub_add() -> tuple[Side, Side]:
+    a, b = f32((3,)), f32((2, 3), 1)
+    return (lambda: run("Sub", run("Add", a, b), b)), (lambda: a)
+
+
+@counterexample("adv-reducesum-pull-factor-keepdims0")
+def _pull_factor() -> tuple[Side, Side]:
+    a, b, axes = f32((2, 2)), f32((2, 1), 1), i64(1)
+    return (lambda: run("ReduceSum", run("Mul", a, b), axes, keepdims=0)), (
+        lambda: run("Mul", run("ReduceSum", a, axes, keepdims=0), b)
+    )
+
+
+@counterexample("adv-expand-softmax-axis-shift")
+def _expand_softmax() -> tuple[Side, Side]:
+    x, s = f32((2, 2)), i64(2, 2, 2)
+    return (lambda: run("Softmax", run("Expand", x, s), axis=1)), (lambda: run("Expand", run("Softmax", x, axis=1), s))
+
+
+@counterexample("adv-expand-expand-fuse")
+def _expand_expand() -> tuple[Side, Side]:
+    x = f32((1,))
+    return (lambda: run("Expand", run("Expand", x, i64(3)), i64(1))), (lambda: run("Expand", x, i64(1)))
+
+
+# ------------------------------------------------------------------------------------ Where / Clip bounds
+def scalar(v: float) -> np.ndarray:
+    return np.array(v, dtype=np.float32)
+
+
+@counterexample("adv-clip-clip-intersect")
+def _clip_clip() -> tuple[Side, Side]:
+    x, l1, h1, l2, h2 = scalar(0.5), scalar(0), scalar(1), scalar(2), scalar(3)
+    return (lambda: run("Clip", run("Clip", x, l1, h1), l2, h2)), (
+        lambda: run("Clip", x, run("Max", l1, l2), run("Min", h1, h2))
+    )
+
+
+@counterexample("adv-clip-as-max-of-min")
+def _clip_max_min() -> tuple[Side, Side]:
+    x, lo, hi = scalar(0), scalar(2), scalar(1)
+    return (lambda: run("Clip", x, lo, hi)), (lambda: run("Max", run("Min", x, hi), lo))
+
+
+@counterexample("adv-where-partial-one-branch")
+def _where_partial() -> tuple[Side, Side]:
+    c, y = np.array([True, False]), f32((2,), 1)
+    pieces = [f32((2,), 2), f32((2,), 3)]  # x is a pending sum over 2 devices: x = pieces[0] + pieces[1]
+    return (lambda: run("Where", c, pieces[0] + pieces[1], y)), (lambda: sum(run("Where", c, p, y) for p in pieces))
+
+
+# -------------------------------------------------------------------------------------------- keepdims
+@counterexample("adv-keepdims0-reducesum-fuse")
+def _sum_sum() -> tuple[Side, Side]:
+    x = f32((2, 3, 4))
+    return (lambda: run("ReduceSum", run("ReduceSum", x, i64(0), keepdims=0), i64(1), keepdims=0)), (
+        lambda: run("ReduceSum", x, i64(0, 1), keepdims=0)
+    )
+
+
+@counterexample("adv-unsqueeze-unsqueeze-fuse")
+def _unsqueeze() -> tuple[Side, Side]:
+    x = f32((2, 3))
+    return (lambda: run("Unsqueeze", run("Unsqueeze", x, i64(1)), i64(0))), (lambda: run("Unsqueeze", x, i64(1, 0)))
+
+
+@counterexample("adv-reducesum-empty-axes-split")
+def _sum_empty_axes() -> tuple[Side, Side]:
+    x, axes = f32((2, 2)), np.zeros((0,), dtype=np.int64)
+    return (lambda: run("ReduceSum", x, axes, keepdims=1, noop_with_empty_axes=0)), (
+        lambda: gather([run("ReduceSum", p, axes, keepdims=1, noop_with_empty_axes=0) for p in chunks(x, 0, 2)], 0)
+    )
+
+
+# ---------------------------------------------------------------------------------------- MatMul rank 1
+@counterexample("adv-matmul-assoc-vector-middle")
+def _assoc() -> tuple[Side, Side]:
+    a, b, c = f32((2, 2)), f32((2,), 1), f32((2, 2), 2)
+    return (lambda: run("MatMul", run("MatMul", a, b), c)), (lambda: run("MatMul", a, run("MatMul", b, c)))
+
+
+@counterexample("adv-matmul-cols-vector-b")
+def _cols_vector() -> tuple[Side, Side]:
+    a, b = f32((2, 2)), f32((2,), 1)
+    return (lambda: run("MatMul", a, b)), (lambda: gather([run("MatMul", a, p) for p in chunks(b, 0, 2)], 0))
+
+
+@counterexample("adv-matmul-rows-vector-a")
+def _rows_vector() -> tuple[Side, Side]:
+    a, b = f32((2,)), f32((2, 3), 1)
+    return (lambda: run("MatMul", a, b)), (lambda: gather([run("MatMul", p, b) for p in chunks(a, 0, 2)], 0))
+
+
+# ------------------------------------------------------------------------------------- Conv groups, pads
+@counterexample("adv-conv-group-out-channels")
+def _conv_group() -> tuple[Side, Side]:
+    a, w, b = f32((1, 2, 1, 1)), f32((2, 1, 1, 1), 1), f32((2,), 2)
+    pieces = zip(chunks(w, 0, 2), chunks(b, 0, 2), strict=True)
+    return (lambda: run("Conv", a, w, b, group=2)), (
+        lambda: gather([run("Conv", a, wp, bp, group=2) for wp, bp in pieces], 1)
+    )
+
+
+@counterexample("adv-conv-hw-swap-asymmetric-pads")
+def _conv_pads() -> tuple[Side, Side]:
+    a, w, p, pads = f32((1, 1, 2, 2)), f32((1, 1, 1, 1), 1), [0, 1, 3, 2], [1, 0, 0, 0]
+    conv = lambda x, k: run("Conv", x, k, kernel_shape=[1, 1], pads=pads)  # noqa: E731
+    return (lambda: conv(run("Transpose", a, perm=p), run("Transpose", w, perm=p))), (
+        lambda: run("Transpose", conv(a, w), perm=p)
+    )
+
+
+@counterexample("adv-lrn-channel-split-small-window")
+def _lrn() -> tuple[Side, Side]:
+    a = f32((1, 2, 1, 1))
+    lrn = lambda x: run("LRN", x, alpha=1.0, beta=0.75, bias=1.0, size=3)  # noqa: E731
+    return (lambda: lrn(a)), (lambda: gather([lrn(p) for p in chunks(a, 1, 2)], 1))
+
+
+def batchnorm_training(x: np.ndarray, s: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """BatchNormalization's Y with training_mode 1 (ONNX: the batch's mean and biased variance over every axis
+    but the channel axis 1). onnxruntime's CPU kernel for training_mode 1 is not in the inference build, so
+    this is the formula of the ONNX spec (and its reference implementation)."""
+    axes = tuple(k for k in range(x.ndim) if k != 1)
+    mean, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    return ((x - mean) / np.sqrt(var + eps) * s.reshape(shape) + b.reshape(shape)).astype(np.float32)
+
+
+@counterexample("adv-batchnorm-training-split-batch")
+def _bn_training() -> tuple[Side, Side]:
+    a = np.array([0.0, 2.0], dtype=np.float32).reshape(2, 1, 1, 1)
+    s, b = np.ones(1, np.float32), np.zeros(1, np.float32)
+    return (lambda: batchnorm_training(a, s, b, 1e-5)), (
+        lambda: gather([batchnorm_training(p, s, b, 1e-5) for p in chunks(a, 0, 2)], 0)
+    )
+
+
+@counterexample("adv-maxpool-split-h-kernel-divides-h")
+def _maxpool() -> tuple[Side, Side]:
+    a = f32((1, 1, 6, 1))
+    pool = lambda x: run("MaxPool", x, kernel_shape=[2, 1], strides=[2, 1])  # noqa: E731
+    return (lambda: pool(a)), (lambda: gather([pool(p) for p in chunks(a, 2, 2)], 2))
+
+
+# ------------------------------------------------------------------------------------ Pow / Div / dtypes
+@counterexample("adv-div-mul-cancel")
+def _div_mul() -> tuple[Side, Side]:
+    a, b = np.array([1.0], np.float32), np.array([0.0], np.float32)
+    return (lambda: a), (lambda: run("Div", run("Mul", a, b), b))
+
+
+@counterexample("adv-pow-distribute-mul")
+def _pow_mul() -> tuple[Side, Side]:
+    a, b, c = np.array([-1.0], np.float32), np.array([-1.0], np.float32), np.array([0.5], np.float32)
+    return (lambda: run("Pow", run("Mul", a, b), c)), (lambda: run("Mul", run("Pow", a, c), run("Pow", b, c)))
+
+
+@counterexample("adv-int-div-distribute")
+def _int_div() -> tuple[Side, Side]:
+    a, b, c = np.array([1], np.int32), np.array([1], np.int32), np.array([2], np.int32)
+    return (lambda: run("Div", run("Add", a, b), c)), (lambda: run("Add", run("Div", a, c), run("Div", b, c)))
+
+
+# -------------------------------------------------------------------------------- Softmax axes, perms
+@counterexample("adv-softmax-transpose-inverse-perm")
+def _softmax_perm() -> tuple[Side, Side]:
+    # p = (1 2 0), j = 0: the input dim that lands on output dim 0 is p[0] = 1; the rule uses d with p[d] = 0
+    x, p = f32((2, 3, 4)), [1, 2, 0]
+    return (lambda: run("Softmax", run("Transpose", x, perm=p), axis=0)), (
+        lambda: run("Transpose", run("Softmax", x, axis=2), perm=p)
+    )
+
+
+# ------------------------------------------------------------------------------------- two-axis meshes
+@counterexample("adv-2axis-matmul-2d-no-replicate")
+def _matmul_2d() -> tuple[Side, Side]:
+    """Training: the gradient of b. On a 2 x 2 mesh device (i, j) holds a's row block i and b's column block
+    j and computes y[i, j] = a_i @ b_j (forward values are right). The backward of MatMul gives b_j's gradient
+    a_i^T g[i, j] on device (i, j); only a Replicate of b's piece on a1 all-reduces it over i. Without it the
+    device keeps its own term: compared here with the true gradient a^T g restricted to column block j."""
+    a, g = f32((2, 2)), f32((2, 2), 2)  # g: the loss gradient arriving at y = a @ b (b does not enter it)
+    true_grad_b0 = lambda: (a.T @ g)[:, :1]  # noqa: E731
+    device_00 = lambda: run("MatMul", chunks(a, 0, 2)[0].T.copy(), chunks(chunks(g, 0, 2)[0], 1, 2)[0])  # noqa: E731
+    return true_grad_b0, device_00
+
+
+@counterexample("adv-2axis-combine-order-same-dim")
+def _combine_order() -> tuple[Side, Side]:
+    """x [4] split along 0 on a1 then a2 (2 x 2): device (i, j) holds block 2 i + j (a sound e-graph's
+    pieces: Partition(Partition(G, 0, a1), 0, a2)). The left-hand side gathers on a2 first, then a1: G."""
+    g = f32((4,))
+    piece = {(i, j): chunks(chunks(g, 0, 2)[i], 0, 2)[j] for i in range(2) for j in range(2)}
+    lhs = lambda: gather([gather([piece[i, j] for j in range(2)], 0) for i in range(2)], 0)  # noqa: E731
+    rhs = lambda: gather([gather([piece[i, j] for i in range(2)], 0) for j in range(2)], 0)  # noqa: E731
+    return lhs, rhs
+
+
+@counterexample("adv-negaxis-split-split")
+def _split_neg() -> tuple[Side, Side]:
+    a, s = f32((4,)), i64(2, 2)
+    return (lambda: run("Split", a, s, axis=-1, outputs=2)), (
+        lambda: gather([run("Split", p, s // 2, axis=-1, outputs=2) for p in chunks(a, 0, 2)], 0)
+    )
+
+
+# ------------------------------------------------------------------------ analysis rules, wrong facts
+# Each returns (the fact onnxruntime computes, the fact the analysis rule derives).
+def shape_of(x: np.ndarray) -> np.ndarray:
+    return np.array(x.shape, dtype=np.int64)
+
+
+@counterexample("adv-analysis-transpose-shape-unpermuted")
+def _an_transpose() -> tuple[Side, Side]:
+    x = f32((2, 3))
+    return (lambda: shape_of(run("Transpose", x, perm=[1, 0]))), (lambda: shape_of(x))
+
+
+@counterexample("adv-analysis-reducemean-keepdims0-shape")
+def _an_mean() -> tuple[Side, Side]:
+    x = f32((2, 3))
+    return (lambda: shape_of(run("ReduceMean", x, i64(0), keepdims=0))), (lambda: i64(1, 3))
+
+
+@counterexample("adv-analysis-matmul-vector-shape")
+def _an_matmul() -> tuple[Side, Side]:
+    a, b = f32((2, 3)), f32((3,), 1)
+    return (lambda: shape_of(run("MatMul", a, b))), (lambda: shape_of(a))
+
+
+@counterexample("adv-analysis-mm-row-vector-a")
+def _an_mm_row() -> tuple[Side, Side]:
+    # what matmul-split-rows builds from the fact: a split along "row" dim 0 of a, gathered along output dim 0
+    a, b = f32((2,)), f32((2, 3), 1)
+    return (lambda: run("MatMul", a, b)), (lambda: gather([run("MatMul", p, b) for p in chunks(a, 0, 2)], 0))
+
+
+@counterexample("adv-analysis-reducesum-of-shard-is-shard")
+def _an_sum_shard() -> tuple[Side, Side]:
+    # S(0) on the result says that gathering the devices' pieces along 0 gives the global sum; each device
+    # holds the sum of its own piece
+    x, axes = f32((2,)), i64(0)
+    return (lambda: run("ReduceSum", x, axes, keepdims=1)), (
+        lambda: gather([run("ReduceSum", p, axes, keepdims=1) for p in chunks(x, 0, 2)], 0)
+    )
+
+
+@counterexample("adv-analysis-relu-of-partial")
+def _an_relu_partial() -> tuple[Side, Side]:
+    pieces = [np.array([1.0], np.float32), np.array([-2.0], np.float32)]
+    return (lambda: run("Relu", pieces[0] + pieces[1])), (lambda: sum(run("Relu", p) for p in pieces))
+
+
+@counterexample("adv-analysis-concat3-shape-first-two")
+def _an_concat3() -> tuple[Side, Side]:
+    a, b, c = f32((1,)), f32((1,), 1), f32((1,), 2)
+    return (lambda: shape_of(run("Concat", a, b, c, axis=0))), (lambda: i64(2))
+
+
+# ----------------------------------------------------------------------------------------- more, various
+@counterexample("adv-rank4-mask-add-split-leading-dims")
+def _mask_add() -> tuple[Side, Side]:
+    x, m = f32((1, 2, 2, 2)), f32((2, 2, 2), 1)
+    return (lambda: run("Add", x, m)), (lambda: gather([run("Add", p, m) for p in chunks(x, 1, 2)], 1))
+
+
+@counterexample("adv-flatten-as-reshape-zero-minus-one")
+def _flatten() -> tuple[Side, Side]:
+    x = f32((2, 3, 4))
+    return (lambda: run("Flatten", x, axis=2)), (lambda: run("Reshape", x, i64(0, -1)))
+
+
+@counterexample("adv-nan-where-greater-as-max")
+def _nan_max() -> tuple[Side, Side]:
+    a, b = np.array([np.nan], np.float32), np.array([1.0], np.float32)
+    return (lambda: run("Where", run("Greater", a, b), a, b)), (lambda: run("Max", a, b))
+
+
+@counterexample("adv-float-cancel-addend-in-compare")
+def _float_compare() -> tuple[Side, Side]:
+    a, b, c = np.array([1.0], np.float32), np.array([0.0], np.float32), np.array([1e8], np.float32)
+    as_float = lambda t: t.astype(np.float32)  # noqa: E731  (booleans compared as 0/1)
+    return (lambda: as_float(run("Greater", run("Add", a, c), run("Add", b, c)))), (
+        lambda: as_float(run("Greater", a, b))
+    )
+
+
+@counterexample("adv-slice-split-first-axis-only")
+def _slice_two_axes() -> tuple[Side, Side]:
+    x, st, en, ax = f32((2, 4)), i64(0, 1), i64(2, 3), i64(0, 1)
+    return (lambda: run("Slice", x, st, en, ax)), (
+        lambda: gather([run("Slice", p, st, en, ax) for p in chunks(x, 1, 2)], 1)
+    )
