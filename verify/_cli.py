@@ -159,18 +159,28 @@ def _certificates(
         shown = escape(_shown(check.path))
         if write:
             out.print(f"certificate: wrote {shown} ({_n(check.written, 'rule')})")
-        elif check.stale and check.shipped:
-            stale = True
-            listed = ", ".join(check.stale[:5]) + (f" and {len(check.stale) - 5} more" if len(check.stale) > 5 else "")
+            continue
+        if check.narrower:
             out.print(
-                f"[red]error:[/red] {shown} is stale for {_n(len(check.stale), 'rule')} ({escape(listed)}): "
-                "the engine would fire them outside what was proven now. Run `unity-eq verify --write-certificate`."
+                f"note: {shown} certifies {_n(len(check.narrower), 'rule')} only within a domain that this run "
+                f"proved for all ({escape(', '.join(check.narrower[:5]))}): `--write-certificate` lets them fire "
+                "everywhere."
+            )
+        listed = escape(
+            ", ".join(check.stale[:5]) + (f" and {len(check.stale) - 5} more" if len(check.stale) > 5 else "")
+        )
+        if check.stale and check.shipped:
+            stale = True
+            out.print(
+                f"[red]error:[/red] {shown} is stale for {_n(len(check.stale), 'rule')} ({listed}): the engine fires "
+                "a rule only as its certificate says, and this run proved otherwise. Run `unity-eq verify "
+                "--write-certificate`."
             )
         elif check.stale:
-            rule_file = str(check.path).removesuffix(".proofs.json") + ".egg"
+            rule_file = Path(str(check.path).removesuffix(".proofs.json") + ".egg")
             out.print(
-                f"note: {shown} has no current entry for {_n(len(check.stale), 'rule')}: `optimize` leaves them out "
-                f"until you run `unity-eq verify {escape(_shown(Path(rule_file)))} --write-certificate`."
+                f"note: {shown} has no current entry for {_n(len(check.stale), 'rule')} ({listed}): `optimize` "
+                f"leaves them out until you run `unity-eq verify {escape(_shown(rule_file))} --write-certificate`."
             )
     return stale
 
