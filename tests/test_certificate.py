@@ -130,3 +130,41 @@ def test_component_values() -> None:
     assert component_value("tensor", VarSpec((2,), integer=True)) == 101
     assert component_value("length", (0, 2, 1)) == 3
     assert component_value("String", "SAME_UPPER") == "SAME_UPPER"
+
+
+def test_stale_shipped_entry_fails_the_run() -> None:
+    """What CI's `unity-eq verify` does when rules/proofs.json does not say what a run proved: the shipped
+    certificate is stale (the verb then exits 1). Here a run's report for relu-split with another text."""
+    from unity_eq.verify._certify import certify
+    from unity_eq.verify._verify import RuleReport
+
+    current = load_certificate(rules_dir() / "proofs.json").rules["relu-split"]
+    edited = RuleReport("relu-split", "rules/parallel/elementwise.egg", 5, "proven", "generic", 0.0, digest="0" * 16)
+    (check,) = certify([edited], write=False, complete=False)
+    assert check.shipped and check.stale == ["relu-split"]
+    same = RuleReport("relu-split", "rules/parallel/elementwise.egg", 5, "proven", "generic", 0.0)
+    same.digest = current["digest"]
+    assert certify([same], write=False, complete=False)[0].stale == []
+    refuted = RuleReport("relu-split", "rules/parallel/elementwise.egg", 5, "refuted", "bounded", 0.0)
+    refuted.digest = current["digest"]
+    assert certify([refuted], write=False, complete=False)[0].stale == ["relu-split"]
+
+
+def test_a_certificate_narrower_than_the_proof_is_noted_not_stale(tmp_path: Path) -> None:
+    """A rule certified bounded that a run proves generically (its generic proof timed out on a loaded
+    machine when the certificate was written) is not stale: the engine is only more careful than needed."""
+    path = tmp_path / "g.egg"
+    path.write_text(
+        "(rewrite (Relu a) (Combine (Relu (Partition a d ax)) d ax)\n"
+        '         :when ((can-split a d ax)) :ruleset parallel :name "my-relu-split")\n'
+    )
+    code, text = _verify(path)
+    assert code == 0 and "for all" in text, text
+    cert_path = tmp_path / "g.proofs.json"
+    data = json.loads(cert_path.read_text())
+    entry = data["rules"]["my-relu-split"]
+    entry.update(proof="bounded", components=[["a", "tensor"]], rows=[[2]], mesh_sizes=[1, 2])
+    cert_path.write_text(json.dumps(data))
+    code, text = _verify(path, write=False)
+    assert code == 0 and "certifies 1 rule only within a domain" in text, text
+    assert "no current entry" not in text
