@@ -100,15 +100,29 @@ def default_rule_files(generated: bool = True) -> list[Path]:
     return [rules_dir() / name for name in names if (rules_dir() / name).exists()]
 
 
+#: Warning lines already printed by this process (each once, however often the files are loaded).
+_WARNED: set[str] = set()
+
+
 def load_rule_files(paths: list[Path] | None = None) -> list[RuleFile]:
-    """Read the base files and the given rule files (default: the manifest), rejecting duplicates."""
+    """Read the base files and the given rule files (default: the manifest), rejecting duplicates, each rule
+    limited to what its proof certificate covers (unity_eq/rulefile/certificate.py): a rule proven for every
+    shape as written, one proven on bounded cases guarded by its domain, one with no current certificate
+    left out with one warning line on stderr."""
+    from unity_eq.rulefile.certificate import DOMAIN_PRELUDE, RULESET_DECLARATION, guard_files, warn
+
     chosen = default_rule_files() if paths is None else paths
     seen: set[Path] = set()
-    files = base_files()
+    base = base_files()
+    # analysis.egg's own rewrites (plist-cons) are rules with certificates too; the domain analysis follows it
+    files = [base[0], RuleFile(base[1].path, RULESET_DECLARATION + base[1].text + "\n" + DOMAIN_PRELUDE)]
     for path in chosen:
         resolved = Path(path).resolve()
         if resolved in seen:
             continue
         seen.add(resolved)
         files.append(_read(Path(path)))
-    return files
+    texts, warnings = guard_files(((f.path, f.display, f.text) for f in files[1:]), rules_dir())
+    warn([w for w in warnings if w not in _WARNED])
+    _WARNED.update(warnings)
+    return [files[0], *(RuleFile(f.path, text) for f, text in zip(files[1:], texts, strict=True))]

@@ -62,6 +62,7 @@ from unity_eq.verify._tensor import Z3Backend, same_polynomial
 
 from unity_eq.ir import Mesh
 from unity_eq.ops.registry import OPS
+from unity_eq.rulefile.certificate import component_value, domain_components
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = [
@@ -147,6 +148,10 @@ class BoundedResult:
     counterexample: Counterexample | None = None
     reason: str = ""
     seconds: float = 0.0
+    # the domain the checked cases covered (unity_eq.rulefile.certificate.domain_components): one row per
+    # combination of ranks, dtype classes, vector lengths and finite attribute values, and the mesh sizes
+    rows: set[tuple[Any, ...]] = field(default_factory=set)
+    mesh_sizes: set[tuple[int, ...]] = field(default_factory=set)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -812,6 +817,7 @@ def _check_cases(
     unknown = ""
     search = 0  # after a shape refutation, look a little further for input values that show it too
     structures: StructureCache = {}
+    components = domain_components(rule)
     for case in cases:
         if result.status == "refuted":
             search -= 1
@@ -821,6 +827,8 @@ def _check_cases(
         if outcome.status == "skipped":
             continue
         result.checked += 1
+        result.rows.add(tuple(component_value(kind, case.binding.get(var)) for var, kind in components))
+        result.mesh_sizes.add(case.mesh.sizes)
         if outcome.status == "refuted" and outcome.counterexample is not None:
             if result.status != "refuted":
                 result.status, result.counterexample = "refuted", outcome.counterexample

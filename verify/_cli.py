@@ -72,12 +72,18 @@ def render(report: Report, out: Console, quiet: bool = False) -> None:
     if report.rules and not quiet:
         # aligned plain rows rather than a rich Table: a narrow terminal must not truncate rule names
         width = max(len(r.name) for r in report.rules)
-        out.print(f"[bold]{'status':<9} {'proof':<8} {'time':>7}  {'rule':<{width}}  where[/bold]")
+        places = max(len(f"{r.file}:{r.line}") for r in report.rules)
+        out.print(
+            f"[bold]{'status':<9} {'proof':<8} {'time':>7}  {'rule':<{width}}  {'where':<{places}}  covers[/bold]"
+        )
         for r in report.rules:
             status = r.status if not (r.status in ("unknown", "partial") and r.annotation) else f"{r.status}*"
             name, where = escape(r.name), escape(f"{r.file}:{r.line}")
             style = _STYLE[r.status]
-            out.print(f"[{style}]{status:<9}[/] {r.kind:<8} {r.seconds:>5.2f} s  {name:<{width}}  {where}")
+            covers = escape(r.covers)
+            out.print(
+                f"[{style}]{status:<9}[/] {r.kind:<8} {r.seconds:>5.2f} s  {name:<{width}}  {where:<{places}}  {covers}"
+            )
     failing = [r for r in report.rules if r.status != "proven"]
     if failing:
         out.print()
@@ -105,13 +111,23 @@ def run(
     json_path: str | None = None,
     quiet: bool = False,
     out: Console | None = None,
+    write_certificate: bool = False,
 ) -> int:
-    """Verify, print, write the JSON report; return the exit status."""
+    """Verify, print, write the JSON report, compare (or write) the proof certificates; return the exit
+    status."""
     if json_path == "-":
         out = Console(stderr=True, highlight=False, soft_wrap=True)  # stdout carries the JSON
     out = out or Console(highlight=False, soft_wrap=True)
+    full = options.generic and options.budget is None
+    if write_certificate and not full:
+        from unity_eq.errors import OptionError
+
+        raise OptionError("`--write-certificate` records full proofs: leave out `--no-generic` and `--budget`.")
     report = verify_rules(paths or None, names, options)
     render(report, out, quiet)
+    stale = False
+    if full and not report.errors:
+        stale = _certificates(report, paths, names, write_certificate, out)
     if json_path:
         text = json.dumps(report.to_json(), indent=1, default=str)
         if json_path == "-":
@@ -125,7 +141,55 @@ def run(
                 raise OptionError(f"`--json` {json_path}: cannot write ({exc.strerror or exc}).") from None
     if report.errors:
         return 2
-    return 0 if report.ok else 1
+    return 0 if report.ok and not stale else 1
+
+
+def _certificates(
+    report: Report, paths: Sequence[Path] | None, names: Sequence[str], write: bool, out: Console
+) -> bool:
+    """Write or compare the proof certificates (verify/_certify.py); True when the shipped one is stale."""
+    from unity_eq.verify._certify import certify
+
+    from unity_eq.rulesets import rules_dir
+
+    shipped = rules_dir().resolve()
+    complete = not names and (not paths or not any(Path(p).resolve().is_relative_to(shipped) for p in paths))
+    stale = False
+    for check in certify(report.rules, write, complete):
+        shown = escape(_shown(check.path))
+        if write:
+            out.print(f"certificate: wrote {shown} ({_n(check.written, 'rule')})")
+            continue
+        if check.narrower:
+            out.print(
+                f"note: {shown} certifies {_n(len(check.narrower), 'rule')} only within a domain that this run "
+                f"proved for all ({escape(', '.join(check.narrower[:5]))}): `--write-certificate` lets them fire "
+                "everywhere."
+            )
+        listed = escape(
+            ", ".join(check.stale[:5]) + (f" and {len(check.stale) - 5} more" if len(check.stale) > 5 else "")
+        )
+        if check.stale and check.shipped:
+            stale = True
+            out.print(
+                f"[red]error:[/red] {shown} is stale for {_n(len(check.stale), 'rule')} ({listed}): the engine fires "
+                "a rule only as its certificate says, and this run proved otherwise. Run `unity-eq verify "
+                "--write-certificate`."
+            )
+        elif check.stale:
+            rule_file = Path(str(check.path).removesuffix(".proofs.json") + ".egg")
+            out.print(
+                f"note: {shown} has no current entry for {_n(len(check.stale), 'rule')} ({listed}): `optimize` "
+                f"leaves them out until you run `unity-eq verify {escape(_shown(rule_file))} --write-certificate`."
+            )
+    return stale
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-generic", action="store_true", help="skip shape-generic proofs")
     parser.add_argument("--no-numeric", action="store_true", help="skip the numeric back-up")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only failures and the summary")
+    parser.add_argument(
+        "--write-certificate", action="store_true", help="write what each proof covers for the engine (docs/verify.md)"
+    )
     args = parser.parse_args(argv)
     for flag, value in (("--budget", args.budget), ("--cross-check", args.cross_check)):
         if value < 0:
@@ -170,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from unity_eq.errors import UnityEqError
 
     try:
-        return run(args.paths, args.rule, options, args.json_path, args.quiet)
+        return run(args.paths, args.rule, options, args.json_path, args.quiet, write_certificate=args.write_certificate)
     except UnityEqError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}")
         return exc.exit_code

@@ -18,6 +18,7 @@ with the same structure (the 16 binary elementwise ops…) share one enumeration
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import threading
@@ -46,6 +47,7 @@ from unity_eq.ops.dtypes import INTEGER_SENSITIVE
 from unity_eq.ops.elementwise import INTERPRETED
 from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import Family
+from unity_eq.rulefile.certificate import describe_domain, domain_components, size_readers
 from unity_eq.rulefile.load import load_program, shipped_rule_files
 from unity_eq.rulefile.parse import Program
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, walk
@@ -99,6 +101,33 @@ class RuleReport:
     message: str = ""
     direction: str = ""
     integer: list[tuple[str, str]] = field(default_factory=list)  # (dtypes, status) of the integer checks
+    digest: str = ""
+    domain: dict[str, Any] | None = None  # what a bounded proof covered (certificate_entry)
+    size_readers: list[str] = field(default_factory=list)  # what reads sizes a domain does not bound
+
+    def certificate_entry(self) -> dict[str, Any] | None:
+        """The rule's entry in a proof certificate (unity_eq.rulefile.certificate), or None when nothing
+        lets it fire (refuted, or unknown or partial without a reviewed annotation)."""
+        if self.status == "proven" and self.kind == "generic":
+            return {"digest": self.digest, "proof": "generic"}
+        if self.status == "proven" and self.kind == "bounded" and self.domain is not None:
+            return {"digest": self.digest, "proof": "bounded", **self.domain}
+        if self.ok:
+            return {"digest": self.digest, "proof": "accepted", "reason": self.annotation or ""}
+        return None
+
+    @property
+    def covers(self) -> str:
+        """``for all`` (generic), ``within <domain>`` (bounded), or what else lets the rule fire."""
+        entry = self.certificate_entry()
+        if entry is None:
+            return ""
+        if entry["proof"] == "generic":
+            return "for all"
+        if entry["proof"] == "bounded":
+            sizes = f"; sizes read by: {', '.join(self.size_readers)}" if self.size_readers else ""
+            return "within " + describe_domain(entry) + sizes
+        return "accepted after review"
 
     @property
     def ok(self) -> bool:
@@ -126,6 +155,8 @@ class RuleReport:
             out["message"] = self.message
         if self.annotation:
             out["annotation"] = self.annotation
+        if self.covers:
+            out["covers"] = self.covers
         if self.generic is not None:
             out["generic"] = {
                 "status": self.generic.status,
@@ -400,6 +431,7 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
     report = RuleReport(
         rule.name, rule.file, rule.line, "unknown", "none", 0.0, generic, bounded, numeric, rule.annotation
     )
+    report.digest = rule.digest
     generic_ok = bool(generic and generic.proven)
     if bounded and bounded.status == "refuted":
         report.status = "refuted"
@@ -420,6 +452,8 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
             )
     elif bounded and bounded.status == "proven":
         report.status, report.kind = "proven", "bounded"
+        report.domain = _domain(rule, bounded)
+        report.size_readers = size_readers(rule)
     elif bounded and bounded.status == "partial":
         report.status, report.kind, report.message = "partial", "bounded", bounded.reason
     else:
@@ -428,6 +462,17 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
         report.message = "; ".join(reasons) or "no proof found"
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _domain(rule: Rule, bounded: BoundedResult) -> dict[str, Any]:
+    """A bounded proof's domain, as the certificate stores it (rows sorted: a stable file)."""
+    components = domain_components(rule)
+    rows = sorted(bounded.rows, key=lambda row: json.dumps(row))
+    return {
+        "components": [list(c) for c in components],
+        "rows": [list(row) for row in rows],
+        "mesh_sizes": sorted({n for sizes in bounded.mesh_sizes for n in sizes}),
+    }
 
 
 def _proofs(
@@ -506,6 +551,12 @@ def _decide_both(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[
             back.seconds += report.seconds
             return back
         report.seconds += back.seconds
+        if "bounded" in (report.kind, back.kind) and report.status == "proven":
+            # a certificate holds one domain per rule: a birewrite proven bounded has none, and does not fire
+            report.kind, report.domain = "bounded", None
+            report.message = (
+                "a birewrite proven bounded has no certificate (one domain per direction): write two rewrites"
+            )
     return report
 
 

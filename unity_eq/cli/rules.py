@@ -36,8 +36,14 @@ def verify(
     no_generic: bool = typer.Option(False, "--no-generic", help="Skip the shape-generic proofs."),
     no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures and the summary."),
+    write_certificate: bool = typer.Option(
+        False,
+        "--write-certificate",
+        help="Write what each proof covers (rules/proofs.json, or my.proofs.json beside my.egg): the engine "
+        "fires a rule only there.",
+    ),
 ) -> None:
-    """Prove every rewrite rule sound with z3; exit 0 iff every rule is proven."""
+    """Prove every rewrite rule sound with z3; exit 0 iff every rule is proven (and its certificate current)."""
     from unity_eq.verify import Options
     from unity_eq.verify._cli import run as run_verify
 
@@ -51,7 +57,7 @@ def verify(
     )
     if json_path and json_path != "-":
         check_output_file(Path(json_path), "`--json`")
-    code = run_verify(paths or None, rule, options, json_path, quiet, out)
+    code = run_verify(paths or None, rule, options, json_path, quiet, out, write_certificate)
     if code:
         raise typer.Exit(code)
 

@@ -286,4 +286,7 @@ def _make_rule(
             Pos(cmd.pos.file, where.line, 1),
             "`; verify: unknown-ok` needs a reason after it, e.g. `; verify: unknown-ok z3 times out on Pow`",
         )
-    return Rule(name, cmd.pos, lhs, rhs, guards, _ruleset(opts), bidirectional, (), reason, text)
+    from unity_eq.rulefile.certificate import command_digest
+
+    ruleset = _ruleset(opts)
+    return Rule(name, cmd.pos, lhs, rhs, guards, ruleset, bidirectional, (), reason, text, digest=command_digest(cmd))

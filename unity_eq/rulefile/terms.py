@@ -122,6 +122,7 @@ class Rule:
     text: str = ""
     roots: int = 1  # a multi-pattern rule: lhs and rhs are TCons lists of this many root patterns
     filters: tuple[Term, ...] = ()  # premises over APPLICABILITY_FILTERS, left out of the proof
+    digest: str = ""  # of the command's text (unity_eq.rulefile.certificate.command_digest)
 
     @property
     def file(self) -> str:
