@@ -166,6 +166,12 @@ def _certificates(
                 f"proved for all ({escape(', '.join(check.narrower[:5]))}): `--write-certificate` lets them fire "
                 "everywhere."
             )
+        if check.timed_out:
+            out.print(
+                f"note: {shown} certifies {_n(len(check.timed_out), 'rule')} as proven for all, and this run's "
+                f"generic proof of the same text timed out ({escape(', '.join(check.timed_out[:5]))}); the bounded "
+                "check proved them here. A loaded machine does this: z3's limits are wall-clock."
+            )
         listed = escape(
             ", ".join(check.stale[:5]) + (f" and {len(check.stale) - 5} more" if len(check.stale) > 5 else "")
         )
