@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from unity_eq.verify._bounded import Case, _meshes, bounded_token
+from unity_eq.verify._bounded import Case, bounded_token, rule_meshes
 from unity_eq.verify._gen import GenConfig, generate_lhs
 from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, solve_guards
 from unity_eq.verify._semantics import PARALLEL, Placements
@@ -115,7 +115,7 @@ def _check_one(
     rule = Checker(env, Rule("analysis", decl.pos, lhs, lhs, guards, decl.ruleset)).check()
     sorts = rule.var_sorts
     cfg = GenConfig()
-    for mesh in _meshes(rule, sizes):
+    for mesh in rule_meshes(rule, sizes):
         axes = mesh.axes
         for inst in generate_lhs(lhs, sorts, axes, cfg):
             specs = {v: inst[v] for v, s in sorts.items() if s == "T" and v in inst}

@@ -178,7 +178,7 @@ def rule_axes(rule: Rule) -> tuple[list[str], list[str]]:
     return axis_vars, list(literals)
 
 
-def _meshes(rule: Rule, sizes: Sequence[int]) -> list[Mesh]:
+def rule_meshes(rule: Rule, sizes: Sequence[int]) -> list[Mesh]:
     axis_vars, literals = rule_axes(rule)
     k = len(axis_vars) + len(literals)
     if k == 0:
@@ -444,7 +444,7 @@ def _iter_cases(
     structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
     lhs_cache: dict[Any, Placements] = {}
     prepared = {} if shared is None else shared
-    for mesh in _meshes(rule, sizes):
+    for mesh in rule_meshes(rule, sizes):
         key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg)
         source: Iterable[tuple[Any, ...]] | None = prepared.get(key)
         if source is None:  # made while the cases are checked: a refuted rule stops early

@@ -23,7 +23,6 @@ the verifier writes the certificate through :func:`write_certificate`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -37,7 +36,7 @@ from lark import Tree
 
 from unity_eq.errors import RuleError
 from unity_eq.files import write_file_atomic
-from unity_eq.rulefile.sexp import _PARSER, SExp, _sexp
+from unity_eq.rulefile.sexp import PARSER, SExp, command_digest, render_sexp, sexp_of
 
 __all__ = [
     "CERTIFICATE_NAME",
@@ -116,23 +115,6 @@ DOMAIN_PRELUDE = "\n".join(
 )
 
 
-def render_sexp(sexp: SExp) -> str:
-    """One line of canonical text (comments and layout dropped, strings escaped): what the digest reads and
-    what a guarded rule is written back as."""
-    if sexp.items is None:
-        if sexp.is_string:
-            escaped = str(sexp.atom).replace("\\", "\\\\").replace('"', '\\"')
-            return f'"{escaped}"'
-        return str(sexp.atom)
-    return "(" + " ".join(render_sexp(i) for i in sexp.items) + ")"
-
-
-def command_digest(cmd: SExp) -> str:
-    """The digest of a rule's text: its certificate entry is current only while the text is unchanged
-    (comments and layout aside)."""
-    return hashlib.sha256(render_sexp(cmd).encode()).hexdigest()[:16]
-
-
 # ----------------------------------------------------------------------------------------------------------
 # The certificate file
 
@@ -205,13 +187,13 @@ def _commands(text: str, display: str) -> list[tuple[int, int, SExp]]:
     from lark.exceptions import UnexpectedInput
 
     try:
-        tree = _PARSER.parse(text)
+        tree = PARSER.parse(text)
     except UnexpectedInput:
         raise RuleError(f"{display}: syntax error (run `unity-eq verify {display}` for where)") from None
     out = []
     for child in tree.children:
         if isinstance(child, Tree) and not child.meta.empty:
-            out.append((child.meta.start_pos, child.meta.end_pos, _sexp(child, display)))
+            out.append((child.meta.start_pos, child.meta.end_pos, sexp_of(child, display)))
     return out
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unity_eq.rulefile.env import Env, Signature
-from unity_eq.rulefile.sexp import SExp
+from unity_eq.rulefile.sexp import SExp, command_digest
 from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Pos, Rule, Term, Var
 
 __all__ = ["ANNOTATION", "COMMANDS", "BadCommand", "declare", "rule_from_command"]
@@ -286,7 +286,5 @@ def _make_rule(
             Pos(cmd.pos.file, where.line, 1),
             "`; verify: unknown-ok` needs a reason after it, e.g. `; verify: unknown-ok z3 times out on Pow`",
         )
-    from unity_eq.rulefile.certificate import command_digest
-
     ruleset = _ruleset(opts)
     return Rule(name, cmd.pos, lhs, rhs, guards, ruleset, bidirectional, (), reason, text, digest=command_digest(cmd))

@@ -7,6 +7,7 @@ nothing of declarations or rules.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ COMMENT: /;[^\n]*/
 %ignore COMMENT
 """
 
-_PARSER = Lark(GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+PARSER = Lark(GRAMMAR, parser="lalr", propagate_positions=True, maybe_placeholders=False)
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,10 @@ def _unclosed(text: str) -> tuple[int, int] | None:
 def parse_sexps(source: RuleSource) -> list[SExp]:
     """The top-level s-expressions of a file; a syntax error raises RuleError with file:line:column."""
     try:
-        tree = _PARSER.parse(source.text)
+        tree = PARSER.parse(source.text)
     except UnexpectedInput as exc:
         raise RuleError(_syntax_message(source, exc)) from None
-    return [_sexp(item, source.display) for item in tree.children]
+    return [sexp_of(item, source.display) for item in tree.children]
 
 
 def _syntax_message(source: RuleSource, exc: UnexpectedInput) -> str:
@@ -120,15 +121,32 @@ def _syntax_message(source: RuleSource, exc: UnexpectedInput) -> str:
     return f"{where}: syntax error."  # pragma: no cover - lark raises one of the above
 
 
-def _sexp(node: Tree | Token, file: str) -> SExp:
+def sexp_of(node: Tree | Token, file: str) -> SExp:
     if isinstance(node, Token):
         pos = Pos(file, node.line or 0, node.column or 0)
         if node.type == "STRING":
             return SExp(pos, atom=_unescape(node.value[1:-1]), is_string=True)
         return SExp(pos, atom=node.value)
     pos = Pos(file, node.meta.line, node.meta.column) if not node.meta.empty else Pos(file, 0, 0)
-    return SExp(pos, items=[_sexp(child, file) for child in node.children])
+    return SExp(pos, items=[sexp_of(child, file) for child in node.children])
 
 
 def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
+
+
+def render_sexp(sexp: SExp) -> str:
+    """One line of canonical text (comments and layout dropped, strings escaped): what the digest reads and
+    what a guarded rule is written back as."""
+    if sexp.items is None:
+        if sexp.is_string:
+            escaped = str(sexp.atom).replace("\\", "\\\\").replace('"', '\\"')
+            return f'"{escaped}"'
+        return str(sexp.atom)
+    return "(" + " ".join(render_sexp(i) for i in sexp.items) + ")"
+
+
+def command_digest(cmd: SExp) -> str:
+    """The digest of a rule's text: its certificate entry is current only while the text is unchanged
+    (comments and layout aside)."""
+    return hashlib.sha256(render_sexp(cmd).encode()).hexdigest()[:16]
