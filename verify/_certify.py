@@ -86,6 +86,8 @@ def certify(rules: Sequence[RuleReport], write: bool, complete: bool) -> list[Ce
     writing, and are stale otherwise."""
     by_cert: dict[Path, list[RuleReport]] = {}
     for r in rules:
+        if r.analysis:  # analysis declarations rewrite nothing: the engine has nothing to guard
+            continue
         by_cert.setdefault(certificate_path(_rule_path(r.file), rules_dir()), []).append(r)
     out = []
     for path, reports in sorted(by_cert.items()):

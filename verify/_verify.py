@@ -102,6 +102,9 @@ class RuleReport:
     direction: str = ""
     integer: list[tuple[str, str]] = field(default_factory=list)  # (dtypes, status) of the integer checks
     digest: str = ""
+    #: an analysis declaration checked against its relations' meaning (verify._analysis): it derives facts and
+    #: rewrites nothing, so it has no certificate entry (the engine guards rewrites only)
+    analysis: bool = False
     domain: dict[str, Any] | None = None  # what a bounded proof covered (certificate_entry)
     size_readers: list[str] = field(default_factory=list)  # what reads sizes a domain does not bound
 
@@ -632,7 +635,7 @@ def verify_analyses(
         cex = Counterexample(got.case, "analysis", got.message) if got.status == "refuted" else None
         bounded = BoundedResult(got.status, got.checked, got.checked, got.checked, cex, got.message, got.seconds)
         report = RuleReport(f"analysis {relations}", decl.pos.file, decl.pos.line, got.status, "bounded", got.seconds)
-        report.bounded, report.message = bounded, got.message
+        report.bounded, report.message, report.analysis = bounded, got.message, True
         if got.status == "unknown":
             report.kind = "none"
         out.append(report)
