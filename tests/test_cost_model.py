@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unity_eq import optimize
+from unity_eq.collectives import COLLECTIVES, REPLICATE
 from unity_eq.cost import CostModel, OpInstance
 from unity_eq.extract import Restriction
 from unity_eq.ir import Mesh
@@ -87,12 +88,13 @@ def test_weight_gradients_pay_their_share_of_a_bucket_latency() -> None:
     small = 1 * MiB
     transfer = 2 * 7 / 8 * small / 300e9
     assert model.gradient_all_reduce("x", small) == pytest.approx(transfer + small / (25 * MiB) * 14 * 2e-6)
-    assert model.replicate("x", small, "weight").comm == model.gradient_all_reduce("x", small)
-    assert model.replicate("x", small, "activation").comm == model.all_reduce("x", small)
-    assert model.replicate("x", small, "input").comm == 0.0
+    assert REPLICATE.price(model, "x", small, small, "weight").comm == model.gradient_all_reduce("x", small)
+    assert REPLICATE.price(model, "x", small, small, "activation").comm == model.all_reduce("x", small)
+    assert REPLICATE.price(model, "x", small, small, "input").comm == 0.0
     big = 100 * MiB
     assert model.gradient_all_reduce("x", big) == pytest.approx(model.all_reduce("x", big))
-    assert CostModel(_machine(1, 8), Mesh(("x",), (8,)), "inference").replicate("x", big, "weight").comm == 0
+    inference = CostModel(_machine(1, 8), Mesh(("x",), (8,)), "inference")
+    assert REPLICATE.price(inference, "x", big, big, "weight").comm == 0
 
 
 def test_compute_is_a_roofline_plus_the_launch_floor() -> None:
@@ -159,11 +161,10 @@ def test_more_bandwidth_never_costs_more(
     for axis in mesh.axes:
         for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "gradient_all_reduce"):
             assert getattr(fast, name)(axis, nbytes) <= getattr(slow, name)(axis, nbytes) * (1 + 1e-12)
-        for kind in ("weight", "activation", "input"):
-            assert fast.partition(axis, nbytes, kind).total <= slow.partition(axis, nbytes, kind).total * (1 + 1e-12)
-            assert fast.replicate(axis, nbytes, kind).total <= slow.replicate(axis, nbytes, kind).total * (1 + 1e-12)
-        assert fast.combine(axis, nbytes).total <= slow.combine(axis, nbytes).total * (1 + 1e-12)
-        assert fast.reduce(axis, nbytes).total <= slow.reduce(axis, nbytes).total * (1 + 1e-12)
+        for collective in COLLECTIVES:  # every kind's price, through the formulas above
+            for kind in ("weight", "activation", "input"):
+                fast_s = collective.price(fast, axis, nbytes, nbytes, kind).total
+                assert fast_s <= collective.price(slow, axis, nbytes, nbytes, kind).total * (1 + 1e-12)
 
 
 @settings(max_examples=100, deadline=None)

@@ -42,14 +42,11 @@ from typing_extensions import assert_never
 
 from unity_eq.ops.registry import family_for, spec_for
 from unity_eq.plan import (
-    AllGather,
-    AllReduce,
+    CollectiveStep,
     Compute,
     LoadInput,
     LoadWeight,
     Plan,
-    Replicated,
-    Slice,
     step_inputs,
     step_outputs,
 )
@@ -102,10 +99,8 @@ def tensor_kinds(plan: Plan) -> dict[str, str]:
                 kinds[out] = "weight"
             case LoadInput(out=out):
                 kinds[out] = "input"
-            case Slice(out=out, src=src) | Replicated(out=out, src=src):
-                kinds[out] = kinds.get(src, "activation")
-            case AllGather(out=out) | AllReduce(out=out):
-                kinds[out] = "activation"
+            case CollectiveStep(out=out, src=src):
+                kinds[out] = kinds.get(src, "activation") if step.kind.local else "activation"
             case Compute(outputs=outputs):
                 for name in outputs:
                     if name:
@@ -116,10 +111,10 @@ def tensor_kinds(plan: Plan) -> dict[str, str]:
 
 
 def _resolve(plan: Plan) -> dict[str, str]:
-    """Tensor -> the tensor whose storage it shares (Replicated is an alias of its source)."""
+    """Tensor -> the tensor whose storage it shares (a kind lowered as an alias, Replicated, is its source)."""
     alias: dict[str, str] = {}
     for step in plan.steps:
-        if isinstance(step, Replicated):
+        if isinstance(step, CollectiveStep) and step.kind.lowering == "alias":
             alias[step.out] = alias.get(step.src, step.src)
     return alias
 
@@ -137,7 +132,7 @@ def plan_memory(plan: Plan, capacity: float | None = None, keep_outputs: bool = 
     # Weights: the pieces that ops (or collectives) read; a weight only sliced further is not stored whole.
     stored: set[str] = set()
     for step in plan.steps:
-        if isinstance(step, Slice | Replicated | LoadWeight):
+        if isinstance(step, LoadWeight) or (isinstance(step, CollectiveStep) and step.kind.local):
             continue
         for name in step_inputs(step):
             name = alias.get(name, name)
@@ -163,7 +158,7 @@ def plan_memory(plan: Plan, capacity: float | None = None, keep_outputs: bool = 
 
 
 def _is_activation_output(step: object, kinds: dict[str, str], name: str) -> bool:
-    if isinstance(step, Replicated | LoadWeight):
+    if isinstance(step, LoadWeight) or (isinstance(step, CollectiveStep) and step.kind.lowering == "alias"):
         return False
     return kinds.get(name) != "weight"
 
@@ -193,7 +188,7 @@ def _storage(plan: Plan) -> dict[str, str]:
     base: dict[str, str] = {}
     for step in plan.steps:
         source: str | None = None
-        if isinstance(step, Replicated):
+        if isinstance(step, CollectiveStep) and step.kind.lowering == "alias":
             source = step.src
         elif isinstance(step, Compute):
             spec = spec_for(step.op_type, step.domain)
@@ -218,10 +213,10 @@ def _weight_like(plan: Plan, kinds: dict[str, str]) -> set[str]:
                 names = step_inputs(step)
                 if spec is not None and spec.foldable and names and all(name in like for name in names):
                     like.update(step_outputs(step))
-            case Slice(out=out, src=src) | Replicated(out=out, src=src) | AllGather(out=out, src=src):
-                if src in like:
+            case CollectiveStep(out=out, src=src):
+                if src in like and step.kind.keeps_weights:
                     like.add(out)
-            case LoadInput() | LoadWeight() | AllReduce():
+            case LoadInput() | LoadWeight():
                 pass
             case _:
                 assert_never(step)

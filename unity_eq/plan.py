@@ -2,7 +2,9 @@
 
 Steps are frozen dataclasses forming one closed union, :data:`Step`; every stage that consumes a plan
 (cost, lower, runtime, explain) handles them with an exhaustive ``match`` so that adding a step kind is a
-type error until each stage handles it.
+type error until each stage handles it. The collectives are one member of the union, :class:`CollectiveStep`:
+each kind's step class lives in its module of :mod:`unity_eq.collectives`, and stages ask ``step.kind`` (its
+price, placement change, lowering, runtime op, labels) rather than naming kinds, so a new kind adds no case here.
 
 =================  ===========================  =====================================================
 step               parallel op (DESIGN.md)      what each device does
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 from typing_extensions import assert_never
 
+from unity_eq.collectives import AllGather, AllReduce, CollectiveStep, Replicated, Slice
 from unity_eq.cost import Cost, Objective
 from unity_eq.ir import Mesh, Placement, Replicate, Shard
 from unity_eq.machine import Machine
@@ -35,6 +38,7 @@ from unity_eq.planfile import PlanReport, StatsRecord
 __all__ = [
     "AllGather",
     "AllReduce",
+    "CollectiveStep",
     "Compute",
     "Const",
     "LoadInput",
@@ -107,51 +111,16 @@ class Compute:
     node: str = ""  # the original node's name, when known
 
 
-@dataclass(frozen=True)
-class Slice:
-    out: str
-    src: str
-    dim: int
-    axis: str
-
-
-@dataclass(frozen=True)
-class AllGather:
-    out: str
-    src: str
-    dim: int
-    axis: str
-
-
-@dataclass(frozen=True)
-class AllReduce:
-    out: str
-    src: str
-    axis: str
-
-
-@dataclass(frozen=True)
-class Replicated:
-    out: str
-    src: str
-    axis: str
-
-
-Step = LoadInput | LoadWeight | Compute | Slice | AllGather | AllReduce | Replicated
+#: The closed union of steps: a collective of any kind is a :class:`CollectiveStep` (``Slice``, ``AllGather``,
+#: ``AllReduce``, ``Replicated``…, one per module of :mod:`unity_eq.collectives`), handled through its ``kind``.
+Step = LoadInput | LoadWeight | Compute | CollectiveStep
 
 
 def step_outputs(step: Step) -> tuple[str, ...]:
     match step:
         case Compute(outputs=outputs):
             return tuple(o for o in outputs if o)
-        case (
-            LoadInput(out=out)
-            | LoadWeight(out=out)
-            | Slice(out=out)
-            | AllGather(out=out)
-            | AllReduce(out=out)
-            | Replicated(out=out)
-        ):
+        case LoadInput(out=out) | LoadWeight(out=out) | CollectiveStep(out=out):
             return (out,)
         case _:
             assert_never(step)
@@ -161,7 +130,7 @@ def step_inputs(step: Step) -> tuple[str, ...]:
     match step:
         case Compute(inputs=inputs):
             return tuple(i for i in inputs if isinstance(i, str))
-        case Slice(src=src) | AllGather(src=src) | AllReduce(src=src) | Replicated(src=src):
+        case CollectiveStep(src=src):
             return (src,)
         case LoadInput() | LoadWeight():
             return ()
@@ -192,8 +161,9 @@ class Plan:
         self.objective = Objective.parse(self.objective)  # a name is accepted (hand-made plans in tests)
 
     # ------------------------------------------------------------------------------------------------
-    def collectives(self) -> list[Step]:
-        return [s for s in self.steps if isinstance(s, AllGather | AllReduce)]
+    def collectives(self) -> list[CollectiveStep]:
+        """The steps that communicate in the forward pass (plan.json's ``collectives``), in plan order."""
+        return [s for s in self.steps if isinstance(s, CollectiveStep) and s.kind.communicates]
 
     def is_replicated(self) -> bool:
         """True when no tensor is sharded or partial: the plan is the original graph on every device."""
@@ -217,22 +187,14 @@ class Plan:
         return problems
 
     def _check_transition(self, index: int, step: Step) -> list[str]:
-        match step:
-            case Slice(out=out, src=src, dim=dim, axis=axis):
-                want = (src, "R", out, f"S({dim})")
-            case AllGather(out=out, src=src, dim=dim, axis=axis):
-                want = (src, f"S({dim})", out, "R")
-            case AllReduce(out=out, src=src, axis=axis):
-                want = (src, "P", out, "R")
-            case Replicated(out=out, src=src, axis=axis):
-                want = (src, "R", out, "R")
-            case _:
-                return []
-        i = self.mesh.axes.index(axis)
-        src_state = str(self.tensors[want[0]].placement[i])
-        out_state = str(self.tensors[want[2]].placement[i])
-        if (src_state, out_state) != (want[1], want[3]):
-            return [f"step {index} ({type(step).__name__} on {axis}): {src_state} -> {out_state}"]
+        """A collective's placement change on its axis (its kind's ``placement``); other steps have none."""
+        if not isinstance(step, CollectiveStep):
+            return []
+        i = self.mesh.axes.index(step.axis)
+        src_state = str(self.tensors[step.src].placement[i])
+        out_state = str(self.tensors[step.out].placement[i])
+        if (src_state, out_state) != step.kind.states(step.dims()):
+            return [f"step {index} ({type(step).__name__} on {step.axis}): {src_state} -> {out_state}"]
         return []
 
     def summary(self) -> dict[str, Any]:

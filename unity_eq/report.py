@@ -32,7 +32,7 @@ from typing_extensions import assert_never
 from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
 from unity_eq.ir import Mesh, Replicate
 from unity_eq.memory import tensor_kinds
-from unity_eq.plan import AllGather, AllReduce, Compute, LoadInput, LoadWeight, Plan, Replicated, Slice, Step
+from unity_eq.plan import CollectiveStep, Compute, LoadInput, LoadWeight, Plan, Step
 from unity_eq.planfile import AxisTrafficRecord, CostRecord, OverlapRecord, ParallelismRecord
 
 __all__ = ["cost_breakdown", "gradient_overlap", "parallelism", "price_plan", "step_phase"]
@@ -40,16 +40,8 @@ __all__ = ["cost_breakdown", "gradient_overlap", "parallelism", "price_plan", "s
 
 def step_phase(step: Step, kinds: dict[str, str]) -> str | None:
     """``forward``, ``backward`` or ``gradient`` for a communicating step, None for the others."""
-    match step:
-        case AllGather() | AllReduce():
-            return "forward"
-        case Slice(src=src):
-            return "backward" if kinds.get(src, "activation") == "activation" else None
-        case Replicated(src=src):
-            kind = kinds.get(src, "activation")
-            if kind == "weight":
-                return "gradient"
-            return "backward" if kind == "activation" else None
+    if isinstance(step, CollectiveStep):
+        return step.kind.phase(kinds.get(step.src, "activation"))
     return None
 
 
@@ -61,7 +53,7 @@ def cost_breakdown(plan: Plan) -> CostRecord:
     }
     for step, cost in zip(plan.steps, plan.step_costs, strict=True):
         phase = step_phase(step, kinds)
-        if phase is None or cost.comm == 0 or not isinstance(step, Slice | AllGather | AllReduce | Replicated):
+        if phase is None or cost.comm == 0 or not isinstance(step, CollectiveStep):
             continue
         by_axis[step.axis][phase] += cost.comm
     return CostRecord(
@@ -136,14 +128,8 @@ def price_plan(plan: Plan, model: CostModel) -> list[Cost]:
                     if out:
                         total = total + model.compute(step_instance(plan, step, out, mesh))
                 costs.append(total)
-            case Slice(src=src, axis=axis):
-                costs.append(model.partition(axis, nbytes(src), kinds.get(src, "activation")))
-            case AllGather(out=out, axis=axis):
-                costs.append(model.combine(axis, nbytes(out)))
-            case AllReduce(out=out, axis=axis):
-                costs.append(model.reduce(axis, nbytes(out)))
-            case Replicated(src=src, axis=axis):
-                costs.append(model.replicate(axis, nbytes(src), kinds.get(src, "activation")))
+            case CollectiveStep(out=out, src=src, axis=axis):
+                costs.append(step.kind.price(model, axis, nbytes(src), nbytes(out), kinds.get(src, "activation")))
             case _:
                 assert_never(step)
     return costs

@@ -35,6 +35,7 @@ import numpy as np
 from unity_eq.verify._semantics import State, chunk_of
 from unity_eq.verify._tensor import NumpyBackend, ShapeError, evaluate, infer_shape
 
+from unity_eq.collectives import TERMS
 from unity_eq.ir import Mesh
 from unity_eq.rulefile.terms import App, Lit, Term, Var
 
@@ -52,7 +53,7 @@ __all__ = [
 AXIS = "x"
 AXIS_SIZE = 2
 MESH = Mesh((AXIS,), (AXIS_SIZE,))
-PARALLEL_OPS = ("Partition", "Combine", "Replicate", "Reduce")
+PARALLEL_OPS = TERMS  # the collective kinds' constructors, in registry order (unity_eq.collectives)
 #: the operators of issue #5's example run
 DEFAULT_OPS = ("MatMul", "Add", "Relu", "Concat", "Split", "Transpose", *PARALLEL_OPS)
 SUPPORTED_OPS = (*DEFAULT_OPS, "Gemm", "Reshape")

@@ -39,6 +39,7 @@ from unity_eq.verify._tensor import (
 )
 from unity_eq.verify._types import TypeProblem, term_dtypes
 
+from unity_eq.collectives import TERMS
 from unity_eq.ir import Mesh
 from unity_eq.ops.dtypes import is_integer
 from unity_eq.ops.registry import OPS
@@ -60,7 +61,7 @@ __all__ = [
     "state_str",
 ]
 
-PARALLEL = {"Partition", "Combine", "Replicate", "Reduce"}
+PARALLEL = set(TERMS)  # the e-graph constructors of the collective kinds (unity_eq.collectives)
 SYMBOLIC = "<symbolic>"  # the value of a float attribute variable: a free symbol in proofs
 LEAVES = {"Input", "Weight", "NoneT", "Opaque", "Tensor"}
 LISTS = {"TNil", "TCons", "PList"}

@@ -27,13 +27,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from unity_eq.collectives import TERMS
 from unity_eq.ops.dtypes import FLOAT_DTYPES, INTEGER_DTYPES, INTEGER_SENSITIVE, is_integer, onnx_dtype_name, op_types
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = ["TypeCheck", "TypeProblem", "check_types", "integer_assignments", "term_dtypes"]
 
-PARALLEL = {"Partition", "Combine", "Replicate", "Reduce"}
+PARALLEL = set(TERMS)  # the collective kinds' constructors (unity_eq.collectives): dtype-preserving
 _UNIVERSE = frozenset(FLOAT_DTYPES | INTEGER_DTYPES | {"bool"})
 
 

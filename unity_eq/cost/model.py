@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from unity_eq.cost.collectives import AlphaBeta, ring_all_gather, ring_all_reduce, ring_all_to_all, ring_send
-from unity_eq.cost.records import INFERENCE, ZERO, Cost, Objective, OpInstance
+from unity_eq.cost.records import INFERENCE, Cost, Objective, OpInstance
 from unity_eq.cost.topology import MeshTopology
 from unity_eq.ir import machine_order
 from unity_eq.machine import DeviceSpec, GroupTopology
@@ -124,26 +124,3 @@ class CostModel(MeshTopology):
         ab = self._worst(axis, ring_all_reduce, nbytes)
         share = 1.0 if self.gradient_bucket_bytes <= 0 else min(1.0, nbytes / self.gradient_bucket_bytes)
         return ab.transfer + share * ab.latency
-
-    # --- parallel ops ------------------------------------------------------------------------------------
-    def partition(self, axis: str, local_in_bytes: float, source: str) -> Cost:
-        """Partition: free for weights and inputs (sliced when loaded); a local copy of an activation."""
-        if source in ("weight", "input"):
-            return ZERO
-        cost = self.local_copy(local_in_bytes / self.mesh.axis_size(axis))
-        if self.objective.training:
-            cost = cost + Cost(comm=self.all_gather(axis, local_in_bytes))
-        return cost
-
-    def combine(self, axis: str, local_out_bytes: float) -> Cost:
-        return Cost(comm=self.all_gather(axis, local_out_bytes))
-
-    def reduce(self, axis: str, local_bytes: float) -> Cost:
-        return Cost(comm=self.all_reduce(axis, local_bytes))
-
-    def replicate(self, axis: str, local_bytes: float, source: str) -> Cost:
-        if not self.objective.training or source == "input":
-            return ZERO
-        if source == "weight":
-            return Cost(comm=self.gradient_all_reduce(axis, local_bytes))
-        return Cost(comm=self.all_reduce(axis, local_bytes))

@@ -8,17 +8,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from unity_eq.collectives import BY_RECORD_KIND
 from unity_eq.errors import PlanError
 from unity_eq.explain.explanation import Explanation, OpInput, OpRow, TrafficRow
 from unity_eq.explain.pcg import named, pcg_lines, tensor_kinds
 from unity_eq.ops.registry import rule_file_for, spec_for
 from unity_eq.planfile import (
-    CombineStepRecord,
+    CollectiveStepRecord,
     ComputeStepRecord,
     ExplainRecord,
-    PartitionStepRecord,
-    ReduceStepRecord,
-    ReplicateStepRecord,
     TensorRecord,
     read_explain_record,
 )
@@ -66,12 +64,15 @@ def _placement(axes: tuple[str, ...], tensor: TensorRecord | None) -> dict[str, 
 
 
 #: how each step that communicates is shown (a replicated weight's gradient is all-reduced: said apart)
-_TRAFFIC = {
-    "combine": "all-gather",
-    "reduce": "all-reduce",
-    "partition": "gradient all-gather (backward)",
-    "replicate": "gradient all-reduce",
-}
+def _traffic(step: CollectiveStepRecord, source: str | None) -> str:
+    """What a communicating step's traffic is, in its kind's words: ``all-gather`` in the forward pass,
+    ``gradient all-gather (backward)``, ``gradient all-reduce (weight)``…"""
+    kind = BY_RECORD_KIND[step.KIND]
+    if kind.communicates or kind.backward_op is None:
+        return kind.label
+    if kind.weight_gradient:
+        return f"gradient {kind.backward_op} ({'weight' if source == 'weight' else 'activation, backward'})"
+    return f"gradient {kind.backward_op} (backward)"
 
 
 def report_of(plan: ExplainRecord) -> Explanation:
@@ -111,15 +112,13 @@ def report_of(plan: ExplainRecord) -> Explanation:
         if seconds <= 0:
             continue
         moved = None if isinstance(step, ComputeStepRecord) else step.out
-        src = step.src if isinstance(step, _MOVES) else ""
-        kind = _TRAFFIC.get(step.KIND, step.KIND)
-        if isinstance(step, ReplicateStepRecord):
-            kind += " (weight)" if kinds.get(src) == "weight" else " (activation, backward)"
+        src = step.src if isinstance(step, CollectiveStepRecord) else ""
+        kind = _traffic(step, kinds.get(src)) if isinstance(step, CollectiveStepRecord) else step.KIND
         communication.append(
             TrafficRow(
                 step=index,
                 kind=kind,
-                axis=step.axis if isinstance(step, _MOVES) else None,
+                axis=step.axis if isinstance(step, CollectiveStepRecord) else None,
                 tensor=moved,
                 of=named(tensors.get(src)) or src,
                 seconds=seconds,
@@ -170,10 +169,6 @@ PLAN_ONLY_NOTE = (
     "plan only: `optimize --plan-only` wrote plan.json alone, no device files; to run or check the plan, "
     "re-run `unity-eq optimize` without `--plan-only`, with the model's weight data present"
 )
-
-
-#: the steps that move a tensor along a mesh axis
-_MOVES = PartitionStepRecord | CombineStepRecord | ReduceStepRecord | ReplicateStepRecord
 
 
 def _on_devices(plan: ExplainRecord) -> str:

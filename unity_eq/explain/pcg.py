@@ -4,16 +4,16 @@ report builds on too: each tensor's kind (:func:`tensor_kinds`), the source mode
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from typing_extensions import assert_never
 
+from unity_eq.collectives import BY_RECORD_KIND
 from unity_eq.planfile import (
-    CombineStepRecord,
+    CollectiveStepRecord,
     ComputeStepRecord,
     ExplainRecord,
     InputStepRecord,
-    PartitionStepRecord,
-    ReduceStepRecord,
-    ReplicateStepRecord,
     StepRecord,
     TensorRecord,
     WeightStepRecord,
@@ -29,14 +29,13 @@ def tensor_kinds(steps: tuple[StepRecord, ...]) -> dict[str, str]:
                 kinds[step.out] = "weight"
             case InputStepRecord():
                 kinds[step.out] = "input"
-            case PartitionStepRecord() | ReplicateStepRecord():
-                kinds[step.out] = kinds.get(step.src, "activation")
+            case CollectiveStepRecord():
+                local = BY_RECORD_KIND[step.KIND].local  # a slice or replica keeps its source's kind
+                kinds[step.out] = kinds.get(step.src, "activation") if local else "activation"
             case ComputeStepRecord():
                 for out in step.outputs:
                     if out:
                         kinds[out] = "activation"
-            case CombineStepRecord() | ReduceStepRecord():
-                kinds[step.out] = "activation"
             case _:
                 assert_never(step)
     return kinds
@@ -93,33 +92,8 @@ def pcg_lines(plan: ExplainRecord, kinds: dict[str, str] | None = None) -> list[
                     f"{_fmt_placement(t.placement if t else (), axes)} "
                     f"local {fmt_shape(t.local_shape if t else ())} <- {', '.join(args)}"
                 )
-            case PartitionStepRecord():
-                if kinds.get(step.src) == "activation":
-                    back = f", backward all-gather {_us(step)}" if training else ""
-                    lines.append(f"  slice        {label(step.src)} dim {step.dim} on {step.axis}{back}")
-            case CombineStepRecord():
-                lines.append(
-                    f"=> all-gather  {label(step.out)} dim {step.dim} on {step.axis} "
-                    f"({_mib(tensors[step.out])}, {_us(step)})"
-                )
-            case ReduceStepRecord():
-                lines.append(
-                    f"=> all-reduce  {label(step.out)} on {step.axis} ({_mib(tensors[step.out])}, {_us(step)})"
-                )
-            case ReplicateStepRecord():
-                if not (training and (step.communication_s or 0) > 0):
-                    continue
-                if kinds.get(step.src) == "weight":
-                    summed.add(step.out)
-                    entry = gradients.setdefault(step.axis, [0, 0.0, 0.0])
-                    entry[0] += 1
-                    entry[1] += tensor_bytes(tensors[step.src])
-                    entry[2] += step.communication_s or 0.0
-                else:
-                    lines.append(
-                        f"<= all-reduce  activation gradient of {label(step.src)} on {step.axis} "
-                        f"({_mib(tensors[step.src])}, {_us(step)})"
-                    )
+            case CollectiveStepRecord():
+                lines.extend(_collective_line(step, kinds, tensors, training, label, summed, gradients))
             case _:
                 assert_never(step)
     for axis, (count, nbytes, seconds) in gradients.items():
@@ -147,3 +121,38 @@ def _mib(t: TensorRecord) -> str:
 
 def _us(step: StepRecord) -> str:
     return f"{(step.communication_s or 0.0) * 1e6:.1f} µs"
+
+
+def _collective_line(
+    step: CollectiveStepRecord,
+    kinds: dict[str, str],
+    tensors: Mapping[str, TensorRecord],
+    training: bool,
+    label: Callable[[str], str],
+    summed: set[str],
+    gradients: dict[str, list[float]],
+) -> list[str]:
+    """A collective's line, in its kind's words: ``=>`` a forward collective, ``<=`` a backward one; a weight's
+    gradient all-reduce is counted in ``gradients`` (one line per axis at the end) and marks the weight ``Σ``."""
+    kind = BY_RECORD_KIND[step.KIND]
+    dims = "".join(f" {name.replace('_', ' ')} {getattr(step, name)}" for name in kind.dims)
+    if kind.communicates:
+        return [f"=> {kind.label:<12}{label(step.out)}{dims} on {step.axis} ({_mib(tensors[step.out])}, {_us(step)})"]
+    if not kind.weight_gradient:  # a local slice: its backward gathers an activation's gradient
+        if kinds.get(step.src) != "activation":
+            return []
+        back = f", backward {kind.backward_op} {_us(step)}" if training and kind.backward_op else ""
+        return [f"  {kind.label:<13}{label(step.src)}{dims} on {step.axis}{back}"]
+    if not (training and (step.communication_s or 0) > 0):
+        return []
+    if kinds.get(step.src) == "weight":
+        summed.add(step.out)
+        entry = gradients.setdefault(step.axis, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += tensor_bytes(tensors[step.src])
+        entry[2] += step.communication_s or 0.0
+        return []
+    return [
+        f"<= {kind.backward_op:<12}activation gradient of {label(step.src)} on {step.axis} "
+        f"({_mib(tensors[step.src])}, {_us(step)})"
+    ]

@@ -16,6 +16,7 @@ import numpy as np
 from typing_extensions import assert_never
 
 from unity_eq.blocks import IN, OUT, BlockSaturation, Key, PieceSolution, replicated_key, variant_name
+from unity_eq.collectives import ALL_GATHER
 from unity_eq.cost import ZERO, Cost, CostModel
 from unity_eq.egraph import (
     Encoding,
@@ -31,14 +32,12 @@ from unity_eq.extract.pricing import INF
 from unity_eq.ir import Graph, Replicate, Shard
 from unity_eq.plan import (
     AllGather,
-    AllReduce,
+    CollectiveStep,
     Compute,
     LoadInput,
     LoadWeight,
     Plan,
     PlanTensor,
-    Replicated,
-    Slice,
     Step,
 )
 from unity_eq.split import Piece
@@ -132,7 +131,8 @@ class BlockExtractor:
             if state == "R":
                 continue
             local[int(state[2:-1])] *= size
-            cost = cost + self.model.combine(axis, math.prod(local) * itemsize)
+            gathered = math.prod(local) * itemsize
+            cost = cost + ALL_GATHER.price(self.model, axis, gathered / size, gathered, "activation")
         return cost
 
     def _option(self, signature: str, key: Key | None, totals: dict[str, float]) -> _Option:
@@ -396,13 +396,7 @@ def _renamed(step: Step, name_of: Callable[[str], str], weights: dict[str, str])
                 domain,
                 node,
             )
-        case Slice(out=out, src=src, dim=dim, axis=axis):
-            return Slice(name_of(out), name_of(src), dim, axis)
-        case AllGather(out=out, src=src, dim=dim, axis=axis):
-            return AllGather(name_of(out), name_of(src), dim, axis)
-        case AllReduce(out=out, src=src, axis=axis):
-            return AllReduce(name_of(out), name_of(src), axis)
-        case Replicated(out=out, src=src, axis=axis):
-            return Replicated(name_of(out), name_of(src), axis)
+        case CollectiveStep():
+            return step.renamed(name_of)
         case _:
             assert_never(step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from unity_eq.collectives import by_term
 from unity_eq.cost import ZERO, Cost, CostModel
 from unity_eq.egraph import ClassRef, EGraphData, Encoding, ENode
 from unity_eq.errors import ExtractionError
@@ -14,8 +15,6 @@ from unity_eq.ir import Graph
 from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import OpSpec
 from unity_eq.plan import (
-    AllGather,
-    AllReduce,
     Compute,
     Const,
     InputRef,
@@ -23,8 +22,6 @@ from unity_eq.plan import (
     LoadWeight,
     Plan,
     PlanTensor,
-    Replicated,
-    Slice,
     Step,
 )
 
@@ -161,14 +158,9 @@ class PlanBuilder:
             self._append(LoadInput(out, args[0]), node)
         elif op == "Weight":
             self._append(LoadWeight(out, args[0]), node)
-        elif op == "Partition":
-            self._append(Slice(out, self.tensor(args[0].id), int(args[1]), args[2]), node)
-        elif op == "Combine":
-            self._append(AllGather(out, self.tensor(args[0].id), int(args[1]), args[2]), node)
-        elif op == "Reduce":
-            self._append(AllReduce(out, self.tensor(args[0].id), args[1]), node)
-        elif op == "Replicate":
-            self._append(Replicated(out, self.tensor(args[0].id), args[1]), node)
+        elif (kind := by_term(op)) is not None and kind.step is not None:  # Term(x, *dims, axis): its step
+            dims = (int(a) for a in args[1:-1])
+            self._append(kind.step(out, self.tensor(args[0].id), *dims, args[-1]), node)  # type: ignore[call-arg]
         elif op == "Opaque":
             self._emit_opaque(out, node)
         else:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from unity_eq.collectives import TERMS, by_term
 from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
 from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
 from unity_eq.ir import Partial, Placement, Replicate, Shard
@@ -19,7 +20,8 @@ from unity_eq.ops.registry import spec_for
 INF = math.inf
 
 
-PARALLEL_OPS = {"Partition", "Combine", "Replicate", "Reduce"}
+#: the e-graph's parallel constructors (one per collective kind with a term: unity_eq.collectives)
+PARALLEL_OPS = frozenset(TERMS)
 
 
 LEAVES = {"Input", "Weight", "NoneT"}
@@ -204,18 +206,13 @@ def _price(
         return ZERO
     if foldable(node.op) and kinds.get(cls.id) == "weight" and _all_weights(node, data, kinds):
         return ZERO  # folded into an initializer at lowering time
-    if node.op in PARALLEL_OPS:
+    kind = by_term(node.op)
+    if kind is not None:  # a collective: its kind prices it on its source's and result's local bytes
         src = node.args[0].id
         if locals_.get(src) is None:
             return infinite
-        axis = node.args[-1]
-        if node.op == "Partition":
-            return model.partition(axis, class_bytes(src, data, locals_), kinds.get(src, "activation"))
-        if node.op == "Combine":
-            return model.combine(axis, class_bytes(cls.id, data, locals_))
-        if node.op == "Reduce":
-            return model.reduce(axis, class_bytes(cls.id, data, locals_))
-        return model.replicate(axis, class_bytes(src, data, locals_), kinds.get(src, "activation"))
+        source_bytes, result_bytes = class_bytes(src, data, locals_), class_bytes(cls.id, data, locals_)
+        return kind.price(model, node.args[-1], source_bytes, result_bytes, kinds.get(src, "activation"))
     instance = enode_instance(node, cls, data, locals_)
     return infinite if instance is None else model.compute(instance)
 

@@ -11,22 +11,12 @@ import onnx
 from onnx import helper
 from typing_extensions import assert_never
 
+from unity_eq.collectives import BY_NAME
 from unity_eq.ir import Graph, Replicate
 from unity_eq.lower.names import Names, derived_names
 from unity_eq.ops.registry import spec_for
 from unity_eq.ops.spec import Family
-from unity_eq.plan import (
-    AllGather,
-    AllReduce,
-    Compute,
-    Const,
-    LoadInput,
-    LoadWeight,
-    Plan,
-    Replicated,
-    Slice,
-    Step,
-)
+from unity_eq.plan import CollectiveStep, Compute, Const, LoadInput, LoadWeight, Plan, Step
 from unity_eq.weightfile import Deferred, value_of
 
 
@@ -149,16 +139,25 @@ class DeviceGraphBuilder:
             case LoadWeight(out=out, name=name):
                 self.consts[out] = self.graph.initializers[name]
                 self.weight_of[out] = name
-            case Replicated(out=out, src=src):
-                self.alias[out] = self.alias.get(src, src)
-            case Slice(out=out, src=src, dim=dim, axis=axis):
-                self._slice(out, src, dim, axis)
             case Compute():
                 self._compute(step)
-            case AllGather(out=out, src=src) | AllReduce(out=out, src=src):
-                self._collective(out, src, collectives)
+            case CollectiveStep():
+                self._move(step, collectives)
             case _:
                 assert_never(step)
+
+    def _move(self, step: CollectiveStep, collectives: list[dict[str, Any]]) -> None:
+        """A collective as its kind is lowered: an alias of its source, this rank's slice, or a cut."""
+        out, src = step.out, step.src
+        match step.kind.lowering:
+            case "alias":
+                self.alias[out] = self.alias.get(src, src)
+            case "slice":
+                self._slice(out, src, step.dims()["dim"], step.axis)
+            case "cut":
+                self._collective(out, src, collectives)
+            case _:
+                assert_never(step.kind.lowering)
 
     def _slice(self, out: str, src: str, dim: int, axis: str) -> None:
         i = self.mesh.axes.index(axis)
@@ -276,11 +275,11 @@ class DeviceGraphBuilder:
     def cut_fields(self, out: str) -> dict[str, Any]:
         """A collective as data for the model's metadata: kind, mesh axis, dim, this rank's peers (the ranks it
         runs with, itself included) and the bytes of its result on each rank."""
-        step = next(s for s in self.plan.steps if isinstance(s, AllGather | AllReduce) and s.out == out)
+        step = next(s for s in self.plan.collectives() if s.out == out)
         return {
-            "kind": "all_gather" if isinstance(step, AllGather) else "all_reduce",
+            "kind": step.kind.name,
             "axis": step.axis,
-            "dim": step.dim if isinstance(step, AllGather) else None,
+            "dim": step.dims().get("dim"),
             "peers": list(self.mesh.group(self.rank, step.axis)),
             "bytes": self.plan.tensors[out].local_bytes(self.mesh),
         }
@@ -289,7 +288,7 @@ class DeviceGraphBuilder:
         """``collective 0: all_gather on mesh axis x (dim 2) with ranks [0, 1], 4096 bytes per rank`` for Netron
         and for users."""
         fields = self.cut_fields(out)
-        what = "all_gather" if fields["kind"] == "all_gather" else "all_reduce (sum)"
+        what = BY_NAME[fields["kind"]].cut_label()
         dim = f" (dim {fields['dim']})" if fields["dim"] is not None else ""
         return (
             f"collective {index}: {what} on mesh axis {fields['axis']}{dim} with ranks {fields['peers']}, "

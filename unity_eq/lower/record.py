@@ -14,22 +14,11 @@ from typing_extensions import assert_never
 from unity_eq.cost import Cost
 from unity_eq.ir import Graph, Shard
 from unity_eq.lower.device import LoweredPlan
-from unity_eq.plan import (
-    AllGather,
-    AllReduce,
-    Compute,
-    Const,
-    LoadInput,
-    LoadWeight,
-    Plan,
-    Replicated,
-    Slice,
-    Step,
-)
+from unity_eq.plan import CollectiveStep, Compute, Const, LoadInput, LoadWeight, Plan, Step
 from unity_eq.planfile import (
     PLAN_FORMAT_VERSION,
+    STEP_RECORDS,
     CollectiveRecord,
-    CombineStepRecord,
     ComputeStepRecord,
     CostRecord,
     DeviceKindRecord,
@@ -41,12 +30,9 @@ from unity_eq.planfile import (
     ModelOutputRecord,
     ModelRecord,
     NodeRecord,
-    PartitionStepRecord,
     PlanMemoryRecord,
     PlanRecord,
     RankRecord,
-    ReduceStepRecord,
-    ReplicateStepRecord,
     StepRecord,
     TensorRecord,
     WeightStepRecord,
@@ -107,14 +93,9 @@ def step_record(step: Step, cost: Cost | None = None, node: str = "") -> StepRec
             return InputStepRecord(out=out, name=name, **seconds)
         case LoadWeight(out=out, name=name):
             return WeightStepRecord(out=out, name=name, **seconds)
-        case Slice(out=out, src=src, dim=dim, axis=axis):
-            return PartitionStepRecord(out=out, src=src, dim=dim, axis=axis, **seconds)
-        case AllGather(out=out, src=src, dim=dim, axis=axis):
-            return CombineStepRecord(out=out, src=src, dim=dim, axis=axis, **seconds)
-        case AllReduce(out=out, src=src, axis=axis):
-            return ReduceStepRecord(out=out, src=src, axis=axis, **seconds)
-        case Replicated(out=out, src=src, axis=axis):
-            return ReplicateStepRecord(out=out, src=src, axis=axis, **seconds)
+        case CollectiveStep(out=out, src=src, axis=axis):
+            record = STEP_RECORDS[str(step.kind.record_kind)]  # a kind with a step has a record
+            return record(out=out, src=src, axis=axis, **step.dims(), **seconds)
         case _:
             assert_never(step)
 
@@ -153,13 +134,13 @@ def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], 
         )
         for rank in range(mesh.size)
     )
-    plan_collectives = [s for s in plan.steps if isinstance(s, AllGather | AllReduce)]
+    plan_collectives = plan.collectives()
     collectives = tuple(
         CollectiveRecord(
             id=index,
-            kind="all_gather" if isinstance(step, AllGather) else "all_reduce",
+            kind=step.kind.name,
             axis=step.axis,
-            dim=step.dim if isinstance(step, AllGather) else None,
+            **step.dims(),
             src=names["src"],
             dst=names["dst"],
             groups=tuple(tuple(g) for g in mesh.groups(step.axis)),

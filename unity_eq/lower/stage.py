@@ -15,7 +15,7 @@ from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph
 from unity_eq.lower.device import LoweredPlan, validate_device_file
 from unity_eq.lower.record import plan_hash, plan_record
-from unity_eq.plan import AllGather, AllReduce, Plan, step_inputs, step_outputs
+from unity_eq.plan import CollectiveStep, Plan, step_inputs, step_outputs
 from unity_eq.planfile import write_plan_json
 
 
@@ -25,7 +25,7 @@ def collective_stages(plan: Plan) -> dict[str, int]:
     result: dict[str, int] = {}
     for step in plan.steps:
         level = max((stage.get(i, 0) for i in step_inputs(step)), default=0)
-        if isinstance(step, AllGather | AllReduce):
+        if isinstance(step, CollectiveStep) and step.kind.communicates:
             result[step.out] = level
             level += 1
         for out in step_outputs(step):

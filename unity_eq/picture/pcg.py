@@ -12,17 +12,15 @@ from dataclasses import dataclass
 import graphviz
 from typing_extensions import assert_never
 
+from unity_eq.collectives import BY_RECORD_KIND
 from unity_eq.explain import OpRow, report_of, tensor_bytes
 from unity_eq.picture.mesh import mesh_cluster
 from unity_eq.picture.style import BACKWARD, FORWARD, PALETTE, REPLICATED, ms
 from unity_eq.planfile import (
-    CombineStepRecord,
+    CollectiveStepRecord,
     ComputeStepRecord,
     ExplainRecord,
     InputStepRecord,
-    PartitionStepRecord,
-    ReduceStepRecord,
-    ReplicateStepRecord,
     StepRecord,
     TensorRecord,
     WeightStepRecord,
@@ -86,8 +84,8 @@ def _group_of(name: str) -> str | None:
     return name.split(".", 1)[0]
 
 
-#: the steps that move a tensor along a mesh axis
-_Move = PartitionStepRecord | CombineStepRecord | ReduceStepRecord | ReplicateStepRecord
+#: the steps that move a tensor along a mesh axis (one record class per collective kind)
+_Move = CollectiveStepRecord
 
 
 def _sources(plan: ExplainRecord) -> tuple[dict[str, _Source], set[str]]:
@@ -106,7 +104,7 @@ def _sources(plan: ExplainRecord) -> tuple[dict[str, _Source], set[str]]:
                 for out in step.outputs:
                     if out:
                         sources[out] = _Source(f"op{index}")
-            case PartitionStepRecord() | CombineStepRecord() | ReduceStepRecord() | ReplicateStepRecord():
+            case CollectiveStepRecord():
                 if step.src in weights:
                     weights.add(step.out)
                 elif step.src in sources:
@@ -118,11 +116,11 @@ def _sources(plan: ExplainRecord) -> tuple[dict[str, _Source], set[str]]:
 
 def _moved(src: _Source, step: _Move, tensors: Mapping[str, TensorRecord], training: bool) -> _Source:
     """Where the result of ``step`` comes from: ``src``, through the collective the step is, if any."""
-    if isinstance(step, CombineStepRecord | ReduceStepRecord):
-        kind = "all-gather" if isinstance(step, CombineStepRecord) else "all-reduce"
-        return _Source(src.node, (*src.forward, _collective_label(kind, step, tensors[step.out])), src.backward)
-    if training and (step.communication_s or 0.0) > 0:  # a gradient collective of the backward pass
-        back = "gradient all-gather" if isinstance(step, PartitionStepRecord) else "gradient all-reduce"
+    kind = BY_RECORD_KIND[step.KIND]
+    if kind.communicates:
+        return _Source(src.node, (*src.forward, _collective_label(kind.label, step, tensors[step.out])), src.backward)
+    if training and kind.backward_op is not None and (step.communication_s or 0.0) > 0:  # a backward collective
+        back = f"gradient {kind.backward_op}"
         return _Source(src.node, src.forward, (*src.backward, _collective_label(back, step, tensors[step.src])))
     return src
 
@@ -253,7 +251,9 @@ def _gradient_note(graph: graphviz.Digraph, plan: ExplainRecord, weights: set[st
         return
     per_axis: dict[str, list[float]] = {}
     for step in plan.steps:
-        if isinstance(step, ReplicateStepRecord) and step.src in weights and (step.communication_s or 0) > 0:
+        if not isinstance(step, CollectiveStepRecord) or not BY_RECORD_KIND[step.KIND].weight_gradient:
+            continue
+        if step.src in weights and (step.communication_s or 0) > 0:
             entry = per_axis.setdefault(step.axis, [0, 0.0, 0.0])
             entry[0] += 1
             entry[1] += tensor_bytes(plan.tensors[step.src])

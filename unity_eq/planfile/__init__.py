@@ -74,6 +74,10 @@ from unity_eq.planfile.sections import (
     TensorRecord,
 )
 from unity_eq.planfile.steps import (
+    BY_KIND as STEP_RECORDS,
+)
+from unity_eq.planfile.steps import (
+    CollectiveStepRecord,
     CombineStepRecord,
     ComputeStepRecord,
     InputStepRecord,
@@ -87,6 +91,7 @@ from unity_eq.planfile.steps import (
 __all__ = [
     "COLLECTIVE_KINDS",
     "PLAN_FORMAT_VERSION",
+    "STEP_RECORDS",
     "AxisRecord",
     "AxisTrafficRecord",
     "BaselineRecord",
@@ -94,6 +99,7 @@ __all__ = [
     "CheaperBaselineRecord",
     "CheapestRecord",
     "CollectiveRecord",
+    "CollectiveStepRecord",
     "CombineStepRecord",
     "ComputeStepRecord",
     "CostRecord",

@@ -12,16 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from unity_eq.collectives.registry import RUNTIME_FIELDS
 from unity_eq.errors import PlanError
 from unity_eq.planfile.checks import INT, LIST, OBJECT, REDO, STR, bad, read_plan_json
 
 #: plan.json ``kind`` of every collective the runtime executes, with the fields each needs besides the common ones
-COLLECTIVE_KINDS: dict[str, tuple[str, ...]] = {
-    "all_gather": ("dim",),
-    "all_reduce": (),
-    "reduce_scatter": ("dim",),
-    "all_to_all": ("split_dim", "concat_dim"),
-}
+#: (the communicating kinds of :mod:`unity_eq.collectives`)
+COLLECTIVE_KINDS: Mapping[str, tuple[str, ...]] = RUNTIME_FIELDS
 
 
 @dataclass(frozen=True)
@@ -48,6 +45,11 @@ class CollectiveRecord:
     split_dim: int | None = None
     concat_dim: int | None = None
     bytes: int | None = None  # per rank (written for users; the runtime does not read it)
+
+    def dims(self) -> dict[str, int]:
+        """Its kind's integer fields by name, as the kind's runtime op takes them."""
+        found = {"dim": self.dim, "split_dim": self.split_dim, "concat_dim": self.concat_dim}
+        return {name: value for name, value in found.items() if value is not None}
 
     def to_json(self) -> dict[str, Any]:
         """As plan.json holds it (``dim`` is null for an all_reduce)."""

@@ -3,9 +3,9 @@ predicted seconds are there when the plan was priced step by step."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 from unity_eq.planfile.codec import Record
 
@@ -41,8 +41,17 @@ class WeightStepRecord(Record):
     communication_s: float | None = None
 
 
+class CollectiveStepRecord(Record):
+    """The record of a collective kind's step (``KIND`` is the kind's ``record_kind`` in unity_eq.collectives):
+    explain and the pictures match this class once and look the kind up by ``KIND``."""
+
+    out: str
+    src: str
+    axis: str
+
+
 @dataclass(frozen=True, kw_only=True)
-class PartitionStepRecord(Record):
+class PartitionStepRecord(CollectiveStepRecord):
     KIND: ClassVar[str] = "partition"
     out: str
     src: str
@@ -53,7 +62,7 @@ class PartitionStepRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CombineStepRecord(Record):
+class CombineStepRecord(CollectiveStepRecord):
     KIND: ClassVar[str] = "combine"
     out: str
     src: str
@@ -64,7 +73,7 @@ class CombineStepRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReduceStepRecord(Record):
+class ReduceStepRecord(CollectiveStepRecord):
     KIND: ClassVar[str] = "reduce"
     out: str
     src: str
@@ -74,7 +83,7 @@ class ReduceStepRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplicateStepRecord(Record):
+class ReplicateStepRecord(CollectiveStepRecord):
     KIND: ClassVar[str] = "replicate"
     out: str
     src: str
@@ -92,3 +101,6 @@ StepRecord = (
     | ReduceStepRecord
     | ReplicateStepRecord
 )
+
+#: every step record class by its ``kind`` (a collective kind's step is written as ``BY_KIND[kind.record_kind]``)
+BY_KIND: Mapping[str, Callable[..., StepRecord]] = {record.KIND: record for record in get_args(StepRecord)}

@@ -1,5 +1,6 @@
-"""Collectives behind one small :class:`Communicator` interface, their reference semantics on numpy pieces,
-and the in-process backend (every rank a thread of this process).
+"""Collectives behind one small :class:`Communicator` interface (defined with the kinds, in
+:mod:`unity_eq.collectives.base`), their reference semantics on numpy pieces, and the in-process backend (every
+rank a thread of this process); :func:`run_collective` runs a plan.json collective through its kind's op.
 
 Reductions sum the pieces in the order of the ranks of the group, in every backend, so results agree bit for
 bit where the reduction order is the same.
@@ -12,36 +13,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from unity_eq.collectives import BY_NAME, RUNTIME_FIELDS
+from unity_eq.collectives import Communicator as Communicator  # defined with the kinds; re-exported
 from unity_eq.errors import PlanError, RuntimeBackendError
 from unity_eq.files import stop_requested
 from unity_eq.planfile import CollectiveRecord
-
-
-class Communicator(Protocol):
-    """The collectives a rank needs. ``group`` lists the participating ranks (world ranks) in axis order.
-
-    Every backend must return, bit for bit, what the reference functions below compute from the pieces of the
-    group in group order (:func:`gather_pieces`, :func:`sum_pieces`, :func:`reduce_scatter_pieces`,
-    :func:`all_to_all_pieces`); pieces of one collective have equal shapes and dtypes.
-    """
-
-    rank: int
-
-    def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
-
-    def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray: ...
-
-    def reduce_scatter(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
-
-    def all_to_all(self, array: np.ndarray, group: Sequence[int], split_dim: int, concat_dim: int) -> np.ndarray: ...
-
-    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None: ...
-
-    def recv(self, source: int, tag: int = 0) -> np.ndarray: ...
 
 
 def gather_pieces(pieces: Sequence[np.ndarray], dim: int) -> np.ndarray:
@@ -184,19 +164,14 @@ class LocalCommunicator:
 
 def run_collective(comm: Communicator, c: CollectiveRecord, array: np.ndarray, group: Sequence[int]) -> np.ndarray:
     """Run one collective of plan.json through ``comm`` (planfile checked its kind and fields when it loaded)."""
-    kind = c.kind
-    if kind == "all_gather" and c.dim is not None:
-        return comm.all_gather(array, group, c.dim)
-    if kind == "all_reduce":
-        return comm.all_reduce(array, group)
-    if kind == "reduce_scatter" and c.dim is not None:
-        return comm.reduce_scatter(array, group, c.dim)
-    if kind == "all_to_all" and c.split_dim is not None and c.concat_dim is not None:
-        return comm.all_to_all(array, group, c.split_dim, c.concat_dim)
-    raise PlanError(
-        f"plan.json: collective {c.id}: kind {kind!r} without its fields; expected all_gather (dim), all_reduce, "
-        "reduce_scatter (dim) or all_to_all (split_dim, concat_dim). Re-run `unity-eq optimize` with this version."
-    )
+    kind = BY_NAME.get(c.kind)
+    if kind is None or kind.run is None or set(kind.dims) - set(c.dims()):
+        known = [f"{name} ({', '.join(dims)})" if dims else name for name, dims in RUNTIME_FIELDS.items()]
+        raise PlanError(
+            f"plan.json: collective {c.id}: kind {c.kind!r} without its fields; expected {', '.join(known[:-1])} or "
+            f"{known[-1]}. Re-run `unity-eq optimize` with this version."
+        )
+    return kind.run(comm, array, group, c.dims())
 
 
 def group_of(collective: CollectiveRecord, rank: int) -> tuple[int, ...]:

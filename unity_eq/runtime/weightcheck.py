@@ -21,12 +21,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from unity_eq.collectives import BY_RECORD_KIND
 from unity_eq.errors import CheckFailed, PlanError
 from unity_eq.planfile import (
+    CollectiveStepRecord,
     ComputeStepRecord,
     ExplainRecord,
-    PartitionStepRecord,
-    ReplicateStepRecord,
     WeightStepRecord,
     read_explain_record,
 )
@@ -53,6 +53,20 @@ class _RankConstants:
     def local_shape(self, tid: str) -> tuple[int, ...]:
         return tuple(self.record.tensors[tid].local_shape)
 
+    def _move(self, out: str, src: str, axis: str, step: CollectiveStepRecord) -> None:
+        """A collective over weights as lowering writes it (its kind's ``lowering``): an alias or a slice; a
+        communicating collective never has weight operands in a device file."""
+        lowering = BY_RECORD_KIND[step.KIND].lowering
+        if lowering == "alias":
+            self.alias[out] = self.alias.get(src, src)
+        elif lowering == "slice":
+            src = self.alias.get(src, src)
+            if src in self.consts:
+                i = self.record.mesh.axes.index(axis)
+                dim = int(step.dim)
+                self.consts[out] = _piece(self.consts[src], dim, self.coords[i], self.record.mesh.sizes[i])
+                self.origin[out] = self.origin[src]
+
     def run(self, where: Path) -> None:
         from unity_eq.lower.builder import DeviceGraphBuilder
         from unity_eq.plan import Compute, Const
@@ -63,14 +77,8 @@ class _RankConstants:
                     if name not in self.weights:
                         raise PlanError(f"{where}: the plan loads weight {name!r}, which the model does not have.")
                     self.consts[out], self.origin[out] = self.weights[name], name
-                case ReplicateStepRecord(out=out, src=src):
-                    self.alias[out] = self.alias.get(src, src)
-                case PartitionStepRecord(out=out, src=src, dim=dim, axis=axis):
-                    src = self.alias.get(src, src)
-                    if src in self.consts:
-                        i = self.record.mesh.axes.index(axis)
-                        self.consts[out] = _piece(self.consts[src], dim, self.coords[i], self.record.mesh.sizes[i])
-                        self.origin[out] = self.origin[src]
+                case CollectiveStepRecord(out=out, src=src, axis=axis):
+                    self._move(out, src, axis, step)
                 case ComputeStepRecord():
                     inputs = tuple(Const(tuple(i)) if isinstance(i, tuple | list) else i for i in step.inputs)
                     compute = Compute(step.outputs, step.op, inputs, dict(step.attrs), step.domain)

@@ -24,15 +24,12 @@ from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import Machine
 from unity_eq.memory import plan_memory
 from unity_eq.plan import (
-    AllGather,
-    AllReduce,
+    CollectiveStep,
     Compute,
     LoadInput,
     LoadWeight,
     Plan,
     PlanTensor,
-    Replicated,
-    Slice,
     Step,
 )
 from unity_eq.planfile import PlanReport
@@ -174,13 +171,7 @@ def _renamed(step: Step, rename: Callable[[str], str], weights: dict[str, str]) 
                 domain,
                 node,
             )
-        case Slice(out=out, src=src, dim=dim, axis=axis):
-            return Slice(rename(out), rename(src), dim, axis)
-        case AllGather(out=out, src=src, dim=dim, axis=axis):
-            return AllGather(rename(out), rename(src), dim, axis)
-        case AllReduce(out=out, src=src, axis=axis):
-            return AllReduce(rename(out), rename(src), axis)
-        case Replicated(out=out, src=src, axis=axis):
-            return Replicated(rename(out), rename(src), axis)
+        case CollectiveStep():
+            return step.renamed(rename)
         case _:
             assert_never(step)

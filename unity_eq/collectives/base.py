@@ -1,0 +1,141 @@
+"""What a collective kind is (:class:`Collective`), the plan step every kind's step derives from
+(:class:`CollectiveStep`), the runtime's :class:`Communicator` and the slot for a torch op (:data:`TorchOp`).
+
+A kind is one module of this package holding one :class:`Collective` value; :mod:`.registry` lists them, and
+pricing, lowering, plan records, the runtime, the verifier's name sets, pictures and explain look a kind up
+there instead of naming it. Nothing here imports the rest of the engine but the cost records, so the lowest
+layers (planfile, runtime) can ask the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+import numpy as np
+
+from unity_eq.cost.records import Cost
+
+if TYPE_CHECKING:
+    from unity_eq.cost.model import CostModel
+
+__all__ = ["Collective", "CollectiveStep", "Communicator", "Lowering", "Price", "RunOp", "TorchOp"]
+
+
+class Communicator(Protocol):
+    """The collectives a rank needs. ``group`` lists the participating ranks (world ranks) in axis order.
+
+    Every backend must return, bit for bit, what the reference functions of :mod:`unity_eq.runtime.collectives`
+    compute from the pieces of the group in group order; pieces of one collective have equal shapes and dtypes.
+    A kind's :attr:`Collective.run` calls one of these methods, so a backend implements each kind it runs.
+    """
+
+    rank: int
+
+    def all_gather(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
+
+    def all_reduce(self, array: np.ndarray, group: Sequence[int]) -> np.ndarray: ...
+
+    def reduce_scatter(self, array: np.ndarray, group: Sequence[int], dim: int) -> np.ndarray: ...
+
+    def all_to_all(self, array: np.ndarray, group: Sequence[int], split_dim: int, concat_dim: int) -> np.ndarray: ...
+
+    def send(self, array: np.ndarray, dest: int, tag: int = 0) -> None: ...
+
+    def recv(self, source: int, tag: int = 0) -> np.ndarray: ...
+
+
+#: A kind's price: ``(model, axis, source bytes, result bytes, source kind) -> Cost``. Bytes are per device (local
+#: shapes); the source kind is ``weight``, ``input`` or ``activation`` (training prices a weight's gradient
+#: all-reduce apart). The formulas are :class:`~unity_eq.cost.model.CostModel`'s collectives (NCCL's ring times of
+#: :mod:`unity_eq.cost.collectives` at the axis's slowest group).
+Price = Callable[["CostModel", str, float, float, str], Cost]
+
+#: A kind's runtime op on one rank: ``(communicator, this rank's piece, group ranks, the kind's dims) -> result``.
+RunOp = Callable[[Communicator, np.ndarray, Sequence[int], Mapping[str, int]], np.ndarray]
+
+#: The slot for a torch.distributed op (the torch training backend): ``(tensor, group ranks, the kind's dims) ->
+#: tensor``, autograd-aware (its backward is the kind's gradient collective). ``None`` until a backend supplies it:
+#: :func:`unity_eq.collectives.registry.torch_op` says so in one error.
+TorchOp = Callable[[Any, Sequence[int], Mapping[str, int]], Any]
+
+#: How lowering writes a step of the kind into a device graph: ``alias`` (no op: the result is its source),
+#: ``slice`` (this rank's chunk along ``dim``: an ONNX Slice, or folded into a weight), ``cut`` (a communicating
+#: collective: the device graph is cut, the runtime runs the kind's :attr:`Collective.run` between segments).
+Lowering = Literal["alias", "slice", "cut"]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """Everything the engine knows about one collective kind, in one value (one module of this package each).
+
+    ``term``/``step``/``record_kind`` are None for a kind the runtime runs but no plan writes yet (reduce-scatter,
+    all-to-all): giving it an e-graph term (a rule file's constructor), a step class and a record makes it plannable.
+    """
+
+    name: str  # the kind's name: plan.json's ``collectives[].kind`` when it communicates
+    dims: tuple[str, ...]  # the integer fields of its step, term and runtime record, in order
+    placement: tuple[str, str]  # (source, result) state on its own axis; ``{dim}`` is filled from the step
+    price: Price
+    lowering: Lowering
+    label: str  # how explain and pictures name it (``all-gather``)
+    term: str | None = None  # its e-graph constructor: ``Term(x, *dims, axis)``
+    step: type[CollectiveStep] | None = None  # its plan step
+    record_kind: str | None = None  # its plan.json step record's ``kind``
+    run: RunOp | None = None  # its runtime op (None: nothing moves at run time)
+    backward_op: str | None = None  # the collective its backward pass runs on the gradient (``all-reduce``)
+    local: bool = False  # nothing moves in the forward pass: the result is its source's kind (weight, input…)
+    keeps_weights: bool = True  # of weights, its result is weight data (a gathered weight), not an activation
+    weight_gradient: bool = False  # its backward pass is a weight's gradient all-reduce (data parallelism)
+    torch_op: TorchOp | None = None  # the torch backend's op (see TorchOp)
+    metadata_name: str = ""  # how a device file's metadata names it, when not ``name`` (``all_reduce (sum)``)
+
+    @property
+    def communicates(self) -> bool:
+        """Runs between device-graph segments (plan.json lists it under ``collectives``)."""
+        return self.run is not None
+
+    def phase(self, source: str) -> str | None:
+        """When it communicates (``forward``, ``backward``, ``gradient``) given its source's kind, or None."""
+        if self.communicates:
+            return "forward"
+        if source == "activation":
+            return "backward"
+        return "gradient" if source == "weight" and self.weight_gradient else None
+
+    def states(self, dims: Mapping[str, int]) -> tuple[str, str]:
+        """Its (source, result) placement on its axis, as plan.json writes placements (``S(1)``, ``R``, ``P``)."""
+        return self.placement[0].format(**dims), self.placement[1].format(**dims)
+
+    def cut_label(self) -> str:
+        """The kind as a device file's metadata names it (``all_gather``, ``all_reduce (sum)``)."""
+        return self.metadata_name or self.name
+
+
+S = TypeVar("S", bound="CollectiveStep")
+
+
+class CollectiveStep:
+    """The plan step of a collective kind (a frozen dataclass with ``out``, ``src``, its dims and ``axis``).
+
+    Code that handles plan steps matches ``CollectiveStep()`` once and asks :attr:`kind`; each subclass is
+    defined in its kind's module and names its :class:`Collective` there.
+    """
+
+    __slots__ = ()
+    out: str
+    src: str
+    axis: str
+
+    @property
+    def kind(self) -> Collective:
+        raise NotImplementedError(type(self).__name__)
+
+    def dims(self) -> dict[str, int]:
+        """The kind's integer fields by name (``{"dim": 1}`` for a gather along dim 1)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in self.kind.dims}  # type: ignore[arg-type]
+
+    def renamed(self: S, name_of: Callable[[str], str]) -> S:
+        """The same step over renamed tensors (pieces and pipeline stages stitched into one plan)."""
+        return replace(self, out=name_of(self.out), src=name_of(self.src))  # type: ignore[type-var]

@@ -1,0 +1,53 @@
+"""Partition: each device keeps its chunk of a replicated value along ``dim`` (plan step ``Slice``).
+
+Nothing moves in the forward pass: a weight or an input is sliced when loaded (free); an activation is copied
+locally. In training its backward pass all-gathers the activation's gradient."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from unity_eq.collectives.base import Collective, CollectiveStep
+from unity_eq.cost.records import ZERO, Cost
+
+if TYPE_CHECKING:
+    from unity_eq.cost.model import CostModel
+
+
+@dataclass(frozen=True)
+class Slice(CollectiveStep):
+    out: str
+    src: str
+    dim: int
+    axis: str
+
+    @property
+    def kind(self) -> Collective:
+        return PARTITION
+
+
+def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+    """Free for weights and inputs (sliced when loaded); a local copy of an activation, and in training the
+    all-gather of its gradient."""
+    if source in ("weight", "input"):
+        return ZERO
+    cost = model.local_copy(src_bytes / model.mesh.axis_size(axis))
+    if model.objective.training:
+        cost = cost + Cost(comm=model.all_gather(axis, src_bytes))
+    return cost
+
+
+PARTITION = Collective(
+    name="partition",
+    dims=("dim",),
+    placement=("R", "S({dim})"),
+    price=price,
+    lowering="slice",
+    label="slice",
+    term="Partition",
+    step=Slice,
+    record_kind="partition",
+    backward_op="all-gather",
+    local=True,
+)

@@ -1,0 +1,52 @@
+"""Replicate: a replicated value read by sharded work (plan step ``Replicated``).
+
+Nothing happens in the forward pass (lowering aliases the result to its source); in training its backward pass
+all-reduces the gradient: a weight's (bucketed with the others) or an activation's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from unity_eq.collectives.base import Collective, CollectiveStep
+from unity_eq.cost.records import ZERO, Cost
+
+if TYPE_CHECKING:
+    from unity_eq.cost.model import CostModel
+
+
+@dataclass(frozen=True)
+class Replicated(CollectiveStep):
+    out: str
+    src: str
+    axis: str
+
+    @property
+    def kind(self) -> Collective:
+        return REPLICATE
+
+
+def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+    """Free for inference and for inputs; in training the gradient all-reduce (a weight's shares its bucket's
+    latency)."""
+    if not model.objective.training or source == "input":
+        return ZERO
+    if source == "weight":
+        return Cost(comm=model.gradient_all_reduce(axis, src_bytes))
+    return Cost(comm=model.all_reduce(axis, src_bytes))
+
+
+REPLICATE = Collective(
+    name="replicate",
+    dims=(),
+    placement=("R", "R"),
+    price=price,
+    lowering="alias",
+    label="replicate",
+    term="Replicate",
+    step=Replicated,
+    record_kind="replicate",
+    backward_op="all-reduce",
+    local=True,
+    weight_gradient=True,
+)
