@@ -29,12 +29,9 @@ from unity_eq.planfile.search import (
 )
 from unity_eq.planfile.sections import CostRecord, MachineRecord, MeshRecord, ModelRecord, TensorRecord
 from unity_eq.planfile.steps import (
-    CombineStepRecord,
+    CollectiveStepRecord,
     ComputeStepRecord,
     InputStepRecord,
-    PartitionStepRecord,
-    ReduceStepRecord,
-    ReplicateStepRecord,
     StepRecord,
     WeightStepRecord,
 )
@@ -134,7 +131,7 @@ def read_explain_record(meta_path: Path) -> ExplainRecord:
                 names = []  # its tensor may be gone: folded into what it makes at lowering
             case InputStepRecord():
                 names = [("out", step.out)]
-            case PartitionStepRecord() | CombineStepRecord() | ReduceStepRecord() | ReplicateStepRecord():
+            case CollectiveStepRecord():
                 names = [("out", step.out), ("src", step.src)]
             case _:
                 assert_never(step)

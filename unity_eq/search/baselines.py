@@ -13,7 +13,7 @@ from unity_eq.extract import Extraction, Restriction
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
 from unity_eq.memory import MemoryUsage, plan_memory
-from unity_eq.plan import AllGather, AllReduce, Plan, Replicated, Slice
+from unity_eq.plan import CollectiveStep, Plan
 from unity_eq.planfile import BaselineRecord
 from unity_eq.planfile.axes import axis_info
 from unity_eq.report import device_span, parallelism
@@ -55,12 +55,12 @@ class Baseline:
 
 
 def is_sharded(plan: Plan) -> bool:
-    return any(isinstance(s, Slice | AllGather | AllReduce | Replicated) for s in plan.steps)
+    return any(isinstance(s, CollectiveStep) for s in plan.steps)
 
 
 def uses_axes(plan: Plan) -> set[str]:
     """The mesh axes the plan's parallel steps use."""
-    return {s.axis for s in plan.steps if isinstance(s, Slice | AllGather | AllReduce | Replicated)}
+    return {s.axis for s in plan.steps if isinstance(s, CollectiveStep)}
 
 
 def baseline_of(
