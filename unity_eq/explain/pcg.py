@@ -119,7 +119,7 @@ def _mib(t: TensorRecord) -> str:
     return f"{tensor_bytes(t) / 2**20:.2f} MiB"
 
 
-def _us(step: StepRecord) -> str:
+def _us(step: StepRecord | CollectiveStepRecord) -> str:
     return f"{(step.communication_s or 0.0) * 1e6:.1f} µs"
 
 

@@ -63,7 +63,7 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**16 else f"{nbytes / 2**10:.1f} KiB"
 
 
-def _us(step: StepRecord) -> str:
+def _us(step: StepRecord | CollectiveStepRecord) -> str:
     return f"{(step.communication_s or 0.0) * 1e6:.1f} µs"
 
 

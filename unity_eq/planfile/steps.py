@@ -48,6 +48,8 @@ class CollectiveStepRecord(Record):
     out: str
     src: str
     axis: str
+    compute_s: float | None
+    communication_s: float | None
 
 
 @dataclass(frozen=True, kw_only=True)

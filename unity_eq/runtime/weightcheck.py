@@ -63,7 +63,7 @@ class _RankConstants:
             src = self.alias.get(src, src)
             if src in self.consts:
                 i = self.record.mesh.axes.index(axis)
-                dim = int(step.dim)
+                (dim,) = (int(getattr(step, name)) for name in BY_RECORD_KIND[step.KIND].dims)  # a slice's one dim
                 self.consts[out] = _piece(self.consts[src], dim, self.coords[i], self.record.mesh.sizes[i])
                 self.origin[out] = self.origin[src]
 
