@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from unity_eq.collectives.base import Collective, CollectiveStep, Communicator
+from unity_eq.collectives.base import Collective, CollectiveStep, Communicator, Prices
 from unity_eq.cost.records import Cost
-
-if TYPE_CHECKING:
-    from unity_eq.cost.model import CostModel
 
 
 @dataclass(frozen=True)
@@ -28,7 +24,7 @@ class AllGather(CollectiveStep):
         return ALL_GATHER
 
 
-def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
     """The ring all-gather producing the result's bytes on each rank."""
     return Cost(comm=model.all_gather(axis, out_bytes))
 

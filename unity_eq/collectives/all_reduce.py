@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from unity_eq.collectives.base import Collective, CollectiveStep, Communicator
+from unity_eq.collectives.base import Collective, CollectiveStep, Communicator, Prices
 from unity_eq.cost.records import Cost
-
-if TYPE_CHECKING:
-    from unity_eq.cost.model import CostModel
 
 
 @dataclass(frozen=True)
@@ -27,7 +23,7 @@ class AllReduce(CollectiveStep):
         return ALL_REDUCE
 
 
-def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
     """The ring all-reduce of the result's bytes."""
     return Cost(comm=model.all_reduce(axis, out_bytes))
 

@@ -5,18 +5,14 @@ group order, on rank ``i`` (plan.json collective ``all_to_all``: a resharding ``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from unity_eq.collectives.base import Collective, Communicator
+from unity_eq.collectives.base import Collective, Communicator, Prices
 from unity_eq.cost.records import Cost
 
-if TYPE_CHECKING:
-    from unity_eq.cost.model import CostModel
 
-
-def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
     """Each rank sends (n-1)/n of its piece, 1/n to every other member."""
     return Cost(comm=model.all_to_all(axis, src_bytes))
 

@@ -11,16 +11,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
-from unity_eq.cost.records import Cost
+from unity_eq.cost.records import Cost, Objective
+from unity_eq.ir import Mesh
 
-if TYPE_CHECKING:
-    from unity_eq.cost.model import CostModel
+__all__ = ["Collective", "CollectiveStep", "Communicator", "Lowering", "Price", "Prices", "RunOp", "TorchOp"]
 
-__all__ = ["Collective", "CollectiveStep", "Communicator", "Lowering", "Price", "RunOp", "TorchOp"]
+
+class Prices(Protocol):
+    """What a kind's price reads of :class:`~unity_eq.cost.model.CostModel`: its mesh and objective and the ring
+    formulas at an axis's slowest group (a protocol, so the kinds sit below the cost model: planfile and the
+    runtime ask the registry without importing it)."""
+
+    @property
+    def mesh(self) -> Mesh: ...
+
+    @property
+    def objective(self) -> Objective: ...
+
+    def local_copy(self, nbytes: float) -> Cost: ...
+
+    def all_gather(self, axis: str, nbytes: float) -> float: ...
+
+    def all_reduce(self, axis: str, nbytes: float) -> float: ...
+
+    def reduce_scatter(self, axis: str, nbytes: float) -> float: ...
+
+    def all_to_all(self, axis: str, nbytes: float) -> float: ...
+
+    def gradient_all_reduce(self, axis: str, nbytes: float) -> float: ...
 
 
 class Communicator(Protocol):
@@ -50,7 +72,7 @@ class Communicator(Protocol):
 #: shapes); the source kind is ``weight``, ``input`` or ``activation`` (training prices a weight's gradient
 #: all-reduce apart). The formulas are :class:`~unity_eq.cost.model.CostModel`'s collectives (NCCL's ring times of
 #: :mod:`unity_eq.cost.collectives` at the axis's slowest group).
-Price = Callable[["CostModel", str, float, float, str], Cost]
+Price = Callable[[Prices, str, float, float, str], Cost]
 
 #: A kind's runtime op on one rank: ``(communicator, this rank's piece, group ranks, the kind's dims) -> result``.
 RunOp = Callable[[Communicator, np.ndarray, Sequence[int], Mapping[str, int]], np.ndarray]

@@ -6,13 +6,9 @@ locally. In training its backward pass all-gathers the activation's gradient."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from unity_eq.collectives.base import Collective, CollectiveStep
+from unity_eq.collectives.base import Collective, CollectiveStep, Prices
 from unity_eq.cost.records import ZERO, Cost
-
-if TYPE_CHECKING:
-    from unity_eq.cost.model import CostModel
 
 
 @dataclass(frozen=True)
@@ -27,7 +23,7 @@ class Slice(CollectiveStep):
         return PARTITION
 
 
-def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
     """Free for weights and inputs (sliced when loaded); a local copy of an activation, and in training the
     all-gather of its gradient."""
     if source in ("weight", "input"):

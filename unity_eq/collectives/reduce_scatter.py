@@ -6,18 +6,14 @@ planfile/steps.py) makes it plannable."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from unity_eq.collectives.base import Collective, Communicator
+from unity_eq.collectives.base import Collective, Communicator, Prices
 from unity_eq.cost.records import Cost
 
-if TYPE_CHECKING:
-    from unity_eq.cost.model import CostModel
 
-
-def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
     """The ring reduce-scatter of the source's bytes (the all-gather's mirror image)."""
     return Cost(comm=model.reduce_scatter(axis, src_bytes))
 

@@ -6,13 +6,9 @@ all-reduces the gradient: a weight's (bucketed with the others) or an activation
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from unity_eq.collectives.base import Collective, CollectiveStep
+from unity_eq.collectives.base import Collective, CollectiveStep, Prices
 from unity_eq.cost.records import ZERO, Cost
-
-if TYPE_CHECKING:
-    from unity_eq.cost.model import CostModel
 
 
 @dataclass(frozen=True)
@@ -26,7 +22,7 @@ class Replicated(CollectiveStep):
         return REPLICATE
 
 
-def price(model: CostModel, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
     """Free for inference and for inputs; in training the gradient all-reduce (a weight's shares its bucket's
     latency)."""
     if not model.objective.training or source == "input":
