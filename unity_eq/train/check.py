@@ -213,8 +213,9 @@ def _priced_gradless(record: ExplainRecord, gradless: set[str]) -> list[str]:
     ]
 
 
-def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+def relative_error(actual: np.ndarray, expected: np.ndarray, floor: float = 0.0) -> float:
+    """``max |actual - expected| / max(max |expected|, floor)``."""
+    scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, floor)
     diff = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)))) if expected.size else 0.0
     if scale == 0.0:
         return 0.0 if diff == 0.0 else float("inf")
@@ -243,7 +244,13 @@ class TrainingCheck:
 def _compare_pieces(
     result: TrainingCheck, what: str, ranks: Sequence[list[Any]], reference: Mapping[str, np.ndarray]
 ) -> None:
-    """Every rank's pieces against the reference's regions; every trained weight covered."""
+    """Every rank's pieces against the reference's regions; every trained weight covered.
+
+    A weight whose values are far smaller than the model's largest is judged against a floor: ``1e-3`` of
+    the largest element over every weight. A gradient that is zero in exact arithmetic (attention's key bias:
+    softmax ignores a shift of a row) is float32 rounding noise in both runs, and noise has no relative error;
+    an error above ``tolerance`` of the floor is still a mismatch."""
+    floor = 1e-3 * max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=0.0)
     worst: dict[str, tuple[float, int]] = {}
     covered: dict[str, np.ndarray] = {}
     for rank, pieces in enumerate(ranks):
@@ -254,7 +261,7 @@ def _compare_pieces(
             index = tuple(slice(s, s + n) for s, n in box)
             expected = reference[name][index]
             got = value if value is not None else np.zeros_like(expected)
-            error = relative_error(got, expected)
+            error = relative_error(got, expected, floor)
             if error >= worst.get(name, (-1.0, 0))[0]:
                 worst[name] = (error, rank)
             mask = covered.setdefault(name, np.zeros(reference[name].shape, bool))
