@@ -19,7 +19,9 @@ __all__ = ["print_training_check", "train"]
 def train(
     plan_dir: Path = typer.Argument(..., help="An SPMD plan directory written by `unity-eq optimize`."),
     steps: int = typer.Option(10, "--steps", help="Optimizer steps to run."),
-    inputs: Path = typer.Option(None, "--inputs", "-i", help=".npz batch, one array per model input (default: random)."),
+    inputs: Path = typer.Option(
+        None, "--inputs", "-i", help=".npz batch, one array per model input (default: random)."
+    ),
     optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adamw."),
     lr: float = typer.Option(1e-2, "--lr", help="Learning rate."),
     loss: str = typer.Option(None, "--loss", help="sum or mean of the first output (default: it is a scalar loss)."),
@@ -66,6 +68,7 @@ def train(
             trainer.load(load)
         opt = make_optimizer(optimizer, trainer.module.parameters(), lr)
         batch = trainer.inputs(feeds)
+        times: list[float] = []
         for k in range(steps):
             start = time.perf_counter()
             opt.zero_grad()
@@ -75,16 +78,34 @@ def train(
             if trainer.device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
+            times.append(seconds)
             if rank == 0:
-                out.print(f"step {k + 1}/{steps}: loss {float(value.detach()):.6g}, {seconds * 1e3:.1f} ms", highlight=False)
+                out.print(
+                    f"step {k + 1}/{steps}: loss {float(value.detach()):.6g}, {seconds * 1e3:.1f} ms", highlight=False
+                )
         if rank == 0:
             _say_collectives(trainer.ledger.as_rows(), steps)
+            _say_predicted(record, times)
         if save is not None:
             written = trainer.save(save)
             if written is not None:
                 out.print(f"wrote {len(trainer.module.source_shapes)} parameter tensor(s) to {escape(str(written))}")
     finally:
         dist.destroy_process_group()
+
+
+def _say_predicted(record: Any, times: list[float]) -> None:
+    """The measured step beside plan.json's prediction (for the plan's machine: on a CPU a sanity figure only)."""
+    predicted = record.training_search.step_s if record.training_search is not None else None
+    if predicted is None and record.cost is not None:
+        predicted = record.cost.total_s
+    measured = sorted(times)[len(times) // 2]
+    machine = record.machine.name if record.machine is not None else "its machine"
+    said = f"{predicted * 1e3:.3g} ms on {machine}" if predicted is not None else "not recorded"
+    err.print(
+        f"[dim]… step time: measured {measured * 1e3:.1f} ms (median); plan.json predicts {escape(said)} "
+        "(a CPU run is a sanity figure, not a test of the prediction)[/dim]"
+    )
 
 
 def _say_collectives(rows: list[Any], steps: int) -> None:

@@ -20,7 +20,6 @@ import os
 import socket
 import tempfile
 import traceback
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from unity_eq.errors import CheckFailed, OptionError, PlanError, RuntimeBackendError, UnityEqError
+from unity_eq.errors import CheckFailed, OptionError, RuntimeBackendError, UnityEqError
 from unity_eq.planfile import (
     CombineStepRecord,
     ComputeStepRecord,
@@ -101,7 +100,9 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
             loss.backward()
             losses.append(float(loss.detach()))
             if k == 0:
-                grads = [(n, r.box, p.grad.numpy().copy() if p.grad is not None else None) for n, r, p in trainer.shards()]
+                grads = [
+                    (n, r.box, p.grad.numpy().copy() if p.grad is not None else None) for n, r, p in trainer.shards()
+                ]
                 ledger = trainer.ledger.as_rows()
             opt.step()
         weights = [(n, r.box, p.detach().numpy().copy()) for n, r, p in trainer.shards()]
@@ -209,7 +210,9 @@ def _priced_gradless(record: ExplainRecord, gradless: set[str]) -> list[str]:
     return [
         f"{type(s).__name__.removesuffix('StepRecord').lower()} {s.out} ({s.src})"
         for s in record.steps
-        if isinstance(s, PartitionStepRecord | ReplicateStepRecord) and s.out in gradless and (s.communication_s or 0) > 0
+        if isinstance(s, PartitionStepRecord | ReplicateStepRecord)
+        and s.out in gradless
+        and (s.communication_s or 0) > 0
     ]
 
 
@@ -262,6 +265,7 @@ def _compare_pieces(
             expected = reference[name][index]
             got = value if value is not None else np.zeros_like(expected)
             error = relative_error(got, expected, floor)
+            error = float("inf") if np.isnan(error) else error
             if error >= worst.get(name, (-1.0, 0))[0]:
                 worst[name] = (error, rank)
             mask = covered.setdefault(name, np.zeros(reference[name].shape, bool))
@@ -329,9 +333,13 @@ def check_training(
     result = TrainingCheck(tolerance)
     for k, (want, *got) in enumerate(zip(reference["losses"], *(r["losses"] for r in ranks), strict=True)):
         error = max(abs(g - want) / max(abs(want), 1e-30) for g in got)
-        result.add(error <= tolerance, f"loss of step {k + 1}: {want:.6g} (one device), worst relative error {error:.2e}")
+        result.add(
+            error <= tolerance, f"loss of step {k + 1}: {want:.6g} (one device), worst relative error {error:.2e}"
+        )
     _compare_pieces(result, "gradient", [r["grads"] for r in ranks], reference["grads"])
-    _compare_pieces(result, f"weight after {steps} {optimizer} step(s)", [r["weights"] for r in ranks], reference["weights"])
+    _compare_pieces(
+        result, f"weight after {steps} {optimizer} step(s)", [r["weights"] for r in ranks], reference["weights"]
+    )
     _compare_collectives(result, record, ranks)
     return result
 
@@ -340,7 +348,3 @@ def assert_training_check(result: TrainingCheck) -> None:
     failure = result.first_failure()
     if failure is not None:
         raise CheckFailed(f"training does not match one device: {failure}")
-
-
-def refuse_plan(message: str) -> PlanError:
-    return PlanError(message)

@@ -20,7 +20,6 @@ state, no gradient all-reduce.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,7 +66,9 @@ class Region:
         return tuple(slice(start, start + size) for start, size in self.box)
 
 
-def region_of(shape: Sequence[int], parts: Parts, axes: Sequence[str], sizes: Sequence[int], coords: Sequence[int]) -> Region:
+def region_of(
+    shape: Sequence[int], parts: Parts, axes: Sequence[str], sizes: Sequence[int], coords: Sequence[int]
+) -> Region:
     """The box of the chunk ``parts`` selects, on a rank at ``coords`` of the mesh."""
     box = [(0, int(d)) for d in shape]
     for dim, axis in parts:
@@ -287,7 +288,3 @@ class RankModule(torch.nn.Module):
         for out, value in zip(step.outputs, results, strict=False):
             if out:
                 env[out] = value
-
-
-def local_numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)

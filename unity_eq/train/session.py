@@ -34,11 +34,16 @@ PIPELINE_REFUSAL = (
 
 def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
     """plan.json of an SPMD plan directory, checked as ``run`` checks it; a pipeline plan is refused."""
+    import json
+
     from unity_eq.runtime.plandir import load_plan_dir
-    from unity_eq.runtime.pipeline import is_pipeline_dir
 
     root = Path(plan_dir)
-    if is_pipeline_dir(root):
+    try:
+        kind = json.loads((root / "plan.json").read_text()).get("plan")
+    except (OSError, ValueError, AttributeError):
+        kind = None  # load_plan_dir says what is wrong with the directory
+    if kind == "pipeline":
         raise PlanError(f"{root}: {PIPELINE_REFUSAL}")
     load_plan_dir(root, check_files=False)  # the checks `run` makes: a plan directory, not plan-only, collectives
     return read_explain_record(root / "plan.json")

@@ -252,6 +252,20 @@ def _gather_elements(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor
     return [torch.gather(x, axis, torch.where(indices < 0, indices + x.shape[axis], indices))]
 
 
+def _gather_nd(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    data, indices = inputs[0], inputs[1].to(torch.int64)
+    b = int(attrs.get("batch_dims", 0))
+    k = indices.shape[-1]
+    batch = math.prod(data.shape[:b])
+    flat = data.reshape(batch, *data.shape[b:])
+    idx = indices.reshape(batch, -1, k)
+    sizes = torch.tensor(data.shape[b : b + k], dtype=torch.int64)
+    idx = torch.where(idx < 0, idx + sizes, idx)
+    rows = torch.arange(batch).view(batch, 1).expand(batch, idx.shape[1])
+    picked = flat[(rows, *(idx[..., j] for j in range(k)))]
+    return [picked.reshape(*indices.shape[:-1], *data.shape[b + k :])]
+
+
 # --- reductions (unity_eq/ops/reduce.py) ---------------------------------------------------------------------
 def _reduce(fn: str) -> OpFn:
     def run(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
@@ -368,6 +382,8 @@ TORCH_OPS: dict[str, OpFn] = {
     "Greater": _one(torch.gt),
     "GreaterOrEqual": _one(torch.ge),
     "Not": _one(torch.logical_not),
+    "IsNaN": _one(torch.isnan),
+    "IsInf": _one(torch.isinf),
     "And": _one(torch.logical_and),
     "Or": _one(torch.logical_or),
     "Where": _one(_where),
@@ -395,6 +411,7 @@ TORCH_OPS: dict[str, OpFn] = {
     "Slice": _slice,
     "Gather": _gather,
     "GatherElements": _gather_elements,
+    "GatherND": _gather_nd,
     # reductions
     "ReduceSum": _reduce("sum"),
     "ReduceMean": _reduce("mean"),

@@ -1,0 +1,143 @@
+"""Training with a plan (unity_eq.train): the torch interpreter against onnxruntime, `check --training` on a
+Megatron MLP (2 ranks), a 2x2 data x tensor parallel transformer (4 ranks), and deliberately wrong plans (a
+gradient all-reduce dropped, a wrong slice), `train` under torchrun with a checkpoint saved and loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import EXAMPLES, run_cli  # noqa: E402
+
+from unity_eq.train.reference import OnnxModule  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Training plans, made once: mlp on 2 devices (Megatron), transformer on 4 (data parallel) and on a 2x2
+    mesh (data x tensor parallel), mlp on a 2x2 mesh."""
+    out = tmp_path_factory.mktemp("train-plans")
+    made = {}
+    for name, model, extra in [
+        ("mlp2", "mlp", ["--devices", "2"]),
+        ("tf4", "transformer", ["--devices", "4", "--mesh", "4"]),
+        ("tf22", "transformer", ["--devices", "4", "--mesh", "2x2"]),
+        ("mlp22", "mlp", ["--devices", "4", "--mesh", "2x2"]),
+    ]:
+        result = run_cli("optimize", str(EXAMPLES / f"{model}.onnx"), "--objective", "training", *extra,
+                         "-o", str(out / name), "-q")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        made[name] = out / name
+    return made
+
+
+def _steps(plan: Path) -> list[dict]:
+    return json.loads((plan / "plan.json").read_text())["steps"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "branches"])
+def test_torch_interpreter_matches_onnxruntime(name: str) -> None:
+    """The reference side of `check --training` computes what onnxruntime computes."""
+    path = EXAMPLES / f"{name}.onnx"
+    x = np.random.default_rng(0).standard_normal((8, 128, 256)).astype(np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    with torch.no_grad():
+        got = OnnxModule(path)({"X": torch.from_numpy(x)})["Y"].numpy()
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+
+
+def test_check_training_megatron_mlp_on_2_ranks(plans: dict[str, Path]) -> None:
+    steps = _steps(plans["mlp2"])
+    assert any(s["kind"] == "reduce" for s in steps), "expected a tensor-parallel (Megatron) plan"
+    result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(plans["mlp2"]), "--training", "--loss", "mean")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok gradient of 'fc1.weight'" in result.stdout
+    assert "ok collectives all_reduce on axis x (forward), rank 0: issued 1" in result.stdout
+
+
+def test_check_training_2x2_data_and_tensor_parallel_transformer(plans: dict[str, Path]) -> None:
+    plan = json.loads((plans["tf22"] / "plan.json").read_text())
+    reduces = {s["axis"] for s in plan["steps"] if s["kind"] == "reduce"}
+    partitions = {s["axis"] for s in plan["steps"] if s["kind"] == "partition" and s["src"].endswith("weight")}
+    assert reduces and partitions, "expected tensor-parallel layers (weights sharded, partial sums reduced)"
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["tf22"]), "--training", "--loss", "mean")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for axis in ("x", "y"):  # both axes carry gradient all-reduces or activation-gradient all-reduces
+        assert f"axis {axis}" in result.stdout
+
+
+def test_check_training_fails_on_a_dropped_gradient_all_reduce(plans: dict[str, Path], tmp_path: Path) -> None:
+    """A data-parallel plan whose ffn.down.weight replicate step is gone: each replica trains on its own batch
+    shard's gradient."""
+    plan = tmp_path / "plan"
+    shutil.copytree(plans["tf4"], plan)
+    meta = json.loads((plan / "plan.json").read_text())
+    index = next(i for i, s in enumerate(meta["steps"]) if s["kind"] == "replicate" and s["src"] == "ffn.down.weight")
+    step = meta["steps"][index]
+    meta["steps"][index] = {"kind": "weight", "out": step["out"], "name": "ffn.down.weight"}
+    (plan / "plan.json").write_text(json.dumps(meta))
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plan), "--training", "--loss", "mean",
+                     "--steps", "1")  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "gradient of 'ffn.down.weight'" in result.stderr
+    assert "MISMATCH collectives all_reduce on axis x (gradient)" in result.stdout
+
+
+def test_check_training_fails_on_a_wrong_slice(plans: dict[str, Path], tmp_path: Path) -> None:
+    """fc1.weight's chunk taken by the coordinate of the other mesh axis (same size, so the shapes still fit)."""
+    plan = tmp_path / "plan"
+    shutil.copytree(plans["mlp22"], plan)
+    meta = json.loads((plan / "plan.json").read_text())
+    step = next(s for s in meta["steps"] if s["kind"] == "partition" and s["src"] == "fc1.weight")
+    step["axis"] = {"x": "y", "y": "x"}[step["axis"]]
+    (plan / "plan.json").write_text(json.dumps(meta))
+    result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(plan), "--training", "--loss", "sum", "--steps", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "error: training does not match one device" in result.stderr
+
+
+def test_pipeline_plans_are_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps({"format_version": 1, "plan": "pipeline"}))
+    result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(tmp_path), "--training", "--loss", "sum")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert "pipeline training is not built yet" in errors[0]
+
+
+def _torchrun(n: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "unity_eq", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+
+
+def test_train_under_torchrun_saves_and_loads_a_checkpoint(plans: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = tmp_path / "mlp.pt"
+    first = _torchrun(2, "train", str(plans["mlp2"]), "--steps", "2", "--loss", "mean", "--save", str(ckpt))
+    assert first.returncode == 0, first.stdout + first.stderr
+    losses = [float(line.split("loss ")[1].split(",")[0]) for line in first.stdout.splitlines() if "loss" in line]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    saved = torch.load(ckpt, weights_only=True)
+    assert {k: list(v.shape) for k, v in saved.items()} == {
+        "fc1.weight": [256, 1024],
+        "fc1.bias": [1024],
+        "fc2.weight": [1024, 256],
+        "fc2.bias": [256],
+    }  # the source model's names and shapes, gathered from the shards
+    again = _torchrun(2, "train", str(plans["mlp2"]), "--steps", "1", "--loss", "mean", "--load", str(ckpt))
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = float(next(line for line in again.stdout.splitlines() if "loss" in line).split("loss ")[1].split(",")[0])
+    assert resumed < losses[1]  # it continued from the trained weights
+    wrong = _torchrun(4, "train", str(plans["mlp2"]), "--steps", "1", "--loss", "mean")
+    assert wrong.returncode != 0
+    assert "error: world size: torchrun started 4 processes, the plan" in wrong.stderr
