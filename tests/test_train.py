@@ -89,8 +89,25 @@ def test_check_training_fails_on_a_dropped_gradient_all_reduce(plans: dict[str, 
     result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plan), "--training", "--loss", "mean",
                      "--steps", "1")  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "gradient of 'ffn.down.weight'" in result.stderr
-    assert "MISMATCH collectives all_reduce on axis x (gradient)" in result.stdout
+    assert "error: training does not match one device: gradient of 'ffn.down.weight'" in result.stderr
+
+
+def test_check_training_fails_when_the_collectives_differ_from_the_prices(
+    plans: dict[str, Path], tmp_path: Path
+) -> None:
+    """The ranks issue ffn.down.weight's gradient all-reduce, which a plan.json edited to price it at 0 does not
+    predict: the gradients match, the collective count does not."""
+    plan = tmp_path / "plan"
+    shutil.copytree(plans["tf4"], plan)
+    meta = json.loads((plan / "plan.json").read_text())
+    step = next(s for s in meta["steps"] if s["kind"] == "replicate" and s["src"] == "ffn.down.weight")
+    step["communication_s"] = 0.0
+    (plan / "plan.json").write_text(json.dumps(meta))
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plan), "--training", "--loss", "mean",
+                     "--steps", "1")  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ok gradient of 'ffn.down.weight'" in result.stdout
+    assert "MISMATCH collectives all_reduce on axis x (gradient), rank 0: issued" in result.stdout
 
 
 def test_check_training_fails_on_a_wrong_slice(plans: dict[str, Path], tmp_path: Path) -> None:
@@ -141,3 +158,24 @@ def test_train_under_torchrun_saves_and_loads_a_checkpoint(plans: dict[str, Path
     wrong = _torchrun(4, "train", str(plans["mlp2"]), "--steps", "1", "--loss", "mean")
     assert wrong.returncode != 0
     assert "error: world size: torchrun started 4 processes, the plan" in wrong.stderr
+
+
+def test_check_training_data_parallel_gpt2(tmp_path: Path) -> None:
+    """A transformers GPT-2 (2 layers, random weights, attention mask) exported by torch's dynamo exporter,
+    planned data parallel on 2 devices: every parameter's gradient matches one device; the exporter's scalar
+    constants (GELU's, the mask's fill value) are not trained, and the check says plan.json prices them."""
+    from model_zoo import export_masked_transformer, masked_inputs
+
+    model = export_masked_transformer("gpt2", tmp_path / "gpt2.onnx")
+    shapes = ["--input-shape", "input_ids=16x16", "--input-shape", "attention_mask=16x16"]
+    made = run_cli("optimize", str(model), "--devices", "2", "--mesh", "2", "--objective", "training", *shapes,
+                   "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert any(s["kind"] == "replicate" and s["src"] == "wte.weight" for s in _steps(tmp_path / "plan"))
+    np.savez(tmp_path / "batch.npz", **masked_inputs(16))
+    result = run_cli("check", str(model), str(tmp_path / "plan"), "--training", "--loss", "sum",
+                     "--inputs", str(tmp_path / "batch.npz"))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok gradient of 'wte.weight'" in result.stdout
+    assert "ok gradient of 'h.1.attn.c_attn.weight'" in result.stdout
+    assert "no gradient flows: replicate" in result.stderr

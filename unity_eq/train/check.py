@@ -127,7 +127,9 @@ def spawn_ranks(world: int, job: TrainJob) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     try:
-        mp.spawn(_rank_main, args=(world, free_port(), job), nprocs=world, join=True)
+        # fork: the ranks inherit this process's imports (torch, the frontend), which under load took most of
+        # a check's time when each rank imported them again; gloo and the CPU need nothing fork cannot give
+        mp.start_processes(_rank_main, args=(world, free_port(), job), nprocs=world, join=True, start_method="fork")
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
         out = Path(job.out_dir)
         for rank in range(world):
