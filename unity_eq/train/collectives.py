@@ -154,19 +154,19 @@ class _Replicate(torch.autograd.Function):
 
 def all_gather(x: torch.Tensor, g: AxisGroup, dim: int) -> torch.Tensor:
     """``combine``: Shard(dim) -> Replicate; the backward takes this rank's chunk."""
-    return _AllGather.apply(x, g, dim)  # type: ignore[no-any-return]
+    return _AllGather.apply(x, g, dim)
 
 
 def all_reduce(x: torch.Tensor, g: AxisGroup) -> torch.Tensor:
     """``reduce``: Partial -> Replicate; the backward is the identity."""
-    return _AllReduce.apply(x, g)  # type: ignore[no-any-return]
+    return _AllReduce.apply(x, g)
 
 
 def partition(x: torch.Tensor, g: AxisGroup, dim: int) -> torch.Tensor:
     """``partition`` of an activation: this rank's chunk; the backward all-gathers the gradient."""
     if not x.requires_grad:
         return _chunk(x, g, dim).contiguous()
-    return _Partition.apply(x, g, dim)  # type: ignore[no-any-return]
+    return _Partition.apply(x, g, dim)
 
 
 def replicate(x: torch.Tensor, g: AxisGroup, phase: str) -> torch.Tensor:
@@ -174,7 +174,7 @@ def replicate(x: torch.Tensor, g: AxisGroup, phase: str) -> torch.Tensor:
     gradient for a weight)."""
     if not x.requires_grad:
         return x
-    return _Replicate.apply(x, g, phase)  # type: ignore[no-any-return]
+    return _Replicate.apply(x, g, phase)
 
 
 def gather_object_pieces(x: torch.Tensor, ranks: Sequence[int], group: Any) -> list[torch.Tensor]:
