@@ -70,7 +70,8 @@ def test_check_training_2x2_data_and_tensor_parallel_transformer(plans: dict[str
     reduces = {s["axis"] for s in plan["steps"] if s["kind"] == "reduce"}
     partitions = {s["axis"] for s in plan["steps"] if s["kind"] == "partition" and s["src"].endswith("weight")}
     assert reduces and partitions, "expected tensor-parallel layers (weights sharded, partial sums reduced)"
-    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["tf22"]), "--training", "--loss", "mean")
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["tf22"]), "--training", "--loss", "mean",
+                     "--optimizer", "adamw", "--lr", "1e-3", "--steps", "3")  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     for axis in ("x", "y"):  # both axes carry gradient all-reduces or activation-gradient all-reduces
         assert f"axis {axis}" in result.stdout
@@ -233,3 +234,28 @@ def test_check_training_data_parallel_gpt2(tmp_path: Path) -> None:
     assert "ok gradient of 'wte.weight'" in result.stdout
     assert "ok gradient of 'h.1.attn.c_attn.weight'" in result.stdout
     assert "no gradient flows: replicate" in result.stderr
+
+
+def test_an_op_family_brings_its_own_torch_semantics(tmp_path: Path) -> None:
+    """SpaceToDepth is a plug-in family with an `OpFamily.torch` hook (no entry in the torch backend's table):
+    the interpreter runs it as onnxruntime does; an op with neither is refused naming the op and the node."""
+    from onnx import TensorProto, helper
+
+    from unity_eq.errors import PlanError
+    from unity_eq.train.torch_ops import TORCH_OPS
+
+    assert "SpaceToDepth" not in TORCH_OPS
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12, 4, 2])
+    node = helper.make_node("SpaceToDepth", ["x"], ["y"], name="s2d", blocksize=2)
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    value = np.random.default_rng(0).standard_normal((2, 3, 8, 4)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": value}
+    )
+    got = OnnxModule(model)({"x": torch.from_numpy(value)})["y"].numpy()
+    assert np.array_equal(got, expected[0])
+    model.graph.node[0].op_type = "DepthToSpaceish"
+    with pytest.raises(PlanError, match="op DepthToSpaceish \\(node s2d\\) has no PyTorch semantics"):
+        OnnxModule(model)

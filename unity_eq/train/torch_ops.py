@@ -1,11 +1,12 @@
 """ONNX ops as PyTorch ops: what the torch backend runs, for the original model and for a plan's ranks alike.
 
-One table, :data:`TORCH_OPS`, maps an ONNX op type to a function ``(inputs, attrs) -> outputs`` over torch
-tensors (``None`` for an absent optional input), grouped by the op families of ``unity_eq/ops`` (elementwise,
-matmul, normalization, reshape, slicing, reduce) and then the ops the families carry opaquely (Cast, Shape,
-Where…). Every function is differentiable where the op is, through autograd's own kernels, so a plan's
-backward pass is autograd's. An op with no entry is refused before any rank starts (:func:`refuse_unknown`),
-naming the op and the node.
+An op family may carry its own PyTorch semantics (``OpFamily.torch``, unity_eq/ops/family.py: one room per
+family); they come first. Otherwise one table, :data:`TORCH_OPS`, maps an ONNX op type to a function
+``(inputs, attrs) -> outputs`` over torch tensors (``None`` for an absent optional input), grouped by the op
+families of ``unity_eq/ops`` (elementwise, matmul, normalization, reshape, slicing, reduce) and then the ops the
+families carry opaquely (Cast, Shape, Where…). Every function is differentiable where the op is, through
+autograd's own kernels, so a plan's backward pass is autograd's. An op with neither is refused before any rank
+starts (:func:`refuse_unknown`), naming the op and the node.
 """
 
 from __future__ import annotations
@@ -438,16 +439,28 @@ def run_op(op: str, inputs: list[Any], attrs: Mapping[str, Any], outputs: int = 
     """The outputs of ONNX op ``op`` on torch ``inputs`` (``None`` for an absent optional input)."""
     if domain not in ("", "ai.onnx"):
         raise PlanError(f"op {domain}::{op} has no PyTorch semantics in unity-eq's torch backend")
+    hook = _family_hook(op)
+    if hook is not None:
+        return list(hook(op, inputs, attrs))
     if op in _MULTI:
         return _MULTI[op](inputs, attrs, outputs)
     return TORCH_OPS[op](inputs, attrs)
+
+
+def _family_hook(op: str) -> Callable[..., Any] | None:
+    """The op family's own PyTorch semantics (``OpFamily.torch``), which come before this table's."""
+    from unity_eq.ops.registry import family_for
+
+    family = family_for(op)
+    return family.torch if family is not None else None
 
 
 def refuse_unknown(nodes: Iterable[tuple[str, str, str]], where: str) -> None:
     """Refuse, before any rank starts, the first op with no PyTorch semantics here: ``nodes`` are
     ``(op, domain, node name)``."""
     for op, domain, node in nodes:
-        if domain not in ("", "ai.onnx") or (op not in TORCH_OPS and op not in _MULTI):
+        known = op in TORCH_OPS or op in _MULTI or _family_hook(op) is not None
+        if domain not in ("", "ai.onnx") or not known:
             name = f"{domain}::{op}" if domain not in ("", "ai.onnx") else op
             raise PlanError(
                 f"{where}: op {name} (node {node or '?'}) has no PyTorch semantics in the torch backend "
