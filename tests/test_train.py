@@ -124,6 +124,12 @@ def test_check_training_fails_on_a_wrong_slice(plans: dict[str, Path], tmp_path:
     assert "error: training does not match one device" in result.stderr
 
 
+def test_check_training_refuses_another_models_plan(plans: dict[str, Path]) -> None:
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["mlp2"]), "--training", "--loss", "sum")
+    assert result.returncode == 2
+    assert "is not the model" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_pipeline_plans_are_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text(json.dumps({"format_version": 1, "plan": "pipeline"}))
     result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(tmp_path), "--training", "--loss", "sum")

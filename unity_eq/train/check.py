@@ -316,7 +316,7 @@ def check_training(
     seed: int = 0,
 ) -> TrainingCheck:
     """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring)."""
-    from unity_eq.runtime.checker import random_inputs
+    from unity_eq.runtime.checker import check_plan_is_of, random_inputs
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
     from unity_eq.train.session import read_training_plan
 
@@ -326,6 +326,7 @@ def check_training(
         raise OptionError(f"{model}: model not found.")
     record = read_training_plan(plan_dir)
     plan = load_plan_dir(plan_dir, check_files=False)
+    check_plan_is_of(model, plan)  # another model's plan: exit 2, as `check` says it
     feeds = check_inputs(plan, inputs if inputs is not None else random_inputs(plan.input_specs, seed))
     make_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], lr)  # the option checked before any rank
     with tempfile.TemporaryDirectory(prefix="unity-eq-train-") as tmp:
