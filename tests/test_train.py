@@ -265,3 +265,43 @@ def test_an_op_family_brings_its_own_torch_semantics(tmp_path: Path) -> None:
     model.graph.node[0].op_type = "DepthToSpaceish"
     with pytest.raises(PlanError, match="op DepthToSpaceish \\(node s2d\\) has no PyTorch semantics"):
         OnnxModule(model)
+
+
+def test_a_weight_the_frontend_folded_trains_its_source(tmp_path: Path) -> None:
+    """``Y = Relu(X @ W + b) @ Transpose(W)``: the frontend folds ``Transpose(W)`` into an initializer of its own,
+    which the ranks compute again from W's parameter, so W's gradient is whole (without that it was off by 73%).
+    W is then held whole on each rank and its sharded uses all-gather their gradients, which plan.json does not
+    price (it prices a folded weight as a weight of its own): the check says so and fails on the count."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 512)) / 16).astype(np.float32)
+    b = (rng.standard_normal(512) / 16).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["h0"], name="up"),
+        helper.make_node("Add", ["h0", "b"], ["h1"], name="bias"),
+        helper.make_node("Relu", ["h1"], ["h"], name="relu"),
+        helper.make_node("Transpose", ["W"], ["Wt"], name="tie", perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "Wt"], ["Y"], name="down"),
+    ]
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [8, 64, 256])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [8, 64, 256])
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")]
+    model = helper.make_model(helper.make_graph(nodes, "tied", [x], [y], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    model.ir_version = 8
+    path = tmp_path / "tied.onnx"
+    path.write_bytes(model.SerializeToString())
+    made = run_cli("optimize", str(path), "--devices", "2", "--mesh", "2", "--objective", "training",
+                   "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    steps = _steps(tmp_path / "plan")
+    assert any(s["kind"] == "weight" and s["name"] == "Wt" for s in steps)  # the folded weight, as the plan has it
+    result = run_cli("check", str(path), str(tmp_path / "plan"), "--training", "--loss", "mean", "--steps", "1")
+    assert "ok gradient of 'W'" in result.stdout, result.stdout + result.stderr
+    assert "ok loss of step 1" in result.stdout
+    if any(s["kind"] == "partition" and s["src"] in ("W", "Wt") for s in steps):
+        assert result.returncode == 1
+        assert "MISMATCH collectives all_gather on axis x (backward), rank 0: issued" in result.stdout
+    else:
+        assert result.returncode == 0, result.stdout

@@ -129,6 +129,7 @@ class RankModule(torch.nn.Module):
         trainable: set[str],
         groups: Mapping[str, coll.AxisGroup],
         device: torch.device | str = "cpu",
+        derived: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.record = record
@@ -142,7 +143,12 @@ class RankModule(torch.nn.Module):
         )
         self.from_inputs = depends_on_inputs(record.steps)
         self.gradless: set[str] = set()  # parallel steps whose backward issued nothing: no gradient flows there
+        self.derived = {name: d for name, d in (derived or {}).items()}
         uses = self._uses()
+        for name in list(uses.parts):  # a folded weight is made from its sources, which it reads whole
+            if name in self.derived:
+                for source in self.derived[name].sources:
+                    uses.add(_Chain(source))
         self.param_names: list[str] = []
         self.param_parts: list[Parts] = []  # the chunk each parameter is ( (): the whole weight )
         self.param_list = torch.nn.ParameterList()
@@ -150,6 +156,8 @@ class RankModule(torch.nn.Module):
         self._consts: dict[str, torch.Tensor] = {}
         self.source_shapes: dict[str, tuple[int, ...]] = {}
         for name in sorted(uses.parts):
+            if name in self.derived:
+                continue  # computed from its sources in forward (_base)
             if name not in weights:
                 raise PlanError(f"plan.json: the plan loads weight {name!r}, which the model does not have.")
             value = np.asarray(weights[name])
@@ -209,18 +217,33 @@ class RankModule(torch.nn.Module):
     def _weight(self, chain: _Chain) -> torch.Tensor:
         """A weight chain as the op reads it: the parameter (or constant), sliced where the parameter is
         bigger than the chunk read, with the chain's gradient all-reduces."""
-        if chain.name in self._param_index:
-            i = self._param_index[chain.name]
-            value: torch.Tensor = self.param_list[i]
-            own = self.param_parts[i]
-        else:
-            value, own = self._consts[chain.name], ()
+        value, own = self._base(chain.name)
         if chain.parts != own:
             for dim, axis in chain.parts:
                 value = coll.partition(value, self.groups[axis], dim)
         for axis, out in chain.replicates:
             value = self._replicate(out, value, axis, coll.GRADIENT)
         return value
+
+    def _base(self, name: str) -> tuple[torch.Tensor, Parts]:
+        """A source weight as this rank holds it (its parameter and the chunk it is, or a constant), or a
+        folded weight computed from its sources' parameters (differentiable, so their gradients get its)."""
+        if name in self._param_index:
+            i = self._param_index[name]
+            return self.param_list[i], self.param_parts[i]
+        if name in self._consts:
+            return self._consts[name], ()
+        derivation = self.derived[name]
+        env: dict[str, torch.Tensor] = {}
+        for source in derivation.sources:
+            value, own = self._base(source)
+            assert own == (), "a folded weight's sources are held whole"
+            env[source] = value
+        for op, domain, inputs, outputs, attrs in derivation.nodes:
+            args = [env[i] if i in env else self._base(i)[0] if i else None for i in inputs]
+            for out, value in zip(outputs, run_op(op, args, attrs, len(outputs), domain), strict=False):
+                env[out] = value
+        return env[name], ()
 
     def _replicate(self, out: str, value: torch.Tensor, axis: str, phase: str) -> torch.Tensor:
         """A replicate step; one whose tensor carries no gradient (an input, a constant) issues nothing and is

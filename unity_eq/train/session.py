@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from unity_eq.errors import OptionError, PlanError
-from unity_eq.planfile import ExplainRecord, read_explain_record
+from unity_eq.planfile import ExplainRecord, WeightStepRecord, read_explain_record
 from unity_eq.train import collectives as coll
 from unity_eq.train.rank import RankModule, Region
 
@@ -72,9 +72,11 @@ def make_groups(record: ExplainRecord, rank: int, ledger: coll.Ledger, ordered_s
     return out
 
 
-def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, Any], set[str]]:
+def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
     """The source model's weights as the plan names them (the frontend's initializers at the plan's input
-    shapes) and the names that are trainable (float initializers of the ONNX file itself)."""
+    shapes), the names that are trainable (unity_eq.train.reference.trainable_names) and the weights the
+    frontend folded from trainable ones (a ``Transpose(W)`` it made an initializer ``Wt``): those the ranks
+    compute again from the parameters (:class:`Derivation`), so their gradients reach the source weights."""
     import onnx
 
     from unity_eq.frontends.onnx import load_onnx
@@ -83,8 +85,57 @@ def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, 
 
     shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
     graph = load_onnx(model, shapes)
-    trainable = trainable_names(onnx.load(str(model), load_external_data=False))
-    return {name: value_of(v) for name, v in graph.initializers.items()}, trainable
+    proto = onnx.load(str(model))
+    trainable = trainable_names(proto)
+    weights = {name: value_of(v) for name, v in graph.initializers.items()}
+    loaded = {s.name for s in record.steps if isinstance(s, WeightStepRecord)}
+    derived = derivations(proto, loaded - {t.name for t in proto.graph.initializer}, trainable)
+    for d in derived.values():
+        for name in d.sources:
+            if name not in weights:  # pruned by the frontend: only the fold read it
+                init = next(t for t in proto.graph.initializer if t.name == name)
+                weights[name] = onnx.numpy_helper.to_array(init)
+    return weights, trainable, derived
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """How the source ONNX graph computes a tensor the frontend folded into an initializer: its nodes (op,
+    domain, inputs, outputs, attrs) in order, from the trainable initializers ``sources``."""
+
+    nodes: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, Any]], ...]
+    sources: tuple[str, ...]
+
+
+def derivations(model: Any, names: set[str], trainable: set[str]) -> dict[str, Derivation]:
+    """For each of ``names`` (folded initializers) that a trainable initializer flows into, its subgraph."""
+    from unity_eq.train.reference import node_attrs
+
+    producer = {out: node for node in model.graph.node for out in node.output}
+    out: dict[str, Derivation] = {}
+    for name in sorted(names):
+        if name not in producer:
+            continue
+        needed: list[Any] = []
+        sources: set[str] = set()
+        stack, seen = [name], set()
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen or not tensor:
+                continue
+            seen.add(tensor)
+            if tensor in trainable:
+                sources.add(tensor)
+            elif tensor in producer:
+                node = producer[tensor]
+                if node not in needed:
+                    needed.append(node)
+                stack.extend(node.input)
+        if sources:
+            order = [n for n in model.graph.node if n in needed]
+            nodes = tuple((n.op_type, n.domain, tuple(n.input), tuple(n.output), node_attrs(n)) for n in order)
+            out[name] = Derivation(nodes, tuple(sorted(sources)))
+    return out
 
 
 def loss_of(outputs: Mapping[str, torch.Tensor], how: str | None) -> torch.Tensor:
@@ -222,10 +273,10 @@ def load_rank(
             f"{source}: the model the plan was made from is not there; its weights start training. Pass the model "
             "(`--model`) or a checkpoint (`--load`)."
         )
-    weights, trainable = source_weights(source, record)
+    weights, trainable, derived = source_weights(source, record)
     ledger = coll.Ledger()
     torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
     groups = make_groups(record, rank, ledger, ordered)
-    module = RankModule(record, rank, weights, trainable, groups, torch_device)
+    module = RankModule(record, rank, weights, trainable, groups, torch_device, derived)
     return RankTrainer(record, rank, module, ledger, torch_device)
