@@ -123,25 +123,36 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
 
 
 def spawn_ranks(world: int, job: TrainJob) -> list[dict[str, Any]]:
-    """Run ``job`` on ``world`` processes; their results in rank order, or the first rank's error."""
+    """Run ``job`` on ``world`` processes; their results in rank order, or the first failed rank's error (the
+    others are stopped: torch's spawn terminates them)."""
+    import logging
+
     import torch.multiprocessing as mp
 
+    logger = logging.getLogger("torch.multiprocessing.spawn")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its "Terminating process N via signal SIGTERM" lines: the error says it
     try:
         # fork: the ranks inherit this process's imports (torch, the frontend), which under load took most of
         # a check's time when each rank imported them again; gloo and the CPU need nothing fork cannot give
         mp.start_processes(_rank_main, args=(world, free_port(), job), nprocs=world, join=True, start_method="fork")
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        out = Path(job.out_dir)
-        for rank in range(world):
-            path = out / f"error{rank}.txt"
-            if path.exists():
-                code, message = path.read_text().split("\n", 2)[:2]
-                error: UnityEqError = (
-                    OptionError(message) if code == "2" else RuntimeBackendError(f"rank {rank}: {message}")
-                )
-                raise error from None
-        raise RuntimeBackendError(f"a rank died: {exc}") from None
+    except mp.ProcessExitedException as exc:
+        raise _rank_error(Path(job.out_dir), exc.error_index, exc.signal_name, exc.exit_code) from None
+    except mp.ProcessRaisedException as exc:
+        raise _rank_error(Path(job.out_dir), exc.error_index, None, None) from None
+    finally:
+        logger.setLevel(level)
     return [torch.load(Path(job.out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _rank_error(out: Path, rank: int, signal_name: str | None, exit_code: int | None) -> UnityEqError:
+    """The error of the rank that failed first: the one it wrote, or how it died."""
+    path = out / f"error{rank}.txt"
+    if path.exists():
+        code, message = path.read_text().split("\n", 2)[:2]
+        return OptionError(message) if code == "2" else RuntimeBackendError(f"rank {rank}: {message}")
+    how = f"killed by signal {signal_name}" if signal_name else f"exit code {exit_code}"
+    return RuntimeBackendError(f"rank {rank} died ({how}); the other ranks are stopped")
 
 
 def reference_training(job: TrainJob) -> dict[str, Any]:
