@@ -20,6 +20,7 @@ from unity_eq.cli.profile import profile_cmd
 from unity_eq.cli.rules import generate_rules, verify
 from unity_eq.cli.run import check, run
 from unity_eq.cli.shared import err, last_step, out
+from unity_eq.cli.train import train
 from unity_eq.errors import UnityEqError
 from unity_eq.files import received_signal
 
@@ -59,6 +60,7 @@ def _options(
 app.command()(optimize)
 app.command()(run)
 app.command()(check)
+app.command()(train)
 app.command("profile")(profile_cmd)
 app.command()(verify)
 app.command()(explain)

@@ -114,9 +114,23 @@ def check(
     tolerance: float = typer.Option(1e-4, "--tolerance", help="Largest relative error accepted for float32."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or auto for the plan's ranks."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
+    training: bool = typer.Option(False, "--training", help="Train K steps on the ranks and on one device; compare."),
+    steps: int = typer.Option(2, "--steps", help="With --training: optimizer steps."),
+    loss: str = typer.Option(None, "--loss", help="With --training: sum or mean of the first output."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="With --training: sgd or adamw."),
+    lr: float = typer.Option(1e-2, "--lr", help="With --training: learning rate."),
 ) -> None:
     """Run the original model and the plan on the same inputs (without --inputs: several seeds, scales and
-    distributions); exit 0 when every output matches, 1 on a mismatch, 2 on bad input."""
+    distributions); exit 0 when every output matches, 1 on a mismatch, 2 on bad input. With --training:
+    train both (docs/training.md)."""
+    if training:
+        from unity_eq.cli.train import print_training_check
+
+        print_training_check(
+            model, plan_dir, inputs, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance,
+            seed=seed, quiet=quiet,
+        )  # fmt: skip
+        return
     feeds = read_npz(inputs) if inputs is not None else None
     print_check(model, plan_dir, feeds, seed=seed, tolerance=tolerance, device=device, quiet=quiet)
 

@@ -141,7 +141,8 @@ class OpFamily:
     backward pass keeps (:class:`Saved`), for training memory; without it (a plug-in that does not say) every
     tensor input counts as kept, the conservative guess. ``types(op)``: the op's type constraints
     (:class:`unity_eq.ops.dtypes.OpTypes`) when it does not take every dtype; without it every operand may be
-    any dtype and the output is its first operand's.
+    any dtype and the output is its first operand's. ``torch(op, inputs, attrs)``: the op in PyTorch, for
+    training a plan (unity_eq/train).
     """
 
     name: str
@@ -158,6 +159,11 @@ class OpFamily:
     implied_attrs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     saved: Callable[[str], Saved] | None = None
     types: Callable[[str], Any] | None = None  # op -> unity_eq.ops.dtypes.OpTypes (None: any dtype)
+    # PyTorch semantics for the torch backend (unity_eq/train): ``torch(op, inputs, attrs)`` -> the outputs, a list
+    # of torch tensors (inputs are torch tensors, None for an absent optional one; attrs as plain values). The
+    # family module imports torch inside the function only. Without it, unity_eq/train/torch_ops.py's table
+    # serves the op, or the op is refused before any rank starts.
+    torch: Callable[[str, Sequence[Any], Mapping[str, Any]], Sequence[Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.specs:

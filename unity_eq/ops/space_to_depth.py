@@ -13,7 +13,7 @@ are all there is to it. The op only moves data, so it shards wherever the moves 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,14 @@ def saved(op: str) -> Saved:
     return Saved()
 
 
+def torch_semantics(op: str, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> list[Any]:
+    """ONNX SpaceToDepth in PyTorch: each block's pixels become channels, block offset outermost."""
+    x, bs = inputs[0], int(attrs["blocksize"])
+    b, c, h, w = x.shape
+    y = x.reshape(b, c, h // bs, bs, w // bs, bs).permute(0, 3, 5, 1, 2, 4)
+    return [y.reshape(b, c * bs * bs, h // bs, w // bs)]
+
+
 SPACE_TO_DEPTH = OpFamily(
     name="space-to-depth",
     specs=SPECS,
@@ -96,4 +104,5 @@ SPACE_TO_DEPTH = OpFamily(
         " widths 6, 12 and 20 (blocksizes 2-4) where a split's pieces are not multiples of the blocksize"
     ),
     saved=saved,
+    torch=torch_semantics,
 )

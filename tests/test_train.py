@@ -1,0 +1,319 @@
+"""Training with a plan (unity_eq.train): the torch interpreter against onnxruntime, `check --training` on a
+Megatron MLP (2 ranks), a 2x2 data x tensor parallel transformer (4 ranks), and deliberately wrong plans (a
+gradient all-reduce dropped, a wrong slice), `train` under torchrun with a checkpoint saved and loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import EXAMPLES, run_cli  # noqa: E402
+
+from unity_eq.train.reference import OnnxModule  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Training plans, made once: mlp on 2 devices (Megatron), transformer on 4 (data parallel) and on a 2x2
+    mesh (data x tensor parallel), mlp on a 2x2 mesh."""
+    out = tmp_path_factory.mktemp("train-plans")
+    made = {}
+    for name, model, extra in [
+        ("mlp2", "mlp", ["--devices", "2"]),
+        ("tf4", "transformer", ["--devices", "4", "--mesh", "4"]),
+        ("tf22", "transformer", ["--devices", "4", "--mesh", "2x2"]),
+        ("mlp22", "mlp", ["--devices", "4", "--mesh", "2x2"]),
+    ]:
+        result = run_cli("optimize", str(EXAMPLES / f"{model}.onnx"), "--objective", "training", *extra,
+                         "-o", str(out / name), "-q")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        made[name] = out / name
+    return made
+
+
+def _steps(plan: Path) -> list[dict]:
+    return json.loads((plan / "plan.json").read_text())["steps"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "branches"])
+def test_torch_interpreter_matches_onnxruntime(name: str) -> None:
+    """The reference side of `check --training` computes what onnxruntime computes."""
+    path = EXAMPLES / f"{name}.onnx"
+    x = np.random.default_rng(0).standard_normal((8, 128, 256)).astype(np.float32)
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    with torch.no_grad():
+        got = OnnxModule(path)({"X": torch.from_numpy(x)})["Y"].numpy()
+    assert np.max(np.abs(got - expected)) / np.max(np.abs(expected)) < 1e-5
+
+
+def test_check_training_megatron_mlp_on_2_ranks(plans: dict[str, Path]) -> None:
+    steps = _steps(plans["mlp2"])
+    assert any(s["kind"] == "reduce" for s in steps), "expected a tensor-parallel (Megatron) plan"
+    result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(plans["mlp2"]), "--training", "--loss", "mean")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok gradient of 'fc1.weight'" in result.stdout
+    assert "ok collectives all_reduce on axis x (forward), rank 0: issued 1" in result.stdout
+
+
+def test_check_training_2x2_data_and_tensor_parallel_transformer(plans: dict[str, Path]) -> None:
+    plan = json.loads((plans["tf22"] / "plan.json").read_text())
+    reduces = {s["axis"] for s in plan["steps"] if s["kind"] == "reduce"}
+    partitions = {s["axis"] for s in plan["steps"] if s["kind"] == "partition" and s["src"].endswith("weight")}
+    assert reduces and partitions, "expected tensor-parallel layers (weights sharded, partial sums reduced)"
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["tf22"]), "--training", "--loss", "mean",
+                     "--optimizer", "adamw", "--lr", "1e-3", "--steps", "3")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for axis in ("x", "y"):  # both axes carry gradient all-reduces or activation-gradient all-reduces
+        assert f"axis {axis}" in result.stdout
+
+
+def test_check_training_fails_on_a_dropped_gradient_all_reduce(plans: dict[str, Path], tmp_path: Path) -> None:
+    """A data-parallel plan whose ffn.down.weight replicate step is gone: each replica trains on its own batch
+    shard's gradient."""
+    plan = tmp_path / "plan"
+    shutil.copytree(plans["tf4"], plan)
+    meta = json.loads((plan / "plan.json").read_text())
+    index = next(i for i, s in enumerate(meta["steps"]) if s["kind"] == "replicate" and s["src"] == "ffn.down.weight")
+    step = meta["steps"][index]
+    meta["steps"][index] = {"kind": "weight", "out": step["out"], "name": "ffn.down.weight"}
+    (plan / "plan.json").write_text(json.dumps(meta))
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plan), "--training", "--loss", "mean",
+                     "--steps", "1")  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "error: training does not match one device: gradient of 'ffn.down.weight'" in result.stderr
+
+
+def test_check_training_fails_when_the_collectives_differ_from_the_prices(
+    plans: dict[str, Path], tmp_path: Path
+) -> None:
+    """The ranks issue ffn.down.weight's gradient all-reduce, which a plan.json edited to price it at 0 does not
+    predict: the gradients match, the collective count does not."""
+    plan = tmp_path / "plan"
+    shutil.copytree(plans["tf4"], plan)
+    meta = json.loads((plan / "plan.json").read_text())
+    step = next(s for s in meta["steps"] if s["kind"] == "replicate" and s["src"] == "ffn.down.weight")
+    step["communication_s"] = 0.0
+    (plan / "plan.json").write_text(json.dumps(meta))
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plan), "--training", "--loss", "mean",
+                     "--steps", "1")  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ok gradient of 'ffn.down.weight'" in result.stdout
+    assert "MISMATCH collectives all_reduce on axis x (gradient), rank 0: issued" in result.stdout
+
+
+def test_check_training_fails_on_a_wrong_slice(plans: dict[str, Path], tmp_path: Path) -> None:
+    """fc1.weight's chunk taken by the coordinate of the other mesh axis (same size, so the shapes still fit)."""
+    plan = tmp_path / "plan"
+    shutil.copytree(plans["mlp22"], plan)
+    meta = json.loads((plan / "plan.json").read_text())
+    step = next(s for s in meta["steps"] if s["kind"] == "partition" and s["src"] == "fc1.weight")
+    step["axis"] = {"x": "y", "y": "x"}[step["axis"]]
+    (plan / "plan.json").write_text(json.dumps(meta))
+    result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(plan), "--training", "--loss", "sum", "--steps", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "error: training does not match one device" in result.stderr
+
+
+def test_check_training_refuses_another_models_plan(plans: dict[str, Path]) -> None:
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["mlp2"]), "--training", "--loss", "sum")
+    assert result.returncode == 2
+    assert "is not the model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_pipeline_plans_are_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").write_text(json.dumps({"format_version": 1, "plan": "pipeline"}))
+    result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(tmp_path), "--training", "--loss", "sum")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert "pipeline training is not built yet" in errors[0]
+
+
+def _torchrun(n: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "unity_eq", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+
+
+def test_train_under_torchrun_saves_and_loads_a_checkpoint(plans: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = tmp_path / "mlp.pt"
+    first = _torchrun(2, "train", str(plans["mlp2"]), "--steps", "2", "--loss", "mean", "--save", str(ckpt))
+    assert first.returncode == 0, first.stdout + first.stderr
+    losses = [float(line.split("loss ")[1].split(",")[0]) for line in first.stdout.splitlines() if "loss" in line]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    saved = torch.load(ckpt, weights_only=True)
+    assert {k: list(v.shape) for k, v in saved.items()} == {
+        "fc1.weight": [256, 1024],
+        "fc1.bias": [1024],
+        "fc2.weight": [1024, 256],
+        "fc2.bias": [256],
+    }  # the source model's names and shapes, gathered from the shards
+    again = _torchrun(2, "train", str(plans["mlp2"]), "--steps", "1", "--loss", "mean", "--load", str(ckpt))
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = float(next(line for line in again.stdout.splitlines() if "loss" in line).split("loss ")[1].split(",")[0])
+    assert resumed < losses[1]  # it continued from the trained weights
+    wrong = _torchrun(1, "train", str(plans["mlp2"]), "--steps", "1", "--loss", "mean")
+    assert wrong.returncode != 0
+    errors = [line for line in wrong.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: world size: torchrun started 1 processes, the plan")
+    # torchrun's launcher reports the failed child with a traceback of its own; none comes from unity-eq's code
+    assert not [line for line in wrong.stderr.splitlines() if "File " in line and "unity_eq" in line]
+
+
+def test_python_api_example_of_the_docs_runs(plans: dict[str, Path], tmp_path: Path) -> None:
+    """docs/training.md's training loop, as written there, on the 2-rank MLP plan."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    code = text.split("## Your own training loop")[1].split("```python")[1].split("```")[0]
+    script = tmp_path / "my_train.py"
+    script.write_text(
+        code.replace('"plan/"', repr(str(plans["mlp2"]))).replace('"model.pt"', repr(str(tmp_path / "m.pt")))
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    losses = [float(line.split()[1]) for line in result.stdout.splitlines()]
+    assert len(losses) == 10 and losses[-1] < losses[0]
+    assert set(torch.load(tmp_path / "m.pt", weights_only=True)) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+
+
+def test_checkpoint_errors_are_one_line(tmp_path: Path) -> None:
+    """A 1-rank plan in this process: a checkpoint missing a parameter, or with a wrong shape, is an OptionError
+    naming it; the checkpoint is written whole (no temporary file left)."""
+    import torch.distributed as dist
+
+    from unity_eq.errors import OptionError
+    from unity_eq.train import load_rank
+
+    made = run_cli("optimize", str(EXAMPLES / "mlp.onnx"), "--devices", "1", "--objective", "training",
+                   "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    from unity_eq.train.check import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        trainer = load_rank(tmp_path / "plan")
+        good = tmp_path / "good.pt"
+        trainer.save(good)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["good.pt", "plan"]
+        saved = torch.load(good, weights_only=True)
+        missing, wrong = dict(saved), dict(saved)
+        del missing["fc2.bias"]
+        wrong["fc1.weight"] = wrong["fc1.weight"][:, :3]
+        torch.save(missing, tmp_path / "missing.pt")
+        torch.save(wrong, tmp_path / "wrong.pt")
+        with pytest.raises(OptionError, match=r"has no parameter 'fc2\.bias'"):
+            trainer.load(tmp_path / "missing.pt")
+        with pytest.raises(
+            OptionError, match=r"parameter 'fc1.weight' has shape \[256, 3\], the model's is \[256, 1024\]"
+        ):
+            trainer.load(tmp_path / "wrong.pt")
+        trainer.load(good)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_check_training_data_parallel_gpt2(tmp_path: Path) -> None:
+    """A transformers GPT-2 (2 layers, random weights, attention mask) exported by torch's dynamo exporter,
+    planned data parallel on 2 devices: every parameter's gradient matches one device; the exporter's scalar
+    constants (GELU's, the mask's fill value) are not trained, and the check says plan.json prices them."""
+    from model_zoo import export_masked_transformer, masked_inputs
+
+    model = export_masked_transformer("gpt2", tmp_path / "gpt2.onnx")
+    shapes = ["--input-shape", "input_ids=16x16", "--input-shape", "attention_mask=16x16"]
+    made = run_cli("optimize", str(model), "--devices", "2", "--mesh", "2", "--objective", "training", *shapes,
+                   "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert any(s["kind"] == "replicate" and s["src"] == "wte.weight" for s in _steps(tmp_path / "plan"))
+    np.savez(tmp_path / "batch.npz", **masked_inputs(16))
+    result = run_cli("check", str(model), str(tmp_path / "plan"), "--training", "--loss", "sum",
+                     "--inputs", str(tmp_path / "batch.npz"))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok gradient of 'wte.weight'" in result.stdout
+    assert "ok gradient of 'h.1.attn.c_attn.weight'" in result.stdout
+    assert "no gradient flows: replicate" in result.stderr
+
+
+def test_an_op_family_brings_its_own_torch_semantics(tmp_path: Path) -> None:
+    """SpaceToDepth is a plug-in family with an `OpFamily.torch` hook (no entry in the torch backend's table):
+    the interpreter runs it as onnxruntime does; an op with neither is refused naming the op and the node."""
+    from onnx import TensorProto, helper
+
+    from unity_eq.errors import PlanError
+    from unity_eq.train.torch_ops import TORCH_OPS
+
+    assert "SpaceToDepth" not in TORCH_OPS
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12, 4, 2])
+    node = helper.make_node("SpaceToDepth", ["x"], ["y"], name="s2d", blocksize=2)
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    value = np.random.default_rng(0).standard_normal((2, 3, 8, 4)).astype(np.float32)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": value}
+    )
+    got = OnnxModule(model)({"x": torch.from_numpy(value)})["y"].numpy()
+    assert np.array_equal(got, expected[0])
+    model.graph.node[0].op_type = "DepthToSpaceish"
+    with pytest.raises(PlanError, match="op DepthToSpaceish \\(node s2d\\) has no PyTorch semantics"):
+        OnnxModule(model)
+
+
+def test_a_weight_the_frontend_folded_trains_its_source(tmp_path: Path) -> None:
+    """``Y = Relu(X @ W + b) @ Transpose(W)``: the frontend folds ``Transpose(W)`` into an initializer of its own,
+    which the ranks compute again from W's parameter, so W's gradient is whole (without that it was off by 73%).
+    W is then held whole on each rank and its sharded uses all-gather their gradients, which plan.json does not
+    price (it prices a folded weight as a weight of its own): the check says so and fails on the count."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 512)) / 16).astype(np.float32)
+    b = (rng.standard_normal(512) / 16).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["X", "W"], ["h0"], name="up"),
+        helper.make_node("Add", ["h0", "b"], ["h1"], name="bias"),
+        helper.make_node("Relu", ["h1"], ["h"], name="relu"),
+        helper.make_node("Transpose", ["W"], ["Wt"], name="tie", perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "Wt"], ["Y"], name="down"),
+    ]
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [8, 64, 256])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [8, 64, 256])
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")]
+    model = helper.make_model(helper.make_graph(nodes, "tied", [x], [y], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 18)])  # fmt: skip
+    model.ir_version = 8
+    path = tmp_path / "tied.onnx"
+    path.write_bytes(model.SerializeToString())
+    made = run_cli("optimize", str(path), "--devices", "2", "--mesh", "2", "--objective", "training",
+                   "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    steps = _steps(tmp_path / "plan")
+    assert any(s["kind"] == "weight" and s["name"] == "Wt" for s in steps)  # the folded weight, as the plan has it
+    result = run_cli("check", str(path), str(tmp_path / "plan"), "--training", "--loss", "mean", "--steps", "1")
+    assert "ok gradient of 'W'" in result.stdout, result.stdout + result.stderr
+    assert "ok loss of step 1" in result.stdout
+    if any(s["kind"] == "partition" and s["src"] in ("W", "Wt") for s in steps):
+        assert result.returncode == 1
+        assert "MISMATCH collectives all_gather on axis x (backward), rank 0: issued" in result.stdout
+    else:
+        assert result.returncode == 0, result.stdout
+
+
+def test_inputs_of_the_wrong_shape_are_one_line(plans: dict[str, Path], tmp_path: Path) -> None:
+    np.savez(tmp_path / "bad.npz", X=np.zeros((4, 128, 256), np.float32))
+    result = run_cli("check", str(EXAMPLES / "mlp.onnx"), str(plans["mlp2"]), "--training", "--loss", "sum",
+                     "--inputs", str(tmp_path / "bad.npz"))  # fmt: skip
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: inputs: 'X' has shape [4, 128, 256], the plan was made for [8, 128, 256]. Re-run "
+                      "`unity-eq optimize` with `--input-shape`."]  # fmt: skip

@@ -1,0 +1,147 @@
+"""``unity-eq train`` (a plan's ranks under torchrun) and ``check --training`` (ranks started here, compared with
+one-device training). Both import torch only when they run (unity_eq.train)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+
+from unity_eq.cli.shared import err, out, read_npz
+from unity_eq.errors import OptionError
+
+__all__ = ["print_training_check", "train"]
+
+
+def train(
+    plan_dir: Path = typer.Argument(..., help="An SPMD plan directory written by `unity-eq optimize`."),
+    steps: int = typer.Option(10, "--steps", help="Optimizer steps to run."),
+    inputs: Path = typer.Option(
+        None, "--inputs", "-i", help=".npz batch, one array per model input (default: random)."
+    ),
+    optimizer: str = typer.Option("sgd", "--optimizer", help="sgd or adamw."),
+    lr: float = typer.Option(1e-2, "--lr", help="Learning rate."),
+    loss: str = typer.Option(None, "--loss", help="sum or mean of the first output (default: it is a scalar loss)."),
+    load: Path = typer.Option(None, "--load", help="Start from this checkpoint of the whole model."),
+    save: Path = typer.Option(None, "--save", help="Write the whole model's weights here at the end."),
+    model: Path = typer.Option(None, "--model", help="The source ONNX model (default: plan.json's model.source)."),
+    device: str = typer.Option("cpu", "--device", help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random batch used without --inputs."),
+) -> None:
+    """Train with a plan, one process per rank: `torchrun --nproc_per_node N -m unity_eq train PLAN/`."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from unity_eq.runtime.checker import random_inputs
+    from unity_eq.runtime.plandir import check_inputs, load_plan_dir
+    from unity_eq.train.check import make_optimizer
+    from unity_eq.train.session import load_rank, loss_of, read_training_plan
+
+    if steps < 1:
+        raise OptionError(f"`--steps` must be at least 1, got {steps}.")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        world = len(read_training_plan(plan_dir).mesh.ranks)
+        raise OptionError(
+            f"`train` runs one process per rank under torchrun: `torchrun --nproc_per_node {world} -m unity_eq train "
+            f"{plan_dir}`. (`unity-eq check MODEL {plan_dir} --training` starts the ranks itself.)"
+        )
+    record = read_training_plan(plan_dir)  # before the process group: a wrong world is one line, not a hang
+    world = len(record.mesh.ranks)
+    if int(os.environ["WORLD_SIZE"]) != world:
+        raise OptionError(
+            f"world size: torchrun started {os.environ['WORLD_SIZE']} processes, the plan in {plan_dir} has {world} "
+            f"ranks. Run `torchrun --nproc_per_node {world} -m unity_eq train {plan_dir}`."
+        )
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    try:
+        rank = dist.get_rank()
+        plan = load_plan_dir(plan_dir, check_files=False)
+        feeds = check_inputs(plan, read_npz(inputs) if inputs is not None else random_inputs(plan.input_specs, seed))
+        trainer = load_rank(plan_dir, model, device=device)
+        if load is not None:
+            trainer.load(load)
+        opt = make_optimizer(optimizer, trainer.module.parameters(), lr)
+        batch = trainer.inputs(feeds)
+        times: list[float] = []
+        for k in range(steps):
+            start = time.perf_counter()
+            opt.zero_grad()
+            value = loss_of(trainer.module(batch), loss)
+            value.backward()
+            opt.step()
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            times.append(seconds)
+            if rank == 0:
+                out.print(
+                    f"step {k + 1}/{steps}: loss {float(value.detach()):.6g}, {seconds * 1e3:.1f} ms", highlight=False
+                )
+        if rank == 0:
+            _say_collectives(trainer.ledger.as_rows(), steps)
+            _say_predicted(record, times)
+        if save is not None:
+            written = trainer.save(save)
+            if written is not None:
+                out.print(f"wrote {len(trainer.module.source_shapes)} parameter tensor(s) to {escape(str(written))}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _say_predicted(record: Any, times: list[float]) -> None:
+    """The measured step beside plan.json's prediction (for the plan's machine: on a CPU a sanity figure only)."""
+    predicted = record.training_search.step_s if record.training_search is not None else None
+    if predicted is None and record.cost is not None:
+        predicted = record.cost.total_s
+    measured = sorted(times)[len(times) // 2]
+    machine = record.machine.name if record.machine is not None else "its machine"
+    said = f"{predicted * 1e3:.3g} ms on {machine}" if predicted is not None else "not recorded"
+    err.print(
+        f"[dim]… step time: measured {measured * 1e3:.1f} ms (median); plan.json predicts {escape(said)} "
+        "(a CPU run is a sanity figure, not a test of the prediction)[/dim]"
+    )
+
+
+def _say_collectives(rows: list[Any], steps: int) -> None:
+    for kind, axis, phase, count, nbytes in rows:
+        err.print(
+            f"[dim]… {kind} on axis {axis} ({phase}): {count // steps} per step, {nbytes // steps} bytes per rank[/dim]"
+        )
+
+
+def print_training_check(
+    model: Path,
+    plan_dir: Path,
+    inputs: Path | None,
+    *,
+    steps: int,
+    optimizer: str,
+    lr: float,
+    loss: str | None,
+    tolerance: float,
+    seed: int,
+    quiet: bool,
+) -> None:
+    """``check --training``: print every comparison, then raise CheckFailed on the first mismatch."""
+    from unity_eq.train.check import assert_training_check, check_training
+
+    if not tolerance >= 0:
+        raise OptionError(f"`--tolerance`: expected a relative error of 0 or more, got {tolerance:g}.")
+    feeds = read_npz(inputs) if inputs is not None else None
+    if not quiet:
+        err.print(f"[dim]… training {plan_dir} for {steps} step(s) on its ranks and {model} on one device[/dim]")
+    result = check_training(
+        model, plan_dir, feeds, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance, seed=seed
+    )
+    for ok, text in result.lines:
+        mark = "[green]ok[/green]" if ok else "[red]MISMATCH[/red]"
+        out.print(f"{mark} {escape(text)}")
+    for note in result.notes:
+        err.print(f"note: {escape(note)}")
+    assert_training_check(result)

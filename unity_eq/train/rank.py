@@ -1,0 +1,313 @@
+"""One rank of an SPMD plan as a ``torch.nn.Module``: plan.json's steps executed as PyTorch ops.
+
+The module runs the plan's steps in order (the same steps the ONNX lowering writes into ``device_<rank>.onnx``):
+a ``compute`` step is the ONNX op in PyTorch (unity_eq.train.torch_ops), a parallel step is its autograd
+collective (unity_eq.train.collectives), so the backward pass is autograd's and issues the collectives the plan
+priced.
+
+**Parameters are this rank's shards.** A weight the plan loads is a chain of steps before any op reads it: the
+weight, its ``partition`` steps (the chunk of each mesh axis) and ``replicate`` steps. When every use of a
+source weight on this rank reads the same chunk, that chunk is the rank's parameter (a Megatron column
+shard, a data-parallel replica's whole weight); the replicate steps of the chain become gradient all-reduces of
+it. When a rank reads one weight in several ways (a tied embedding, whole in one place and sliced in another),
+its parameter is the whole weight and each sliced use is an activation-style partition (its gradient
+all-gathered), which the cost model does not price: ``check --training`` reports it.
+
+**What is trainable.** A float initializer of the source ONNX file is a parameter; an integer one, or a tensor
+the frontend folded from constants (a name the file does not have), is a constant: no gradient, no optimizer
+state, no gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from typing_extensions import assert_never
+
+from unity_eq.errors import PlanError
+from unity_eq.planfile import (
+    CombineStepRecord,
+    ComputeStepRecord,
+    ExplainRecord,
+    InputStepRecord,
+    PartitionStepRecord,
+    ReduceStepRecord,
+    ReplicateStepRecord,
+    WeightStepRecord,
+)
+from unity_eq.train import collectives as coll
+from unity_eq.train.torch_ops import refuse_unknown, run_op
+
+__all__ = ["RankModule", "Region", "depends_on_inputs"]
+
+Parts = tuple[tuple[int, str], ...]  # the (dim, mesh axis) of each partition, in order
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """A weight not yet read by an op: the source weight, its partitions and its replicate axes so far."""
+
+    name: str
+    parts: Parts = ()
+    replicates: tuple[tuple[str, str], ...] = ()  # (mesh axis, the replicate step's out)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where a rank's piece lies in the source weight: per dim, ``(start, size)``."""
+
+    box: tuple[tuple[int, int], ...]
+
+    def index(self) -> tuple[slice, ...]:
+        return tuple(slice(start, start + size) for start, size in self.box)
+
+
+def region_of(
+    shape: Sequence[int], parts: Parts, axes: Sequence[str], sizes: Sequence[int], coords: Sequence[int]
+) -> Region:
+    """The box of the chunk ``parts`` selects, on a rank at ``coords`` of the mesh."""
+    box = [(0, int(d)) for d in shape]
+    for dim, axis in parts:
+        i = axes.index(axis)
+        start, size = box[dim]
+        piece = size // sizes[i]
+        box[dim] = (start + coords[i] * piece, piece)
+    return Region(tuple(box))
+
+
+def depends_on_inputs(steps: Iterable[Any]) -> set[str]:
+    """The tensors computed from a model input: a replicate of one is an activation's gradient all-reduce
+    (phase ``backward``), of any other a weight's (phase ``gradient``)."""
+    found: set[str] = set()
+    for step in steps:
+        match step:
+            case InputStepRecord(out=out):
+                found.add(out)
+            case ComputeStepRecord(inputs=inputs, outputs=outputs):
+                if any(isinstance(i, str) and i in found for i in inputs):
+                    found.update(o for o in outputs if o)
+            case (
+                PartitionStepRecord(out=out, src=src)
+                | CombineStepRecord(out=out, src=src)
+                | ReduceStepRecord(out=out, src=src)
+                | ReplicateStepRecord(out=out, src=src)
+            ):
+                if src in found:
+                    found.add(out)
+            case WeightStepRecord():
+                pass
+            case _:
+                assert_never(step)
+    return found
+
+
+@dataclass
+class _Uses:
+    """How this rank reads each source weight: the distinct partition chains it reads."""
+
+    parts: dict[str, list[Parts]] = field(default_factory=dict)
+
+    def add(self, chain: _Chain) -> None:
+        seen = self.parts.setdefault(chain.name, [])
+        if chain.parts not in seen:
+            seen.append(chain.parts)
+
+
+class RankModule(torch.nn.Module):
+    """One rank of a plan: its parameters are its shards of the source model's weights; ``forward(inputs)``
+    returns the model's outputs (replicated on every rank, as the plan makes them)."""
+
+    def __init__(
+        self,
+        record: ExplainRecord,
+        rank: int,
+        weights: Mapping[str, Any],
+        trainable: set[str],
+        groups: Mapping[str, coll.AxisGroup],
+        device: torch.device | str = "cpu",
+        derived: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.record = record
+        self.rank = rank
+        self.groups = dict(groups)
+        self.coords = tuple(record.mesh.ranks[rank].coords)
+        self.axes, self.sizes = tuple(record.mesh.axes), tuple(record.mesh.sizes)
+        self.outputs = {name: out.tensor for name, out in record.model.outputs.items()}
+        refuse_unknown(
+            ((s.op, s.domain, s.node) for s in record.steps if isinstance(s, ComputeStepRecord)), "plan.json"
+        )
+        self.from_inputs = depends_on_inputs(record.steps)
+        self.gradless: set[str] = set()  # parallel steps whose backward issued nothing: no gradient flows there
+        self.derived = {name: d for name, d in (derived or {}).items()}
+        uses = self._uses()
+        for name in list(uses.parts):  # a folded weight is made from its sources, which it reads whole
+            if name in self.derived:
+                for source in self.derived[name].sources:
+                    uses.add(_Chain(source))
+        self.param_names: list[str] = []
+        self.param_parts: list[Parts] = []  # the chunk each parameter is ( (): the whole weight )
+        self.param_list = torch.nn.ParameterList()
+        self._param_index: dict[str, int] = {}
+        self._consts: dict[str, torch.Tensor] = {}
+        self.source_shapes: dict[str, tuple[int, ...]] = {}
+        for name in sorted(uses.parts):
+            if name in self.derived:
+                continue  # computed from its sources in forward (_base)
+            if name not in weights:
+                raise PlanError(f"plan.json: the plan loads weight {name!r}, which the model does not have.")
+            value = np.asarray(weights[name])
+            self.source_shapes[name] = tuple(value.shape)
+            chains = uses.parts[name]
+            if name in trainable and np.issubdtype(value.dtype, np.floating):
+                own = chains[0] if len(chains) == 1 else ()
+                piece = value[self.region(value.shape, own).index()]
+                self._param_index[name] = len(self.param_names)
+                self.param_names.append(name)
+                self.param_parts.append(own)
+                self.param_list.append(torch.nn.Parameter(torch.tensor(np.array(piece), device=device)))
+            else:
+                self._consts[name] = torch.tensor(np.array(value), device=device)
+
+    # --- what the steps read ---------------------------------------------------------------------------------
+    def _uses(self) -> _Uses:
+        uses = _Uses()
+        chains: dict[str, _Chain] = {}
+        for step in self.record.steps:
+            match step:
+                case WeightStepRecord(out=out, name=name):
+                    chains[out] = _Chain(name)
+                case PartitionStepRecord(out=out, src=src, dim=dim, axis=axis) if src in chains:
+                    c = chains[src]
+                    chains[out] = _Chain(c.name, (*c.parts, (dim, axis)), c.replicates)
+                case ReplicateStepRecord(out=out, src=src, axis=axis) if src in chains:
+                    c = chains[src]
+                    chains[out] = _Chain(c.name, c.parts, (*c.replicates, (axis, out)))
+                case ComputeStepRecord(inputs=inputs):
+                    for i in inputs:
+                        if isinstance(i, str) and i in chains:
+                            uses.add(chains[i])
+                case PartitionStepRecord() | ReplicateStepRecord() | InputStepRecord():
+                    pass
+                case CombineStepRecord(src=src) | ReduceStepRecord(src=src):
+                    if src in chains:
+                        uses.add(chains[src])
+                case _:
+                    assert_never(step)
+        for tid in self.outputs.values():
+            if tid in chains:
+                uses.add(chains[tid])
+        return uses
+
+    def region(self, shape: Sequence[int], parts: Parts) -> Region:
+        return region_of(shape, parts, self.axes, self.sizes, self.coords)
+
+    def named_shards(self) -> list[tuple[str, Region, torch.nn.Parameter]]:
+        """Every parameter with the source weight it is a piece of and where the piece lies in it."""
+        out = []
+        for name, parts, param in zip(self.param_names, self.param_parts, self.param_list, strict=True):
+            out.append((name, self.region(self.source_shapes[name], parts), param))
+        return out
+
+    # --- running ----------------------------------------------------------------------------------------------
+    def _weight(self, chain: _Chain) -> torch.Tensor:
+        """A weight chain as the op reads it: the parameter (or constant), sliced where the parameter is
+        bigger than the chunk read, with the chain's gradient all-reduces."""
+        value, own = self._base(chain.name)
+        if chain.parts != own:
+            for dim, axis in chain.parts:
+                value = coll.partition(value, self.groups[axis], dim)
+        for axis, out in chain.replicates:
+            value = self._replicate(out, value, axis, coll.GRADIENT)
+        return value
+
+    def _base(self, name: str) -> tuple[torch.Tensor, Parts]:
+        """A source weight as this rank holds it (its parameter and the chunk it is, or a constant), or a
+        folded weight computed from its sources' parameters (differentiable, so their gradients get its)."""
+        if name in self._param_index:
+            i = self._param_index[name]
+            return self.param_list[i], self.param_parts[i]
+        if name in self._consts:
+            return self._consts[name], ()
+        derivation = self.derived[name]
+        env: dict[str, torch.Tensor] = {}
+        for source in derivation.sources:
+            value, own = self._base(source)
+            assert own == (), "a folded weight's sources are held whole"
+            env[source] = value
+        for op, domain, inputs, outputs, attrs in derivation.nodes:
+            args = [env[i] if i in env else self._base(i)[0] if i else None for i in inputs]
+            for out, value in zip(outputs, run_op(op, args, attrs, len(outputs), domain), strict=False):
+                env[out] = value
+        return env[name], ()
+
+    def _replicate(self, out: str, value: torch.Tensor, axis: str, phase: str) -> torch.Tensor:
+        """A replicate step; one whose tensor carries no gradient (an input, a constant) issues nothing and is
+        remembered in ``gradless``: plan.json may price it, and ``check --training`` says so."""
+        if not value.requires_grad:
+            self.gradless.add(out)
+        return coll.replicate(value, self.groups[axis], phase)
+
+    def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        env: dict[str, torch.Tensor] = {}
+        chains: dict[str, _Chain] = {}
+        made: dict[str, torch.Tensor] = {}
+
+        def read(tid: str) -> torch.Tensor:
+            if tid in env:
+                return env[tid]
+            if tid not in made:
+                made[tid] = self._weight(chains[tid])
+            return made[tid]
+
+        for step in self.record.steps:
+            match step:
+                case InputStepRecord(out=out, name=name):
+                    env[out] = inputs[name]
+                case WeightStepRecord(out=out, name=name):
+                    chains[out] = _Chain(name)
+                case PartitionStepRecord(out=out, src=src, dim=dim, axis=axis):
+                    if src in chains:
+                        c = chains[src]
+                        chains[out] = _Chain(c.name, (*c.parts, (dim, axis)), c.replicates)
+                    else:
+                        if not env[src].requires_grad:
+                            self.gradless.add(out)
+                        env[out] = coll.partition(env[src], self.groups[axis], dim)
+                case ReplicateStepRecord(out=out, src=src, axis=axis):
+                    if src in chains:
+                        c = chains[src]
+                        chains[out] = _Chain(c.name, c.parts, (*c.replicates, (axis, out)))
+                    else:
+                        phase = coll.BACKWARD if src in self.from_inputs else coll.GRADIENT
+                        env[out] = self._replicate(out, env[src], axis, phase)
+                case CombineStepRecord(out=out, src=src, dim=dim, axis=axis):
+                    env[out] = coll.all_gather(read(src), self.groups[axis], dim)
+                case ReduceStepRecord(out=out, src=src, axis=axis):
+                    env[out] = coll.all_reduce(read(src), self.groups[axis])
+                case ComputeStepRecord():
+                    self._compute(step, read, env)
+                case _:
+                    assert_never(step)
+        return {name: read(tid) for name, tid in self.outputs.items()}
+
+    def _compute(self, step: ComputeStepRecord, read: Any, env: dict[str, torch.Tensor]) -> None:
+        args: list[Any] = []
+        for position, ref in enumerate(step.inputs):
+            if ref is None:
+                args.append(None)
+            elif isinstance(ref, str):
+                args.append(read(ref))
+            else:
+                values = tuple(ref)
+                if step.op in ("Reshape", "Expand") and position == 1:
+                    values = tuple(self.record.tensors[step.outputs[0]].local_shape)  # the rank's piece
+                args.append(torch.tensor(values, dtype=torch.int64))
+        results = run_op(step.op, args, step.attrs, len(step.outputs), step.domain)
+        for out, value in zip(step.outputs, results, strict=False):
+            if out:
+                env[out] = value

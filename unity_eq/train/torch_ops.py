@@ -1,0 +1,469 @@
+"""ONNX ops as PyTorch ops: what the torch backend runs, for the original model and for a plan's ranks alike.
+
+An op family may carry its own PyTorch semantics (``OpFamily.torch``, unity_eq/ops/family.py: one room per
+family); they come first. Otherwise one table, :data:`TORCH_OPS`, maps an ONNX op type to a function
+``(inputs, attrs) -> outputs`` over torch tensors (``None`` for an absent optional input), grouped by the op
+families of ``unity_eq/ops`` (elementwise, matmul, normalization, reshape, slicing, reduce) and then the ops the
+families carry opaquely (Cast, Shape, Where…). Every function is differentiable where the op is, through
+autograd's own kernels, so a plan's backward pass is autograd's. An op with neither is refused before any rank
+starts (:func:`refuse_unknown`), naming the op and the node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from unity_eq.errors import PlanError
+
+__all__ = ["TORCH_OPS", "refuse_unknown", "run_op", "torch_dtype"]
+
+Tensor = torch.Tensor
+OpFn = Callable[[list[Any], Mapping[str, Any]], list[Tensor]]
+
+_ONNX_DTYPES: dict[int, torch.dtype] = {
+    1: torch.float32,
+    2: torch.uint8,
+    3: torch.int8,
+    5: torch.int16,
+    6: torch.int32,
+    7: torch.int64,
+    9: torch.bool,
+    10: torch.float16,
+    11: torch.float64,
+    16: torch.bfloat16,
+}
+
+
+def torch_dtype(dtype: str | np.dtype[Any]) -> torch.dtype:
+    """The torch dtype of a numpy dtype name (``float32``)."""
+    name = np.dtype(dtype).name if not (isinstance(dtype, str) and dtype == "bfloat16") else "bfloat16"
+    return getattr(torch, name)
+
+
+def _ints(value: Tensor | Sequence[int] | None) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, Tensor):
+        return [int(v) for v in value.reshape(-1).tolist()]
+    return [int(v) for v in value]
+
+
+def _one(fn: Callable[..., Tensor]) -> OpFn:
+    """An op with one output computed from its present inputs."""
+    return lambda inputs, attrs: [fn(*inputs)]
+
+
+# --- elementwise (unity_eq/ops/elementwise.py) ----------------------------------------------------------------
+def _pow(a: Tensor, b: Tensor) -> Tensor:
+    return torch.pow(a, b.to(a.dtype) if b.is_floating_point() else b)
+
+
+def _div(a: Tensor, b: Tensor) -> Tensor:
+    if a.is_floating_point():
+        return a / b
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def _gelu(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    return [torch.nn.functional.gelu(inputs[0], approximate=str(attrs.get("approximate", "none")))]
+
+
+def _clip(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x = inputs[0]
+    low = inputs[1] if len(inputs) > 1 and inputs[1] is not None else attrs.get("min")
+    high = inputs[2] if len(inputs) > 2 and inputs[2] is not None else attrs.get("max")
+    return [torch.clamp(x, low, high)]
+
+
+def _softmax_like(fn: Callable[..., Tensor]) -> OpFn:
+    return lambda inputs, attrs: [fn(inputs[0], dim=int(attrs.get("axis", -1)))]
+
+
+def _cast(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    return [inputs[0].to(_ONNX_DTYPES[int(attrs["to"])])]
+
+
+def _cast_like(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    return [inputs[0].to(inputs[1].dtype)]
+
+
+def _where(c: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    return torch.where(c.to(torch.bool), a, b)
+
+
+def _variadic(fn: Callable[[Tensor, Tensor], Tensor]) -> OpFn:
+    def run(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+        out = inputs[0]
+        for other in inputs[1:]:
+            out = fn(out, other)
+        return [out]
+
+    return run
+
+
+# --- matmul (unity_eq/ops/matmul.py) ------------------------------------------------------------------------
+def _gemm(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    a, b = inputs[0], inputs[1]
+    if int(attrs.get("transA", 0)):
+        a = a.transpose(0, 1)
+    if int(attrs.get("transB", 0)):
+        b = b.transpose(0, 1)
+    out = float(attrs.get("alpha", 1.0)) * (a @ b)
+    if len(inputs) > 2 and inputs[2] is not None:
+        out = out + float(attrs.get("beta", 1.0)) * inputs[2]
+    return [out]
+
+
+# --- normalization (unity_eq/ops/normalization.py) --------------------------------------------------------------
+def _layer_norm(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    axis = int(attrs.get("axis", -1)) % x.dim()
+    shape = tuple(x.shape[axis:])
+    eps = float(attrs.get("epsilon", 1e-5))
+    if scale.shape != shape or (bias is not None and bias.shape != shape):  # broadcast scale/bias: compose
+        mean = x.mean(dim=tuple(range(axis, x.dim())), keepdim=True)
+        var = ((x - mean) ** 2).mean(dim=tuple(range(axis, x.dim())), keepdim=True)
+        out = (x - mean) / torch.sqrt(var + eps) * scale
+        return [out + bias if bias is not None else out]
+    return [torch.nn.functional.layer_norm(x, shape, scale, bias, eps)]
+
+
+def _rms_norm(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x, scale = inputs[0], inputs[1]
+    axis = int(attrs.get("axis", -1)) % x.dim()
+    eps = float(attrs.get("epsilon", 1e-5))
+    var = (x * x).mean(dim=tuple(range(axis, x.dim())), keepdim=True)
+    return [x / torch.sqrt(var + eps) * scale]
+
+
+# --- reshape and layout (unity_eq/ops/reshape.py) ---------------------------------------------------------------
+def _reshape(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x, shape = inputs[0], _ints(inputs[1])
+    allow_zero = int(attrs.get("allowzero", 0))
+    target = [x.shape[i] if (d == 0 and not allow_zero) else d for i, d in enumerate(shape)]
+    return [x.reshape(target)]
+
+
+def _transpose(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x = inputs[0]
+    perm = attrs.get("perm") or list(reversed(range(x.dim())))
+    return [x.permute(*[int(p) for p in perm])]
+
+
+def _axes(inputs: list[Any], attrs: Mapping[str, Any], position: int = 1) -> list[int] | None:
+    if len(inputs) > position and inputs[position] is not None:
+        return _ints(inputs[position])
+    if "axes" in attrs:
+        return [int(a) for a in attrs["axes"]]
+    return None
+
+
+def _unsqueeze(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x = inputs[0]
+    axes = _axes(inputs, attrs) or []
+    rank = x.dim() + len(axes)
+    for axis in sorted(a % rank for a in axes):
+        x = x.unsqueeze(axis)
+    return [x]
+
+
+def _squeeze(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x = inputs[0]
+    axes = _axes(inputs, attrs)
+    if axes is None:
+        return [x.squeeze()]
+    for axis in sorted((a % x.dim() for a in axes), reverse=True):
+        x = x.squeeze(axis)
+    return [x]
+
+
+def _flatten(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x = inputs[0]
+    axis = int(attrs.get("axis", 1)) % (x.dim() + 1) if x.dim() else 0
+    return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
+
+
+def _expand(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x, shape = inputs[0], _ints(inputs[1])
+    rank = max(x.dim(), len(shape))
+    padded = [1] * (rank - len(shape)) + shape
+    current = [1] * (rank - x.dim()) + list(x.shape)
+    target = [c if s == 1 else s for s, c in zip(padded, current, strict=True)]
+    return [x.reshape(current).expand(target)]
+
+
+def _concat(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    return [torch.cat([i for i in inputs if i is not None], dim=int(attrs.get("axis", 0)))]
+
+
+def _split(inputs: list[Any], attrs: Mapping[str, Any], outputs: int) -> list[Tensor]:
+    x = inputs[0]
+    axis = int(attrs.get("axis", 0)) % x.dim()
+    sizes = _ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else list(attrs.get("split") or [])
+    if not sizes:
+        count = int(attrs.get("num_outputs", outputs))
+        step = -(-x.shape[axis] // count)
+        sizes = [min(step, x.shape[axis] - i * step) for i in range(count)]
+    return list(torch.split(x, sizes, dim=axis))
+
+
+# --- slicing and indexing (unity_eq/ops/slicing.py) ----------------------------------------------------------
+def _slice(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x = inputs[0]
+    starts, ends = _ints(inputs[1]), _ints(inputs[2])
+    axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
+    steps = _ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
+    index: list[Any] = [slice(None)] * x.dim()
+    flips = []
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        axis %= x.dim()
+        size = x.shape[axis]
+        if step > 0:
+            lo = max(0, min(size, start + size if start < 0 else start))
+            hi = max(0, min(size, end + size if end < 0 else end))
+            index[axis] = slice(lo, max(lo, hi), step)
+        else:  # a negative step: slice the flipped tensor
+            lo = max(-1, min(size - 1, start + size if start < 0 else start))
+            hi = max(-1, min(size - 1, end + size if end < 0 else end))
+            index[axis] = slice(size - 1 - lo, size - 1 - hi if hi < lo else size - 1 - lo, -step)
+            flips.append(axis)
+    if flips:
+        x = torch.flip(x, flips)
+    return [x[tuple(index)]]
+
+
+def _gather(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x, indices = inputs[0], inputs[1].to(torch.int64)
+    axis = int(attrs.get("axis", 0)) % x.dim()
+    indices = torch.where(indices < 0, indices + x.shape[axis], indices)
+    flat = torch.index_select(x, axis, indices.reshape(-1))
+    shape = [*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]]
+    return [flat.reshape(shape)]
+
+
+def _gather_elements(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    x, indices = inputs[0], inputs[1].to(torch.int64)
+    axis = int(attrs.get("axis", 0)) % x.dim()
+    return [torch.gather(x, axis, torch.where(indices < 0, indices + x.shape[axis], indices))]
+
+
+def _gather_nd(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    data, indices = inputs[0], inputs[1].to(torch.int64)
+    b = int(attrs.get("batch_dims", 0))
+    k = indices.shape[-1]
+    batch = math.prod(data.shape[:b])
+    flat = data.reshape(batch, *data.shape[b:])
+    idx = indices.reshape(batch, -1, k)
+    sizes = torch.tensor(data.shape[b : b + k], dtype=torch.int64)
+    idx = torch.where(idx < 0, idx + sizes, idx)
+    rows = torch.arange(batch).view(batch, 1).expand(batch, idx.shape[1])
+    picked = flat[(rows, *(idx[..., j] for j in range(k)))]
+    return [picked.reshape(*indices.shape[:-1], *data.shape[b + k :])]
+
+
+# --- reductions (unity_eq/ops/reduce.py) ---------------------------------------------------------------------
+def _reduce(fn: str) -> OpFn:
+    def run(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+        x = inputs[0]
+        axes = _axes(inputs, attrs)
+        keep = bool(int(attrs.get("keepdims", 1)))
+        if not axes:
+            if int(attrs.get("noop_with_empty_axes", 0)):
+                return [x]
+            axes = list(range(x.dim()))
+        dims = tuple(a % x.dim() for a in axes) if x.dim() else ()
+        if fn == "sum":
+            return [x.sum(dim=dims, keepdim=keep) if dims else x]
+        if fn == "mean":
+            return [x.mean(dim=dims, keepdim=keep) if dims else x]
+        if fn == "sumsquare":
+            return [(x * x).sum(dim=dims, keepdim=keep) if dims else x * x]
+        if fn == "l2":
+            return [torch.sqrt((x * x).sum(dim=dims, keepdim=keep))]
+        out = x
+        for d in sorted(dims, reverse=True):
+            out = (out.amax if fn == "max" else out.amin)(dim=d, keepdim=keep)
+        return [out]
+
+    return run
+
+
+def _arg(fn: Callable[..., Tensor]) -> OpFn:
+    def run(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+        return [fn(inputs[0], dim=int(attrs.get("axis", 0)), keepdim=bool(int(attrs.get("keepdims", 1))))]
+
+    return run
+
+
+# --- ops carried opaquely that PyTorch has ---------------------------------------------------------------------
+def _shape(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    dims = list(inputs[0].shape)
+    start, end = int(attrs.get("start", 0)), attrs.get("end")
+    return [torch.tensor(dims[start : None if end is None else int(end)], dtype=torch.int64)]
+
+
+def _constant(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if key in attrs:
+            value = attrs[key]
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if key.startswith("value_float"):
+                array = array.astype(np.float32)
+            elif key.startswith("value_int"):
+                array = array.astype(np.int64)
+            return [torch.from_numpy(np.array(array))]
+    raise PlanError(f"Constant: no value among {sorted(attrs)}")
+
+
+def _constant_of_shape(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    value = attrs.get("value")
+    array = np.asarray(value) if value is not None else np.zeros(1, np.float32)
+    fill = torch.from_numpy(np.array(array.reshape(-1)[:1]))
+    return [fill.reshape(()).expand(_ints(inputs[0])).clone()]
+
+
+def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
+    return torch.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype)
+
+
+def _trilu(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    k = int(inputs[1].item()) if len(inputs) > 1 and inputs[1] is not None else 0
+    return [torch.triu(inputs[0], k) if int(attrs.get("upper", 1)) else torch.tril(inputs[0], k)]
+
+
+def _sdpa(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    """ONNX ``Attention`` (opset 23) for 4-d q, k, v of equal head counts: torch's scaled_dot_product_attention."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    mask = inputs[3] if len(inputs) > 3 else None
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    scale = attrs.get("scale")
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=bool(int(attrs.get("is_causal", 0))) and mask is None,
+        scale=None if scale is None else float(scale),
+    )  # fmt: skip
+    return [out]
+
+
+TORCH_OPS: dict[str, OpFn] = {
+    # elementwise
+    "Add": _one(torch.add),
+    "Sub": _one(torch.sub),
+    "Mul": _one(torch.mul),
+    "Div": _one(_div),
+    "Pow": _one(_pow),
+    "Neg": _one(torch.neg),
+    "Abs": _one(torch.abs),
+    "Sqrt": _one(torch.sqrt),
+    "Reciprocal": _one(torch.reciprocal),
+    "Exp": _one(torch.exp),
+    "Log": _one(torch.log),
+    "Erf": _one(torch.erf),
+    "Tanh": _one(torch.tanh),
+    "Sigmoid": _one(torch.sigmoid),
+    "Relu": _one(torch.relu),
+    "Sin": _one(torch.sin),
+    "Cos": _one(torch.cos),
+    "Floor": _one(torch.floor),
+    "Ceil": _one(torch.ceil),
+    "Gelu": _gelu,
+    "Clip": _clip,
+    "Max": _variadic(torch.maximum),
+    "Min": _variadic(torch.minimum),
+    "Sum": _variadic(torch.add),
+    "Equal": _one(torch.eq),
+    "Less": _one(torch.lt),
+    "LessOrEqual": _one(torch.le),
+    "Greater": _one(torch.gt),
+    "GreaterOrEqual": _one(torch.ge),
+    "Not": _one(torch.logical_not),
+    "IsNaN": _one(torch.isnan),
+    "IsInf": _one(torch.isinf),
+    "And": _one(torch.logical_and),
+    "Or": _one(torch.logical_or),
+    "Where": _one(_where),
+    "Identity": _one(lambda x: x),
+    "Cast": _cast,
+    "CastLike": _cast_like,
+    # matmul
+    "MatMul": _one(torch.matmul),
+    "Gemm": _gemm,
+    # normalization
+    "LayerNormalization": _layer_norm,
+    "RMSNormalization": _rms_norm,
+    "SimplifiedLayerNormalization": _rms_norm,
+    "Softmax": _softmax_like(torch.softmax),
+    "LogSoftmax": _softmax_like(torch.log_softmax),
+    # reshape and layout
+    "Reshape": _reshape,
+    "Transpose": _transpose,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Flatten": _flatten,
+    "Expand": _expand,
+    "Concat": _concat,
+    # slicing and indexing
+    "Slice": _slice,
+    "Gather": _gather,
+    "GatherElements": _gather_elements,
+    "GatherND": _gather_nd,
+    # reductions
+    "ReduceSum": _reduce("sum"),
+    "ReduceMean": _reduce("mean"),
+    "ReduceMax": _reduce("max"),
+    "ReduceMin": _reduce("min"),
+    "ReduceSumSquare": _reduce("sumsquare"),
+    "ReduceL2": _reduce("l2"),
+    "ArgMax": _arg(torch.argmax),
+    "ArgMin": _arg(torch.argmin),
+    # carried opaquely by the e-graph, present in PyTorch
+    "Shape": _shape,
+    "Constant": _constant,
+    "ConstantOfShape": _constant_of_shape,
+    "Range": _one(_range),
+    "Trilu": _trilu,
+    "Attention": _sdpa,
+}
+
+#: ops whose number of outputs is the node's (Split)
+_MULTI: dict[str, Callable[[list[Any], Mapping[str, Any], int], list[Tensor]]] = {"Split": _split}
+
+
+def run_op(op: str, inputs: list[Any], attrs: Mapping[str, Any], outputs: int = 1, domain: str = "") -> list[Tensor]:
+    """The outputs of ONNX op ``op`` on torch ``inputs`` (``None`` for an absent optional input)."""
+    if domain not in ("", "ai.onnx"):
+        raise PlanError(f"op {domain}::{op} has no PyTorch semantics in unity-eq's torch backend")
+    hook = _family_hook(op)
+    if hook is not None:
+        return list(hook(op, inputs, attrs))
+    if op in _MULTI:
+        return _MULTI[op](inputs, attrs, outputs)
+    return TORCH_OPS[op](inputs, attrs)
+
+
+def _family_hook(op: str) -> Callable[..., Any] | None:
+    """The op family's own PyTorch semantics (``OpFamily.torch``), which come before this table's."""
+    from unity_eq.ops.registry import family_for
+
+    family = family_for(op)
+    return family.torch if family is not None else None
+
+
+def refuse_unknown(nodes: Iterable[tuple[str, str, str]], where: str) -> None:
+    """Refuse, before any rank starts, the first op with no PyTorch semantics here: ``nodes`` are
+    ``(op, domain, node name)``."""
+    for op, domain, node in nodes:
+        known = op in TORCH_OPS or op in _MULTI or _family_hook(op) is not None
+        if domain not in ("", "ai.onnx") or not known:
+            name = f"{domain}::{op}" if domain not in ("", "ai.onnx") else op
+            raise PlanError(
+                f"{where}: op {name} (node {node or '?'}) has no PyTorch semantics in the torch backend "
+                "(unity_eq/train/torch_ops.py), so the plan cannot train. Add the op there, or export the model "
+                "without it."
+            )
