@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,13 @@ def run(comm: Communicator, array: np.ndarray, group: Sequence[int], dims: Mappi
     return comm.all_gather(array, group, dims["dim"])
 
 
+def torch_op(tensor: Any, group: Any, fields: Mapping[str, Any]) -> Any:
+    """The torch backend's op (autograd-aware; torch is imported only here, when a plan trains)."""
+    from unity_eq.collectives import torch_autograd
+
+    return torch_autograd.all_gather(tensor, group, fields["dim"])
+
+
 ALL_GATHER = Collective(
     name="all_gather",
     dims=("dim",),
@@ -44,4 +52,5 @@ ALL_GATHER = Collective(
     step=AllGather,
     record_kind="combine",
     run=run,
+    torch_op=torch_op,
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,13 @@ def run(comm: Communicator, array: np.ndarray, group: Sequence[int], dims: Mappi
     return comm.all_reduce(array, group)
 
 
+def torch_op(tensor: Any, group: Any, fields: Mapping[str, Any]) -> Any:
+    """The torch backend's op (autograd-aware; torch is imported only here, when a plan trains)."""
+    from unity_eq.collectives import torch_autograd
+
+    return torch_autograd.all_reduce(tensor, group)
+
+
 ALL_REDUCE = Collective(
     name="all_reduce",
     dims=(),
@@ -45,4 +53,5 @@ ALL_REDUCE = Collective(
     run=run,
     keeps_weights=False,
     metadata_name="all_reduce (sum)",
+    torch_op=torch_op,
 )

@@ -77,10 +77,12 @@ Price = Callable[[Prices, str, float, float, str], Cost]
 #: A kind's runtime op on one rank: ``(communicator, this rank's piece, group ranks, the kind's dims) -> result``.
 RunOp = Callable[[Communicator, np.ndarray, Sequence[int], Mapping[str, int]], np.ndarray]
 
-#: The slot for a torch.distributed op (the torch training backend): ``(tensor, group ranks, the kind's dims) ->
-#: tensor``, autograd-aware (its backward is the kind's gradient collective). ``None`` until a backend supplies it:
+#: The torch backend's op for a kind (unity_eq.train): ``(tensor, the backend's group on the step's mesh axis, the
+#: step's fields: ``dim`` and, for ``replicate``, the gradient's ``phase``) -> tensor``, autograd-aware (its
+#: backward is the kind's gradient collective; the autograd functions are :mod:`unity_eq.collectives.torch_autograd`,
+#: imported only when the op runs, so planning never imports torch). ``None``: the kind has no torch op, and
 #: :func:`unity_eq.collectives.registry.torch_op` says so in one error.
-TorchOp = Callable[[Any, Sequence[int], Mapping[str, int]], Any]
+TorchOp = Callable[[Any, Any, Mapping[str, Any]], Any]
 
 #: How lowering writes a step of the kind into a device graph: ``alias`` (no op: the result is its source),
 #: ``slice`` (this rank's chunk along ``dim``: an ONNX Slice, or folded into a weight), ``cut`` (a communicating

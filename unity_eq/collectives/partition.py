@@ -5,7 +5,9 @@ locally. In training its backward pass all-gathers the activation's gradient."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from unity_eq.collectives.base import Collective, CollectiveStep, Prices
 from unity_eq.cost.records import ZERO, Cost
@@ -34,6 +36,13 @@ def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: 
     return cost
 
 
+def torch_op(tensor: Any, group: Any, fields: Mapping[str, Any]) -> Any:
+    """The torch backend's op (autograd-aware; torch is imported only here, when a plan trains)."""
+    from unity_eq.collectives import torch_autograd
+
+    return torch_autograd.partition(tensor, group, fields["dim"])
+
+
 PARTITION = Collective(
     name="partition",
     dims=("dim",),
@@ -46,4 +55,5 @@ PARTITION = Collective(
     record_kind="partition",
     backward_op="all-gather",
     local=True,
+    torch_op=torch_op,
 )

@@ -2,8 +2,8 @@
 
 The module runs the plan's steps in order (the same steps the ONNX lowering writes into ``device_<rank>.onnx``):
 a ``compute`` step is the ONNX op in PyTorch (unity_eq.train.torch_ops), a parallel step is its autograd
-collective (unity_eq.train.collectives), so the backward pass is autograd's and issues the collectives the plan
-priced.
+collective (the kind's ``torch_op``: unity_eq.collectives.torch_autograd), so the backward pass is autograd's
+and issues the collectives the plan priced.
 
 **Parameters are this rank's shards.** A weight the plan loads is a chain of steps before any op reads it: the
 weight, its ``partition`` steps (the chunk of each mesh axis) and ``replicate`` steps. When every use of a
@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from typing_extensions import assert_never
 
+from unity_eq.collectives import torch_autograd as coll
+from unity_eq.collectives import torch_op as _op
 from unity_eq.errors import PlanError
 from unity_eq.planfile import (
     CombineStepRecord,
@@ -39,7 +41,6 @@ from unity_eq.planfile import (
     ReplicateStepRecord,
     WeightStepRecord,
 )
-from unity_eq.train import collectives as coll
 from unity_eq.train.torch_ops import refuse_unknown, run_op
 
 __all__ = ["RankModule", "Region", "depends_on_inputs"]
@@ -220,7 +221,7 @@ class RankModule(torch.nn.Module):
         value, own = self._base(chain.name)
         if chain.parts != own:
             for dim, axis in chain.parts:
-                value = coll.partition(value, self.groups[axis], dim)
+                value = _op("partition")(value, self.groups[axis], {"dim": dim})
         for axis, out in chain.replicates:
             value = self._replicate(out, value, axis, coll.GRADIENT)
         return value
@@ -250,7 +251,7 @@ class RankModule(torch.nn.Module):
         remembered in ``gradless``: plan.json may price it, and ``check --training`` says so."""
         if not value.requires_grad:
             self.gradless.add(out)
-        return coll.replicate(value, self.groups[axis], phase)
+        return _op("replicate")(value, self.groups[axis], {"phase": phase})
 
     def forward(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         env: dict[str, torch.Tensor] = {}
@@ -277,7 +278,7 @@ class RankModule(torch.nn.Module):
                     else:
                         if not env[src].requires_grad:
                             self.gradless.add(out)
-                        env[out] = coll.partition(env[src], self.groups[axis], dim)
+                        env[out] = _op("partition")(env[src], self.groups[axis], {"dim": dim})
                 case ReplicateStepRecord(out=out, src=src, axis=axis):
                     if src in chains:
                         c = chains[src]
@@ -286,9 +287,9 @@ class RankModule(torch.nn.Module):
                         phase = coll.BACKWARD if src in self.from_inputs else coll.GRADIENT
                         env[out] = self._replicate(out, env[src], axis, phase)
                 case CombineStepRecord(out=out, src=src, dim=dim, axis=axis):
-                    env[out] = coll.all_gather(read(src), self.groups[axis], dim)
+                    env[out] = _op("all_gather")(read(src), self.groups[axis], {"dim": dim})
                 case ReduceStepRecord(out=out, src=src, axis=axis):
-                    env[out] = coll.all_reduce(read(src), self.groups[axis])
+                    env[out] = _op("all_reduce")(read(src), self.groups[axis], {})
                 case ComputeStepRecord():
                     self._compute(step, read, env)
                 case _:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, WeightStepRecord, read_explain_record
-from unity_eq.train import collectives as coll
 from unity_eq.train.rank import RankModule, Region
 
 __all__ = ["RankTrainer", "load_rank", "loss_of", "mesh_groups", "read_training_plan"]
