@@ -93,7 +93,7 @@ def test_bad_extractor_options_exit_with_one_line(examples: Path, capsys: pytest
 
     model = str(examples / "mlp.onnx")
     assert cli_main(["optimize", model, "--devices", "2", "--extractor", "exact", "-q"]) == 2
-    assert "error: `--extractor`: expected greedy or ilp" in capsys.readouterr().err
+    assert "error: `--extractor`: expected greedy, differentiable or ilp" in capsys.readouterr().err
     assert cli_main(["optimize", model, "--devices", "2", "--extractor", "ilp", "--ilp-time-limit", "-1", "-q"]) == 2
     assert "error: `--ilp-time-limit` must be positive" in capsys.readouterr().err
 
