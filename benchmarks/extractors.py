@@ -3,8 +3,9 @@
 Each case runs in a fresh process (`--case`): `optimize` with the greedy extractor (every mesh tried), then the
 chosen mesh's plan re-extracted three ways with the same restriction and memory penalty: greedy again (timed
 alone), the differentiable search (seeded with greedy's plan), and the ILP (seeded with the cheaper of the
-two, `--ilp-time-limit`). Each plan is priced by the same builder and checked against device memory. Results go
-to benchmarks/results/extractors.json and .md (or `--out`).
+two, `--ilp-time-limit`). Each plan is priced by the same builder and checked against device memory. `import
+torch` is timed apart (a process pays it once). Results go to benchmarks/results/extractors.json and .md (or
+`--out`).
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ DEFAULT_CASES = [
 def _model_path(model: str) -> str:
     if model.startswith("bert-768x"):
         return str(layer_sweep_model(int(model.split("x")[-1])))
-    if model == "megatron-layer":
-        return model
+    if model == "megatron-layer" or model not in MODELS:
+        return model  # megatron-layer, or a path
     return str(MODELS[model].path())
 
 
-def measure(model: str, gpus: int, ilp_limit: float) -> dict[str, Any]:
+def measure(model: str, gpus: int, ilp_limit: float, all_meshes: bool = False) -> dict[str, Any]:
     """One case, in this process (see the module docstring)."""
     from unity_eq import optimize
     from unity_eq.memory import plan_memory
@@ -61,6 +62,10 @@ def measure(model: str, gpus: int, ilp_limit: float) -> dict[str, Any]:
         if search.split is not None
         else "whole",
     }
+    began = time.perf_counter()
+    import torch  # noqa: F401 - timed apart: a process pays it once, at its first differentiable extraction
+
+    row["torch_import_s"] = round(time.perf_counter() - began, 3)
     runs: dict[str, Any] = {}
     for method in ("greedy", "differentiable", "ilp"):
         began = time.perf_counter()
@@ -77,7 +82,31 @@ def measure(model: str, gpus: int, ilp_limit: float) -> dict[str, Any]:
             runs[method]["max_gap"] = max((r.gap for r in extraction.ilp), default=0.0)
             runs[method]["all_optimal"] = all(r.optimal for r in extraction.ilp)
     row["runs"] = runs
+    if all_meshes:
+        row["meshes"] = _every_mesh(search)
     return row
+
+
+def _every_mesh(search: Any) -> dict[str, Any]:
+    """Greedy against differentiable (unrestricted, no memory penalty) on every mesh the search extracted."""
+    from unity_eq.extract import Restriction
+    from unity_eq.memory import plan_memory
+
+    found: dict[str, Any] = {}
+    for label, extractor in search.extractors.items():
+        began = time.perf_counter()
+        greedy = extractor.extract(Restriction())
+        middle = time.perf_counter()
+        relaxed = extractor.extract(Restriction(), method="differentiable")
+        plan = relaxed.stages["differentiable"]
+        found[label] = {
+            "greedy_s": greedy.plan.cost.total,
+            "differentiable_s": plan.cost.total,
+            "fits": plan_memory(plan).fits,
+            "greedy_seconds": round(middle - began, 3),
+            "differentiable_seconds": round(time.perf_counter() - middle, 3),
+        }
+    return found
 
 
 def rows_markdown(rows: list[dict[str, Any]]) -> list[str]:
@@ -111,17 +140,18 @@ def main() -> int:
     parser.add_argument("--ilp-time-limit", type=float, default=30.0)
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "extractors.json")
+    parser.add_argument("--all-meshes", action="store_true", help="also greedy vs differentiable on every mesh")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # MODEL:GPUS, in this process (the child)
     args = parser.parse_args()
     if args.case:
         model, gpus = args.case.rsplit(":", 1)
-        print(json.dumps(measure(model, int(gpus), args.ilp_time_limit)))
+        print(json.dumps(measure(model, int(gpus), args.ilp_time_limit, args.all_meshes)))
         return 0
     cases = [(m, int(g)) for m, g in (c.rsplit(":", 1) for c in args.cases.split(","))] if args.cases else DEFAULT_CASES
     rows = []
     for model, gpus in cases:
         cmd = [sys.executable, "-m", "benchmarks.extractors", "--case", f"{model}:{gpus}"]
-        cmd += ["--ilp-time-limit", str(args.ilp_time_limit)]
+        cmd += ["--ilp-time-limit", str(args.ilp_time_limit)] + (["--all-meshes"] if args.all_meshes else [])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout, check=False)
             out = proc.stdout.strip().splitlines()
@@ -137,7 +167,26 @@ def main() -> int:
         args.out.write_text(json.dumps({"meta": meta, "suite": "extractors", "results": rows}, indent=1))
         args.out.with_suffix(".md").write_text("\n".join(rows_markdown(rows)) + "\n")
     print("\n".join(rows_markdown(rows)))
+    if args.all_meshes:
+        args.out.with_suffix(".md").write_text("\n".join([*rows_markdown(rows), "", *mesh_markdown(rows)]) + "\n")
     return 0
+
+
+def mesh_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """Every mesh of every case: greedy's unrestricted plan against the differentiable one."""
+    lines = [
+        "| model | GPUs | mesh | greedy ms | differentiable ms | saving | greedy s | differentiable s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for label, m in (r.get("meshes") or {}).items():
+            saving = (m["greedy_s"] - m["differentiable_s"]) / m["greedy_s"]
+            lines.append(
+                f"| {r['model']} | {r['gpus']} | {label} | {m['greedy_s'] * 1e3:.4f} | "
+                f"{m['differentiable_s'] * 1e3:.4f}{'' if m['fits'] else ' (no fit)'} | {saving:.2%} | "
+                f"{m['greedy_seconds']:.2f} | {m['differentiable_seconds']:.2f} |"
+            )
+    return lines
 
 
 if __name__ == "__main__":

@@ -202,7 +202,14 @@ def optimize(
     report = result.report()
     if refined is not None:
         assert report.extraction is not None
-        report = replace(report, extraction=replace(report.extraction, **refined.fields()))
+        extraction = replace(
+            report.extraction,
+            winner=refined.winner,
+            winner_saving=refined.saving,
+            differentiable=refined.differentiable,
+            ilp=refined.ilp,
+        )
+        report = replace(report, extraction=extraction)
     plan.report = replace(report, memory=trial.memory.to_record(), cost=cost_breakdown(plan))
     if table is not None:
         device = table.meta.get("device", {}).get("description")
@@ -279,14 +286,6 @@ class Refined:
     saving: float
     differentiable: DifferentiableRecord | None
     ilp: IlpRecord | None
-
-    def fields(self) -> dict[str, object]:
-        return {
-            "winner": self.winner,
-            "winner_saving": self.saving,
-            "differentiable": self.differentiable,
-            "ilp": self.ilp,
-        }
 
 
 def _refine(result: SearchResult, method: str, time_limit: float, say: Progress) -> Refined:
