@@ -198,29 +198,37 @@ class BlockExtractor:
             return Extraction(self._stitch(chosen, options, {}), restriction, penalty)
         pieces = self.saturation.split.pieces
         wanted = list(dict.fromkeys((p.signature, q, o) for p, (q, o) in zip(pieces, chosen, strict=True)))
-        seeds = {key: self._seed(key, options) for key in wanted}
+        seeds = {fragment: self._seed(fragment, options) for fragment in wanted}
         result = Extraction(self._stitch(chosen, options, seeds), restriction, penalty)
         result.stages["greedy"] = result.plan
-        stages = ["differentiable"] + (["ilp"] if method == "ilp" else [])
-        budget = time_limit_s / max(len(wanted), 1)
-        for stage in stages:
-            for key in wanted:
-                signature, in_key, out_key = key
-                sol = self.saturation.solutions[signature]
-                option = options[(signature, in_key)]
-                roots = self._fragment_roots(sol, out_key)
-                chooser: Chooser = (
-                    IlpChooser(budget)
-                    if stage == "ilp"
-                    else DifferentiableChooser(memory=self.extractors[signature].node_memory())
-                )
-                found = chooser.choose(sol.data, option.totals, roots, seeds[key])
-                seeds[key] = found.choice
-                result.ilp.extend(found.reports)
-                result.relaxed.extend(found.relaxed)
-            result.stages[stage] = self._stitch(chosen, options, seeds)
-        result.plan = result.stages[stages[-1]]
+        for stage in ["differentiable"] + (["ilp"] if method == "ilp" else []):
+            self._refine(stage, seeds, options, time_limit_s / max(len(wanted), 1), result)
+            result.stages[stage] = result.plan = self._stitch(chosen, options, seeds)
         return result
+
+    def _refine(
+        self,
+        stage: str,
+        seeds: dict[tuple[str, Key | None, Key], dict[str, ENode]],
+        options: dict[tuple[str, Key | None], _Option],
+        time_limit_s: float,
+        result: Extraction,
+    ) -> None:
+        """Re-extract each fragment of ``seeds`` with the ``stage`` chooser from its current choice, in place;
+        the choosers' reports go to ``result``."""
+        for fragment, seed in seeds.items():
+            signature, in_key, out_key = fragment
+            sol = self.saturation.solutions[signature]
+            option = options[(signature, in_key)]
+            chooser: Chooser = (
+                IlpChooser(time_limit_s)
+                if stage == "ilp"
+                else DifferentiableChooser(memory=self.extractors[signature].node_memory())
+            )
+            found = chooser.choose(sol.data, option.totals, self._fragment_roots(sol, out_key), seed)
+            seeds[fragment] = found.choice
+            result.ilp.extend(found.reports)
+            result.relaxed.extend(found.relaxed)
 
     def _seed(
         self, key: tuple[str, Key | None, Key], options: dict[tuple[str, Key | None], _Option]

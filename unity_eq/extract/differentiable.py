@@ -164,6 +164,8 @@ class DifferentiableChooser:
             with torch.no_grad():
                 weight = torch.where(excess > 0, weight * 1.1, weight)  # grows until the expected plan fits
             if (step + 1) % self.round_every == 0 or step == self.steps - 1:
+                if not bool(torch.isfinite(logits).all()):
+                    raise ExtractionError("internal error: the differentiable extractor's logits are not finite")
                 for row in objective.round(logits.detach()):
                     key = tuple(row.tolist())
                     if key not in seen:

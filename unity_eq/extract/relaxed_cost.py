@@ -33,12 +33,16 @@ class RelaxedCost:
     """Callable ``(logits [S, N], tau, weight [S]) → (surrogate loss, expected cost [S], memory excess [S])``;
     the surrogate's gradient in the logits is the gradient of ``cost + weight · excess``."""
 
-    def __init__(self, problem: Relaxed, device: str, scale: float, budget: float, sweeps: int = 3) -> None:
+    def __init__(
+        self, problem: Relaxed, device: str, scale: float, budget: float, sweeps: int = 3, dtype: Any = None
+    ) -> None:
         import torch
+
+        real = dtype if dtype is not None else torch.float32
 
         def tensor(values: np.ndarray) -> Any:
             tensor = torch.as_tensor(values)
-            return tensor.to(device, torch.float32 if tensor.is_floating_point() else tensor.dtype)
+            return tensor.to(device, real if tensor.is_floating_point() else tensor.dtype)
 
         self.torch = torch
         self.count = len(problem.classes)
@@ -74,11 +78,12 @@ class RelaxedCost:
     def _zeros(self, rows: int, size: int, like: Any) -> Any:
         return self.torch.zeros(rows, size, dtype=like.dtype, device=like.device)
 
-    def _sweep(self, r: Any, p: Any) -> Any:
-        """One Jacobi step of the reach fixed point."""
+    def _sweep(self, r: Any, p: Any) -> tuple[Any, Any, Any]:
+        """One Jacobi step of the reach fixed point: the new reach, and the edges' ``q = r·p`` and, per class,
+        the probability ``Π (1 − q)`` that no edge reaches it, both from the old reach."""
         q = (r.index_select(1, self.edge_parent) * p.index_select(1, self.edge_node)).clamp(max=CLAMP)
         logs = self._zeros(p.shape[0], self.count, p).index_add(1, self.edge_child, self.torch.log1p(-q))
-        return (-self.torch.expm1(logs)).index_fill(1, self.roots, 1.0)
+        return (-self.torch.expm1(logs)).index_fill(1, self.roots, 1.0), q, self.torch.exp(logs)
 
     def __call__(self, logits: Any, tau: float, weight: Any) -> tuple[Any, Any, Any]:
         torch = self.torch
@@ -89,7 +94,8 @@ class RelaxedCost:
             fresh = self.reach is None
             r = self._zeros(rows, self.count, pd).index_fill(1, self.roots, 1.0) if fresh else self.reach
             for _ in range(self.depth if fresh else self.sweeps):
-                r = self._sweep(r, pd)
+                before = r
+                r, q, miss = self._sweep(r, pd)
             r_node = r.index_select(1, self.node_class)
             direct = r_node * pd
             cost = direct @ self.cost
@@ -99,14 +105,15 @@ class RelaxedCost:
                 excess = torch.relu(direct @ self.memory - 1.0)
                 price = price + (weight * (excess > 0))[:, None] * self.memory
             own = self._zeros(rows, self.count, pd).index_add(1, self.node_class, pd * price)
-            q = (r.index_select(1, self.edge_parent) * pd.index_select(1, self.edge_node)).clamp(max=CLAMP)
-            slope = (1 - r.index_select(1, self.edge_child)) / (1 - q)  # ∂r[child]/∂q per edge
+            # ∂r[child]/∂q per edge, Π of the other edges' (1 − q): at most 1. Taken from the last sweep's own q (a
+            # reach a few sweeps stale could make it huge and the adjoint overflow)
+            slope = (miss.index_select(1, self.edge_child) / (1 - q)).clamp(max=1.0)
             a = own if fresh else self.adjoint
             through = slope * pd.index_select(1, self.edge_node)
             for _ in range(self.depth if fresh else self.sweeps):
                 pushed = a.index_select(1, self.edge_child) * through
                 a = own + self._zeros(rows, self.count, pd).index_add(1, self.edge_parent, pushed)
-            edge_grad = a.index_select(1, self.edge_child) * slope * r.index_select(1, self.edge_parent)
+            edge_grad = a.index_select(1, self.edge_child) * slope * before.index_select(1, self.edge_parent)
             grad = r_node * price + self._zeros(rows, pd.shape[1], pd).index_add(1, self.edge_node, edge_grad)
             self.reach, self.adjoint = r, a
         return (p * grad).sum(), cost, excess
