@@ -42,13 +42,14 @@ def _model_path(model: str) -> str:
     return str(MODELS[model].path())
 
 
-def measure(model: str, gpus: int, ilp_limit: float, all_meshes: bool = False) -> dict[str, Any]:
+def measure(model: str, gpus: int, ilp_limit: float, all_meshes: bool = False, a100: bool = False) -> dict[str, Any]:
     """One case, in this process (see the module docstring)."""
     from unity_eq import optimize
     from unity_eq.memory import plan_memory
 
     start = time.perf_counter()
-    result = optimize(load_model(_model_path(model)), objective="training", **machine_kwargs(MACHINES[gpus]))
+    machine = {"devices": gpus} if a100 else machine_kwargs(MACHINES[gpus])
+    result = optimize(load_model(_model_path(model)), objective="training", **machine)
     search = result.search
     assert search is not None
     trial = search.trial
@@ -141,17 +142,19 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "extractors.json")
     parser.add_argument("--all-meshes", action="store_true", help="also greedy vs differentiable on every mesh")
+    parser.add_argument("--a100", action="store_true", help="`--devices N` (N A100-80G in one node), not h100x8")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # MODEL:GPUS, in this process (the child)
     args = parser.parse_args()
     if args.case:
         model, gpus = args.case.rsplit(":", 1)
-        print(json.dumps(measure(model, int(gpus), args.ilp_time_limit, args.all_meshes)))
+        print(json.dumps(measure(model, int(gpus), args.ilp_time_limit, args.all_meshes, args.a100)))
         return 0
     cases = [(m, int(g)) for m, g in (c.rsplit(":", 1) for c in args.cases.split(","))] if args.cases else DEFAULT_CASES
     rows = []
     for model, gpus in cases:
         cmd = [sys.executable, "-m", "benchmarks.extractors", "--case", f"{model}:{gpus}"]
         cmd += ["--ilp-time-limit", str(args.ilp_time_limit)] + (["--all-meshes"] if args.all_meshes else [])
+        cmd += ["--a100"] if args.a100 else []
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout, check=False)
             out = proc.stdout.strip().splitlines()
