@@ -76,6 +76,7 @@ class DifferentiableChooser:
     device: str = "auto"
     bias: float = 4.0  # added to the start choice's logits: row 0 starts at it, the last row unbiased
     round_every: int = 20
+    elements: int = 1 << 16  # starts × e-nodes at most (see rows)
     name: str = "differentiable"
     reports: list[RelaxReport] = field(default_factory=list)
 
@@ -109,7 +110,7 @@ class DifferentiableChooser:
             objective=best_cost,
             relaxed_best=relaxed_best,
             kept=best is not start,
-            starts=self.starts,
+            starts=self.rows(len(problem.nodes)),
             steps=self.steps,
             seconds=time.perf_counter() - began,
             device=device,
@@ -119,6 +120,11 @@ class DifferentiableChooser:
         )
         self.reports.append(report)
         return Chosen(best, relaxed=[report])
+
+    def rows(self, nodes: int) -> int:
+        """Starts to run on an e-graph of ``nodes`` e-nodes: ``starts``, fewer (at least 4) when starts × nodes
+        would pass ``elements``, so that a step's cost stays bounded on a large e-graph."""
+        return max(min(self.starts, self.elements // max(nodes, 1)), min(4, self.starts))
 
     def _fits(self, choice: dict[str, ENode], roots: list[str], budget: float) -> bool:
         return self.memory is None or self._proxy(choice, roots) <= budget * (1 + 1e-9)
@@ -145,15 +151,16 @@ class DifferentiableChooser:
 
         generator = torch.Generator().manual_seed(self.seed)
         objective = RelaxedCost(problem, device, scale, budget)
-        logits = torch.randn(self.starts, len(problem.nodes), generator=generator, dtype=dtype)
+        starts = self.rows(len(problem.nodes))
+        logits = torch.randn(starts, len(problem.nodes), generator=generator, dtype=dtype)
         has_start = problem.start >= 0
         favourite = torch.as_tensor(problem.start[has_start])
         logits[0].zero_()
-        logits[:, favourite] += torch.linspace(self.bias, 0.0, self.starts, dtype=dtype)[:, None]
+        logits[:, favourite] += torch.linspace(self.bias, 0.0, starts, dtype=dtype)[:, None]
         logits = logits.to(device).requires_grad_(True)
         adam = _Adam(logits, self.learning_rate)
         hot, cold = self.temperature
-        weight = torch.ones(self.starts, dtype=dtype, device=device)
+        weight = torch.ones(starts, dtype=dtype, device=device)
         seen: dict[tuple[int, ...], dict[str, ENode]] = {}
         for step in range(self.steps):
             tau = hot * (cold / hot) ** (step / max(self.steps - 1, 1))
