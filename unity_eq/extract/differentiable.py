@@ -100,6 +100,8 @@ class DifferentiableChooser:
             )
             for _, _, choice in priced[:2]:  # adopting multi-output nodes is slow: only for the best two
                 choice = adopt_multi_outputs(data, choice, totals, roots)
+                if not self._fits(choice, roots, budget):
+                    continue
                 cost = dag_cost(choice, roots, totals)
                 relaxed_best = min(relaxed_best, cost)
                 if cost < best_cost * (1 - 1e-9):
