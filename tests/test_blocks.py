@@ -113,6 +113,10 @@ def test_ilp_with_blocks(bert: dict[int, Path]) -> None:
     extraction = result.plan.report.extraction
     report = extraction.ilp if extraction else None
     assert report is not None and report.programs and report.ilp_total_s <= report.greedy_total_s * (1 + 1e-9)
+    assert extraction is not None and extraction.differentiable is not None  # ilp runs the relaxed search first
+    assert extraction.differentiable.programs == len(report.programs)  # one per fragment of the chain
+    assert extraction.differentiable.differentiable_total_s <= report.greedy_total_s * (1 + 1e-12)
+    assert extraction.winner in ("greedy", "differentiable", "ilp")
 
 
 def test_block_plans_do_not_depend_on_string_hashing(examples: Path, tmp_path: Path) -> None:
