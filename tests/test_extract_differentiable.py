@@ -159,3 +159,27 @@ def test_differentiable_extractor_in_the_pipeline(examples: Path, tmp_path: Path
     assert math.isclose(result.plan.cost.total, min(record["differentiable_total_s"], record["greedy_total_s"]))
     assert plan_memory(result.plan).fits and result.plan.validate() == []
     assert check(examples / "mlp.onnx", tmp_path / "p").passed
+
+
+def test_stage_search_pieces_get_the_differentiable_option() -> None:
+    """`price_pieces(extractor="differentiable")`: every piece keeps its greedy options, and a differentiable one
+    is added only when its plan is cheaper than greedy's unrestricted plan."""
+    from blocks import transformer_graph
+
+    from unity_eq.cost import TRAINING
+    from unity_eq.machine import load_machine
+    from unity_eq.rulesets import default_rule_files
+    from unity_eq.stages import price_pieces
+
+    def graph_at(batch: int):  # type: ignore[no-untyped-def]
+        return transformer_graph("am", batch=batch, seq=16, hidden=32, ffn=64, heads=2, layers=2, dtype="float32")
+
+    rules = load_rule_files(default_rule_files(False))
+    machine = load_machine("a100x8", nodes=1)
+    table = price_pieces(graph_at, [1], [2], machine, TRAINING, rules, extractor="differentiable")
+    for options in table.costs(2, 1):
+        names = [o.extraction for o in options]
+        assert names[0] == "greedy" and len(set(names)) == len(names)
+        for option in options:
+            if option.extraction == "differentiable":
+                assert option.plan.cost.total < options[0].plan.cost.total
