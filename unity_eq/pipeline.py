@@ -31,6 +31,8 @@ from unity_eq.stages.run import PipelineResult
 if TYPE_CHECKING:
     import onnx
 
+    from unity_eq.extract import Extraction
+
 __all__ = ["OptimizeResult", "lower_stages", "machine_for", "optimize", "optimize_pipeline", "write_spmd"]
 
 Progress = Callable[[str], None]
@@ -309,19 +311,7 @@ def _refine(result: SearchResult, method: str, time_limit: float, say: Progress)
     if winner != "greedy":
         result.plan, trial.plan, trial.memory = best, best, memory
     saving = (greedy_cost - best.cost.total) / greedy_cost if greedy_cost > 0 else 0.0
-    relaxed = refined.relaxed
-    differentiable = DifferentiableRecord(
-        greedy_total_s=greedy_cost,
-        differentiable_total_s=plans["differentiable"].cost.total,
-        improvement=(greedy_cost - plans["differentiable"].cost.total) / greedy_cost if greedy_cost > 0 else 0.0,
-        fits=fitting["differentiable"],
-        programs=len(relaxed),
-        improved_programs=sum(r.kept for r in relaxed),
-        starts=relaxed[0].starts if relaxed else 0,
-        steps=relaxed[0].steps if relaxed else 0,
-        seconds=round(sum(r.seconds for r in relaxed), 3),
-        device=relaxed[0].device if relaxed else "cpu",
-    )
+    differentiable = _differentiable_record(refined, plans["differentiable"], fitting["differentiable"], greedy_cost)
     gaps = [r.gap for r in refined.ilp]
     ilp = None
     if method == "ilp":
@@ -341,6 +331,23 @@ def _refine(result: SearchResult, method: str, time_limit: float, say: Progress)
         + f" ({time.perf_counter() - began:.1f} s)"
     )
     return Refined(winner, saving, differentiable, ilp)
+
+
+def _differentiable_record(refined: Extraction, plan: Plan, fits: bool, greedy_cost: float) -> DifferentiableRecord:
+    """plan.json's ``extraction.differentiable``: its plan against greedy's, and how the searches ran."""
+    relaxed = refined.relaxed
+    return DifferentiableRecord(
+        greedy_total_s=greedy_cost,
+        differentiable_total_s=plan.cost.total,
+        improvement=(greedy_cost - plan.cost.total) / greedy_cost if greedy_cost > 0 else 0.0,
+        fits=fits,
+        programs=len(relaxed),
+        improved_programs=sum(r.kept for r in relaxed),
+        starts=relaxed[0].starts if relaxed else 0,
+        steps=relaxed[0].steps if relaxed else 0,
+        seconds=round(sum(r.seconds for r in relaxed), 3),
+        device=relaxed[0].device if relaxed else "cpu",
+    )
 
 
 def _saturation(saturation: SaturationResult, enodes: int) -> SaturationRecord:
