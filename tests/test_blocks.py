@@ -93,7 +93,7 @@ def test_bad_extractor_options_exit_with_one_line(examples: Path, capsys: pytest
 
     model = str(examples / "mlp.onnx")
     assert cli_main(["optimize", model, "--devices", "2", "--extractor", "exact", "-q"]) == 2
-    assert "error: `--extractor`: expected greedy or ilp" in capsys.readouterr().err
+    assert "error: `--extractor`: expected greedy, differentiable or ilp" in capsys.readouterr().err
     assert cli_main(["optimize", model, "--devices", "2", "--extractor", "ilp", "--ilp-time-limit", "-1", "-q"]) == 2
     assert "error: `--ilp-time-limit` must be positive" in capsys.readouterr().err
 
@@ -113,6 +113,10 @@ def test_ilp_with_blocks(bert: dict[int, Path]) -> None:
     extraction = result.plan.report.extraction
     report = extraction.ilp if extraction else None
     assert report is not None and report.programs and report.ilp_total_s <= report.greedy_total_s * (1 + 1e-9)
+    assert extraction is not None and extraction.differentiable is not None  # ilp runs the relaxed search first
+    assert extraction.differentiable.programs == len(report.programs)  # one per fragment of the chain
+    assert extraction.differentiable.differentiable_total_s <= report.greedy_total_s * (1 + 1e-12)
+    assert extraction.winner in ("greedy", "differentiable", "ilp")
 
 
 def test_block_plans_do_not_depend_on_string_hashing(examples: Path, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from unity_eq.lower import LoweredPlan, check_output_dir, lower, refuse_missing_
 from unity_eq.machine import Machine, default_machine
 from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
-from unity_eq.planfile import IlpRecord, ProfileStatsRecord, SaturationRecord
+from unity_eq.planfile import DifferentiableRecord, IlpRecord, ProfileStatsRecord, SaturationRecord
 from unity_eq.profile_table import ProfileTable, load_profile
 from unity_eq.progress import Tracker
 from unity_eq.report import cost_breakdown
@@ -30,6 +30,8 @@ from unity_eq.stages.run import PipelineResult
 
 if TYPE_CHECKING:
     import onnx
+
+    from unity_eq.extract import Extraction
 
 __all__ = ["OptimizeResult", "lower_stages", "machine_for", "optimize", "optimize_pipeline", "write_spmd"]
 
@@ -109,8 +111,10 @@ def optimize(
     ``generated_rules=False`` leaves the generated rules (rules/generated/, docs/generate.md) out of the
     default manifest; ``rule_files`` replaces the manifest altogether.
     ``blocks`` (auto, on, off): optimize large models piece by piece, reusing repeated blocks.
-    ``extractor="ilp"`` re-extracts the chosen plan exactly (HiGHS, greedy as incumbent, ``ilp_time_limit``
-    seconds) and keeps it when it is cheaper and fits; plan.json's ``extraction.ilp`` reports the gap.
+    ``extractor="differentiable"`` re-extracts the chosen plan with the relaxed search (unity_eq.extract.
+    differentiable, seeded with greedy's plan); ``extractor="ilp"`` does that, then solves exactly (HiGHS, the
+    cheaper plan as incumbent, ``ilp_time_limit`` seconds); the cheapest plan that fits is kept, and plan.json's
+    ``extraction`` says which extractor won (``winner``), by how much, and the gap the ILP proved.
     ``tracker`` (unity_eq.progress) hears each mesh's progress and the device files written; without one,
     ``progress`` gets a line when a mesh starts and ends.
     ``model`` may be an ``onnx.ModelProto`` in memory (checked as a file is, left unchanged).
@@ -132,8 +136,8 @@ def optimize(
     if objective not in OBJECTIVES:
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
     goal = OBJECTIVES[objective]
-    if extractor not in ("greedy", "ilp"):
-        raise OptionError(f"`--extractor`: expected greedy or ilp, got {extractor!r}.")
+    if extractor not in ("greedy", "differentiable", "ilp"):
+        raise OptionError(f"`--extractor`: expected greedy, differentiable or ilp, got {extractor!r}.")
     if ilp_time_limit <= 0:
         raise OptionError(f"`--ilp-time-limit` must be positive, got {ilp_time_limit}.")
     if not 1 <= max_axes <= 3:
@@ -189,18 +193,25 @@ def optimize(
     timings["saturate_s"] = sum(t.saturate_s for t in result.trials)
     timings["extract_s"] = sum(t.extract_s for t in result.trials)
     timings["worker_s"] = timings["saturate_s"] + timings["extract_s"]
-    ilp_report = None
-    if extractor == "ilp":
+    refined: Refined | None = None
+    if extractor != "greedy":
         start = time.perf_counter()
-        ilp_report = _refine_exactly(result, ilp_time_limit, say)
-        timings["ilp_s"] = time.perf_counter() - start
+        refined = _refine(result, extractor, ilp_time_limit, say)
+        timings["ilp_s" if extractor == "ilp" else "differentiable_s"] = time.perf_counter() - start
     plan = result.plan
     assert trial.saturation is not None and trial.memory is not None
     plan.stats = replace(plan.stats, saturation=_saturation(trial.saturation, trial.enodes), timings=dict(timings))
     report = result.report()
-    if ilp_report is not None:
+    if refined is not None:
         assert report.extraction is not None
-        report = replace(report, extraction=replace(report.extraction, ilp=ilp_report))
+        extraction = replace(
+            report.extraction,
+            winner=refined.winner,
+            winner_saving=refined.saving,
+            differentiable=refined.differentiable,
+            ilp=refined.ilp,
+        )
+        report = replace(report, extraction=extraction)
     plan.report = replace(report, memory=trial.memory.to_record(), cost=cost_breakdown(plan))
     if table is not None:
         device = table.meta.get("device", {}).get("description")
@@ -269,30 +280,73 @@ def check_rule_files(paths: Sequence[Path]) -> None:
         raise RuleError(error)
 
 
-def _refine_exactly(result: SearchResult, time_limit: float, say: Progress) -> IlpRecord:
-    """Re-extract the chosen plan with the ILP (same mesh, restriction and memory penalty); keep it when it
-    is cheaper and fits. Returns the report for plan.json."""
+@dataclass(frozen=True)
+class Refined:
+    """What ``--extractor differentiable``/``ilp`` found, for plan.json's ``extraction``."""
+
+    winner: str
+    saving: float
+    differentiable: DifferentiableRecord | None
+    ilp: IlpRecord | None
+
+
+def _refine(result: SearchResult, method: str, time_limit: float, say: Progress) -> Refined:
+    """Re-extract the chosen plan (same mesh, restriction and memory penalty) with the differentiable search and,
+    for ``ilp``, the exact program after it; keep the cheapest plan that fits (greedy's unless one beats it)."""
     trial = result.trial
     chosen = next(e for e, _ in trial.extractions if e.plan is result.plan)
-    say(f"exact extraction (ILP) of mesh {trial.label}, up to {time_limit:g} s")
-    exact = result.extractors[trial.label].extract(chosen.restriction, chosen.penalty, "ilp", time_limit)
-    memory = plan_memory(exact.plan)
-    greedy_cost, exact_cost = result.plan.cost.total, exact.plan.cost.total
-    kept = memory.fits and exact_cost < greedy_cost * (1 - 1e-12)
-    if kept:
-        result.plan, trial.plan, trial.memory = exact.plan, exact.plan, memory
-    gaps = [r.gap for r in exact.ilp]
+    what = "differentiable extraction" + (f", then the ILP up to {time_limit:g} s" if method == "ilp" else "")
+    say(f"{what} of mesh {trial.label}")
+    began = time.perf_counter()
+    refined = result.extractors[trial.label].extract(chosen.restriction, chosen.penalty, method, time_limit)
+    greedy_cost = result.plan.cost.total
+    winner, best, memory = "greedy", result.plan, trial.memory
+    plans = {name: refined.stages[name] for name in ("differentiable", "ilp") if name in refined.stages}
+    fitting: dict[str, bool] = {}
+    for name, plan in plans.items():
+        usage = plan_memory(plan)
+        fitting[name] = usage.fits
+        if usage.fits and plan.cost.total < best.cost.total * (1 - 1e-12):
+            winner, best, memory = name, plan, usage
+    if winner != "greedy":
+        result.plan, trial.plan, trial.memory = best, best, memory
+    saving = (greedy_cost - best.cost.total) / greedy_cost if greedy_cost > 0 else 0.0
+    differentiable = _differentiable_record(refined, plans["differentiable"], fitting["differentiable"], greedy_cost)
+    gaps = [r.gap for r in refined.ilp]
+    ilp = None
+    if method == "ilp":
+        ilp = IlpRecord(
+            greedy_total_s=greedy_cost,
+            ilp_total_s=plans["ilp"].cost.total,
+            kept=winner,
+            programs=tuple(r.to_record() for r in refined.ilp),
+            max_gap=max(gaps, default=0.0),
+            all_optimal=all(r.optimal for r in refined.ilp),
+        )
+    gap = f", largest ILP gap {max(gaps, default=0.0):.1%}" if method == "ilp" else ""
+    costs = ", ".join(f"{name} {plan.cost.total * 1e3:.4f} ms" for name, plan in plans.items())
     say(
-        f"ILP: {exact_cost * 1e3:.4f} ms vs greedy {greedy_cost * 1e3:.4f} ms, "
-        f"largest gap {max(gaps, default=0.0):.1%}" + ("" if kept else "; greedy plan kept")
+        f"extractors: greedy {greedy_cost * 1e3:.4f} ms, {costs}{gap}; {winner} kept"
+        + (f" ({saving:.2%} cheaper than greedy)" if winner != "greedy" else "")
+        + f" ({time.perf_counter() - began:.1f} s)"
     )
-    return IlpRecord(
+    return Refined(winner, saving, differentiable, ilp)
+
+
+def _differentiable_record(refined: Extraction, plan: Plan, fits: bool, greedy_cost: float) -> DifferentiableRecord:
+    """plan.json's ``extraction.differentiable``: its plan against greedy's, and how the searches ran."""
+    relaxed = refined.relaxed
+    return DifferentiableRecord(
         greedy_total_s=greedy_cost,
-        ilp_total_s=exact_cost,
-        kept="ilp" if kept else "greedy",
-        programs=tuple(r.to_record() for r in exact.ilp),
-        max_gap=max(gaps, default=0.0),
-        all_optimal=all(r.optimal for r in exact.ilp),
+        differentiable_total_s=plan.cost.total,
+        improvement=(greedy_cost - plan.cost.total) / greedy_cost if greedy_cost > 0 else 0.0,
+        fits=fits,
+        programs=len(relaxed),
+        improved_programs=sum(r.kept for r in relaxed),
+        starts=relaxed[0].starts if relaxed else 0,
+        steps=relaxed[0].steps if relaxed else 0,
+        seconds=round(sum(r.seconds for r in relaxed), 3),
+        device=relaxed[0].device if relaxed else "cpu",
     )
 
 
@@ -325,13 +379,15 @@ def optimize_pipeline(
     stages: int | None = None,
     tensor: int | None = None,
     microbatches: int | None = None,
+    extractor: str = "greedy",
 ) -> PipelineResult:
     """``optimize --pipeline``: the stage search (unity_eq.stages) over pipeline stages, data replicas and tensor
     groups, microbatches, schedule, recomputation and ZeRO. With ``output_dir``, a plan directory: plan.json and
     one SPMD plan directory per stage (``stage<s>/``, unity_eq.lower.pipeline) that ``run`` and ``check`` run;
     ``plan_only`` writes plan.json alone (weights may then be absent). ``batch``: samples per step (default: the
     model's batch, dimension 0 of its inputs). ``stages``, ``tensor`` and ``microbatches`` restrict the search
-    to configurations with that many stages, devices per tensor group or microbatches per step."""
+    to configurations with that many stages, devices per tensor group or microbatches per step. ``extractor``
+    ``differentiable`` (or ``ilp``) adds each piece's differentiable extraction to its options."""
     from unity_eq.stages.run import graph_at_batch, plan_stages
     from unity_eq.stages.search import StageFilter
 
@@ -341,6 +397,8 @@ def optimize_pipeline(
         raise OptionError(f"`--objective`: expected inference or training, got {objective!r}.")
     if batch is not None and batch < 1:
         raise OptionError(f"`--batch` must be at least 1, got {batch}.")
+    if extractor not in ("greedy", "differentiable", "ilp"):
+        raise OptionError(f"`--extractor`: expected greedy, differentiable or ilp, got {extractor!r}.")
     for name, value in (("--stages", stages), ("--tensor", tensor), ("--microbatches", microbatches)):
         if value is not None and value < 1:
             raise OptionError(f"`{name}` must be at least 1, got {value}.")
@@ -370,6 +428,7 @@ def optimize_pipeline(
         say,
         only,
         static_batch=batched.static_batch,
+        extractor=extractor,
     )
     if lowering:
         assert target is not None

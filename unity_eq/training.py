@@ -167,7 +167,7 @@ def optimize_training(
     spmd_step = spmd_step_s(spmd.plan, chosen_machine, passes) if spmd is not None else None
     staged = None
     if batched is not None:
-        staged = _stage_search(batched, chosen_machine, say, notes, limits, rule_files, generated_rules)
+        staged = _stage_search(batched, chosen_machine, say, notes, limits, rule_files, generated_rules, extractor)
     piped = staged.search.best.step_s if staged is not None else None
     if spmd_step is None and piped is None:
         raise InfeasiblePlanError(" ".join(m for m in (spmd_error, *notes[-1:]) if m) or "no plan fits.")
@@ -193,6 +193,7 @@ def _stage_search(
     limits: Limits | None,
     rule_files: Sequence[Path] | None,
     generated_rules: bool,
+    extractor: str = "greedy",
 ) -> PipelineResult | None:
     """The stage search over pipelines of two or more stages; None (with a note saying why) when no layout has
     two stages or none fits."""
@@ -210,6 +211,7 @@ def _stage_search(
             say,
             min_stages=2,
             static_batch=batched.static_batch,
+            extractor=extractor,
         )
     except (OptionError, InfeasiblePlanError) as exc:  # reported: the summary says why no pipeline was chosen
         notes.append(f"no pipeline: {exc}")

@@ -53,7 +53,11 @@ def optimize(
     blocks: str = typer.Option(
         "auto", "--blocks", help="Optimize piece by piece, reusing repeated blocks: auto (large models), on, off."
     ),
-    extractor: str = typer.Option("greedy", "--extractor", help="greedy, or ilp (exact, seeded with greedy)."),
+    extractor: str = typer.Option(
+        "greedy",
+        "--extractor",
+        help="greedy; differentiable (a relaxed search seeded with greedy's plan); or ilp (both, then exact).",
+    ),
     ilp_time_limit: float = typer.Option(60.0, "--ilp-time-limit", help="Seconds for the ILP extraction."),
     check_plan: bool = typer.Option(
         False, "--check", help="Then run `unity-eq check` on the plan written (exit 1 when it does not match)."
@@ -137,7 +141,7 @@ def optimize(
         given = (
             ("--mesh", mesh is not None),
             ("--profile", profile is not None),
-            ("--extractor", extractor != "greedy"),
+            ("--extractor ilp", extractor == "ilp"),
             ("--blocks", blocks != "auto"),
             ("--weight-input", bool(weight_input)),
         )
@@ -147,7 +151,13 @@ def optimize(
         from unity_eq.pipeline import optimize_pipeline
 
         staged = optimize_pipeline(
-            model, batch=batch, stages=stages, tensor=tensor, microbatches=microbatches, **common
+            model,
+            batch=batch,
+            stages=stages,
+            tensor=tensor,
+            microbatches=microbatches,
+            extractor=extractor,
+            **common,
         )
         _print_pipeline_summary(staged)
         if check_plan and staged.plan_dir is not None:
@@ -285,6 +295,8 @@ def _print_plan_summary(result: Any, extra: list[tuple[str, str]] | None = None)
         for note in (choice.note, cheaper.note if cheaper else None, tie_break.note if tie_break else None):
             if note:
                 table.add_row("note", note)
+        if extraction.winner is not None:
+            table.add_row("extractor", _extractor_text(extraction))
     search = plan.report.mesh_search
     if search:
         runner = search.runner_up
@@ -302,6 +314,19 @@ def _print_plan_summary(result: Any, extra: list[tuple[str, str]] | None = None)
         only = " (plan.json only: --plan-only)" if result.lowered is not None and result.lowered.plan_only else ""
         table.add_row("written to", f"{result.plan_dir}{only}")
     out.print(table)
+
+
+def _extractor_text(extraction: Any) -> str:
+    """Which extractor's plan was kept, by how much it beat greedy's, and the gap the ILP proved."""
+    text = f"{extraction.winner} kept"
+    if extraction.winner != "greedy":
+        text += f", {extraction.winner_saving:.2%} cheaper than greedy"
+    relaxed = extraction.differentiable
+    if relaxed is not None:
+        text += f"; differentiable {relaxed.improvement:+.2%} vs greedy in {relaxed.seconds:.1f} s"
+    if extraction.ilp is not None:
+        text += f"; ILP gap ≤ {extraction.ilp.max_gap:.1%}" + (" (optimal)" if extraction.ilp.all_optimal else "")
+    return text
 
 
 def _print_pipeline_summary(result: Any, extra: list[tuple[str, str]] | None = None) -> None:

@@ -14,6 +14,9 @@ pricing         every e-node's cost on its local shapes; source kinds and value 
 chooser         the ``Chooser`` protocol and its greedy and ILP implementations
 greedy          the greedy DAG algorithm, cycle breaking, multi-output adoption
 ilp             the exact 0-1 program (HiGHS) with lazily added cycle constraints
+differentiable  ``DifferentiableChooser``: a softmax per e-class, annealed gradient descent (torch), rounded
+relax           the acyclic cut of the e-graph the differentiable search explores, as index arrays
+relaxed_cost    the expected plan's cost and memory excess, and their gradient (warm-started fixed points)
 build           one function from a choice to a Plan, used by every chooser and by the block DP
 baselines       ``Restriction``: which e-nodes the one-device, data- and tensor-parallel baselines may use
 extractor       ``Extractor``: one e-graph priced once, extracted under restrictions and memory penalties
@@ -28,6 +31,7 @@ from __future__ import annotations
 from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import build_plan, output_classes
 from unity_eq.extract.chooser import Choice, Chooser, Chosen, GreedyChooser, IlpChooser
+from unity_eq.extract.differentiable import DifferentiableChooser, RelaxReport
 from unity_eq.extract.extractor import Extraction, Extractor, extract_greedy
 from unity_eq.extract.greedy import greedy_dag
 from unity_eq.extract.ilp import IlpReport, extract_ilp
@@ -37,11 +41,13 @@ __all__ = [
     "Choice",
     "Chooser",
     "Chosen",
+    "DifferentiableChooser",
     "Extraction",
     "Extractor",
     "GreedyChooser",
     "IlpChooser",
     "IlpReport",
+    "RelaxReport",
     "Restriction",
     "build_plan",
     "extract_greedy",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from typing_extensions import assert_never
@@ -25,8 +24,9 @@ from unity_eq.egraph import (
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import PlanBuilder
-from unity_eq.extract.chooser import IlpChooser
-from unity_eq.extract.extractor import Extraction, Extractor
+from unity_eq.extract.chooser import Chooser, IlpChooser
+from unity_eq.extract.differentiable import DifferentiableChooser
+from unity_eq.extract.extractor import Extraction, Extractor, check_method
 from unity_eq.extract.greedy import dag_cost, greedy_dag, repair_choice
 from unity_eq.extract.pricing import INF
 from unity_eq.ir import Graph, Replicate, Shard
@@ -179,11 +179,12 @@ class BlockExtractor:
     ) -> Extraction:
         """The cheapest stitched plan: each piece extracted per incoming placement, DP over the cuts.
 
-        ``method="ilp"`` then re-extracts every distinct (piece, incoming, outgoing placement) of the chosen
-        chain exactly (unity_eq.extract.ilp), sharing ``time_limit_s`` between them.
+        ``method="differentiable"`` then re-extracts every distinct (piece, incoming, outgoing placement) of the
+        chosen chain with the relaxed search (unity_eq.extract.differentiable) from its greedy choice;
+        ``method="ilp"`` does that and then solves each exactly (unity_eq.extract.ilp) from the cheaper choice,
+        sharing ``time_limit_s`` between them. ``stages`` holds the stitched plan after each.
         """
-        if method not in ("greedy", "ilp"):
-            raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
+        check_method(method)
         restriction = restriction or Restriction()
         options: dict[tuple[str, Key | None], _Option] = {}
         for signature, sol in self.saturation.solutions.items():
@@ -193,34 +194,50 @@ class BlockExtractor:
                 if key is None or _allowed_key(key, restriction):
                     options[(signature, key)] = self._option(signature, key, totals)
         chosen = self._dynamic_program(options, restriction)
-        reports: list[Any] = []
-        exact: dict[tuple[str, Key | None, Key], dict[str, ENode]] = {}
-        if method == "ilp":
-            exact, reports = self._exact(chosen, options, time_limit_s)
-        plan = self._stitch(chosen, options, exact)
-        return Extraction(plan, restriction, penalty, reports)
+        if method == "greedy":
+            return Extraction(self._stitch(chosen, options, {}), restriction, penalty)
+        pieces = self.saturation.split.pieces
+        wanted = list(dict.fromkeys((p.signature, q, o) for p, (q, o) in zip(pieces, chosen, strict=True)))
+        seeds = {fragment: self._seed(fragment, options) for fragment in wanted}
+        result = Extraction(self._stitch(chosen, options, seeds), restriction, penalty)
+        result.stages["greedy"] = result.plan
+        for stage in ["differentiable"] + (["ilp"] if method == "ilp" else []):
+            self._refine(stage, seeds, options, time_limit_s / max(len(wanted), 1), result)
+            result.stages[stage] = result.plan = self._stitch(chosen, options, seeds)
+        return result
 
-    def _exact(
+    def _refine(
         self,
-        chain: list[tuple[Key | None, Key]],
+        stage: str,
+        seeds: dict[tuple[str, Key | None, Key], dict[str, ENode]],
         options: dict[tuple[str, Key | None], _Option],
         time_limit_s: float,
-    ) -> tuple[dict[tuple[str, Key | None, Key], dict[str, ENode]], list[Any]]:
-        """Exact extraction of each distinct fragment of the chain, seeded with its greedy choice."""
-        wanted = list(
-            dict.fromkeys((p.signature, q, o) for p, (q, o) in zip(self.saturation.split.pieces, chain, strict=True))
-        )
-        budget = time_limit_s / max(len(wanted), 1)
-        exact, reports = {}, []
-        for signature, in_key, out_key in wanted:
+        result: Extraction,
+    ) -> None:
+        """Re-extract each fragment of ``seeds`` with the ``stage`` chooser from its current choice, in place;
+        the choosers' reports go to ``result``."""
+        for fragment, seed in seeds.items():
+            signature, in_key, out_key = fragment
             sol = self.saturation.solutions[signature]
             option = options[(signature, in_key)]
-            roots = self._fragment_roots(sol, out_key)
-            seed = repair_choice(sol.data, option.choice, option.totals, roots)
-            chosen = IlpChooser(budget).choose(sol.data, option.totals, roots, seed)
-            exact[(signature, in_key, out_key)] = chosen.choice
-            reports.extend(chosen.reports)
-        return exact, reports
+            chooser: Chooser = (
+                IlpChooser(time_limit_s)
+                if stage == "ilp"
+                else DifferentiableChooser(memory=self.extractors[signature].node_memory())
+            )
+            found = chooser.choose(sol.data, option.totals, self._fragment_roots(sol, out_key), seed)
+            seeds[fragment] = found.choice
+            result.ilp.extend(found.reports)
+            result.relaxed.extend(found.relaxed)
+
+    def _seed(
+        self, key: tuple[str, Key | None, Key], options: dict[tuple[str, Key | None], _Option]
+    ) -> dict[str, ENode]:
+        """The greedy choice of one fragment of the chain, repaired (acyclic, multi-output nodes adopted)."""
+        signature, in_key, out_key = key
+        sol = self.saturation.solutions[signature]
+        option = options[(signature, in_key)]
+        return repair_choice(sol.data, option.choice, option.totals, self._fragment_roots(sol, out_key))
 
     def _side_roots(self, sol: PieceSolution) -> list[str]:
         """The e-classes of the side tensors the piece makes for later pieces (whole, replicated)."""

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.greedy import greedy_dag, parents_of, repair_choice
 from unity_eq.extract.ilp import IlpReport, ilp_choice
 from unity_eq.extract.pricing import as_costs
+
+if TYPE_CHECKING:
+    from unity_eq.extract.differentiable import RelaxReport
 
 __all__ = ["Choice", "Chooser", "Chosen", "GreedyChooser", "IlpChooser", "Unreachable"]
 
@@ -26,10 +29,12 @@ Choice = dict[str, ENode]
 
 @dataclass(frozen=True)
 class Chosen:
-    """A chooser's answer: the choice, and what an exact chooser proved about it."""
+    """A chooser's answer: the choice, what an exact chooser proved about it, and what a differentiable one
+    found (unity_eq.extract.differentiable)."""
 
     choice: Choice
     reports: list[IlpReport] = field(default_factory=list)
+    relaxed: list[RelaxReport] = field(default_factory=list)
 
 
 class Unreachable(ExtractionError):

@@ -1,5 +1,7 @@
 """The façade the search uses: one saturated e-graph priced once under one cost model, extracted under
-restrictions and memory penalties by a chain of choosers (greedy, then optionally the exact ILP).
+restrictions and memory penalties by a chain of choosers: greedy; ``differentiable`` adds the relaxed search
+(unity_eq.extract.differentiable) seeded with greedy's plan; ``ilp`` adds both it and the exact program, which
+starts from the cheaper of the two.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from unity_eq.errors import ExtractionError
 from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import PlanBuilder, build_plan, check_invariants, output_classes
 from unity_eq.extract.chooser import Choice, Chooser, GreedyChooser, IlpChooser, Unreachable
+from unity_eq.extract.differentiable import DifferentiableChooser, RelaxReport
 from unity_eq.extract.greedy import parents_of
 from unity_eq.extract.pricing import (
     INF,
@@ -39,6 +42,12 @@ class Extraction:
     restriction: Restriction
     penalty: float  # seconds per byte of per-device memory added to every node's cost
     ilp: list[Any] = field(default_factory=list)  # IlpReport of each exact extraction behind the plan
+    relaxed: list[RelaxReport] = field(default_factory=list)  # each differentiable extraction behind the plan
+    #: the plan after each chooser of the chain (greedy, differentiable, ilp), for the report's comparison
+    stages: dict[str, Plan] = field(default_factory=dict)
+
+
+METHODS = ("greedy", "differentiable", "ilp")
 
 
 class Extractor:
@@ -124,11 +133,16 @@ class Extractor:
         return totals
 
     def choosers(self, method: str, time_limit_s: float) -> list[Chooser]:
-        """``greedy``, or ``ilp``: the greedy choice refined by the exact program within ``time_limit_s``."""
-        if method not in ("greedy", "ilp"):
-            raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
-        greedy = GreedyChooser(self.parents)
-        return [greedy] if method == "greedy" else [greedy, IlpChooser(time_limit_s)]
+        """``greedy``; ``differentiable``: greedy's choice, then the relaxed search from it; ``ilp``: both, then
+        the exact program from the cheaper choice, within ``time_limit_s``."""
+        check_method(method)
+        chain: list[Chooser] = [GreedyChooser(self.parents)]
+        if method != "greedy":
+            capacity = min(self.model.machine.usable_memory(d) for d in self.model.mesh.devices)
+            chain.append(DifferentiableChooser(memory=self.node_memory(), budget=capacity))
+        if method == "ilp":
+            chain.append(IlpChooser(time_limit_s))
+        return chain
 
     def extract(
         self,
@@ -138,12 +152,14 @@ class Extractor:
         time_limit_s: float = 60.0,
     ) -> Extraction:
         """The cheapest plan using only nodes ``restriction`` allows; ``penalty`` adds seconds per byte of the
-        node memory proxy to steer towards plans that fit. ``method="ilp"`` refines the greedy plan with the
-        exact program of unity_eq.extract.ilp (greedy as the incumbent, within ``time_limit_s``)."""
+        node memory proxy to steer towards plans that fit. ``method`` names the chain of choosers
+        (:meth:`choosers`): the ILP gets ``time_limit_s``. ``stages`` holds the plan after each chooser."""
         restriction = restriction or Restriction()
         totals = self.totals(restriction, penalty)
         choice: Choice | None = None
         reports = []
+        relaxed: list[RelaxReport] = []
+        stages: dict[str, Plan] = {}
         for chooser in self.choosers(method, time_limit_s):
             try:
                 chosen = chooser.choose(self.data, totals, self.roots, choice)
@@ -152,9 +168,18 @@ class Extractor:
                 raise ExtractionError(builder.no_choice_message(exc.root)) from None
             choice = chosen.choice
             reports.extend(chosen.reports)
+            relaxed.extend(chosen.relaxed)
+            if method != "greedy":
+                stages[chooser.name] = build_plan(self.data, choice, self.costs, self.encoding, self.graph, self.model)
         assert choice is not None
         plan = build_plan(self.data, choice, self.costs, self.encoding, self.graph, self.model)
-        return Extraction(plan, restriction, penalty, reports)
+        return Extraction(plan, restriction, penalty, reports, relaxed, stages)
+
+
+def check_method(method: str) -> None:
+    """Refuse an unknown ``--extractor`` value."""
+    if method not in METHODS:
+        raise ExtractionError(f"`--extractor`: expected greedy, differentiable or ilp, got {method!r}")
 
 
 def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> Plan:

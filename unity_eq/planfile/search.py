@@ -145,6 +145,23 @@ class IlpRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DifferentiableRecord(Record):
+    """``--extractor differentiable`` (and ``ilp``, which runs it before the program): the relaxed search
+    (unity_eq.extract.differentiable) on the chosen mesh against greedy's plan."""
+
+    greedy_total_s: float
+    differentiable_total_s: float  # its plan's cost (greedy's when no rounded plan was cheaper)
+    improvement: float  # (greedy − differentiable) / greedy
+    fits: bool  # its plan fits in device memory
+    programs: int  # fragments searched (1 for a whole e-graph)
+    improved_programs: int  # of which the rounded plan beat greedy's
+    starts: int
+    steps: int
+    seconds: float
+    device: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExtractionRecord(Record):
     """``extraction``: how the plan was extracted and how memory was handled."""
 
@@ -156,6 +173,11 @@ class ExtractionRecord(Record):
     tie_break: TieBreakRecord | None
     plan_choice: PlanChoiceRecord
     ilp: IlpRecord | None = None
+    differentiable: DifferentiableRecord | None = None
+    #: with ``--extractor differentiable`` or ``ilp``: the extractor whose plan was kept (greedy, differentiable
+    #: or ilp) and its saving over greedy's plan, (greedy − kept) / greedy
+    winner: str | None = None
+    winner_saving: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -85,7 +85,10 @@ def _group_mesh(size: int, devices: Sequence[int] | None = None) -> Mesh:
     return Mesh(("x",), (size,), tuple(devices[:size]) if devices is not None else tuple(range(size)))
 
 
-def _extractions(extractor: Extractor) -> list[tuple[str, Plan]]:
+def _extractions(extractor: Extractor, method: str = "greedy") -> list[tuple[str, Plan]]:
+    """A piece's options: the unrestricted extraction, weights whole, one-axis tensor parallel; with ``method``
+    differentiable (or ilp: the stage search prices many pieces, so it runs the relaxed search only), also the
+    relaxed search's plan when it is cheaper than greedy's and fits."""
     found: list[tuple[str, Plan]] = []
     for restriction in (Restriction(), Restriction.data_parallel(strict=False), Restriction.tensor_parallel("x")):
         try:
@@ -95,6 +98,10 @@ def _extractions(extractor: Extractor) -> list[tuple[str, Plan]]:
                 raise
             continue
         found.append((restriction.name, extraction.plan))
+    if method != "greedy":
+        plan = extractor.extract(Restriction(), method="differentiable").plan
+        if plan.cost.total < found[0][1].cost.total * (1 - 1e-12) and plan_memory(plan).fits:
+            found.append(("differentiable", plan))
     return found
 
 
@@ -142,6 +149,7 @@ def _price_split(
     objective: Objective,
     rules: list[RuleFile],
     limits: Limits,
+    method: str = "greedy",
 ) -> tuple[list[dict[str, list[PieceCost]]], int, float]:
     """Each distinct piece of ``split`` saturated once on a tensor group of ``size`` devices (the e-graph
     does not depend on the devices), then extracted on each device group's first ``size`` devices."""
@@ -154,7 +162,8 @@ def _price_split(
             inputs = frozenset({sol.piece.stream_in}) if sol.piece.stream_in is not None else frozenset()
             extractor = Extractor(sol.data, sol.encoding, sol.graph, model, inputs)
             costs[signature] = [
-                _piece_cost(name, plan, split.graph, sol.piece, objective) for name, plan in _extractions(extractor)
+                _piece_cost(name, plan, split.graph, sol.piece, objective)
+                for name, plan in _extractions(extractor, method)
             ]
         found.append(costs)
     return found, saturation.total.enodes, saturation.total.seconds
@@ -173,10 +182,12 @@ def price_pieces(
     say: Say | None = None,
     groups: Sequence[Sequence[int]] | None = None,
     pairs: Sequence[tuple[int, int]] | None = None,
+    extractor: str = "greedy",
 ) -> PieceTable:
     """Saturate and extract every distinct piece for each microbatch and group size (``workers`` at a time),
     priced on each of the machine's device ``groups`` (one kind each; default: all devices as one group).
     ``pairs``: only these (group size, microbatch) pairs (``search.priced_pairs``), not every combination.
+    ``extractor``: ``differentiable`` or ``ilp`` adds each piece's differentiable extraction as an option.
 
     Raises OptionError when the model does not split into pieces, or splits differently at two microbatch
     sizes (a cut that depends on the batch: the stages could not be the same pieces)."""
@@ -210,7 +221,9 @@ def price_pieces(
 
     def run(job: tuple[int, int]) -> tuple[tuple[int, int], list[dict[str, list[PieceCost]]], int, float]:
         size, micro = job
-        found, enodes, seconds = _price_split(splits[micro], size, device_sets, machine, objective, rules, limits)
+        found, enodes, seconds = _price_split(
+            splits[micro], size, device_sets, machine, objective, rules, limits, extractor
+        )
         return job, found, enodes, seconds
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:

@@ -146,13 +146,16 @@ def plan_stages(
     *,
     min_stages: int = 1,
     static_batch: int | None = None,
+    extractor: str = "greedy",
 ) -> PipelineResult:
     """Price the pieces, search the configurations (those ``only`` admits), and (with ``output_dir``) write
     plan.json atomically. A forced tensor-group size is the only one priced (its pieces saturated alone).
     ``min_stages``: price only the (tensor group, microbatch) pairs of layouts with at least that many stages
     (the training search gives one stage to the SPMD search); one-stage configurations whose pairs were priced
     anyway still make ``without_pipeline``. ``static_batch``: the model's own batch when it is static, named in
-    errors. Raises OptionError when no layout has ``min_stages`` stages (``search.layouts``)."""
+    errors. ``extractor``: ``differentiable`` (or ``ilp``) adds each piece's differentiable extraction to its
+    options (unity_eq.stages.pieces). Raises OptionError when no layout has ``min_stages`` stages
+    (``search.layouts``)."""
     say = say or (lambda _m: None)
     start = time.perf_counter()
     if output_dir is not None:
@@ -178,7 +181,19 @@ def plan_stages(
         )
     shown = ", ".join(f"{t}×{b}" for t, b in pairs)
     say(f"stage search: pricing pieces at {len(pairs)} (tensor group × microbatch) sizes: {shown}")
-    table = price_pieces(graph_at, micro, sizes, machine, objective, rules, limits, say=say, groups=groups, pairs=pairs)
+    table = price_pieces(
+        graph_at,
+        micro,
+        sizes,
+        machine,
+        objective,
+        rules,
+        limits,
+        say=say,
+        groups=groups,
+        pairs=pairs,
+        extractor=extractor,
+    )
     found = stage_search(table, machine, objective, batch, micro, only, static_batch, min_stages)
     seconds = time.perf_counter() - start
     priced = tuple(sorted({b for _, b in pairs}))
