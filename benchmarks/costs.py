@@ -98,10 +98,9 @@ def whole_model(model: str, table: Any, threads: int | None) -> dict[str, Any]:
     import onnx
 
     from unity_eq import optimize
+    from unity_eq.profile import calibrated_machine
     from unity_eq.profile.timing import Runner
     from unity_eq.runtime.devices import available_cores, choose_device
-
-    from unity_eq.profile import calibrated_machine
 
     one = optimize(model, machine=calibrated_machine(table.calibration, 1), objective="inference").plan
     proto = onnx.load(model)
@@ -152,7 +151,10 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines.append("| **all** | " + " | ".join(cell(ops[p]["all"]) for p in ("forward", "backward", "training")) + " |")
     lines += ["", "(×r: median predicted / measured.)", "", "## Per plan (compute)", ""]
-    lines += ["| plan | mesh | predicted | measured (sum of its ops) | error | ops measured |", "|---|---|---|---|---|---|"]
+    lines += [
+        "| plan | mesh | predicted | measured (sum of its ops) | error | ops measured |",
+        "|---|---|---|---|---|---|",
+    ]
     for objective in ("inference", "training"):
         p = result["per_plan"][objective]
         lines.append(

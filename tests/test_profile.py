@@ -71,7 +71,9 @@ def test_table_format(mlp_table: ProfileTable, tmp_path: Path) -> None:
     assert data["backward"]["framework"] == "torch" and data["backward"]["device"] == "cpu"
     for e in data["entries"]:
         assert e["torch_forward_backward_s"] > 0 and e["backward_s"] >= 0 and e["roofline_backward_s"] > 0, e["op"]
-    assert data["summary"]["backward_entries"] == len(data["entries"])
+    # an error is relative to a positive measured backward (an Add of same-shape operands may measure 0: its
+    # gradients are the output's gradient itself)
+    assert data["summary"]["backward_entries"] == sum(1 for e in data["entries"] if e["backward_s"] > 0) > 0
     again = load_profile(path)
     assert again.entries == mlp_table.entries and again.calibration is not None
 
@@ -156,7 +158,7 @@ def test_torch_ops_compute_what_onnxruntime_computes(examples: Path) -> None:
                 args.append(torch.from_numpy(next(values)))
             elif spec.kind == "weight":
                 init = next(i for i in model.graph.initializer if i.name == f"in{position}")
-                args.append(torch.from_numpy(onnx_numpy(init)))
+                args.append(torch.from_numpy(np.array(onnx_numpy(init))))
         got = torch_function(instance)(*args)  # type: ignore[misc]
         got = got[instance.output_index] if isinstance(got, tuple | list) else got
         np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-4, atol=1e-5, err_msg=instance.op)

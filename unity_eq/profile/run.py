@@ -36,9 +36,7 @@ def _mesh_devices(text: str) -> int:
     return math.prod(sizes)
 
 
-def _relative_errors(
-    entries: Iterable[Mapping[str, Any]], field_name: str, measured: str = "median_s"
-) -> list[float]:
+def _relative_errors(entries: Iterable[Mapping[str, Any]], field_name: str, measured: str = "median_s") -> list[float]:
     return [
         abs(float(e[field_name]) - float(e[measured])) / float(e[measured])
         for e in entries
