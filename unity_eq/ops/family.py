@@ -38,8 +38,8 @@ Shape = tuple[int, ...]
 
 #: The efficiency classes of ops (machine files give an efficiency per class and device kind): ``gemm``, the
 #: tensor-core kernels (MatMul, Gemm, Conv); ``memory``, the streaming memory-bound kernels (elementwise,
-#: normalizations, reductions); ``layout``, the data-movement copies (Transpose, Split, Concat, Slice, Gather:
-#: strided reads or writes, slower than a streaming kernel over the same bytes).
+#: normalizations, reductions, Gather's contiguous rows); ``layout``, the data-movement copies (Transpose,
+#: Expand, Split, Concat, Slice: strided reads or writes, slower than a streaming kernel over the same bytes).
 COMPUTE_CLASSES = ("gemm", "memory", "layout")
 
 
