@@ -21,7 +21,7 @@ from unity_eq.profile import calibrated_machine, op_instances, profile_model
 from unity_eq.profile_table import PROFILE_FORMAT_VERSION, ProfileError, ProfileTable, load_profile
 from unity_eq.rulesets import load_rule_files
 
-FAST = {"warmup": 1, "repeats": 2, "min_time": 0.0}
+FAST = {"warmup": 1, "repeats": 2, "min_time": 0.0, "threads": 1}
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -67,6 +67,13 @@ def test_table_format(mlp_table: ProfileTable, tmp_path: Path) -> None:
     assert {"op", "attrs", "inputs", "key", "median_s", "min_s", "repeats", "roofline_s"} <= set(entry)
     assert [i["kind"] for i in entry["inputs"]] == ["activation", "weight"]
     assert 0 <= data["summary"]["median_relative_error"] < 100
+    # the backward, timed in torch on the same device: every op of the MLP is built there
+    assert data["backward"]["framework"] == "torch" and data["backward"]["device"] == "cpu"
+    for e in data["entries"]:
+        assert e["torch_forward_backward_s"] > 0 and e["backward_s"] >= 0 and e["roofline_backward_s"] > 0, e["op"]
+    # an error is relative to a positive measured backward (an Add of same-shape operands may measure 0: its
+    # gradients are the output's gradient itself)
+    assert data["summary"]["backward_entries"] == sum(1 for e in data["entries"] if e["backward_s"] > 0) > 0
     again = load_profile(path)
     assert again.entries == mlp_table.entries and again.calibration is not None
 
@@ -122,6 +129,61 @@ def test_calibrated_machine_predicts_with_the_calibration(mlp_table: ProfileTabl
     ).compute
     expected = max(flops / cal.peak_flops, 3 * 64 * 64 * 4 / cal.memory_bandwidth) + cal.launch_overhead_s
     assert got == pytest.approx(expected)
+
+
+def test_torch_ops_compute_what_onnxruntime_computes(examples: Path) -> None:
+    """The torch form of each profiled op of the transformer (the backward's subject) gives onnxruntime's
+    forward values: a wrong attribute (Transpose's perm, Softmax's axis, Split's sizes) would time another op."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from unity_eq.profile.backward import torch_function
+    from unity_eq.profile.models import single_op_model
+
+    mesh = Mesh(("x",), (2,))
+    graph, encoding, data = _egraph(examples / "transformer.onnx", mesh)
+    instances, weights = op_instances(data, encoding, graph, mesh)
+    checked: set[str] = set()
+    for instance in instances:
+        if instance.op in checked or torch_function(instance) is None:
+            continue
+        model, feeds = single_op_model(instance, weights.get(instance, {}), np.random.default_rng(0))
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        expected = session.run(None, feeds)[instance.output_index]
+        values = iter(feeds.values())
+        args = []
+        for position, spec in enumerate(instance.inputs):
+            if spec.kind == "activation":
+                args.append(torch.from_numpy(next(values)))
+            elif spec.kind == "weight":
+                init = next(i for i in model.graph.initializer if i.name == f"in{position}")
+                args.append(torch.from_numpy(np.array(onnx_numpy(init))))
+        got = torch_function(instance)(*args)  # type: ignore[misc]
+        got = got[instance.output_index] if isinstance(got, tuple | list) else got
+        np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-4, atol=1e-5, err_msg=instance.op)
+        checked.add(instance.op)
+    assert {"MatMul", "Transpose", "Softmax", "Split", "LayerNormalization", "Reshape", "Add", "Mul"} <= checked
+
+
+def onnx_numpy(tensor: object) -> object:
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(tensor)  # type: ignore[arg-type]
+
+
+def test_profile_on_cuda_measures_forward_and_backward_on_the_gpu(examples: Path) -> None:
+    """On a machine with CUDA (onnxruntime-gpu and torch's CUDA build): both passes on the GPU."""
+    import torch
+
+    from unity_eq.runtime import cuda_problem
+
+    if cuda_problem(0) is not None or not torch.cuda.is_available():
+        pytest.skip("needs CUDA in onnxruntime and in torch")
+    table = profile_model(examples / "mlp.onnx", devices=2, device="cuda", warmup=1, repeats=3, min_time=0.0)
+    assert table.meta["device"]["provider"] == "CUDAExecutionProvider"
+    assert table.meta["backward"]["device"] == "cuda:0"
+    assert all(e["median_s"] > 0 and e["backward_s"] >= 0 for e in table.entries)
 
 
 @pytest.mark.parametrize(

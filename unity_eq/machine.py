@@ -17,7 +17,7 @@ import functools
 import sys
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ class DeviceSpec:
     flops: Mapping[str, float]
     memory_bandwidth: float
     memory: float
+    #: achievable fraction of peak and bandwidth per op class (``gemm``, ``memory``, ``layout``) for this kind,
+    #: where it differs from the machine's (``Machine.efficiency_for``)
+    efficiencies: Mapping[str, float] = field(default_factory=dict)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``: its own entry, else float32's, else the smallest one given."""
@@ -127,6 +130,14 @@ class Machine:
     nodes: tuple[NodeSpec, ...] = ()
     memory_fraction: float = 0.9  # usable fraction of device memory (context, workspaces, fragmentation)
     source: str = ""  # the preset name or file it came from
+    #: efficiency per op class (``gemm``, ``memory``, ``layout``) where it differs from ``efficiency``; a device
+    #: kind's own ``efficiencies`` come first
+    efficiencies: Mapping[str, float] = field(default_factory=dict)
+
+    def efficiency_for(self, device: DeviceSpec, op_class: str) -> float:
+        """The achievable fraction of ``device``'s peak FLOP/s and bandwidth for an op of ``op_class``: the
+        device kind's value, else the machine's for that class, else the machine's ``efficiency``."""
+        return device.efficiencies.get(op_class, self.efficiencies.get(op_class, self.efficiency))
 
     @property
     def device_count(self) -> int:
@@ -203,10 +214,23 @@ def check_device_count(devices: int, what: str) -> None:
         )
 
 
+#: The presets' efficiencies per op class (docs/machines.md, "Efficiency per op class", gives the measurement):
+#: GEMMs and streaming kernels reach 0.75 of peak (GEMMs measured 0.99× the prediction at 0.75 on an H200);
+#: layout copies (Transpose, Split) ran 1.7-2.1× slower than predicted at 0.75, so 0.75 / 1.9 ≈ 0.40.
+PRESET_EFFICIENCIES: Mapping[str, float] = {"gemm": 0.75, "memory": 0.75, "layout": 0.40}
+
+
 def default_machine(devices: int) -> Machine:
-    """``--devices N``: N A100-80G GPUs in one node on NVLink."""
+    """``--devices N``: N A100-80G GPUs in one node on NVLink, with the presets' efficiencies."""
     check_device_count(devices, "`--devices`")
-    return Machine(f"{devices}xA100-SXM-80G", (A100_80G,) * devices, (0,) * devices, NVLINK3, source="--devices")
+    return Machine(
+        f"{devices}xA100-SXM-80G",
+        (A100_80G,) * devices,
+        (0,) * devices,
+        NVLINK3,
+        source="--devices",
+        efficiencies=dict(PRESET_EFFICIENCIES),
+    )
 
 
 #: Networks for ``--interconnect``: one NIC's bandwidth (GB/s, one direction) and latency (µs). The bandwidth is
@@ -223,7 +247,9 @@ INTERCONNECTS: dict[str, tuple[float, float]] = {
 DTYPES = ("float64", "float32", "float16", "bfloat16", "float8", "int64", "int32", "int16", "int8", "uint8")
 
 _TOP = {"name", "description", "launch_overhead_us", "efficiency", "memory_fraction", "devices", "links", "nodes"}
-_DEVICE = {"peak_tflops", "memory_bandwidth_gbs", "memory_gib"}
+_DEVICE = {"peak_tflops", "memory_bandwidth_gbs", "memory_gib", "efficiency"}
+#: op classes an ``efficiency`` table may name (unity_eq.ops.family.COMPUTE_CLASSES)
+_CLASSES = ("gemm", "memory", "layout")
 _LINK = {"bandwidth_gbs", "latency_us"}
 _NODE = {"name", "devices", "link", "network", "nics", "count"}
 
@@ -298,10 +324,11 @@ class _Reader:
             raise self.fail(field, f"expected a positive number, got {value!r}.")
         return float(value)
 
-    def fraction(self, table: Mapping[str, Any], key: str, default: float) -> float:
-        value = self.number(table, key, key, default)
+    def fraction(self, table: Mapping[str, Any], key: str, default: float, field: str | None = None) -> float:
+        name = field or key
+        value = self.number(table, key, name, default)
         if value > 1:
-            raise self.fail(key, f"expected a fraction in (0, 1], got {value!r}.")
+            raise self.fail(name, f"expected a fraction in (0, 1], got {value!r}.")
         return value
 
     def integer(self, table: Mapping[str, Any], key: str, field: str, default: int | None = None) -> int:
@@ -345,7 +372,35 @@ def _device(r: _Reader, name: str, raw: Any) -> DeviceSpec:
         flops,
         r.number(table, "memory_bandwidth_gbs", f"{field}.memory_bandwidth_gbs") * 1e9,
         r.number(table, "memory_gib", f"{field}.memory_gib") * 2**30,
+        _efficiencies(r, table, f"{field}.efficiency", number_is_every_class=True),
     )
+
+
+def _efficiencies(
+    r: _Reader, table: Mapping[str, Any], field: str, *, number_is_every_class: bool = False
+) -> dict[str, float]:
+    """An ``efficiency`` field given as a table of op classes (``{ gemm = 0.75, layout = 0.4 }``): its values.
+    A number is every class's value for a device kind; at the top it is the plain ``efficiency`` (no per-class
+    values)."""
+    raw = table.get("efficiency")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        if not number_is_every_class:
+            return {}
+        value = r.fraction(table, "efficiency", 1.0, field)
+        return dict.fromkeys(_CLASSES, value)
+    classes = r.table(raw, field, set(_CLASSES))
+    return {name: r.fraction(classes, name, 1.0, f"{field}.{name}") for name in classes}
+
+
+def _plain_efficiency(r: _Reader, table: Mapping[str, Any], field: str, default: float) -> float:
+    """An ``efficiency`` number, or for a table its ``memory`` value (the plain efficiency of what it leaves out),
+    for devices: the default when absent."""
+    raw = table.get("efficiency")
+    if isinstance(raw, dict):
+        return r.fraction(raw, "memory", default, f"{field}.memory") if "memory" in raw else default
+    return r.fraction(table, "efficiency", default)
 
 
 def _link(r: _Reader, name: str, raw: Any) -> LinkSpec:
@@ -459,8 +514,9 @@ def machine_from_toml(
         intra_link=intra,
         inter_link=inter,
         launch_overhead=r.number(top, "launch_overhead_us", "launch_overhead_us", 5.0) * 1e-6,
-        efficiency=r.fraction(top, "efficiency", 0.75),
+        efficiency=_plain_efficiency(r, top, "efficiency", 0.75),
         nodes=tuple(node_specs),
         memory_fraction=r.fraction(top, "memory_fraction", 0.9),
         source=source,
+        efficiencies=_efficiencies(r, top, "efficiency"),
     )

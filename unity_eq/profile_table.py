@@ -108,19 +108,47 @@ class ProfileTable:
         out_shape: Sequence[int],
         dtype: str,
         attrs: Mapping[str, Any] | None = None,
+        *,
+        count: bool = True,
     ) -> float | None:
-        """Measured seconds of one op on these local shapes, or None (then the roofline prices it)."""
-        found: list[dict[str, Any]] = []
-        if all(s is not None for s in in_shapes):
-            found = self._index.get(self._key(op_type, in_shapes, out_shape, dtype), [])  # type: ignore[arg-type]
-            if attrs is not None:
-                wanted = {k: jsonable(frozen_value(v)) for k, v in attrs.items()}
-                found = [e for e in found if e["attrs"] == wanted]
-        if not found:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return max(float(e["median_s"]) for e in found)
+        """Measured forward seconds of one op on these local shapes, or None (then the roofline prices it).
+        ``count``: add the answer to ``hits`` / ``misses`` (the statistics ``optimize`` reports)."""
+        found = self._found(op_type, in_shapes, out_shape, dtype, attrs)
+        if count:
+            if found:
+                self.hits += 1
+            else:
+                self.misses += 1
+        return max(float(e["median_s"]) for e in found) if found else None
+
+    def lookup_backward(
+        self,
+        op_type: str,
+        in_shapes: Sequence[Sequence[int] | None],
+        out_shape: Sequence[int],
+        dtype: str,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> float | None:
+        """Measured backward seconds of one op (the entry's ``backward_s``: forward + backward measured in
+        torch, less its forward), or None when the table has no backward for it."""
+        found = [e for e in self._found(op_type, in_shapes, out_shape, dtype, attrs) if e.get("backward_s") is not None]
+        return max(float(e["backward_s"]) for e in found) if found else None
+
+    def _found(
+        self,
+        op_type: str,
+        in_shapes: Sequence[Sequence[int] | None],
+        out_shape: Sequence[int],
+        dtype: str,
+        attrs: Mapping[str, Any] | None,
+    ) -> list[dict[str, Any]]:
+        if not all(s is not None for s in in_shapes):
+            return []
+        found = self._index.get(self._key(op_type, in_shapes, out_shape, dtype), [])  # type: ignore[arg-type]
+        if attrs is not None:
+            wanted = {k: jsonable(frozen_value(v)) for k, v in attrs.items()}
+            found = [e for e in found if e["attrs"] == wanted]
+        return found
 
     def to_json(self) -> dict[str, Any]:
         return {**self.meta, "entries": self.entries, "skipped": self.skipped}

@@ -30,6 +30,9 @@ def profile_cmd(
     warmup: int = typer.Option(3, "--warmup", help="Untimed runs of each op first."),
     repeats: int = typer.Option(10, "--repeats", help="Timed runs of each op at least (the median is kept)."),
     min_time: float = typer.Option(0.05, "--min-time", help="Keep repeating (up to 20× --repeats) for this long, s."),
+    backward: bool = typer.Option(
+        True, "--backward/--no-backward", help="Also time each op forward + backward in PyTorch (training)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
 ) -> None:
     """Measure every distinct op (on its shard shapes) of MODEL's e-graph on this machine's device."""
@@ -50,6 +53,7 @@ def profile_cmd(
         repeats=repeats,
         min_time=min_time,
         progress=progress_printer(quiet),
+        backward=backward,
     )
     table.save(target)
     meta, summary = table.meta, table.meta["summary"]
@@ -75,6 +79,12 @@ def profile_cmd(
             "roofline vs measured",
             f"median relative error {summary['median_relative_error']:.2f}, "
             f"{summary['within_2x'] * 100:.0f}% within 2× ({by_op})",
+        )
+    if "backward_median_relative_error" in summary:
+        grid.add_row(
+            "backward (torch)",
+            f"{summary['backward_entries']} ops on {meta['backward']['device']}; roofline median relative error "
+            f"{summary['backward_median_relative_error']:.2f}",
         )
     grid.add_row("time", f"{meta['seconds']:.1f} s")
     grid.add_row("written to", str(target))

@@ -30,9 +30,11 @@ Links: inside a node B is the node's link bandwidth per device (NVLink, PCIe); b
 share of its node's network, ``nics × NIC bandwidth / ranks of the mesh on that node`` (every rank of an SPMD
 plan runs the same collective at the same time). A collective waits for its slowest group.
 
-Compute is a roofline per op on its local (per-device) shapes on the slowest device of the mesh,
-``max(FLOPs / (peak × efficiency), bytes / (bandwidth × efficiency)) + launch floor``; training charges
-forward + backward as three times the forward. The formulas, with examples, are in docs/cost-model.md.
+Compute is a roofline per op and pass on its local (per-device) shapes on the slowest device of the mesh,
+``max(FLOPs / (peak × e), bytes / (bandwidth × e)) + kernels × launch floor``, ``e`` the machine's efficiency
+for the op's class (gemm, memory, layout); training adds the backward pass its op family states
+(``OpFamily.backward_work``: the gradients, what they re-read, the reduction of broadcast operands), or twice
+the forward where the family does not say. The formulas, with examples, are in docs/cost-model.md.
 
 The package: :mod:`~unity_eq.cost.records` (Objective, OpInstance, Cost), :mod:`~unity_eq.cost.collectives`
 (the alpha-beta formulas above, on one group's topology), :mod:`~unity_eq.cost.topology` (how a mesh axis's
@@ -42,7 +44,7 @@ groups sit on the machine's nodes and links) and :mod:`~unity_eq.cost.model` (:c
 from __future__ import annotations
 
 from unity_eq.cost.collectives import AlphaBeta
-from unity_eq.cost.model import CostModel, op_flops
+from unity_eq.cost.model import CostModel, backward_work, forward_work, op_class, op_flops
 from unity_eq.cost.records import INFERENCE, OBJECTIVES, TRAINING, ZERO, Cost, Objective, OpInstance
 from unity_eq.cost.topology import MASK_KINDS, MeshTopology
 
@@ -58,5 +60,8 @@ __all__ = [
     "MeshTopology",
     "Objective",
     "OpInstance",
+    "backward_work",
+    "forward_work",
+    "op_class",
     "op_flops",
 ]

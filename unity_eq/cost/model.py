@@ -13,6 +13,7 @@ from unity_eq.cost.records import INFERENCE, Cost, Objective, OpInstance
 from unity_eq.cost.topology import MeshTopology
 from unity_eq.ir import machine_order
 from unity_eq.machine import DeviceSpec, GroupTopology
+from unity_eq.ops.family import Work
 from unity_eq.ops.registry import family_for
 
 if TYPE_CHECKING:
@@ -29,6 +30,40 @@ def op_flops(op_type: str, in_shapes: Sequence[Sequence[int] | None], out_shape:
     if family is not None:
         return family.flops(op_type, in_shapes, out_shape)
     return float(_numel(out_shape))  # an opaque op: one operation per output element
+
+
+def op_class(op_type: str) -> str:
+    """The efficiency class of an op (``gemm``, ``memory``, ``layout``): its family's; an opaque op's ``memory``."""
+    family = family_for(op_type)
+    return family.op_class(op_type) if family is not None else "memory"
+
+
+def forward_work(op: OpInstance) -> Work:
+    """The forward pass of one op: its family's own account (a view moves nothing, Gather the rows it gathers)
+    or the default: read every input, write the output, one kernel. In elements of the op's output type."""
+    family = family_for(op.op_type)
+    if family is not None and family.forward_work is not None:
+        work = family.forward_work(op.op_type, op.in_shapes, op.out_shape)
+        if work is not None:
+            return work
+    itemsize = _itemsize(op)
+    flops = op_flops(op.op_type, op.in_shapes, op.out_shape)
+    return Work(flops, op.in_bytes / itemsize, op.out_bytes / itemsize)
+
+
+def backward_work(op: OpInstance) -> Work | None:
+    """The backward pass of one op as its family states it (in elements of the output type), or None: the family
+    does not say (a plug-in without the hook, an opaque op), and the backward is the flat factor × forward."""
+    family = family_for(op.op_type)
+    if family is None or family.backward_work is None:
+        return None
+    return family.backward_work(op.op_type, op.in_shapes, op.out_shape)
+
+
+def _itemsize(op: OpInstance) -> float:
+    """Bytes per element of the op's output (what a family's element counts are multiplied by)."""
+    count = _numel(op.out_shape)
+    return op.out_bytes / count if count and op.out_bytes else 4.0
 
 
 @dataclass
@@ -68,31 +103,65 @@ class CostModel(MeshTopology):
         return self._capacity
 
     def compute(self, op: OpInstance) -> Cost:
-        """Roofline time of one op on its local shapes plus the launch floor (×3 for training), or its
-        measured time when a profile table has the op.
+        """Forward time of one op (:meth:`forward`), plus its backward (:meth:`backward`) for training; a profile
+        table's measurement where it has the op.
 
         A node with several ``outputs`` (Split) is one kernel, but extraction prices one e-node per output:
         each carries 1/outputs of the launch and of the input read (and its own output's write), so the outputs
         of one Split sum to one kernel, as profile tables share a measured node among its outputs."""
-        op_type, in_shapes, in_bytes, out_shape = op.op_type, op.in_shapes, op.in_bytes, op.out_shape
-        out_bytes, dtype, outputs = op.out_bytes, op.dtype, op.outputs
+        forward = self.forward(op)
+        if not self.objective.training:
+            return Cost(compute=forward)
+        return Cost(compute=forward + self.backward(op, forward))
+
+    def forward(self, op: OpInstance) -> float:
+        """Seconds of the forward pass: measured, or the roofline of :func:`forward_work` on the slowest
+        device."""
         if self.profile is not None:
-            measured = self.profile.lookup(op_type, in_shapes, out_shape, dtype)
+            measured = self.profile.lookup(op.op_type, op.in_shapes, op.out_shape, op.dtype)
             if measured is not None:
-                return Cost(compute=measured * self.objective.compute_factor)
+                return measured
+        return self.roofline(op, self._forward_work(op))
+
+    @staticmethod
+    def _forward_work(op: OpInstance) -> Work:
+        work = forward_work(op)
+        if op.outputs > 1:  # one output's share of the node's input read (its own output's write is whole)
+            work = Work(work.flops, work.read / op.outputs, work.written, work.kernels)
+        return work
+
+    def backward(self, op: OpInstance, forward: float | None = None) -> float:
+        """Seconds of the backward pass: measured (a profile table with backward times), the roofline of the
+        family's :func:`backward_work`, or, where the family does not say, the objective's flat
+        ``backward_factor`` × the forward time (``forward``, computed when not given)."""
+        forward = self.forward(op) if forward is None else forward
+        work = backward_work(op)
+        if self.profile is not None:
+            measured = self.profile.lookup_backward(op.op_type, op.in_shapes, op.out_shape, op.dtype)
+            if measured is not None:
+                return measured
+            if self.profile.lookup(op.op_type, op.in_shapes, op.out_shape, op.dtype, count=False) is not None:
+                # a measured forward without a measured backward: the roofline's backward / forward ratio of it
+                modelled = self.roofline(op, self._forward_work(op))
+                ratio = self.objective.backward_factor if work is None else self.roofline(op, work) / modelled
+                return forward * ratio if modelled > 0 else 0.0
+        if work is None:
+            return self.objective.backward_factor * forward
+        return self.roofline(op, work)
+
+    def roofline(self, op: OpInstance, work: Work) -> float:
+        """``max(FLOPs / (peak × e), bytes / (bandwidth × e)) + kernels × launch floor`` on the slowest device,
+        ``e`` the machine's efficiency for the op's class on that device; a multi-output node's e-node pays
+        1/outputs of the launches."""
         device = self._device()
-        eff = self.machine.efficiency
-        flops = op_flops(op_type, in_shapes, out_shape)
-        moved = in_bytes / outputs + out_bytes
-        seconds = max(flops / (device.peak(dtype) * eff), moved / (device.memory_bandwidth * eff))
-        seconds += self.machine.launch_overhead / outputs
-        if self.objective.training:
-            seconds *= self.objective.compute_factor  # forward + backward (≈ 2× forward)
-        return Cost(compute=seconds)
+        eff = self.machine.efficiency_for(device, op_class(op.op_type))
+        moved = work.elements * _itemsize(op)
+        seconds = max(work.flops / (device.peak(op.dtype) * eff), moved / (device.memory_bandwidth * eff))
+        return seconds + self.machine.launch_overhead * work.kernels / op.outputs
 
     def local_copy(self, nbytes: float) -> Cost:
         device = self._device()
-        seconds = 2 * nbytes / (device.memory_bandwidth * self.machine.efficiency)
+        seconds = 2 * nbytes / (device.memory_bandwidth * self.machine.efficiency_for(device, "layout"))
         return Cost(compute=seconds + self.machine.launch_overhead)
 
     # --- collectives (seconds; the slowest group of the axis) -------------------------------------------

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 class Objective:
     """What one step of the workload is, with the factors the cost and memory models share.
 
-    ``inference``: a forward pass. ``training``: forward, backward (``backward_factor`` × the forward's compute,
-    the usual ≈ 2×), and the gradient traffic that follows from it: a replicated weight's gradient is all-reduced,
-    a partitioned activation's gradient all-gathered, and memory keeps the activations for the backward pass and
-    the weights' gradient and optimizer state. Compare objectives by identity or ``.training``, never by name.
+    ``inference``: a forward pass. ``training``: forward, backward (as each op family states it; for an op whose
+    family does not, ``backward_factor`` × the forward's compute, the usual ≈ 2×), and the gradient traffic that
+    follows from it: a replicated weight's gradient is all-reduced, a partitioned activation's gradient all-
+    gathered, and memory keeps the activations for the backward pass and the weights' gradient and optimizer state.
+    Compare objectives by identity or ``.training``, never by name.
     """
 
     name: str

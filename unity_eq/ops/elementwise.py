@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import absent_options, broadcast_positions, shape_pool
-from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, Saved
+from unity_eq.ops.family import FREE, Instance, InstanceRanges, OpFamily, Saved, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, need
 
@@ -119,6 +119,7 @@ def _specs() -> tuple[OpSpec, ...]:
 
 SPECS = _specs()
 _SPEC = {spec.name: spec for spec in SPECS}
+_UNARY_NAMES = frozenset(spec.name for spec in SPECS if spec.family is Family.UNARY)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -370,6 +371,67 @@ def saved(op: str) -> Saved:
     return Saved(inputs=tuple(arg.name for arg in _SPEC[op].args if arg.kind == "input"))
 
 
+# ----------------------------------------------------------------------------------------------------------
+# The backward pass's work (the cost model's training price), as PyTorch's autograd runs it
+
+#: Ops without a gradient (comparisons, logic; rounding's is zero): their backward does nothing.
+_NO_GRADIENT = frozenset(
+    {"Floor", "Ceil", "Round", "Sign", "Not", "IsNaN"}
+    | {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"}
+)
+#: Binary ops whose gradient of an operand is the output's gradient itself (up to a sign).
+_LINEAR = frozenset({"Add", "Sub"})
+
+
+def _count(shape: Sequence[int] | None) -> int:
+    return 0 if shape is None else math.prod(shape)
+
+
+def _operand_gradient(op: str, position: int, shapes: Sequence[Sequence[int] | None], n: int) -> Work:
+    """The gradient of one operand of a broadcasting op: the output's gradient times the local derivative
+    (which reads the other operands; Add's is 1: no kernel, the buffer is shared; Sub's second is −1: one
+    negation), then, for an operand broadcast to the output's shape, a sum over the broadcast dims that reads the
+    whole gradient and writes the operand's size: the reduction the flat price ignored."""
+    size = _count(shapes[position])
+    if op in _LINEAR:
+        local = FREE if op == "Add" or position == 0 else Work(float(n), float(n), float(n))
+    else:
+        others = sum(_count(s) for j, s in enumerate(shapes) if j != position)
+        local = Work(2.0 * n, float(n + others), float(n))
+    if size == n:
+        return local
+    return local + Work(float(n), float(n), float(size))
+
+
+def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work:
+    """Unary ops read the output's gradient and what they saved (their input or output; Neg and Cast nothing)
+    and write the input's gradient; Identity is a view. Broadcasting ops produce the gradient of every operand
+    but one-element ones (constants: a scale, an epsilon; ONNX exports them as initializers) and Where's
+    condition: see :func:`_operand_gradient`."""
+    n = math.prod(out_shape)
+    if op in _NO_GRADIENT:
+        return FREE
+    if op == "Identity":
+        return FREE
+    if op in _UNARY_NAMES:
+        reads_saved = op not in ("Neg", "Cast")
+        return Work(2.0 * n, float(n * (2 if reads_saved else 1)), float(n))
+    if op == "Clip":  # the gradient where min < x < max: reads the gradient and the input
+        return Work(2.0 * n, 2.0 * n, float(n))
+    work = FREE
+    for position, shape in enumerate(in_shapes):
+        if shape is None or _count(shape) <= 1 or (op == "Where" and position == 0):
+            continue
+        work = work + _operand_gradient(op, position, in_shapes, n)
+    return work
+
+
+def forward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work | None:
+    """Identity is a view (onnxruntime aliases its output to its input; PyTorch returns the tensor): free. The
+    other ops read their operands and write their output (the default)."""
+    return FREE if op == "Identity" else None
+
+
 ELEMENTWISE = OpFamily(
     name="elementwise",
     specs=SPECS,
@@ -386,4 +448,6 @@ ELEMENTWISE = OpFamily(
     ),
     axioms=axioms,
     saved=saved,
+    forward_work=forward_work,
+    backward_work=backward_work,
 )

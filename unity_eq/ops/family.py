@@ -20,6 +20,8 @@ from typing import Any, Protocol
 from unity_eq.ops.spec import OpSpec
 
 __all__ = [
+    "COMPUTE_CLASSES",
+    "FREE",
     "IndexShape",
     "Instance",
     "InstanceRanges",
@@ -29,9 +31,16 @@ __all__ = [
     "OpFamily",
     "Saved",
     "ShapeError",
+    "Work",
 ]
 
 Shape = tuple[int, ...]
+
+#: The efficiency classes of ops (machine files give an efficiency per class and device kind): ``gemm``, the
+#: tensor-core kernels (MatMul, Gemm, Conv); ``memory``, the streaming memory-bound kernels (elementwise,
+#: normalizations, reductions, Gather's contiguous rows); ``layout``, the data-movement copies (Transpose,
+#: Expand, Split, Concat, Slice: strided reads or writes, slower than a streaming kernel over the same bytes).
+COMPUTE_CLASSES = ("gemm", "memory", "layout")
 
 
 class ShapeError(ValueError):
@@ -116,6 +125,43 @@ class Saved:
     view: str | None = None
 
 
+@dataclass(frozen=True)
+class Work:
+    """One pass of an op (its forward or its backward) on local shapes, as the roofline prices it: ``flops``,
+    the elements it reads (``read``) and writes (``written``), of the op's element type (the cost model
+    multiplies by its itemsize), and the ``kernels`` it launches (each pays the machine's launch floor).
+
+    ``Work()`` with ``kernels=0`` is free: a view (Reshape in onnxruntime, the backward of a Reshape in
+    PyTorch) or a gradient that is another tensor's buffer (Add's gradient of an operand of the output's shape
+    is the output's gradient itself)."""
+
+    flops: float = 0.0
+    read: float = 0.0
+    written: float = 0.0
+    kernels: float = 1.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(
+            self.flops + other.flops,
+            self.read + other.read,
+            self.written + other.written,
+            self.kernels + other.kernels,
+        )
+
+    @property
+    def elements(self) -> float:
+        """Elements moved: read plus written."""
+        return self.read + self.written
+
+
+#: No work at all: a view, or a pass that produces nothing.
+FREE = Work(kernels=0.0)
+
+#: A family's forward or backward work on local shapes: ``(op, in_shapes, out_shape)`` (list inputs flattened,
+#: as :meth:`OpFamily.flops` gets them); None for an op it does not model (the cost model's default then).
+WorkFn = Callable[[str, Sequence[Sequence[int] | None], Sequence[int]], "Work | None"]
+
+
 #: What ``instances`` yields: an :class:`OpCase`, or ``(tensors, attrs)`` for short.
 Instance = OpCase | tuple[Mapping[str, Any], Mapping[str, Any]]
 
@@ -139,7 +185,17 @@ class OpFamily:
     axes, keepdims, rank, d, d2)``: ints and int tuples). ``implied_attrs``: ONNX attributes an op's
     constructor states in another form (Split's ``num_outputs``: its sizes). ``saved(op)``: what the op's
     backward pass keeps (:class:`Saved`), for training memory; without it (a plug-in that does not say) every
-    tensor input counts as kept, the conservative guess. ``types(op)``: the op's type constraints
+    tensor input counts as kept, the conservative guess. ``forward_work(op, in_shapes, out_shape)``: the
+    forward pass's :class:`Work` where it is not "read every input, write the output, one kernel, ``flops``"
+    (a view moves nothing; Gather reads the rows it gathers, not the table); None (the hook or its answer):
+    that default. ``backward_work(op, in_shapes, out_shape)``: the backward pass's :class:`Work`, as PyTorch's
+    autograd runs it: the gradients it produces (every floating-point operand's, but for one-element operands:
+    constants such as a scale), what it re-reads (the saved tensors), the reduction of a broadcast operand's
+    gradient, its kernels; without it (or when it answers None) the backward is priced as the objective's flat
+    ``backward_factor`` × the forward time, the conservative guess a plug-in gets. ``compute_class``: the
+    efficiency class of its ops in the machine file (:data:`COMPUTE_CLASSES`, docs/machines.md); ``memory``
+    unless it says; ``compute_classes``: an op's own where it differs from its family's (Gather's rows are
+    contiguous: a streaming copy, where Split's and Slice's are strided). ``types(op)``: the op's type constraints
     (:class:`unity_eq.ops.dtypes.OpTypes`) when it does not take every dtype; without it every operand may be
     any dtype and the output is its first operand's. ``torch(op, inputs, attrs)``: the op in PyTorch, for
     training a plan (unity_eq/train).
@@ -164,7 +220,18 @@ class OpFamily:
     # family module imports torch inside the function only. Without it, unity_eq/train/torch_ops.py's table
     # serves the op, or the op is refused before any rank starts.
     torch: Callable[[str, Sequence[Any], Mapping[str, Any]], Sequence[Any]] | None = None
+    forward_work: WorkFn | None = None
+    backward_work: WorkFn | None = None
+    compute_class: str = "memory"  # one of COMPUTE_CLASSES: which of the machine's efficiencies applies
+    compute_classes: Mapping[str, str] = field(default_factory=dict)  # an op's own class, where it differs
 
     def __post_init__(self) -> None:
         if not self.specs:
             raise ValueError(f"op family {self.name} has no ops")
+        for kind in (self.compute_class, *self.compute_classes.values()):
+            if kind not in COMPUTE_CLASSES:
+                raise ValueError(f"op family {self.name}: compute class {kind!r}, expected one of {COMPUTE_CLASSES}")
+
+    def op_class(self, op: str) -> str:
+        """The efficiency class of one of its ops: ``compute_classes[op]``, else ``compute_class``."""
+        return self.compute_classes.get(op, self.compute_class)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from unity_eq.ops.cases import shape_pool
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, Saved, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, check_axis, need, norm_axis, reduce_elements
 
@@ -165,6 +165,20 @@ def saved(op: str) -> Saved:
     return Saved(output=True)
 
 
+def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work:
+    """Softmax's and LogSoftmax's gradient, ``y · (g − Σ g·y)``, is one kernel reading the output's gradient and
+    the saved output and writing the input's. LayerNormalization's is two kernels, as PyTorch runs it: the input's
+    gradient (reads the gradient, the saved input, the scale and the row statistics; writes the input's size)
+    and the scale's and bias's (re-reads the gradient and the input, sums over the rows): four reads of the
+    input's size where the forward pass makes one, which is why its backward costs more than twice its forward."""
+    n = math.prod(out_shape)
+    if op != "LayerNormalization":
+        return Work(4.0 * n, 2.0 * n, float(n))
+    params = sum(math.prod(s) for s in in_shapes[1:] if s is not None)
+    rows = n // max(math.prod(in_shapes[1]) if len(in_shapes) > 1 and in_shapes[1] is not None else 1, 1)
+    return Work(8.0 * n, 4.0 * n + params + 2.0 * rows, float(n + params), kernels=2.0)
+
+
 NORMALIZATION = OpFamily(
     name="normalization",
     specs=SPECS,
@@ -180,4 +194,5 @@ NORMALIZATION = OpFamily(
     axioms=axioms,
     normalize=normalize,
     saved=saved,
+    backward_work=backward_work,
 )

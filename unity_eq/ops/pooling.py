@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import window_pairs, window_product
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
     Shape,
@@ -412,6 +412,23 @@ def saved(op: str) -> Saved:
     return Saved(inputs=("X",))
 
 
+def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work | None:
+    """The poolings scatter the output's gradient back over their windows: read it (MaxPool also re-reads the
+    saved argmax, the input's size), write the input's gradient. BatchNormalization's is LayerNormalization's
+    (the input's gradient, then the scale's and bias's sums re-reading the gradient and the input). LRN: not
+    modelled (the flat price)."""
+    n_out = math.prod(out_shape)
+    n_in = math.prod(in_shapes[0]) if in_shapes and in_shapes[0] is not None else n_out
+    kind = _KIND[op]
+    if kind is Family.BATCHNORM:
+        params = sum(math.prod(s) for s in in_shapes[1:] if s is not None)
+        return Work(8.0 * n_out, 4.0 * n_out + params, float(n_out + params), kernels=2.0)
+    if kind is Family.LRN:
+        return None
+    reads_input = op in ("MaxPool", "GlobalMaxPool")
+    return Work(float(max(n_in, n_out)), float(n_out + (n_in if reads_input else 0)), float(n_in))
+
+
 POOLING = OpFamily(
     name="pooling",
     specs=SPECS,
@@ -429,4 +446,5 @@ POOLING = OpFamily(
     axioms=axioms,
     normalize=normalize,
     saved=saved,
+    backward_work=backward_work,
 )

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from unity_eq.ops.cases import shape_pool
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, int_attr, static, tensor
 from unity_eq.ops.tensors import Shape, need, norm_axis, reduce_elements
 
@@ -184,6 +184,17 @@ def saved(op: str) -> Saved:
     return Saved()
 
 
+def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work:
+    """ReduceSum's and ReduceMean's gradient broadcasts the output's gradient back to the input's shape (reads
+    the small gradient, writes the input's size); ReduceMax's and ReduceMin's also re-read the input and the
+    output to find where the extreme was."""
+    n_in = math.prod(in_shapes[0]) if in_shapes and in_shapes[0] is not None else math.prod(out_shape)
+    n_out = math.prod(out_shape)
+    if op in ("ReduceMax", "ReduceMin"):
+        return Work(2.0 * n_in, float(n_in + 2 * n_out), float(n_in))
+    return Work(float(n_in), float(n_out), float(n_in))
+
+
 REDUCE = OpFamily(
     name="reduce",
     specs=SPECS,
@@ -198,4 +209,5 @@ REDUCE = OpFamily(
     normalize=normalize,
     guard_facts=guard_facts,
     saved=saved,
+    backward_work=backward_work,
 )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import other_shapes, shape_pool
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError
+from unity_eq.ops.family import FREE, Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, static, tensor
 from unity_eq.ops.tensors import Shape, bcast, need, norm_axis
 
@@ -312,6 +312,29 @@ def saved(op: str) -> Saved:
     return Saved(view="X" if op == "Flatten" else "input" if op == "Expand" else "data")
 
 
+#: Ops whose output is its input's buffer read with another shape: onnxruntime aliases it (no kernel), PyTorch
+#: returns a view, and their gradient is the output's gradient reshaped (a view again).
+VIEWS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze"})
+
+
+def forward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work | None:
+    """Views (:data:`VIEWS`) are free; Transpose and Expand copy (onnxruntime materializes their output): read
+    the input, write the output (the default)."""
+    return FREE if op in VIEWS else None
+
+
+def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work:
+    """Views: free. Transpose: its gradient is the output's gradient transposed back, a copy (read and write
+    the tensor). Expand: the gradient summed over the expanded dims (read the output's size, write the input's)."""
+    n = math.prod(out_shape)
+    if op in VIEWS:
+        return FREE
+    if op == "Transpose":
+        return Work(0.0, float(n), float(n))
+    n_in = math.prod(in_shapes[0]) if in_shapes and in_shapes[0] is not None else n
+    return Work(float(n), float(n), float(n_in))
+
+
 RESHAPE = OpFamily(
     name="reshape",
     specs=SPECS,
@@ -331,4 +354,7 @@ RESHAPE = OpFamily(
     normalize=normalize,
     guard_facts=guard_facts,
     saved=saved,
+    forward_work=forward_work,
+    backward_work=backward_work,
+    compute_class="layout",
 )

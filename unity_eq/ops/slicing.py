@@ -25,6 +25,7 @@ from unity_eq.ops.family import (
     OpFamily,
     Saved,
     ShapeError,
+    Work,
 )
 from unity_eq.ops.spec import Arg, Family, OpSpec, int_attr, static, tensor
 from unity_eq.ops.tensors import Shape, check_axis, need, norm_axis
@@ -420,6 +421,35 @@ def saved(op: str) -> Saved:
     return Saved()
 
 
+def forward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work | None:
+    """Gather reads the rows it gathers (the output's size) and the indices, not the whole table: an embedding
+    lookup of a few thousand tokens in a 50k-row table touches a few thousand rows. The others read their
+    inputs and write their output (the default; a Split output its share of the input)."""
+    if op != "Gather":
+        return None
+    n = math.prod(out_shape)
+    indices = math.prod(in_shapes[1]) if len(in_shapes) > 1 and in_shapes[1] is not None else 0
+    return Work(float(n), float(n + indices), float(n))
+
+
+def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work:
+    """As PyTorch's autograd runs them: Concat's input gradients are slices of the output's gradient (views:
+    free); a Split output's gradient is copied into the input's (``cat`` of the outputs' gradients: read and
+    write this output's size); Slice's zero-fills the input's shape and copies the gradient into the slice;
+    Gather's scatters into the table: zero-fill the table's gradient, then add each gathered row's gradient
+    into it (reads the gradient and the indices, reads and writes the rows)."""
+    n = math.prod(out_shape)
+    if op == "Concat":
+        return Work(kernels=0.0)
+    if op == "Split":
+        return Work(0.0, float(n), float(n))
+    table = math.prod(in_shapes[0]) if in_shapes and in_shapes[0] is not None else n
+    if op == "Slice":
+        return Work(0.0, float(n), float(table + n), kernels=2.0)
+    indices = math.prod(in_shapes[1]) if len(in_shapes) > 1 and in_shapes[1] is not None else 0
+    return Work(float(n), float(2 * n + indices), float(table + n), kernels=2.0)
+
+
 SLICING = OpFamily(
     name="slicing",
     specs=SPECS,
@@ -440,4 +470,8 @@ SLICING = OpFamily(
     normalize=normalize,
     implied_attrs={"Split": frozenset({"num_outputs"})},
     saved=saved,
+    forward_work=forward_work,
+    backward_work=backward_work,
+    compute_class="layout",
+    compute_classes={"Gather": "memory"},
 )

@@ -13,11 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.cost import CostModel, op_flops
+from unity_eq.cost import TRAINING, CostModel, op_flops
 from unity_eq.egraph import Limits, encode, parse_serialized, saturate
 from unity_eq.errors import OptionError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import Machine
+from unity_eq.profile.backward import BackwardRunner, BackwardTiming, torch_device_for
 from unity_eq.profile.instances import ProfiledOp, op_instances
 from unity_eq.profile.models import single_op_model
 from unity_eq.profile.timing import Progress, Runner, Timing, calibrate, calibrated_machine, measure
@@ -35,11 +36,11 @@ def _mesh_devices(text: str) -> int:
     return math.prod(sizes)
 
 
-def _relative_errors(entries: Iterable[Mapping[str, Any]], field_name: str) -> list[float]:
+def _relative_errors(entries: Iterable[Mapping[str, Any]], field_name: str, measured: str = "median_s") -> list[float]:
     return [
-        abs(float(e[field_name]) - float(e["median_s"])) / float(e["median_s"])
+        abs(float(e[field_name]) - float(e[measured])) / float(e[measured])
         for e in entries
-        if e.get(field_name) is not None and float(e["median_s"]) > 0
+        if e.get(field_name) is not None and e.get(measured) is not None and float(e[measured]) > 0
     ]
 
 
@@ -55,6 +56,10 @@ def _summary(entries: Sequence[Mapping[str, Any]], has_machine: bool) -> dict[st
         for e, err in zip(entries, errors, strict=True):
             by_op.setdefault(e["op"], []).append(err)
         out["median_relative_error_by_op"] = {op: statistics.median(v) for op, v in sorted(by_op.items())}
+    backward_errors = _relative_errors(entries, "roofline_backward_s", "backward_s")
+    if backward_errors:
+        out["backward_entries"] = len(backward_errors)
+        out["backward_median_relative_error"] = statistics.median(backward_errors)
     if has_machine:
         machine_errors = _relative_errors(entries, "machine_roofline_s")
         if machine_errors:
@@ -77,12 +82,15 @@ def profile_model(
     limits: Limits | None = None,
     rule_files: Sequence[Path] | None = None,
     progress: Progress | None = None,
+    backward: bool = True,
 ) -> ProfileTable:
     """Measure every distinct compute op of ``model``'s e-graph on a mesh, on this machine's device.
 
     The mesh is ``mesh`` (``2x2``, ``dp=2,tp=2`` or a :class:`Mesh`) over ``devices`` devices, or over the
     devices of ``machine``; the machine's roofline is also compared with the measurements
     (``machine_roofline_s``). ``device`` is ``cpu``, ``cuda`` or ``auto`` (CUDA device 0 when usable).
+    ``backward``: also time each op forward and forward + backward in PyTorch on the same device
+    (:mod:`unity_eq.profile.backward`), the entries' ``backward_s``.
     """
     from unity_eq.rulesets import load_rule_files
 
@@ -133,8 +141,14 @@ def profile_model(
     n_threads = threads or available_cores()
     runner = Runner(choice, n_threads, warmup, repeats, min_time)
     calibration = calibrate(runner, say)
-    predictor = CostModel(calibrated_machine(calibration, chosen_mesh.size), chosen_mesh)
-    machine_model = CostModel(machine, chosen_mesh) if machine is not None else None
+    predictor = CostModel(calibrated_machine(calibration, chosen_mesh.size), chosen_mesh, TRAINING)
+    machine_model = CostModel(machine, chosen_mesh, TRAINING) if machine is not None else None
+    torch_device, backward_note = torch_device_for(choice.cuda, runner.device[1]) if backward else (None, "")
+    if backward_note:
+        say(backward_note)
+    backward_runner = (
+        BackwardRunner(torch_device, n_threads, warmup, repeats, min_time) if torch_device is not None else None
+    )
 
     rng = np.random.default_rng(0)
     opsets = {"": graph.opset, **graph.extra_opsets}
@@ -149,10 +163,11 @@ def profile_model(
             reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             skipped.append({"op": first.op, "inputs": [s.to_json() for s in first.inputs], "reason": reason})
             continue
+        backward_timing = _backward(backward_runner, first, weights.get(first, {}), rng, skipped)
         if (k + 1) % 25 == 0:
             say(f"measured {k + 1} of {len(runs)} ops")
         for instance in group:
-            entries.append(_entry(instance, timing, predictor, machine_model))
+            entries.append(_entry(instance, timing, backward_timing, predictor, machine_model))
     provider = "CUDAExecutionProvider" if choice.cuda else "CPUExecutionProvider"
     import onnxruntime as ort
 
@@ -174,6 +189,7 @@ def profile_model(
         "mesh": {"axes": list(chosen_mesh.axes), "sizes": list(chosen_mesh.sizes)},
         "machine": machine.describe() if machine is not None else None,
         "settings": {"warmup": warmup, "repeats": repeats, "min_time_s": min_time, "statistic": "median"},
+        "backward": _backward_meta(torch_device, backward, backward_note),
         "calibration": calibration.to_json(),
         "summary": _summary(entries, machine is not None),
         "seconds": round(time.perf_counter() - started, 3),
@@ -181,13 +197,50 @@ def profile_model(
     return ProfileTable(meta, entries, skipped)
 
 
+def _backward(
+    runner: BackwardRunner | None,
+    instance: ProfiledOp,
+    weights: Mapping[int, np.ndarray],
+    rng: np.random.Generator,
+    skipped: list[dict[str, Any]],
+) -> BackwardTiming | None:
+    """The op's torch timing, or None (no runner, an op not built in torch, or torch refused it: recorded in
+    ``skipped`` with ``"pass": "backward"``, and the roofline's ratio prices its backward)."""
+    if runner is None:
+        return None
+    try:
+        return runner.measure(instance, weights, rng)
+    except Exception as exc:  # torch refuses the op on these shapes or this device: say so, price it by ratio
+        reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        skipped.append(
+            {"op": instance.op, "pass": "backward", "inputs": [s.to_json() for s in instance.inputs], "reason": reason}
+        )
+        return None
+
+
+def _backward_meta(torch_device: str | None, asked: bool, note: str) -> dict[str, Any]:
+    """What measured the backward pass (docs/profile.md, "Backward")."""
+    if torch_device is None:
+        return {"framework": None, "device": None, "note": note if asked else "not asked (--no-backward)"}
+    import torch
+
+    return {"framework": "torch", "version": torch.__version__, "device": torch_device, "note": note}
+
+
 def _entry(
-    instance: ProfiledOp, timing: Timing, predictor: CostModel, machine_model: CostModel | None
+    instance: ProfiledOp,
+    timing: Timing,
+    backward: BackwardTiming | None,
+    predictor: CostModel,
+    machine_model: CostModel | None,
 ) -> dict[str, Any]:
     share = 1.0 / instance.outputs  # the outputs of one node split its time (the extractor sums them)
 
     def roofline(model: CostModel) -> float:
-        return model.compute(instance.priced).compute
+        return model.forward(instance.priced)
+
+    def roofline_backward(model: CostModel) -> float:
+        return model.backward(instance.priced)
 
     entry: dict[str, Any] = {
         "op": instance.op,
@@ -207,7 +260,13 @@ def _entry(
         "min_s": timing.min_s * share,
         "repeats": timing.repeats,
         "roofline_s": roofline(predictor),
+        "roofline_backward_s": roofline_backward(predictor),
     }
+    if backward is not None:
+        entry["torch_forward_s"] = backward.forward_s * share
+        entry["torch_forward_backward_s"] = backward.forward_backward_s * share
+        entry["backward_s"] = backward.backward_s * share
     if machine_model is not None:
         entry["machine_roofline_s"] = roofline(machine_model)
+        entry["machine_roofline_backward_s"] = roofline_backward(machine_model)
     return entry

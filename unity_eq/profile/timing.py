@@ -86,8 +86,13 @@ def describe_local_device(choice: DeviceChoice, threads: int) -> str:
 
 
 def _memory_bytes(choice: DeviceChoice) -> float:
-    if choice.cuda:
-        return 0.0  # unknown here; machine files carry it
+    if choice.cuda:  # onnxruntime does not say; torch does when it has CUDA (machine files carry it anyway)
+        try:
+            import torch
+
+            return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.0
+        except ImportError:
+            return 0.0
     try:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
