@@ -24,7 +24,7 @@ from unity_eq.egraph import (
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import PlanBuilder
-from unity_eq.extract.chooser import IlpChooser
+from unity_eq.extract.chooser import ExtractionMethod, IlpChooser
 from unity_eq.extract.extractor import Extraction, Extractor
 from unity_eq.extract.greedy import dag_cost, greedy_dag, repair_choice
 from unity_eq.extract.pricing import INF
@@ -182,8 +182,7 @@ class BlockExtractor:
         ``method="ilp"`` then re-extracts every distinct (piece, incoming, outgoing placement) of the chosen
         chain exactly (unity_eq.extract.ilp), sharing ``time_limit_s`` between them.
         """
-        if method not in ("greedy", "ilp"):
-            raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
+        method = ExtractionMethod.checked(method)
         restriction = restriction or Restriction()
         options: dict[tuple[str, Key | None], _Option] = {}
         for signature, sol in self.saturation.solutions.items():
@@ -195,7 +194,7 @@ class BlockExtractor:
         chosen = self._dynamic_program(options, restriction)
         reports: list[Any] = []
         exact: dict[tuple[str, Key | None, Key], dict[str, ENode]] = {}
-        if method == "ilp":
+        if method == ExtractionMethod.ILP:
             exact, reports = self._exact(chosen, options, time_limit_s)
         plan = self._stitch(chosen, options, exact)
         return Extraction(plan, restriction, penalty, reports)

@@ -12,7 +12,7 @@ from unity_eq.egraph import EGraphData, Encoding
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import PlanBuilder, build_plan, check_invariants, output_classes
-from unity_eq.extract.chooser import Choice, Chooser, GreedyChooser, IlpChooser, Unreachable
+from unity_eq.extract.chooser import Choice, Chooser, Unreachable, chooser_chain
 from unity_eq.extract.greedy import parents_of
 from unity_eq.extract.pricing import (
     INF,
@@ -125,10 +125,7 @@ class Extractor:
 
     def choosers(self, method: str, time_limit_s: float) -> list[Chooser]:
         """``greedy``, or ``ilp``: the greedy choice refined by the exact program within ``time_limit_s``."""
-        if method not in ("greedy", "ilp"):
-            raise ExtractionError(f"`--extractor`: expected greedy or ilp, got {method!r}")
-        greedy = GreedyChooser(self.parents)
-        return [greedy] if method == "greedy" else [greedy, IlpChooser(time_limit_s)]
+        return chooser_chain(method, self.parents, time_limit_s)
 
     def extract(
         self,

@@ -84,7 +84,7 @@ def profile_model(
     devices of ``machine``; the machine's roofline is also compared with the measurements
     (``machine_roofline_s``). ``device`` is ``cpu``, ``cuda`` or ``auto`` (CUDA device 0 when usable).
     """
-    from unity_eq.rulesets import load_rule_files
+    from unity_eq.rulefile.manifest import load_rule_files
 
     say = progress or (lambda _m: None)
     if warmup < 0 or repeats < 1 or min_time < 0:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from unity_eq.enginecheck import engine_load_error
 from unity_eq.errors import RuleError
+from unity_eq.rulefile.manifest import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 from unity_eq.rulefile.parse import Program, RuleSource, parse_program
-from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 
 __all__ = ["display_path", "load_program", "read_source", "shipped_rule_files"]
 

@@ -13,12 +13,13 @@ import numpy as np
 
 from unity_eq.dtypes import is_float, relative_precision
 from unity_eq.errors import CheckFailed, ModelError, OptionError, PlanError, RuntimeBackendError
+from unity_eq.lower.onnxrt import make_session, missing_kernel
 from unity_eq.planfile import InputRecord
 from unity_eq.progress import Tracker
-from unity_eq.runtime.devices import choose_device, make_session, missing_kernel, run_in_batches, threads_per_rank
+from unity_eq.runtime.devices import choose_device, run_in_batches, threads_per_rank
 from unity_eq.runtime.execute import execute_local
-from unity_eq.runtime.pipeline import PipelinePlan, is_pipeline_dir, load_pipeline_dir, run_programs, stage_programs
-from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
+from unity_eq.runtime.pipeline import PipelinePlan, read_plan, run_programs, stage_programs
+from unity_eq.runtime.plandir import PlanDir, check_inputs
 from unity_eq.runtime.reference64 import Float64Reference
 from unity_eq.runtime.segments import build_rank_program
 from unity_eq.runtime.weightcheck import check_weight_bytes
@@ -250,7 +251,6 @@ def _compare_exact(name: str, ref: np.ndarray, out: np.ndarray) -> OutputCompari
     return OutputComparison(name, False, float(max(error, 1)), float(max(error, 1)) / scale, index, expected, got)
 
 
-
 def _original_session(model_path: str | Path) -> Any:
     try:
         return make_session(str(model_path), ["CPUExecutionProvider"])
@@ -309,8 +309,9 @@ def check(
     accepts. ``on_progress`` hears a line per input set; ``tracker`` (unity_eq.progress) counts them (row
     ``check``)."""
     tracker = tracker or Tracker()
-    pipeline = load_pipeline_dir(plan_dir) if is_pipeline_dir(plan_dir) else None
-    plan = pipeline.whole if pipeline is not None else load_plan_dir(plan_dir)  # whole: the pipeline's inputs
+    loaded = read_plan(plan_dir)
+    pipeline = loaded if isinstance(loaded, PipelinePlan) else None
+    plan = loaded.whole if isinstance(loaded, PipelinePlan) else loaded  # whole: the pipeline's inputs
     check_plan_is_of(model_path, plan)
     check_weights_present(model_path)
     directories = pipeline.stages if pipeline is not None else [plan]

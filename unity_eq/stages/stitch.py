@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing_extensions import assert_never
 
 from unity_eq.cost import ZERO, Cost
-from unity_eq.errors import PlanError
+from unity_eq.errors import InternalError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import Machine
 from unity_eq.memory import plan_memory
@@ -130,7 +130,7 @@ def stitch_stage(
     stage = _StagePlan(pieces[0].index)
     for piece, option in zip(pieces, chosen, strict=True):
         if option.plan is None:
-            raise PlanError(f"internal error: piece {piece.index} was priced without its plan ({option.extraction})")
+            raise InternalError(f"piece {piece.index} was priced without its plan ({option.extraction})")
         stage.add(piece, reps[piece.signature], option.plan)
     last = pieces[-1]
     if last.stream_out is not None:
