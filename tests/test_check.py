@@ -22,13 +22,13 @@ from unity_eq.cli import main
 from unity_eq.cost import ZERO
 from unity_eq.errors import InternalError, OptionError
 from unity_eq.frontends.onnx import load_onnx
-from unity_eq.input_ranges import integer_input_ranges
 from unity_eq.ir import Graph, Mesh, Shard, TensorType
 from unity_eq.ir import Replicate as R
 from unity_eq.lower import META_COLLECTIVES, META_COORDS, META_PLAN_HASH, META_RANK, lower, write_plan_dir
 from unity_eq.machine import default_machine
 from unity_eq.plan import AllGather, Compute, LoadInput, LoadWeight, Plan, PlanTensor, Slice
 from unity_eq.runtime import InputDraw, check, run_plan
+from unity_eq.runtime.input_ranges import integer_input_ranges
 
 
 @pytest.fixture(scope="module")

@@ -38,12 +38,12 @@ import z3
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
+from unity_eq.egraph.typed_nodes import typed_values, used_outputs
 from unity_eq.extract.build import typed_attrs
 from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ops import registry
 from unity_eq.ops.registry import OPS, PLUGINS, plugin_for, spec_for
 from unity_eq.ops.spec import Family, OpSpec
-from unity_eq.typed_nodes import typed_values, used_outputs
 from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._tensor import (
     NumpyBackend,

@@ -246,7 +246,7 @@ def check_rule_files(paths: Sequence[Path]) -> None:
         tail = f" ({more} more: run `unity-eq verify {' '.join(map(str, extra))}`)" if more else ""
         raise RuleError(program.errors[0] + tail)
     # then egglog itself loads exactly what every mesh's engine worker will load, once, here
-    from unity_eq.enginecheck import engine_load_error
+    from unity_eq.rulefile.engine import engine_load_error
 
     files = load_rule_files([Path(p) for p in paths])
     error = engine_load_error([(display_path(f.path), f.text) for f in files])

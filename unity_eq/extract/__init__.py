@@ -25,10 +25,10 @@ interface as :class:`Extractor`, and the search uses either.
 
 from __future__ import annotations
 
-from unity_eq.extract.baselines import Restriction, candidate_restrictions, extract_variants
+from unity_eq.extract.baselines import Restriction, candidate_restrictions
 from unity_eq.extract.build import build_plan, output_classes
 from unity_eq.extract.chooser import Choice, Chooser, Chosen, ExtractionMethod, GreedyChooser, IlpChooser
-from unity_eq.extract.extractor import Extraction, Extractor, extract_greedy
+from unity_eq.extract.extractor import Extraction, Extractor, extract_greedy, extract_variants
 from unity_eq.extract.greedy import greedy_dag
 from unity_eq.extract.ilp import IlpReport, extract_ilp
 from unity_eq.extract.pricing import node_costs

@@ -5,16 +5,11 @@ the plan they are compared with.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 from unity_eq.egraph import EClass, ENode
-from unity_eq.errors import ExtractionError
 from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS
-
-if TYPE_CHECKING:
-    from unity_eq.extract.extractor import Extraction
 
 
 @dataclass(frozen=True)
@@ -70,12 +65,6 @@ class Restriction:
         return True
 
 
-class Extracts(Protocol):
-    """What extracts a plan under a restriction: ``Extractor`` (one e-graph) or ``BlockExtractor`` (pieces)."""
-
-    def extract(self, restriction: Restriction | None = None) -> Extraction: ...
-
-
 def candidate_restrictions(axes: Sequence[str], strict_data_parallel: bool = True) -> list[Restriction]:
     """The restrictions a mesh's e-graph is extracted under, in order: unrestricted, then on a one-axis mesh
     data parallel (strict, when ``strict_data_parallel``, then not), then tensor parallel along each axis. The
@@ -85,18 +74,3 @@ def candidate_restrictions(axes: Sequence[str], strict_data_parallel: bool = Tru
         found += [Restriction.data_parallel()] if strict_data_parallel else []
         found += [Restriction.data_parallel(strict=False)]
     return found + [Restriction.tensor_parallel(a) for a in axes]
-
-
-def extract_variants(
-    extractor: Extracts, restrictions: Sequence[Restriction], before: Callable[[Restriction], None] | None = None
-) -> Iterator[Extraction]:
-    """Each restriction's extraction (``before`` hears each one first). One that leaves an output unreachable is
-    skipped, except the unrestricted one: every plan must have it."""
-    for restriction in restrictions:
-        if before is not None:
-            before(restriction)
-        try:
-            yield extractor.extract(restriction)
-        except ExtractionError:
-            if restriction.name == "greedy":
-                raise

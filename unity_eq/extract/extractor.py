@@ -4,8 +4,9 @@ restrictions and memory penalties by a chain of choosers (greedy, then optionall
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from unity_eq.cost import CostModel
 from unity_eq.egraph import EGraphData, Encoding
@@ -157,3 +158,24 @@ class Extractor:
 def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> Plan:
     """Extract the cheapest plan (greedy, DAG-aware) whose outputs are the model's outputs, replicated."""
     return Extractor(data, encoding, graph, model).extract().plan
+
+
+class Extracts(Protocol):
+    """What extracts a plan under a restriction: ``Extractor`` (one e-graph) or ``BlockExtractor`` (pieces)."""
+
+    def extract(self, restriction: Restriction | None = None) -> Extraction: ...
+
+
+def extract_variants(
+    extractor: Extracts, restrictions: Sequence[Restriction], before: Callable[[Restriction], None] | None = None
+) -> Iterator[Extraction]:
+    """Each restriction's extraction (``before`` hears each one first). One that leaves an output unreachable is
+    skipped, except the unrestricted one: every plan must have it."""
+    for restriction in restrictions:
+        if before is not None:
+            before(restriction)
+        try:
+            yield extractor.extract(restriction)
+        except ExtractionError:
+            if restriction.name == "greedy":
+                raise

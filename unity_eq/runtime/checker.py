@@ -31,7 +31,7 @@ class InputDraw:
 
     ``normal``: N(0, scale²); ``uniform``: U(−scale, scale); ``integers``: whole numbers in [−scale, scale]
     (exact in float, so a plan that loses or adds a term shows as an exact error). Integer inputs always take
-    values in the ranges that keep the model valid (:mod:`unity_eq.input_ranges`); booleans are fair coins.
+    values in the ranges that keep the model valid (:mod:`unity_eq.runtime.input_ranges`); booleans are fair coins.
     """
 
     kind: str
@@ -455,12 +455,12 @@ def _drawer(
 
 
 def default_int_ranges(model_path: str | Path, plan: PlanDir) -> dict[str, tuple[int, int]]:
-    """Integer ranges that keep the original model valid (see :mod:`unity_eq.input_ranges`)."""
+    """Integer ranges that keep the original model valid (see :mod:`unity_eq.runtime.input_ranges`)."""
     specs = plan.input_specs
     if not any(np.dtype(spec.dtype).kind in "iu" for spec in specs.values()):
         return {}
     from unity_eq.frontends.onnx import load_onnx
-    from unity_eq.input_ranges import integer_input_ranges
+    from unity_eq.runtime.input_ranges import integer_input_ranges
 
     graph = load_onnx(model_path, {name: spec.shape for name, spec in specs.items()})
     return integer_input_ranges(graph, str(model_path))
