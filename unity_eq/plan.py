@@ -20,7 +20,7 @@ step               parallel op (DESIGN.md)      what each device does
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ __all__ = [
     "Replicated",
     "Slice",
     "Step",
+    "renamed_step",
     "step_inputs",
     "step_outputs",
 ]
@@ -153,6 +154,38 @@ def step_outputs(step: Step) -> tuple[str, ...]:
             | Replicated(out=out)
         ):
             return (out,)
+        case _:
+            assert_never(step)
+
+
+def renamed_step(
+    step: Step, rename: Callable[[str], str], weights: Mapping[str, str], inputs: Mapping[str, str]
+) -> Step:
+    """``step`` with its tensors renamed by ``rename``, the weights it loads by ``weights`` and the model inputs
+    it loads by ``inputs`` (names absent from either stay): a piece's plan put into a whole model's or a
+    pipeline stage's (``extract.blocks``, ``stages.stitch``)."""
+    match step:
+        case LoadInput(out=out, name=name):
+            return LoadInput(rename(out), inputs.get(name, name))
+        case LoadWeight(out=out, name=name):
+            return LoadWeight(rename(out), weights.get(name, name))
+        case Compute(outputs=outputs, op_type=op, inputs=sources, attrs=attrs, domain=domain, node=node):
+            return Compute(
+                tuple(rename(o) if o else "" for o in outputs),
+                op,
+                tuple(rename(i) if isinstance(i, str) else i for i in sources),
+                attrs,
+                domain,
+                node,
+            )
+        case Slice(out=out, src=src, dim=dim, axis=axis):
+            return Slice(rename(out), rename(src), dim, axis)
+        case AllGather(out=out, src=src, dim=dim, axis=axis):
+            return AllGather(rename(out), rename(src), dim, axis)
+        case AllReduce(out=out, src=src, axis=axis):
+            return AllReduce(rename(out), rename(src), axis)
+        case Replicated(out=out, src=src, axis=axis):
+            return Replicated(rename(out), rename(src), axis)
         case _:
             assert_never(step)
 

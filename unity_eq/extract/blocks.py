@@ -8,12 +8,11 @@ so the search uses either; each fragment is chosen by the same choosers and buil
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from typing_extensions import assert_never
 
 from unity_eq.blocks import IN, OUT, BlockSaturation, Key, PieceSolution, replicated_key, variant_name
 from unity_eq.cost import ZERO, Cost, CostModel
@@ -31,15 +30,11 @@ from unity_eq.extract.pricing import INF
 from unity_eq.ir import Graph, Replicate, Shard
 from unity_eq.plan import (
     AllGather,
-    AllReduce,
-    Compute,
     LoadInput,
-    LoadWeight,
     Plan,
     PlanTensor,
-    Replicated,
-    Slice,
     Step,
+    renamed_step,
 )
 from unity_eq.split import Piece
 
@@ -326,7 +321,7 @@ class _Stitcher:
             if isinstance(step, LoadInput) and step.name in sol.piece.side_in:
                 rename[step.out] = self.side[names[step.name]]  # made replicated by the first piece
                 continue
-            self.steps.append(_renamed(step, name_of, names))
+            self.steps.append(renamed_step(step, name_of, names, {}))
             self.step_costs.append(cost)
         if piece.stream_out is None:
             for name, cid in zip(self.graph.outputs, extractor.roots, strict=True):
@@ -378,30 +373,3 @@ class _Stitcher:
             cost=total,
             step_costs=self.step_costs,
         )
-
-
-def _renamed(step: Step, name_of: Callable[[str], str], weights: dict[str, str]) -> Step:
-    match step:
-        case LoadInput(out=out, name=name):
-            return LoadInput(name_of(out), name)
-        case LoadWeight(out=out, name=name):
-            return LoadWeight(name_of(out), weights.get(name, name))
-        case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain, node=node):
-            return Compute(
-                tuple(name_of(o) if o else "" for o in outputs),
-                op,
-                tuple(name_of(i) if isinstance(i, str) else i for i in inputs),
-                attrs,
-                domain,
-                node,
-            )
-        case Slice(out=out, src=src, dim=dim, axis=axis):
-            return Slice(name_of(out), name_of(src), dim, axis)
-        case AllGather(out=out, src=src, dim=dim, axis=axis):
-            return AllGather(name_of(out), name_of(src), dim, axis)
-        case AllReduce(out=out, src=src, axis=axis):
-            return AllReduce(name_of(out), name_of(src), axis)
-        case Replicated(out=out, src=src, axis=axis):
-            return Replicated(name_of(out), name_of(src), axis)
-        case _:
-            assert_never(step)
