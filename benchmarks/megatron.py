@@ -66,7 +66,7 @@ def _config_record(plan: Any) -> dict[str, Any]:
 def run_row(name: str) -> dict[str, Any]:
     """Plan one row; the record benchmarks.run tabulates."""
     from unity_eq.cost import TRAINING
-    from unity_eq.rulesets import default_rule_files, load_rule_files
+    from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
     from unity_eq.search.meshes import device_groups
     from unity_eq.stages import StageConfig, evaluate, group_sizes, price_pieces, stage_search
 

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import helper
+
+from unity_eq.errors import ModelError, OptionError
 from unity_eq.frontends.onnx_fold import fold_to_fixpoint, unique_name, used_names
 from unity_eq.frontends.onnx_inputs import fix_input_shapes, parse_input_shape
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, run_checker, upgrade
 from unity_eq.frontends.onnx_read import model_fingerprint, read_model, shape_only
-
-from unity_eq.errors import ModelError, OptionError
 from unity_eq.ir import Graph, Node, TensorType
 
 __all__ = ["MIN_OPSET", "load_onnx", "parse_input_shape"]

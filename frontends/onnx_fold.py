@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, static_type
-from unity_eq.frontends.onnx_read import one_line, shape_only
 
 from unity_eq.errors import ModelError
+from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, static_type
+from unity_eq.frontends.onnx_read import one_line, shape_only
 from unity_eq.ir import TensorType
 
 __all__ = ["fold_to_fixpoint", "unique_name", "used_names"]

@@ -16,9 +16,9 @@ import onnx
 import onnx.inliner
 import onnx.version_converter
 from onnx import helper, numpy_helper
-from unity_eq.frontends.onnx_read import one_line
 
 from unity_eq.errors import ModelError
+from unity_eq.frontends.onnx_read import one_line
 from unity_eq.ir import TensorType
 
 __all__ = ["MIN_OPSET", "Work", "run_checker", "static_type", "upgrade"]

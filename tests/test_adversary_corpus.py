@@ -23,10 +23,10 @@ from typing import Any
 import onnxruntime as ort
 import pytest
 from adversary_numeric import COUNTEREXAMPLES, differ
-from unity_eq.verify import Options, RuleReport, load_program, verify_program
 
 from unity_eq.rulefile.parse import Program
 from unity_eq.rulefile.terms import Rule
+from unity_eq.verify import Options, RuleReport, load_program, verify_program
 
 CORPUS = Path(__file__).parent / "data" / "adversary_corpus.egg"
 NAMES = re.findall(r':name "([^"]+)"', CORPUS.read_text())

@@ -1,4 +1,4 @@
-"""The shape of the code (issue 13, docs/architecture.md): stages import one way, never in a circle.
+"""The shape of the code (issue 13, docs/architecture.md): passes import one way, never in a circle.
 
 These tests read the source with :mod:`ast` (nothing is imported), so they see every import: those at the top
 of a module, those inside functions (a cycle there is still a cycle, only a later one), and those under
@@ -149,7 +149,7 @@ def cycle_in(group: list[str], graph: dict[str, list[Import]]) -> list[Import]:
 
 
 def test_the_tests_see_the_whole_project() -> None:
-    """Guard the guard: the scan finds the stage modules and their imports (an empty scan would pass anything)."""
+    """Guard the guard: the scan finds every pass's modules and their imports (an empty scan would pass anything)."""
     graph = import_graph()
     assert {"unity_eq.cli", "unity_eq.ir", "unity_eq.cost", "unity_eq.verify", "unity_eq.frontends.onnx"} <= set(graph)
     assert sum(len(edges) for edges in graph.values()) > 100
@@ -237,3 +237,172 @@ def test_every_package_ships_in_the_wheel() -> None:
     packages = {module for module, path in module_files().items() if path.name == "__init__.py"}
     missing = sorted(packages - listed)
     assert not missing, f"packages missing from pyproject.toml [tool.setuptools] packages: {missing}"
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to at the level the layout is read: ``unity_eq.search.runner`` →
+    ``unity_eq.search``; a loose module (``unity_eq.files``) is its own."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, list[Import]]) -> dict[str, list[Import]]:
+    """The import graph with every module replaced by its package (edges inside one package dropped)."""
+    packages: dict[str, list[Import]] = {package_of(m): [] for m in graph}
+    for module, edges in graph.items():
+        for edge in edges:
+            if package_of(edge.target) != package_of(module):
+                packages[package_of(module)].append(Import(edge.importer, package_of(edge.target), None, edge.line))
+    return packages
+
+
+def test_no_package_cycle() -> None:
+    """Packages import one way too: two packages that import each other (even through different modules, so no
+    module cycle) are one tangle to a reader (``ops`` ↔ ``rulesets`` and ``lower`` ↔ ``runtime`` once were)."""
+    graph = import_graph()
+    packages = package_graph(graph)
+    circles = []
+    for group in strongly_connected(packages):
+        edges = [f"{e.where()}: {e.importer} → {e.target}" for p in group for e in packages[p] if e.target in group]
+        circles.append(f"{', '.join(group)}:\n    " + "\n    ".join(dict.fromkeys(edges)))
+    assert not circles, "packages that import each other:\n  " + "\n  ".join(circles)
+
+
+def test_package_cycle_finder_sees_a_tangle_of_distinct_modules() -> None:
+    """Guard the guard: a.x → b.y and b.z → a.w is no module cycle but a package cycle."""
+    graph = {
+        "unity_eq.a.x": [Import("unity_eq.a.x", "unity_eq.b.y", None, 1)],
+        "unity_eq.b.y": [],
+        "unity_eq.b.z": [Import("unity_eq.b.z", "unity_eq.a.w", None, 1)],
+        "unity_eq.a.w": [],
+    }
+    assert strongly_connected(graph) == []
+    assert strongly_connected(package_graph(graph)) == [["unity_eq.a", "unity_eq.b"]]
+
+
+def test_no_private_module_is_imported_from_another_package() -> None:
+    """``unity_eq.verify._cli`` is the verifier's own business: another package imports what the package
+    exports (its ``__init__``), so the private modules can move without breaking it."""
+    found = [
+        f"{edge.where()}: {module} imports {edge.target}"
+        for module, edges in import_graph().items()
+        for edge in edges
+        if package_of(edge.target) != package_of(module)
+        and any(part.startswith("_") and not part.startswith("__") for part in edge.target.split("."))
+    ]
+    assert not found, "private modules imported across packages (export the name instead):\n  " + "\n  ".join(found)
+
+
+def depths(graph: dict[str, list[Import]]) -> dict[str, int]:
+    """Each module's depth: 0 when it imports nothing of ours, else one more than its deepest import."""
+    found: dict[str, int] = {}
+    for root in graph:
+        work = [root]
+        while work:
+            module = work[-1]
+            pending = [e.target for e in graph[module] if e.target not in found]
+            if pending:
+                work.extend(pending)
+                continue
+            work.pop()
+            found[module] = 1 + max((found[e.target] for e in graph[module]), default=-1)
+    return found
+
+
+def layer_table() -> list[tuple[int, int, list[str]]]:
+    """The rows of docs/architecture.md's layer table: (lowest depth, highest depth, the names in the row)."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+)-(\d+) \| (.*?) \| .* \|$", text, re.MULTILINE)
+    return [(int(lo), int(hi), re.findall(r"`([^`]+)`", cell)) for lo, hi, cell in rows]
+
+
+def test_the_layer_table_matches_the_imports() -> None:
+    """docs/architecture.md's layer table says how deep each module sits; a module named there must sit in its
+    row's range, and a package named ``pkg.*`` has its deepest module (of those not named on their own) there.
+    ``ops.<family>`` stands for every op family module. Every module is in some row."""
+    graph = import_graph()
+    depth = depths(graph)
+    rows = layer_table()
+    assert rows, "docs/architecture.md has no layer table"
+    named = {name for _, _, names in rows for name in names}
+    families = {f"unity_eq.ops.{path.stem}" for path in (ROOT / "unity_eq" / "ops").glob("*.py")} & {
+        m for m in graph if any(e.target == "unity_eq.ops.family" for e in graph[m])
+    }
+    wrong, covered = [], set()
+    for lo, hi, names in rows:
+        for name in names:
+            full = "unity_eq" if name == "unity_eq" else f"unity_eq.{name}"
+            if name == "ops.<family>":
+                members = sorted(families - {f"unity_eq.{n}" for n in named})
+            elif name.endswith(".*"):
+                package = full[:-2]
+                members = [
+                    m
+                    for m in graph
+                    if m.startswith(package + ".") and m.removeprefix("unity_eq.") not in named and m not in families
+                ]
+                covered.update(members)
+                covered.add(package)
+                members = [max(members, key=lambda m: depth[m])] if members else []
+            else:
+                assert full in graph, f"docs/architecture.md's layer table names {name!r}, which is no module"
+                members = [full]
+            covered.update(members)
+            wrong += [f"{m}: depth {depth[m]}, the table says {lo}-{hi}" for m in members if not lo <= depth[m] <= hi]
+    missing = sorted(m for m in graph if m not in covered and package_of(m) not in covered)
+    missing = [m for m in missing if not m.startswith("unity_eq.verify")]  # the prover sits aside (the text says)
+    assert not wrong, "docs/architecture.md's layer table is out of date:\n  " + "\n  ".join(wrong)
+    assert not missing, f"modules in no row of docs/architecture.md's layer table: {missing}"
+
+
+def test_the_optimize_path_imports_no_z3() -> None:
+    """``optimize`` never loads the prover's solver: no module the driver reaches through module-level imports
+    imports z3 at module level (the op families import it only inside their ``axioms`` hooks), and importing
+    the driver and the CLI's optimize command leaves z3 unloaded."""
+    import subprocess
+    import sys
+
+    graph = import_graph()
+    reached, work = set(), ["unity_eq.driver", "unity_eq.cli.optimize"]
+    while work:
+        module = work.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        tree = ast.parse(module_files()[module].read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only: what importing the module runs
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n == "z3" or n.startswith("z3.") for n in names), f"{module} imports z3 at module level"
+        work += [e.target for e in graph[module] if e.line in _module_level_lines(module)]
+    assert "unity_eq.driver.spmd" in reached and "unity_eq.search" in reached  # the scan followed the driver
+    code = "import sys, unity_eq.driver, unity_eq.cli.optimize; print('z3' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "False"
+
+
+def _module_level_lines(module: str) -> set[int]:
+    """The lines of a module's own top-level imports (not those inside functions or ``if TYPE_CHECKING:``)."""
+    tree = ast.parse(module_files()[module].read_text(encoding="utf-8"))
+    return {node.lineno for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)}
+
+
+def test_generated_rule_files_are_listed_apart_from_hand_written_ones() -> None:
+    """The manifest tells a file a person writes from one a generator rewrites: the op registry's output
+    (``python -m unity_eq.ops``, ``ops.schema.generated_files``) is exactly SPEC_GENERATED_RULE_FILES, and no
+    hand-written file says it is generated (parallel/elementwise.egg once was listed as hand-written)."""
+    from unity_eq.ops.schema import generated_files
+    from unity_eq.rulefile.manifest import (
+        CORE_RULE_FILES,
+        HAND_WRITTEN_RULE_FILES,
+        SPEC_GENERATED_RULE_FILES,
+        rules_dir,
+    )
+
+    root = rules_dir()
+    spec = {path.relative_to(root).as_posix() for path in generated_files()} - {"schema.egg"}
+    assert spec == set(SPEC_GENERATED_RULE_FILES)
+    assert set(CORE_RULE_FILES) == set(HAND_WRITTEN_RULE_FILES) | spec and not spec & set(HAND_WRITTEN_RULE_FILES)
+    claims = [n for n in HAND_WRITTEN_RULE_FILES if "GENERATED" in (root / n).read_text(encoding="utf-8")[:400]]
+    assert not claims, f"hand-written rule files that say they are generated: {claims}"

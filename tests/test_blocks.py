@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import check, optimize
 from unity_eq.blocks import boundary_keys, saturate_pieces
 from unity_eq.egraph import Limits
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Mesh
-from unity_eq.rulesets import load_rule_files
+from unity_eq.rulefile.manifest import load_rule_files
 from unity_eq.split import split_graph
 
 torch = pytest.importorskip("torch")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import check, optimize
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.split import split_graph
 
 torch = pytest.importorskip("torch")

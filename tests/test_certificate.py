@@ -12,8 +12,6 @@ from pathlib import Path
 import egglog.bindings as bindings
 import pytest
 from rich.console import Console
-from unity_eq.verify import Options
-from unity_eq.verify._cli import run as run_verify
 
 from unity_eq.rulefile.certificate import (
     OPT_OUT,
@@ -23,7 +21,9 @@ from unity_eq.rulefile.certificate import (
     load_certificate,
 )
 from unity_eq.rulefile.load import load_program
-from unity_eq.rulesets import load_rule_files, rules_dir
+from unity_eq.rulefile.manifest import load_rule_files, rules_dir
+from unity_eq.verify import Options
+from unity_eq.verify._cli import run as run_verify
 
 RULES = """\
 ; a user's rules

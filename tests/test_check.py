@@ -16,19 +16,19 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import optimize
 from unity_eq.cli import main
 from unity_eq.cost import ZERO
-from unity_eq.errors import OptionError, PlanError
-from unity_eq.input_ranges import integer_input_ranges
+from unity_eq.errors import InternalError, OptionError
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Graph, Mesh, Shard, TensorType
 from unity_eq.ir import Replicate as R
 from unity_eq.lower import META_COLLECTIVES, META_COORDS, META_PLAN_HASH, META_RANK, lower, write_plan_dir
 from unity_eq.machine import default_machine
 from unity_eq.plan import AllGather, Compute, LoadInput, LoadWeight, Plan, PlanTensor, Slice
 from unity_eq.runtime import InputDraw, check, run_plan
+from unity_eq.runtime.input_ranges import integer_input_ranges
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +356,7 @@ def test_optimize_refuses_to_write_a_device_file_that_does_not_load(tmp_path: Pa
         for s in plan.steps
     ]
     plan.steps[:] = broken
-    with pytest.raises(PlanError, match=r"device_0\.onnx: the lowered device model is invalid \(onnx"):
+    with pytest.raises(InternalError, match=r"device_0\.onnx: the lowered device model is invalid \(onnx"):
         write_plan_dir(lower(plan, graph), tmp_path / "plan")
     assert not (tmp_path / "plan").exists() and not list(tmp_path.iterdir())
 

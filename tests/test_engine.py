@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import ops
 from unity_eq.egraph import (
@@ -17,10 +16,11 @@ from unity_eq.egraph import (
     saturate,
 )
 from unity_eq.errors import RuleError, SaturationError
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Graph, Mesh, Node, TensorType
 from unity_eq.ops.reduce import reduce_pairs
 from unity_eq.ops.reshape import reshape_pairs
-from unity_eq.rulesets import DEFAULT_RULE_FILES, load_rule_files, rules_dir
+from unity_eq.rulefile.manifest import DEFAULT_RULE_FILES, load_rule_files, rules_dir
 
 
 def _mlp_graph(batch: int = 8, hidden: int = 64, ffn: int = 256) -> Graph:
@@ -169,12 +169,12 @@ def test_every_op_belongs_to_one_family_whose_rules_ship() -> None:
     """The registry is the one place a family is declared: every typed op has a family holding its spec, every
     family's rule file is loaded by `optimize` and proven by `verify`, and says its proof ranges in words."""
     from unity_eq.ops.registry import FAMILIES, OPS, family_for
-    from unity_eq.rulesets import HAND_WRITTEN_RULE_FILES
+    from unity_eq.rulefile.manifest import CORE_RULE_FILES
 
     for name, spec in OPS.items():
         family = family_for(name)
         assert family is not None and spec in family.specs, name
     assert sum(len(family.specs) for family in FAMILIES) == len(OPS)
     for family in FAMILIES:
-        assert family.rule_file in HAND_WRITTEN_RULE_FILES, family.name
+        assert family.rule_file in CORE_RULE_FILES, family.name
         assert family.ranges, f"{family.name}: say its proof ranges in words (docs/verify.md)"

@@ -20,7 +20,7 @@ from unity_eq.extract.greedy import dag_cost, find_cycle
 from unity_eq.ir import Mesh
 from unity_eq.machine import default_machine
 from unity_eq.memory import plan_memory
-from unity_eq.rulesets import load_rule_files
+from unity_eq.rulefile.manifest import load_rule_files
 
 
 def _egraph(classes: dict[str, list[tuple[str, float, tuple[str, ...]]]]) -> tuple[EGraphData, dict[str, float]]:
@@ -174,7 +174,7 @@ def test_stage_search_pieces_get_the_differentiable_option() -> None:
 
     from unity_eq.cost import TRAINING
     from unity_eq.machine import load_machine
-    from unity_eq.rulesets import default_rule_files
+    from unity_eq.rulefile.manifest import default_rule_files
     from unity_eq.stages import price_pieces
 
     def graph_at(batch: int):  # type: ignore[no-untyped-def]

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq.cost import Cost, CostModel
 from unity_eq.egraph import EGraphData, ENode, encode, parse_serialized, saturate
@@ -15,9 +14,10 @@ from unity_eq.extract import extract_greedy, node_costs, output_classes
 from unity_eq.extract.greedy import find_cycle
 from unity_eq.extract.ilp import extract_ilp
 from unity_eq.extract.pricing import INF
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Graph, Mesh, Node, TensorType
 from unity_eq.machine import default_machine
-from unity_eq.rulesets import load_rule_files
+from unity_eq.rulefile.manifest import load_rule_files
 
 
 def _graph(ops: list[str]) -> Graph:

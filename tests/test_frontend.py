@@ -16,9 +16,9 @@ import onnxruntime as ort
 import pytest
 from model_zoo import export_torch_transformer, light_model_paths, randomized_light_model
 from onnx import helper, numpy_helper
-from unity_eq.frontends.onnx import load_onnx, parse_input_shape
 
 from unity_eq.errors import DynamicShapeError, ModelError, OptionError
+from unity_eq.frontends.onnx import load_onnx, parse_input_shape
 from unity_eq.ir import Graph
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

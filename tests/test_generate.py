@@ -10,22 +10,22 @@ from typing import Any
 
 import pytest
 from conftest import run_cli
-from unity_eq.verify import Options, verify_rules
-from unity_eq.verify._generate import _prove, check_ops, generate_rules
 
 from unity_eq.cli import main as cli_main
+from unity_eq.driver import optimize
 from unity_eq.errors import OptionError
-from unity_eq.pipeline import optimize
-from unity_eq.rulefile.parse import RuleSource, parse_program
-from unity_eq.rulesets import (
+from unity_eq.rulefile.manifest import (
     BASE_FILES,
+    CORE_RULE_FILES,
     DEFAULT_RULE_FILES,
     GENERATED_DEFAULT_FILES,
     GENERATED_RULE_FILES,
-    HAND_WRITTEN_RULE_FILES,
     rules_dir,
 )
+from unity_eq.rulefile.parse import RuleSource, parse_program
 from unity_eq.runtime import check
+from unity_eq.verify import Options, verify_rules
+from unity_eq.verify._generate import _prove, check_ops, generate_rules
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -103,7 +103,7 @@ def test_generated_files_are_in_the_manifest() -> None:
     assert set(GENERATED_DEFAULT_FILES) <= set(DEFAULT_RULE_FILES)
     assert set(GENERATED_DEFAULT_FILES) <= set(GENERATED_RULE_FILES)
     root = rules_dir()
-    sources = [RuleSource(n, (root / n).read_text()) for n in (*BASE_FILES, *HAND_WRITTEN_RULE_FILES)]
+    sources = [RuleSource(n, (root / n).read_text()) for n in (*BASE_FILES, *CORE_RULE_FILES)]
     generated = [RuleSource(n, (root / n).read_text()) for n in GENERATED_RULE_FILES if (root / n).exists()]
     program = parse_program(generated, sources)
     assert program.errors == []
@@ -250,7 +250,7 @@ def test_the_unsound_generated_rules_of_issue_12_are_refuted() -> None:
     assert len(result.rules) == 19 and not result.errors
     for r in result.rules:
         assert r.status == "refuted" and r.counterexample is not None, (r.name, r.status, r.message)
-    files = [*BASE_FILES, *HAND_WRITTEN_RULE_FILES, *GENERATED_RULE_FILES]
+    files = [*BASE_FILES, *CORE_RULE_FILES, *GENERATED_RULE_FILES]
     shipped = {r.name for r in parse_program([], [RuleSource(n, (rules_dir() / n).read_text()) for n in files]).rules}
     assert not {r.name.removeprefix("issue12-") for r in result.rules} & shipped
 
@@ -260,10 +260,9 @@ def test_the_generator_decides_drafts_as_verify_does() -> None:
     check, the numeric back-up last) but must reach `unity-eq verify`'s verdict: the 19 unsound rules of
     issue 12 are refuted, with the verifier's refutation; shipped rules proven generically (cross-checked)
     and bounded are proven."""
+    from unity_eq.rulefile.load import load_program
     from unity_eq.verify._generate import _base, decide_draft
     from unity_eq.verify._verify import verify_program
-
-    from unity_eq.rulefile.load import load_program
 
     facts = _base().facts
     path = Path(__file__).parent / "data" / "issue12-unsound-generated.egg"

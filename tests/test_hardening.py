@@ -106,7 +106,6 @@ def test_mesh_enumeration_is_fast_at_100k_devices(examples: Path, devices: int) 
     """Every factorization of 100 000 devices into 1-3 axes (371 meshes) laid on the machine, priced and
     pruned, in about a second (it was a pure-Python loop over every rank of every group: hours)."""
     from unity_eq.frontends.onnx import load_onnx
-
     from unity_eq.search import candidate_meshes
 
     graph = load_onnx(examples / "mlp.onnx")
@@ -121,7 +120,6 @@ def test_mesh_enumeration_is_fast_at_100k_devices(examples: Path, devices: int) 
 
 def test_mesh_enumeration_of_many_nodes_is_fast(examples: Path) -> None:
     from unity_eq.frontends.onnx import load_onnx
-
     from unity_eq.machine import load_machine
     from unity_eq.search import candidate_meshes
 

@@ -217,7 +217,6 @@ def test_device_groups_of_homogeneous_and_mixed_machines(examples: Path) -> None
     are the ones it got before plans on part of a machine); mixed.toml is two groups, the H100 node
     dominating the A100 node (not the other way), whose meshes are one skipped entry."""
     from unity_eq.frontends.onnx import load_onnx
-
     from unity_eq.search.meshes import _dominates, candidate_meshes, device_groups
 
     graph = load_onnx(examples / "mlp.onnx")

@@ -27,7 +27,7 @@ from unity_eq.ir import Mesh
 from unity_eq.lower.pipeline import lower_pipeline
 from unity_eq.machine import Machine, default_machine
 from unity_eq.planfile.pipeline import read_pipeline_record
-from unity_eq.rulesets import default_rule_files, load_rule_files
+from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
 from unity_eq.runtime.checker import run_original
 from unity_eq.runtime.pipeline import load_pipeline_dir, run_pipeline
 from unity_eq.search.meshes import device_groups

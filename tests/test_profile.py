@@ -9,17 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import optimize
 from unity_eq.cost import CostModel, OpInstance
 from unity_eq.egraph import encode, parse_serialized, saturate
 from unity_eq.extract import node_costs
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Mesh
 from unity_eq.machine import default_machine
 from unity_eq.profile import calibrated_machine, op_instances, profile_model
 from unity_eq.profile_table import PROFILE_FORMAT_VERSION, ProfileError, ProfileTable, load_profile
-from unity_eq.rulesets import load_rule_files
+from unity_eq.rulefile.manifest import load_rule_files
 
 FAST = {"warmup": 1, "repeats": 2, "min_time": 0.0, "threads": 1}
 

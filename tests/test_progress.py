@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 from rich.console import Console
-from unity_eq.frontends.onnx import load_onnx
 
 import unity_eq.search.choose as search_module
 from unity_eq import optimize
 from unity_eq.extract import Restriction
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.machine import default_machine
 from unity_eq.memory import plan_memory
 from unity_eq.planfile import PlanReport
 from unity_eq.progress import LiveTracker
-from unity_eq.rulesets import default_rule_files, load_rule_files
+from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
 from unity_eq.search import search
 
 ESCAPE = "\x1b["

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq import optimize
 from unity_eq.egraph import Limits, encode, parse_serialized, saturate
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Mesh, Shard
-from unity_eq.rulesets import load_rule_files
+from unity_eq.rulefile.manifest import load_rule_files
 from unity_eq.runtime import check
 
 # batch, sequence, hidden, vocabulary: the log-probs [16, 64, 2048] are 8 MiB, big enough that the cost model

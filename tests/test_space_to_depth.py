@@ -12,14 +12,14 @@ import onnx
 import pytest
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
-from unity_eq.frontends.onnx import load_onnx
 
 from unity_eq.egraph import Limits, encode, parse_serialized, saturate
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Mesh
 from unity_eq.ops.registry import PLUGINS, check_plugin_kinds, plugin_for
 from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
 from unity_eq.ops.spec import Family
-from unity_eq.rulesets import DEFAULT_RULE_FILES, load_rule_files, rules_dir
+from unity_eq.rulefile.manifest import DEFAULT_RULE_FILES, load_rule_files, rules_dir
 
 RULES = rules_dir() / "parallel" / "space_to_depth.egg"
 

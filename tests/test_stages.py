@@ -17,11 +17,11 @@ from unity_eq.errors import InfeasiblePlanError
 from unity_eq.ir import Mesh
 from unity_eq.machine import load_machine
 from unity_eq.planfile.pipeline import read_pipeline_record
-from unity_eq.rulesets import default_rule_files, load_rule_files
+from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
 from unity_eq.stages import StageConfig, evaluate, price_pieces, stage_search
+from unity_eq.stages.config import RECOMPUTE, configurations
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.schedule import bubble_fraction, in_flight, pipeline_seconds
-from unity_eq.stages.search import RECOMPUTE, configurations
 from unity_eq.stages.state import microbatch_traffic_s, shard_factors, step_traffic_s
 
 MACHINE_TOML = """

@@ -1,4 +1,4 @@
-"""One planner for training (unity_eq.training): ``optimize --objective training`` weighs the SPMD search's plan
+"""One planner for training (unity_eq.driver.training): ``optimize --objective training`` weighs the SPMD search's plan
 against pipelines of two or more stages on the same workload and writes the cheaper, with no ``--pipeline``.
 
 The machines are made so the answer is known from the cost model's terms: on two nodes of one slow device each

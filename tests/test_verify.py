@@ -17,18 +17,18 @@ from typing import Any
 
 import egglog.bindings as bindings
 import pytest
+
+from unity_eq.cli import main as cli_main
+from unity_eq.ops.registry import plugin_for
+from unity_eq.rulefile.load import shipped_rule_files
+from unity_eq.rulefile.manifest import rules_dir
+from unity_eq.rulefile.parse import RuleSource, parse_program
+from unity_eq.rulefile.terms import App, walk
 from unity_eq.verify import Options, load_program, verify_rules
 from unity_eq.verify._gen import op_instances
 from unity_eq.verify._guards import DerivedFacts, GuardContext, solve_guards
 from unity_eq.verify._semantics import Placements, VarSpec
 from unity_eq.verify._verify import _templates_first, decide_rule
-
-from unity_eq.cli import main as cli_main
-from unity_eq.ops.registry import plugin_for
-from unity_eq.rulefile.load import shipped_rule_files
-from unity_eq.rulefile.parse import RuleSource, parse_program
-from unity_eq.rulefile.terms import App, walk
-from unity_eq.rulesets import rules_dir
 
 SHIPPED, _TARGETS = load_program()
 # every shipped rule, hand-written and generated (all of rules/generated/, loaded by default or not); rules
@@ -575,6 +575,7 @@ def test_same_polynomial_proves_only_identities() -> None:
     """The bounded check's shortcut before the solver: a sum-of-monomials difference of 0 proves a pair;
     anything else is left to the solver (never a proof of an unequal pair)."""
     import z3
+
     from unity_eq.verify._tensor import Z3Backend, same_polynomial
 
     bk = Z3Backend()

@@ -37,7 +37,13 @@ import pytest
 import z3
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+from unity_eq.egraph.typed_nodes import typed_values, used_outputs
+from unity_eq.extract.build import typed_attrs
 from unity_eq.frontends.onnx import load_onnx
+from unity_eq.ops import registry
+from unity_eq.ops.registry import OPS, PLUGINS, plugin_for, spec_for
+from unity_eq.ops.spec import Family, OpSpec
 from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._tensor import (
     NumpyBackend,
@@ -47,12 +53,6 @@ from unity_eq.verify._tensor import (
     Z3IntegerBackend,
     evaluate,
 )
-
-from unity_eq.extract.build import typed_attrs
-from unity_eq.ops import registry
-from unity_eq.ops.registry import OPS, PLUGINS, plugin_for, spec_for
-from unity_eq.ops.spec import Family, OpSpec
-from unity_eq.typed_nodes import typed_values, used_outputs
 
 OPSET = 21
 IR_VERSION = 10  # onnxruntime 1.31 refuses the IR version onnx 1.23 writes by default
@@ -887,10 +887,9 @@ def test_the_ops_a_proof_may_not_stand_for_are_exactly_the_exact_ones() -> None:
     """verify/_verify.py reuses a proof about an uninterpreted elementwise op (``bk.apply``) for every op of its
     kind; ``elementwise.INTERPRETED`` names the ops it must never do that for. An op made exact without being
     listed there (or listed but uninterpreted) would make that reuse unsound: each op's evaluation decides."""
+    from unity_eq.ops.elementwise import ELEMENTWISE, INTERPRETED
     from unity_eq.verify._gen import op_instances
     from unity_eq.verify._semantics import SYMBOLIC, VarSpec
-
-    from unity_eq.ops.elementwise import ELEMENTWISE, INTERPRETED
 
     class Recording(NumpyBackend):
         def __init__(self) -> None:

@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from unity_eq.rulefile.load import load_program
+from unity_eq.rulefile.terms import App, Lit, Term, Var
 from unity_eq.verify import Options, verify_rules
 from unity_eq.verify._generic import prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._semantics import gradient_placements, infer_placements
-
-from unity_eq.rulefile.load import load_program
-from unity_eq.rulefile.terms import App, Lit, Term, Var
 
 
 def verify_text(tmp_path: Path, text: str, **options: Any) -> dict[str, Any]:

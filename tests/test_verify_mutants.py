@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from unity_eq.verify import Options, RuleReport, load_program, verify_program
 
 from unity_eq.rulefile.parse import Program
 from unity_eq.rulefile.terms import Rule
+from unity_eq.verify import Options, RuleReport, load_program, verify_program
 
 CORPUS = Path(__file__).parent / "data" / "mutants_corpus.egg"
 NAMES = re.findall(r':name "([^"]+)"', CORPUS.read_text())

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from unity_eq.verify import Options, verify_rules
 
 from unity_eq.cli import main as cli_main
+from unity_eq.verify import Options, verify_rules
 
 
 def _verify(tmp_path: Path, text: str, **options: Any) -> dict[str, Any]:

@@ -14,15 +14,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from unity_eq.frontends.onnx import load_onnx
-from unity_eq.verify._tensor import NumpyIntegerBackend, Z3IntegerBackend
-from unity_eq.verify._types import check_types, integer_assignments
-from unity_eq.verify._verify import Options, load_program, verify_program
 
+from unity_eq.egraph.typed_nodes import typed_values, used_outputs
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ops.dtypes import node_types_allowed, op_types
 from unity_eq.ops.registry import OPS, spec_for
 from unity_eq.rulefile.terms import Rule
-from unity_eq.typed_nodes import typed_values, used_outputs
+from unity_eq.verify._tensor import NumpyIntegerBackend, Z3IntegerBackend
+from unity_eq.verify._types import check_types, integer_assignments
+from unity_eq.verify._verify import Options, load_program, verify_program
 
 
 def _rules(tmp_path: Path, text: str) -> tuple[object, dict[str, Rule]]:

@@ -18,11 +18,11 @@ import onnx
 import pytest
 from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
-from unity_eq.frontends.onnx import load_onnx
 
+from unity_eq.driver import optimize
 from unity_eq.errors import ModelError, OptionError
+from unity_eq.frontends.onnx import load_onnx
 from unity_eq.lower import lower, write_plan_dir
-from unity_eq.pipeline import optimize
 
 HIDDEN = 64
 
@@ -234,6 +234,7 @@ def test_weight_input_must_name_a_model_input() -> None:
 
 def test_a_pytorch_model_on_the_meta_device_is_planned_without_weights(tmp_path: Path) -> None:
     import torch
+
     from unity_eq.frontends.torch_meta import ABSENT_SUFFIX, export_meta
 
     class Mlp(torch.nn.Module):

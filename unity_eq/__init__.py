@@ -2,7 +2,7 @@
 
 The public entry points are :func:`optimize` (model → plan directory), :func:`run_plan` (plan directory →
 outputs) and :func:`check` (original vs plan on the same inputs), and the placement types. Everything else
-is reachable through its stage module (``unity_eq.ir``, ``unity_eq.egraph``, ``unity_eq.cost`` and
+is reachable through the module of its pass (``unity_eq.ir``, ``unity_eq.egraph``, ``unity_eq.cost`` and
 ``unity_eq.machine``, ``unity_eq.extract``, ``unity_eq.memory``, ``unity_eq.search``, ``unity_eq.plan``,
 ``unity_eq.report``, ``unity_eq.lower``, ``unity_eq.runtime``, ``unity_eq.explain``) but is not promised stable.
 
@@ -33,15 +33,15 @@ __all__ = [
 ]
 
 _LAZY = {
-    "optimize": "unity_eq.pipeline",
-    "OptimizeResult": "unity_eq.pipeline",
+    "optimize": "unity_eq.driver",
+    "OptimizeResult": "unity_eq.driver",
     "run_plan": "unity_eq.runtime",
     "check": "unity_eq.runtime",
     "CheckResult": "unity_eq.runtime",
 }
 
 if TYPE_CHECKING:
-    from unity_eq.pipeline import OptimizeResult, optimize
+    from unity_eq.driver import OptimizeResult, optimize
     from unity_eq.runtime import CheckResult, check, run_plan
 
 

@@ -45,7 +45,7 @@ from unity_eq.egraph import (
     saturate,
 )
 from unity_eq.ir import Graph, Mesh
-from unity_eq.rulesets import RuleFile
+from unity_eq.rulefile.manifest import RuleFile
 from unity_eq.split import BlockSplit, Piece, piece_graph
 
 Key = tuple[str, ...]  # a placement per mesh axis, short forms: ("S(0)", "R")

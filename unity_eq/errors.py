@@ -4,6 +4,9 @@ Every failure caused by input (a model, a machine file, a rule file, a plan dire
 subclass of :class:`UnityEqError`. The CLI prints ``str(error)`` as one line and exits non-zero; anything else
 that escapes is a bug in unity-eq and keeps its traceback.
 
+Our own bugs raise :class:`InternalError`, which is deliberately *not* a UnityEqError: the CLI lets it
+escape with its traceback, since a one-line ``error:`` would hide where the bug is.
+
 Messages follow one form: what is wrong, the values found, and what to do about it, e.g.
 ``model.onnx: input 'x' has a dynamic dimension 'batch'. Pass `--input-shape x=2x16`.``
 """
@@ -61,3 +64,8 @@ class CheckFailed(UnityEqError):
     """The plan's outputs differ from the original model's."""
 
     exit_code = 1
+
+
+class InternalError(Exception):
+    """A bug in unity-eq (an invariant of our own broke), never the user's input: not a UnityEqError, so the CLI
+    keeps its traceback instead of printing one ``error:`` line."""

@@ -39,6 +39,7 @@ __all__ = [
     "Replicate",
     "Shard",
     "TensorType",
+    "divisors",
     "parse_placement",
 ]
 
@@ -205,6 +206,13 @@ class Graph:
 
 
 @functools.lru_cache(maxsize=8)
+def divisors(n: int) -> list[int]:
+    """Every positive divisor of ``n``, ascending: the sizes a mesh axis, a tensor group or a microbatch count
+    over ``n`` devices or samples can take (the mesh search and the stage search both enumerate them)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def machine_order(n: int) -> tuple[int, ...]:
     """``(0, 1, …, n-1)``: ranks on the machine's devices in order. One shared tuple per size, so the many meshes
     of a search over 100k devices share it (and cost models recognise it by identity)."""

@@ -22,7 +22,7 @@ step               parallel op (DESIGN.md)      what each device does
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ __all__ = [
     "Replicated",
     "Slice",
     "Step",
+    "renamed_step",
     "step_inputs",
     "step_outputs",
 ]
@@ -122,6 +123,32 @@ def step_outputs(step: Step) -> tuple[str, ...]:
             return tuple(o for o in outputs if o)
         case LoadInput(out=out) | LoadWeight(out=out) | CollectiveStep(out=out):
             return (out,)
+        case _:
+            assert_never(step)
+
+
+def renamed_step(
+    step: Step, rename: Callable[[str], str], weights: Mapping[str, str], inputs: Mapping[str, str]
+) -> Step:
+    """``step`` with its tensors renamed by ``rename``, the weights it loads by ``weights`` and the model inputs
+    it loads by ``inputs`` (names absent from either stay): a piece's plan put into a whole model's or a
+    pipeline stage's (``extract.blocks``, ``stages.stitch``)."""
+    match step:
+        case LoadInput(out=out, name=name):
+            return LoadInput(rename(out), inputs.get(name, name))
+        case LoadWeight(out=out, name=name):
+            return LoadWeight(rename(out), weights.get(name, name))
+        case Compute(outputs=outputs, op_type=op, inputs=sources, attrs=attrs, domain=domain, node=node):
+            return Compute(
+                tuple(rename(o) if o else "" for o in outputs),
+                op,
+                tuple(rename(i) if isinstance(i, str) else i for i in sources),
+                attrs,
+                domain,
+                node,
+            )
+        case CollectiveStep():
+            return step.renamed(rename)
         case _:
             assert_never(step)
 

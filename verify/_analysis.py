@@ -24,15 +24,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from unity_eq.verify._bounded import Case, bounded_token, rule_meshes
-from unity_eq.verify._gen import GenConfig, generate_lhs
-from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, solve_guards
-from unity_eq.verify._semantics import PARALLEL, Placements
-
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.checks import Checker
 from unity_eq.rulefile.env import Env
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var, walk
+from unity_eq.verify._bounded import Case, bounded_token, rule_meshes
+from unity_eq.verify._gen import GenConfig, generate_lhs
+from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, solve_guards
+from unity_eq.verify._semantics import PARALLEL, Placements
 
 __all__ = ["CHECKED_RELATIONS", "AnalysisOutcome", "check_analysis_decl", "checked_claims"]
 

@@ -34,6 +34,11 @@ from typing import Any
 
 import numpy as np
 import z3
+
+from unity_eq.ir import Mesh
+from unity_eq.ops.registry import OPS
+from unity_eq.rulefile.certificate import component_value, domain_components
+from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._gen import GenConfig, generate_lhs
 from unity_eq.verify._guards import (
     DerivedFacts,
@@ -59,11 +64,6 @@ from unity_eq.verify._semantics import (
     tensor_nodes,
 )
 from unity_eq.verify._tensor import Z3Backend, same_polynomial
-
-from unity_eq.ir import Mesh
-from unity_eq.ops.registry import OPS
-from unity_eq.rulefile.certificate import component_value, domain_components
-from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = [
     "BoundedResult",

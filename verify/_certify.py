@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unity_eq.verify._verify import RuleReport
-
 from unity_eq.rulefile.certificate import (
     CERTIFICATE_NAME,
     Certificate,
@@ -24,7 +22,8 @@ from unity_eq.rulefile.certificate import (
     load_certificate,
     write_certificate,
 )
-from unity_eq.rulesets import rules_dir
+from unity_eq.rulefile.manifest import rules_dir
+from unity_eq.verify._verify import RuleReport
 
 __all__ = ["CertificateCheck", "certify"]
 

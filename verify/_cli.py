@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+
 from unity_eq.verify._verify import Options, Report, RuleReport, verify_rules
 
 __all__ = ["main", "render", "run"]
@@ -148,9 +149,8 @@ def _certificates(
     report: Report, paths: Sequence[Path] | None, names: Sequence[str], write: bool, out: Console
 ) -> bool:
     """Write or compare the proof certificates (verify/_certify.py); True when the shipped one is stale."""
+    from unity_eq.rulefile.manifest import rules_dir
     from unity_eq.verify._certify import certify
-
-    from unity_eq.rulesets import rules_dir
 
     shipped = rules_dir().resolve()
     complete = not names and (not paths or not any(Path(p).resolve().is_relative_to(shipped) for p in paths))

@@ -32,12 +32,12 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from unity_eq.verify._semantics import State, chunk_of
-from unity_eq.verify._tensor import NumpyBackend, ShapeError, evaluate, infer_shape
 
 from unity_eq.collectives import TERMS
 from unity_eq.ir import Mesh
 from unity_eq.rulefile.terms import App, Lit, Term, Var
+from unity_eq.verify._semantics import State, chunk_of
+from unity_eq.verify._tensor import NumpyBackend, ShapeError, evaluate, infer_shape
 
 __all__ = [
     "DEFAULT_INPUTS",

@@ -25,9 +25,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
-from unity_eq.verify._tensor import ShapeError, infer_shape
-
 from unity_eq.ops.cases import (
     shape_pool,
     shapes_of_rank,
@@ -36,6 +33,8 @@ from unity_eq.ops.family import IndexShape, OpCase
 from unity_eq.ops.registry import OPS, family_for
 from unity_eq.ops.spec import OpSpec
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
+from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
+from unity_eq.verify._tensor import ShapeError, infer_shape
 
 __all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]
 

@@ -29,10 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from unity_eq.rulefile.terms import App, Lit, Term, Var
 from unity_eq.verify._enumerate import AXIS, PARALLEL_OPS, Evaluator, InputSpec, is_variant, list_items, tlist
 from unity_eq.verify._semantics import lhs_placements
-
-from unity_eq.rulefile.terms import App, Lit, Term, Var
 
 __all__ = ["Draft", "RuleCandidate", "draft", "render_term"]
 

@@ -39,6 +39,11 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
+from unity_eq.errors import OptionError
+from unity_eq.files import worker_pool
+from unity_eq.rulefile.manifest import BASE_FILES, CORE_RULE_FILES, rules_dir
+from unity_eq.rulefile.parse import Program, RuleSource, parse_program
+from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var
 from unity_eq.verify._bounded import BoundedResult, prove_bounded
 from unity_eq.verify._enumerate import (
     DEFAULT_INPUTS,
@@ -60,16 +65,10 @@ from unity_eq.verify._numeric import check_numeric
 from unity_eq.verify._prune import Pruner
 from unity_eq.verify._verify import Options, decide_rule
 
-from unity_eq.errors import OptionError
-from unity_eq.files import worker_pool
-from unity_eq.rulefile.parse import Program, RuleSource, parse_program
-from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var
-from unity_eq.rulesets import BASE_FILES, HAND_WRITTEN_RULE_FILES, rules_dir
-
 __all__ = ["GenerateReport", "GeneratedRule", "check_ops", "generate_rules", "render_report"]
 
 #: the files ``generate-rules`` writes; ``optimize`` loads ``shrinking.egg`` by default (see
-#: unity_eq.rulesets.GENERATED_DEFAULT_FILES), ``unity-eq verify`` checks them all
+#: unity_eq.rulefile.manifest.GENERATED_DEFAULT_FILES), ``unity-eq verify`` checks them all
 OUTPUT_FILES = {
     "shrinking": "shrinking.egg",
     "algebra": "algebra.egg",
@@ -433,7 +432,7 @@ _BASE: _Base | None = None
 
 def _base_sources() -> list[RuleSource]:
     root = rules_dir()
-    names = [*BASE_FILES, *HAND_WRITTEN_RULE_FILES]
+    names = [*BASE_FILES, *CORE_RULE_FILES]
     return [RuleSource(name, (root / name).read_text(encoding="utf-8")) for name in names]
 
 
@@ -641,7 +640,7 @@ def _constructors(rule: Rule) -> set[str]:
 def core_rules() -> list[Rule]:
     """The hand-written rewrites of the manifest (what the generator should rediscover)."""
     base = _base()
-    return [r for r in base.program.rules if r.file in HAND_WRITTEN_RULE_FILES]
+    return [r for r in base.program.rules if r.file in CORE_RULE_FILES]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -812,9 +811,9 @@ def _classify(
     report.not_rediscovered = [c.name for c in relevant if c.name not in found]
     root = rules_dir()
     base = [(root / name).read_text(encoding="utf-8") for name in BASE_FILES]
-    core_texts = [(root / name).read_text(encoding="utf-8") for name in HAND_WRITTEN_RULE_FILES]
+    core_texts = [(root / name).read_text(encoding="utf-8") for name in CORE_RULE_FILES]
     pruner = Pruner(
-        [*zip(base, BASE_FILES, strict=True), *zip(core_texts, HAND_WRITTEN_RULE_FILES, strict=True)], inputs
+        [*zip(base, BASE_FILES, strict=True), *zip(core_texts, CORE_RULE_FILES, strict=True)], inputs
     )
     pruner.accepted = 1  # the core rules count as accepted
     for cand, rule in accepted:

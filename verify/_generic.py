@@ -43,6 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import z3
+
+from unity_eq.ops.registry import FAMILIES, OPS
+from unity_eq.ops.spec import Family
+from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._bounded import rule_axes, unsupported_constructors
 from unity_eq.verify._guards import DerivedFacts, unsupported_relations
 from unity_eq.verify._semantics import (
@@ -54,10 +58,6 @@ from unity_eq.verify._semantics import (
     state_str,
     tensor_nodes,
 )
-
-from unity_eq.ops.registry import FAMILIES, OPS
-from unity_eq.ops.spec import Family
-from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 
 __all__ = ["GenericResult", "prove_generic"]
 

@@ -17,6 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from unity_eq.egraph import MAX_RANK
+from unity_eq.ops.dtypes import FLOAT_DTYPES
+from unity_eq.ops.reduce import reduce_pairs
+from unity_eq.ops.registry import OPS
+from unity_eq.ops.reshape import reshape_pairs
+from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Term, Var
 from unity_eq.verify._semantics import (
     LISTS,
     PARALLEL,
@@ -30,13 +36,6 @@ from unity_eq.verify._semantics import (
     parse_state,
 )
 from unity_eq.verify._tensor import ShapeError, infer_shape
-
-from unity_eq.egraph import MAX_RANK
-from unity_eq.ops.dtypes import FLOAT_DTYPES
-from unity_eq.ops.reduce import reduce_pairs
-from unity_eq.ops.registry import OPS
-from unity_eq.ops.reshape import reshape_pairs
-from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Term, Var
 
 __all__ = [
     "BUILTIN_RELATIONS",

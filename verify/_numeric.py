@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from unity_eq.rulefile.terms import Rule
 from unity_eq.verify._bounded import (
     Counterexample,
     Enumeration,
@@ -26,8 +28,6 @@ from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._semantics import EvalFailure, evaluate_case, infer_placements, lhs_placements
 from unity_eq.verify._tensor import NumpyBackend
-
-from unity_eq.rulefile.terms import Rule
 
 __all__ = ["NUMERIC_CONFIG", "NumericResult", "check_numeric"]
 

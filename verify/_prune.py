@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import egglog.bindings as bindings
-from unity_eq.verify._enumerate import AXIS, AXIS_SIZE, InputSpec
-from unity_eq.verify._generalize import render_term
 
 from unity_eq.rulefile.terms import App, Lit, Term, Var
+from unity_eq.verify._enumerate import AXIS, AXIS_SIZE, InputSpec
+from unity_eq.verify._generalize import render_term
 
 __all__ = ["Pruner"]
 

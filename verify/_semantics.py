@@ -29,6 +29,12 @@ from typing import Any
 
 import numpy as np
 import z3
+
+from unity_eq.collectives import TERMS
+from unity_eq.ir import Mesh
+from unity_eq.ops.dtypes import is_integer
+from unity_eq.ops.registry import OPS
+from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 from unity_eq.verify._tensor import (
     NumpyBackend,
     NumpyIntegerBackend,
@@ -38,12 +44,6 @@ from unity_eq.verify._tensor import (
     evaluate,
 )
 from unity_eq.verify._types import TypeProblem, term_dtypes
-
-from unity_eq.collectives import TERMS
-from unity_eq.ir import Mesh
-from unity_eq.ops.dtypes import is_integer
-from unity_eq.ops.registry import OPS
-from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 
 __all__ = [
     "PARALLEL",

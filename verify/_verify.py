@@ -29,6 +29,15 @@ from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
 
+from unity_eq.files import worker_pool
+from unity_eq.ops.dtypes import INTEGER_SENSITIVE
+from unity_eq.ops.elementwise import INTERPRETED
+from unity_eq.ops.registry import OPS
+from unity_eq.ops.spec import Family
+from unity_eq.rulefile.certificate import describe_domain, domain_components, size_readers
+from unity_eq.rulefile.load import load_program, shipped_rule_files
+from unity_eq.rulefile.parse import Program
+from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, walk
 from unity_eq.verify._analysis import AnalysisOutcome, check_analysis_decl, checked_claims
 from unity_eq.verify._bounded import (
     BoundedResult,
@@ -41,16 +50,6 @@ from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._types import check_types, describe_dtypes, integer_assignments
-
-from unity_eq.files import worker_pool
-from unity_eq.ops.dtypes import INTEGER_SENSITIVE
-from unity_eq.ops.elementwise import INTERPRETED
-from unity_eq.ops.registry import OPS
-from unity_eq.ops.spec import Family
-from unity_eq.rulefile.certificate import describe_domain, domain_components, size_readers
-from unity_eq.rulefile.load import load_program, shipped_rule_files
-from unity_eq.rulefile.parse import Program
-from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, walk
 
 __all__ = [
     "Options",

@@ -18,7 +18,12 @@ from unity_eq.cli.shared import input_shapes, live_display, out, progress_printe
 from unity_eq.errors import OptionError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from unity_eq.driver import OptimizeRequest
     from unity_eq.planfile import BaselineRecord
+
+    Progress = Callable[[str], None]
 
 __all__ = ["optimize"]
 
@@ -40,7 +45,9 @@ def optimize(
     max_axes: int = typer.Option(3, "--max-axes", help="Search meshes of at most this many axes (1-3)."),
     rules: list[Path] = typer.Option([], "--rules", help="Extra .egg rule files to load (repeatable)."),
     no_generated_rules: bool = typer.Option(
-        False, "--no-generated-rules", help="Load only the hand-written rules (not rules/generated/shrinking.egg)."
+        False,
+        "--no-generated-rules",
+        help="Leave out the rules `generate-rules` found (rules/generated/): load the core rules alone.",
     ),
     max_iterations: int = typer.Option(12, "--max-iterations", help="Parallel rewrite iterations at most."),
     max_nodes: int = typer.Option(200_000, "--max-nodes", help="Stop saturating past this many e-nodes."),
@@ -85,9 +92,9 @@ def optimize(
     ),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
+    from unity_eq.driver import Planner, build_request
     from unity_eq.egraph import Limits
-    from unity_eq.pipeline import optimize as run_optimize
-    from unity_eq.rulesets import default_rule_files
+    from unity_eq.rulefile.manifest import default_rule_files
 
     if max_iterations < 1 or max_nodes < 1 or not time_limit > 0:
         raise OptionError("`--max-iterations`, `--max-nodes` and `--time-limit` must be positive.")
@@ -95,130 +102,73 @@ def optimize(
         raise OptionError(f"`--memory-limit`: expected a positive number of GiB, got {memory_limit:g}.")
     if plan_only and check_plan:
         raise OptionError("`--check` runs the device files, which `--plan-only` does not write. Pass one of them.")
-    target = output or model.with_suffix(".plan")
     limits = Limits(
         max_iterations=max_iterations,
         max_nodes=max_nodes,
         time_limit_s=time_limit,
         memory_limit_gib=memory_limit,
     )
-    rule_files = None
-    if rules:
-        rule_files = default_rule_files(not no_generated_rules) + list(rules)
-    spmd_only = [
-        name for name, given in (("--mesh", mesh), ("--profile", profile), ("--weight-input", weight_input)) if given
-    ]
-    training = objective == "training" and not pipeline
-    if batch is not None and not pipeline and not training:
-        raise OptionError(
-            "`--batch` sets the samples per step of training or of a pipeline: pass it with `--objective training` "
-            "or `--pipeline`."
-        )
-    if batch is not None and training and spmd_only:
-        raise OptionError(
-            f"`--batch` plans a training step over SPMD plans and pipelines; `{spmd_only[0]}` plans one SPMD plan "
-            "of the model as it is: give its batch with `--input-shape` instead."
-        )
-    staged_options = (("--stages", stages), ("--tensor", tensor), ("--microbatches", microbatches))
-    given_staged = [name for name, value in staged_options if value is not None]
-    if given_staged and not pipeline:
-        raise OptionError(f"`{given_staged[0]}` restricts the stage search: pass it with `--pipeline`.")
-    common: dict[str, Any] = {
-        "devices": devices,
-        "machine": machine,
-        "nodes": nodes,
-        "interconnect": interconnect,
-        "output_dir": target,
-        "input_shapes": input_shapes(input_shape),
-        "objective": objective,
-        "limits": limits,
-        "rule_files": rule_files,
-        "generated_rules": not no_generated_rules,
-        "progress": progress_printer(quiet),
-        "plan_only": plan_only,
-    }
-    if pipeline:
-        given = (
-            ("--mesh", mesh is not None),
-            ("--profile", profile is not None),
-            ("--extractor ilp", extractor == "ilp"),
-            ("--blocks", blocks != "auto"),
-            ("--weight-input", bool(weight_input)),
-        )
-        names = [f"`{name}`" for name, set_ in given if set_]
-        if names:
-            raise OptionError(f"{', '.join(names)} do not apply to `--pipeline` plans; leave them out.")
-        from unity_eq.pipeline import optimize_pipeline
+    request = build_request(
+        pipeline=pipeline,
+        devices=devices,
+        machine=machine,
+        nodes=nodes,
+        interconnect=interconnect,
+        output_dir=output or model.with_suffix(".plan"),
+        input_shapes=input_shapes(input_shape),
+        objective=objective,
+        mesh=mesh,
+        max_axes=max_axes,
+        limits=limits,
+        rule_files=default_rule_files(not no_generated_rules) + list(rules) if rules else None,
+        generated_rules=not no_generated_rules,
+        profile=profile,
+        blocks=blocks,
+        extractor=extractor,
+        ilp_time_limit=ilp_time_limit,
+        plan_only=plan_only,
+        weight_inputs=weight_input,
+        batch=batch,
+        stages=stages,
+        tensor=tensor,
+        microbatches=microbatches,
+    )
+    say = progress_printer(quiet) or (lambda _msg: None)
+    match request.planner:
+        case Planner.PIPELINE:
+            from unity_eq.driver import optimize_pipeline
 
-        staged = optimize_pipeline(
-            model,
-            batch=batch,
-            stages=stages,
-            tensor=tensor,
-            microbatches=microbatches,
-            extractor=extractor,
-            **common,
-        )
-        _print_pipeline_summary(staged)
-        if check_plan and staged.plan_dir is not None:
-            print_check(model, staged.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
-        return
-    if training and not spmd_only:
-        _optimize_training(model, batch, max_axes, blocks, extractor, ilp_time_limit, quiet, check_plan, common)
-        return
-    live = live_display(quiet)
-    with live or contextlib.nullcontext():
-        result = run_optimize(
-            model,
-            max_axes=max_axes,
-            mesh=mesh,
-            profile=profile,
-            blocks=blocks,
-            extractor=extractor,
-            ilp_time_limit=ilp_time_limit,
-            tracker=live,
-            weight_inputs=weight_input,
-            **common,
-        )
-    _print_plan_summary(result)
-    if check_plan and result.plan_dir is not None:
-        print_check(model, result.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
+            staged = optimize_pipeline(model, request, say)
+            _print_pipeline_summary(staged)
+            plan_dir = staged.plan_dir
+        case Planner.TRAINING:
+            plan_dir = _optimize_training(model, request, say, quiet)
+        case Planner.SPMD:
+            from unity_eq.driver import plan_spmd
+
+            live = live_display(quiet)
+            with live or contextlib.nullcontext():
+                result = plan_spmd(model, request, say, live)
+            _print_plan_summary(result)
+            plan_dir = result.plan_dir
+    if check_plan and plan_dir is not None:
+        print_check(model, plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
 
 
-def _optimize_training(
-    model: Path,
-    batch: int | None,
-    max_axes: int,
-    blocks: str,
-    extractor: str,
-    ilp_time_limit: float,
-    quiet: bool,
-    check_plan: bool,
-    common: dict[str, Any],
-) -> None:
+def _optimize_training(model: Path, request: OptimizeRequest, say: Progress, quiet: bool) -> Path | None:
     """``--objective training``: the SPMD search and the stage search on the same workload, the cheaper written
-    (unity_eq.training), and a summary that compares them."""
-    from unity_eq.training import optimize_training
+    (unity_eq.driver.training), and a summary that compares them. Returns the plan directory written."""
+    from unity_eq.driver import optimize_training
 
     live = live_display(quiet)
     with live or contextlib.nullcontext():
-        found = optimize_training(
-            model,
-            batch=batch,
-            max_axes=max_axes,
-            blocks=blocks,
-            extractor=extractor,
-            ilp_time_limit=ilp_time_limit,
-            tracker=live,
-            **{k: v for k, v in common.items() if k != "objective"},
-        )
+        found = optimize_training(model, request, say, live)
     rows = _training_rows(found)
     if found.chosen == "pipeline":
         _print_pipeline_summary(found.staged, rows)
     else:
         _print_plan_summary(found.spmd, rows)
-    if check_plan and found.plan_dir is not None:
-        print_check(model, found.plan_dir, None, seed=0, tolerance=1e-4, device="cpu", quiet=quiet)
+    return found.plan_dir
 
 
 def _training_rows(found: Any) -> list[tuple[str, str]]:

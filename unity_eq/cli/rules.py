@@ -44,8 +44,7 @@ def verify(
     ),
 ) -> None:
     """Prove every rewrite rule sound with z3; exit 0 iff every rule is proven (and its certificate current)."""
-    from unity_eq.verify import Options
-    from unity_eq.verify._cli import run as run_verify
+    from unity_eq.verify import Options, run_verify
 
     options = Options(
         generic=not no_generic,
@@ -77,8 +76,8 @@ def generate_rules(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Enumerate small graphs, fingerprint them exactly, prove the candidate rules with z3, prune and write them."""
-    from unity_eq.verify._generate import check_ops, render_report
-    from unity_eq.verify._generate import generate_rules as run_generate
+    from unity_eq.verify import check_ops, render_report
+    from unity_eq.verify import generate_rules as run_generate
 
     names = check_ops(ops)
     if output is not None:

@@ -36,7 +36,7 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages (notes and warnings stay)."),
 ) -> None:
     """Run every shard of a plan and write the model's outputs."""
-    from unity_eq.runtime import load_plan_dir, random_inputs, run_plan
+    from unity_eq.runtime import random_inputs, run_plan
     from unity_eq.runtime.plandir import refuse_plan_output
 
     def note(message: str) -> None:
@@ -74,10 +74,11 @@ def run(
         if timeout is not None and timeout <= 0:
             raise OptionError(f"`--timeout` must be positive, got {timeout:g}.")
         check_outputs()
-        from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir, run_pipeline
+        from unity_eq.runtime.pipeline import PipelinePlan, read_plan, run_pipeline
 
-        pipeline = load_pipeline_dir(plan_dir) if is_pipeline_dir(plan_dir) else None
-        plan = pipeline.whole if pipeline is not None else load_plan_dir(plan_dir)
+        loaded = read_plan(plan_dir)
+        pipeline = loaded if isinstance(loaded, PipelinePlan) else None
+        plan = loaded.whole if isinstance(loaded, PipelinePlan) else loaded
         if inputs is None:
             feeds = random_inputs(plan.input_specs, seed)
             if not quiet:

@@ -2,7 +2,7 @@
 
 One ``let`` per tensor (so shared subterms stay shared), the global shape, dtype and replicated placement of
 every original tensor, the mesh axes, the floating dtypes (``float-dtype``), and the literal-keyed facts the
-guards need (``reshape-map``, ``reduce-map``), which the op families name (unity_eq/typed_nodes.py).
+guards need (``reshape-map``, ``reduce-map``), which the op families name (unity_eq/egraph/typed_nodes.py).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from unity_eq.egraph.typed_nodes import guard_facts, typed_values, used_outputs
 from unity_eq.ir import Graph, Mesh, Node
 from unity_eq.ops.dtypes import FLOAT_DTYPES
 from unity_eq.ops.registry import spec_for
 from unity_eq.ops.spec import OpSpec
-from unity_eq.typed_nodes import guard_facts, typed_values, used_outputs
 
 __all__ = ["MAX_RANK", "Encoding", "encode"]
 

@@ -24,7 +24,7 @@ from typing import Any
 from unity_eq.egraph.encode import Encoding
 from unity_eq.errors import RuleError, SaturationError
 from unity_eq.files import die_with_parent, owned_tempdir, raise_if_stopped
-from unity_eq.rulesets import RuleFile
+from unity_eq.rulefile.manifest import RuleFile
 
 __all__ = ["Limits", "SaturationResult", "StopReason", "peak_rss_mib", "saturate", "worker_main"]
 

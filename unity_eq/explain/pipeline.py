@@ -4,7 +4,7 @@ a text timeline."""
 from __future__ import annotations
 
 from unity_eq.planfile.pipeline import ConfigRecord, PipelinePlanRecord, SpmdRecord, StageRecord
-from unity_eq.stages.search import static_batch_note
+from unity_eq.stages.config import static_batch_note
 from unity_eq.stages.timeline import Slot, simulate
 
 __all__ = ["duration", "render_pipeline", "size", "stage_ranks", "summary_rows", "timeline_text"]

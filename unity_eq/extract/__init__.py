@@ -28,11 +28,11 @@ interface as :class:`Extractor`, and the search uses either.
 
 from __future__ import annotations
 
-from unity_eq.extract.baselines import Restriction
+from unity_eq.extract.baselines import Restriction, candidate_restrictions
 from unity_eq.extract.build import build_plan, output_classes
-from unity_eq.extract.chooser import Choice, Chooser, Chosen, GreedyChooser, IlpChooser
+from unity_eq.extract.chooser import Choice, Chooser, Chosen, ExtractionMethod, GreedyChooser, IlpChooser
 from unity_eq.extract.differentiable import DifferentiableChooser, RelaxReport
-from unity_eq.extract.extractor import Extraction, Extractor, extract_greedy
+from unity_eq.extract.extractor import Extraction, Extractor, extract_greedy, extract_variants
 from unity_eq.extract.greedy import greedy_dag
 from unity_eq.extract.ilp import IlpReport, extract_ilp
 from unity_eq.extract.pricing import node_costs
@@ -43,6 +43,7 @@ __all__ = [
     "Chosen",
     "DifferentiableChooser",
     "Extraction",
+    "ExtractionMethod",
     "Extractor",
     "GreedyChooser",
     "IlpChooser",
@@ -50,8 +51,10 @@ __all__ = [
     "RelaxReport",
     "Restriction",
     "build_plan",
+    "candidate_restrictions",
     "extract_greedy",
     "extract_ilp",
+    "extract_variants",
     "greedy_dag",
     "node_costs",
     "output_classes",

@@ -5,7 +5,7 @@ the plan they are compared with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from unity_eq.egraph import EClass, ENode
@@ -63,3 +63,14 @@ class Restriction:
             if kind != "weight" and not self.shard_activations:
                 return False
         return True
+
+
+def candidate_restrictions(axes: Sequence[str], strict_data_parallel: bool = True) -> list[Restriction]:
+    """The restrictions a mesh's e-graph is extracted under, in order: unrestricted, then on a one-axis mesh
+    data parallel (strict, when ``strict_data_parallel``, then not), then tensor parallel along each axis. The
+    mesh search and the stage search's pieces (which leave the strict one out) both draw their candidates here."""
+    found = [Restriction()]
+    if len(axes) == 1:
+        found += [Restriction.data_parallel()] if strict_data_parallel else []
+        found += [Restriction.data_parallel(strict=False)]
+    return found + [Restriction.tensor_parallel(a) for a in axes]

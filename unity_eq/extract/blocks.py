@@ -8,11 +8,10 @@ so the search uses either; each fragment is chosen by the same choosers and buil
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from typing_extensions import assert_never
 
 from unity_eq.blocks import IN, OUT, BlockSaturation, Key, PieceSolution, replicated_key, variant_name
 from unity_eq.collectives import ALL_GATHER
@@ -24,21 +23,19 @@ from unity_eq.egraph import (
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import PlanBuilder
-from unity_eq.extract.chooser import Chooser, IlpChooser
+from unity_eq.extract.chooser import Chooser, ExtractionMethod, IlpChooser
 from unity_eq.extract.differentiable import DifferentiableChooser
-from unity_eq.extract.extractor import Extraction, Extractor, check_method
+from unity_eq.extract.extractor import Extraction, Extractor
 from unity_eq.extract.greedy import dag_cost, greedy_dag, repair_choice
 from unity_eq.extract.pricing import INF
 from unity_eq.ir import Graph, Replicate, Shard
 from unity_eq.plan import (
     AllGather,
-    CollectiveStep,
-    Compute,
     LoadInput,
-    LoadWeight,
     Plan,
     PlanTensor,
     Step,
+    renamed_step,
 )
 from unity_eq.split import Piece
 
@@ -184,7 +181,7 @@ class BlockExtractor:
         ``method="ilp"`` does that and then solves each exactly (unity_eq.extract.ilp) from the cheaper choice,
         sharing ``time_limit_s`` between them. ``stages`` holds the stitched plan after each.
         """
-        check_method(method)
+        method = ExtractionMethod.checked(method)
         restriction = restriction or Restriction()
         options: dict[tuple[str, Key | None], _Option] = {}
         for signature, sol in self.saturation.solutions.items():
@@ -194,14 +191,14 @@ class BlockExtractor:
                 if key is None or _allowed_key(key, restriction):
                     options[(signature, key)] = self._option(signature, key, totals)
         chosen = self._dynamic_program(options, restriction)
-        if method == "greedy":
+        if method == ExtractionMethod.GREEDY:
             return Extraction(self._stitch(chosen, options, {}), restriction, penalty)
         pieces = self.saturation.split.pieces
         wanted = list(dict.fromkeys((p.signature, q, o) for p, (q, o) in zip(pieces, chosen, strict=True)))
         seeds = {fragment: self._seed(fragment, options) for fragment in wanted}
         result = Extraction(self._stitch(chosen, options, seeds), restriction, penalty)
         result.stages["greedy"] = result.plan
-        for stage in ["differentiable"] + (["ilp"] if method == "ilp" else []):
+        for stage in ["differentiable"] + (["ilp"] if method == ExtractionMethod.ILP else []):
             self._refine(stage, seeds, options, time_limit_s / max(len(wanted), 1), result)
             result.stages[stage] = result.plan = self._stitch(chosen, options, seeds)
         return result
@@ -344,7 +341,7 @@ class _Stitcher:
             if isinstance(step, LoadInput) and step.name in sol.piece.side_in:
                 rename[step.out] = self.side[names[step.name]]  # made replicated by the first piece
                 continue
-            self.steps.append(_renamed(step, name_of, names))
+            self.steps.append(renamed_step(step, name_of, names, {}))
             self.step_costs.append(cost)
         if piece.stream_out is None:
             for name, cid in zip(self.graph.outputs, extractor.roots, strict=True):
@@ -396,24 +393,3 @@ class _Stitcher:
             cost=total,
             step_costs=self.step_costs,
         )
-
-
-def _renamed(step: Step, name_of: Callable[[str], str], weights: dict[str, str]) -> Step:
-    match step:
-        case LoadInput(out=out, name=name):
-            return LoadInput(name_of(out), name)
-        case LoadWeight(out=out, name=name):
-            return LoadWeight(name_of(out), weights.get(name, name))
-        case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain, node=node):
-            return Compute(
-                tuple(name_of(o) if o else "" for o in outputs),
-                op,
-                tuple(name_of(i) if isinstance(i, str) else i for i in inputs),
-                attrs,
-                domain,
-                node,
-            )
-        case CollectiveStep():
-            return step.renamed(name_of)
-        case _:
-            assert_never(step)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from unity_eq.egraph import EGraphData, ENode
-from unity_eq.errors import ExtractionError
+from unity_eq.errors import ExtractionError, InternalError, OptionError
 from unity_eq.extract.greedy import greedy_dag, parents_of, repair_choice
 from unity_eq.extract.ilp import IlpReport, ilp_choice
 from unity_eq.extract.pricing import as_costs
@@ -82,6 +83,55 @@ class IlpChooser:
 
     def choose(self, data: EGraphData, totals: Mapping[str, float], roots: list[str], start: Choice | None) -> Chosen:
         if start is None:
-            raise ExtractionError("the ILP chooser refines a choice: run a greedy chooser before it")
+            raise InternalError("the ILP chooser refines a choice: run a greedy chooser before it")
         choice, report = ilp_choice(data, as_costs(totals), roots, start, self.time_limit_s)
         return Chosen(choice, [report])
+
+
+class ExtractionMethod(StrEnum):
+    """``--extractor``: which chain of choosers extracts a plan (:func:`chooser_chain`). A new extractor is a
+    member here and its chain there; the option's check and message follow from the members."""
+
+    GREEDY = "greedy"
+    DIFFERENTIABLE = "differentiable"
+    ILP = "ilp"
+
+    @classmethod
+    def parse(cls, text: str) -> ExtractionMethod:
+        """The user's ``--extractor`` value; OptionError naming the choices when it is none of them."""
+        try:
+            return cls(text)
+        except ValueError:
+            names = [m.value for m in cls]
+            choices = ", ".join(names[:-1]) + f" or {names[-1]}"
+            raise OptionError(f"`--extractor`: expected {choices}, got {text!r}.") from None
+
+    @classmethod
+    def checked(cls, value: str) -> ExtractionMethod:
+        """A value our own code passes (already parsed from the user's): another is our bug."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise InternalError(f"unknown extraction method {value!r}: parse it with ExtractionMethod.parse") from None
+
+
+def chooser_chain(
+    method: str, parents: dict[str, list[ENode]] | None, time_limit_s: float, relaxed: Chooser | None = None
+) -> list[Chooser]:
+    """The choosers of ``method`` in order, each refining the previous one's choice: greedy; greedy then the
+    relaxed (differentiable) search from it; both, then the exact program from the cheaper choice.
+    ``relaxed``: the differentiable chooser with the extractor's memory budget (extract.differentiable; given
+    by the caller, which knows the budget); the methods that use it need it."""
+    greedy = GreedyChooser(parents)
+    method = ExtractionMethod.checked(method)
+    if relaxed is None and method != ExtractionMethod.GREEDY:
+        raise InternalError(f"extraction method {method.value!r} needs the differentiable chooser")
+    match method:
+        case ExtractionMethod.GREEDY:
+            return [greedy]
+        case ExtractionMethod.DIFFERENTIABLE:
+            assert relaxed is not None
+            return [greedy, relaxed]
+        case ExtractionMethod.ILP:
+            assert relaxed is not None
+            return [greedy, relaxed, IlpChooser(time_limit_s)]

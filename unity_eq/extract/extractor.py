@@ -6,15 +6,16 @@ starts from the cheaper of the two.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from unity_eq.cost import CostModel
 from unity_eq.egraph import EGraphData, Encoding
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import PlanBuilder, build_plan, check_invariants, output_classes
-from unity_eq.extract.chooser import Choice, Chooser, GreedyChooser, IlpChooser, Unreachable
+from unity_eq.extract.chooser import Choice, Chooser, ExtractionMethod, Unreachable, chooser_chain
 from unity_eq.extract.differentiable import DifferentiableChooser, RelaxReport
 from unity_eq.extract.greedy import parents_of
 from unity_eq.extract.pricing import (
@@ -45,9 +46,6 @@ class Extraction:
     relaxed: list[RelaxReport] = field(default_factory=list)  # each differentiable extraction behind the plan
     #: the plan after each chooser of the chain (greedy, differentiable, ilp), for the report's comparison
     stages: dict[str, Plan] = field(default_factory=dict)
-
-
-METHODS = ("greedy", "differentiable", "ilp")
 
 
 class Extractor:
@@ -135,14 +133,11 @@ class Extractor:
     def choosers(self, method: str, time_limit_s: float) -> list[Chooser]:
         """``greedy``; ``differentiable``: greedy's choice, then the relaxed search from it; ``ilp``: both, then
         the exact program from the cheaper choice, within ``time_limit_s``."""
-        check_method(method)
-        chain: list[Chooser] = [GreedyChooser(self.parents)]
-        if method != "greedy":
+        relaxed = None
+        if ExtractionMethod.checked(method) != ExtractionMethod.GREEDY:
             capacity = min(self.model.machine.usable_memory(d) for d in self.model.mesh.devices)
-            chain.append(DifferentiableChooser(memory=self.node_memory(), budget=capacity))
-        if method == "ilp":
-            chain.append(IlpChooser(time_limit_s))
-        return chain
+            relaxed = DifferentiableChooser(memory=self.node_memory(), budget=capacity)
+        return chooser_chain(method, self.parents, time_limit_s, relaxed)
 
     def extract(
         self,
@@ -176,12 +171,27 @@ class Extractor:
         return Extraction(plan, restriction, penalty, reports, relaxed, stages)
 
 
-def check_method(method: str) -> None:
-    """Refuse an unknown ``--extractor`` value."""
-    if method not in METHODS:
-        raise ExtractionError(f"`--extractor`: expected greedy, differentiable or ilp, got {method!r}")
-
-
 def extract_greedy(data: EGraphData, encoding: Encoding, graph: Graph, model: CostModel) -> Plan:
     """Extract the cheapest plan (greedy, DAG-aware) whose outputs are the model's outputs, replicated."""
     return Extractor(data, encoding, graph, model).extract().plan
+
+
+class Extracts(Protocol):
+    """What extracts a plan under a restriction: ``Extractor`` (one e-graph) or ``BlockExtractor`` (pieces)."""
+
+    def extract(self, restriction: Restriction | None = None) -> Extraction: ...
+
+
+def extract_variants(
+    extractor: Extracts, restrictions: Sequence[Restriction], before: Callable[[Restriction], None] | None = None
+) -> Iterator[Extraction]:
+    """Each restriction's extraction (``before`` hears each one first). One that leaves an output unreachable is
+    skipped, except the unrestricted one: every plan must have it."""
+    for restriction in restrictions:
+        if before is not None:
+            before(restriction)
+        try:
+            yield extractor.extract(restriction)
+        except ExtractionError:
+            if restriction.name == "greedy":
+                raise

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from unity_eq.egraph import EGraphData, ENode
-from unity_eq.errors import ExtractionError
+from unity_eq.errors import ExtractionError, InternalError
 from unity_eq.extract.pricing import INF, CostTable, seconds_of, totals_of
 from unity_eq.ops.registry import spec_for
 
@@ -179,7 +179,7 @@ def break_cycles(data: EGraphData, choice: dict[str, ENode], costs: CostTable, r
             names = ", ".join(sorted({n.op for c in cycle for n in data.classes[c].nodes}))
             raise ExtractionError(f"no acyclic plan: e-classes {cycle} ({names}) only depend on each other")
         choice[best[1]] = best[2]
-    raise ExtractionError("internal error: could not remove cycles from the extracted plan")
+    raise InternalError("could not remove cycles from the extracted plan")
 
 
 def dag_cost(choice: dict[str, ENode], roots: Iterable[str], costs: CostTable) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from unity_eq.errors import PlanError
+from unity_eq.errors import InternalError
 from unity_eq.ir import Graph
 from unity_eq.lower.builder import DeviceGraphBuilder
 from unity_eq.plan import Plan
@@ -124,7 +124,7 @@ def validate_device_file(path: Path, shown: Path) -> None:
     the error (the file's final place; nothing is written there when this fails). A file onnxruntime's CPU
     provider has no kernel for (bfloat16 arithmetic) passes: the checker found it valid, and it runs where the
     op is implemented (CUDA); ``run`` and ``check`` on the CPU say which op is missing."""
-    from unity_eq.runtime.devices import make_session, missing_kernel
+    from unity_eq.lower.onnxrt import make_session, missing_kernel
 
     try:
         onnx.checker.check_model(str(path), full_check=True)
@@ -138,7 +138,7 @@ def validate_device_file(path: Path, shown: Path) -> None:
             if missing_kernel(exc) is not None:  # valid (the checker passed), only not on the CPU: bfloat16
                 return
             problem = f"onnxruntime: {str(exc).strip().splitlines()[0][:400]}"
-    raise PlanError(
+    raise InternalError(
         f"{shown}: the lowered device model is invalid ({problem}); no plan was written. "
         "This is a bug in unity-eq's lowering: please report it with the model and options."
     )

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from unity_eq.errors import PlanError
+from unity_eq.errors import InternalError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph
 from unity_eq.lower.stage import lower, refuse_missing_weights, write_plan_dir
@@ -24,7 +24,7 @@ from unity_eq.machine import Machine
 from unity_eq.planfile import read_run_record
 from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
 from unity_eq.split import BlockSplit, Piece, piece_graph
-from unity_eq.stages.search import StagePlan, side_receives
+from unity_eq.stages.evaluate import StagePlan, side_receives
 from unity_eq.stages.stitch import stitch_stage
 
 __all__ = ["lower_pipeline", "stage_directory", "stage_graph", "stage_machine", "stage_replicas"]
@@ -96,8 +96,8 @@ def lower_pipeline(
     graph = split.graph
     refuse_missing_weights(graph)
     if len(split.pieces) != record.search.pieces or len(best.pieces) != len(split.pieces):
-        raise PlanError(
-            f"internal error: the model splits into {len(split.pieces)} pieces at microbatch "
+        raise InternalError(
+            f"the model splits into {len(split.pieces)} pieces at microbatch "
             f"{best.config.microbatch}, the stage search found {record.search.pieces}"
         )
     t = best.config.tensor

@@ -10,7 +10,7 @@ from typing import Any
 
 from onnx import helper
 
-from unity_eq.errors import ModelError, PlanError
+from unity_eq.errors import InternalError, ModelError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph
 from unity_eq.lower.device import LoweredPlan, validate_device_file
@@ -56,7 +56,7 @@ def lower(plan: Plan, graph: Graph, plan_only: bool = False) -> LoweredPlan:
         refuse_missing_weights(graph)
     problems = plan.validate()
     if problems:
-        raise PlanError("internal error: the extracted plan is inconsistent: " + "; ".join(problems[:3]))
+        raise InternalError("the extracted plan is inconsistent: " + "; ".join(problems[:3]))
     opsets = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
     ir_version = min(max(graph.ir_version, 8), 10)
     digest = plan_hash(plan, graph, weights=not plan_only)

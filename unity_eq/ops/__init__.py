@@ -12,7 +12,7 @@ named after the ONNX op and takes its arguments in a fixed order:
 So ``(MatMul a b)`` is ONNX MatMul, ``(Softmax x 2)`` is Softmax with ``axis=2`` and
 ``(Gemm a b c 1.0 1.0 0 1)`` is Gemm with ``transB=1``. The frontend normalizes what ONNX leaves implicit
 (negative axes, ``-1`` in Reshape shapes, default kernel shapes) so that equal computations are equal terms:
-each family's ``normalize`` (unity_eq/typed_nodes.py calls it).
+each family's ``normalize`` (unity_eq/egraph/typed_nodes.py calls it).
 
 Every other operator is carried opaquely as ``(Opaque "OpType" "key" inputs index)`` and stays replicated.
 

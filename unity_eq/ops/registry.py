@@ -24,7 +24,7 @@ from unity_eq.ops.spec import Family, OpSpec
 
 __all__ = ["FAMILIES", "OPS", "PLUGINS", "check_plugin_kinds", "family_for", "plugin_for", "rule_file_for", "spec_for"]
 
-#: The families that ship with unity-eq (their rule files are in rulesets.HAND_WRITTEN_RULE_FILES).
+#: The families that ship with unity-eq (their rule files are in rulefile.manifest.CORE_RULE_FILES).
 BUILTINS: tuple[OpFamily, ...] = (ELEMENTWISE, MATMUL, NORMALIZATION, CONV, POOLING, RESHAPE, SLICING, REDUCE)
 
 #: The families added as plug-ins, in load order of their rule files.

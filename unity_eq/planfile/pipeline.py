@@ -51,7 +51,7 @@ class ConfigRecord(Record):
     microbatches: int  # per step (m): batch = d · m · microbatch
     schedule: str  # 1f1b or gpipe
     recompute: str  # none, full, or stage (each stage recomputes only when keeping would not fit)
-    zero: int  # ZeRO stage over the data axis (0-3)
+    zero: int  # ZeRO level over the data axis (0-3)
     order: str  # rank order, slowest axis first (pdt: stages across data replicas; dpt: the other way)
     policy: str  # which intra-op plan of each piece (fastest, sharded, smallest)
     step_s: float

@@ -92,7 +92,7 @@ def profile_model(
     ``backward``: also time each op forward and forward + backward in PyTorch on the same device
     (:mod:`unity_eq.profile.backward`), the entries' ``backward_s``.
     """
-    from unity_eq.rulesets import load_rule_files
+    from unity_eq.rulefile.manifest import load_rule_files
 
     say = progress or (lambda _m: None)
     if warmup < 0 or repeats < 1 or min_time < 0:

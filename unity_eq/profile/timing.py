@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from unity_eq.lower.onnxrt import make_session
 from unity_eq.machine import DeviceSpec, LinkSpec, Machine
 from unity_eq.profile.models import add_model, matmul_model
 from unity_eq.profile_table import Calibration
-from unity_eq.runtime.devices import DeviceChoice, make_session
+from unity_eq.runtime.devices import DeviceChoice
 
 Progress = Callable[[str], None]
 

@@ -11,6 +11,8 @@ commands    the allowed commands: declarations into the Env, rewrites and rules 
 checks      the load-time checks of a rule (constructors, arity, sorts, bound variables, rulesets)
 parse       ``parse_program``: files through those three, every error one line in ``Program.errors``
 load        the shipped files then the chosen ones, parsed and then loaded by egglog itself
+manifest    where the shipped rule files are and which of them ``optimize`` loads, in order; reading them
+certificate what each rule's proof covers (rules/proofs.json), applied as the files are read
 ==========  ==============================================================================================
 
 The engine never needs the verifier: ``verify`` builds on this package, not the other way round.

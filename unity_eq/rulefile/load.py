@@ -1,6 +1,6 @@
 """Loading rule files the one way both `optimize --rules` and `verify` do: the shipped schema, analyses and
 manifest first, then the chosen files, through one parser (:mod:`unity_eq.rulefile.parse`) with one set of
-load-time checks, then egglog itself loading the same text (:mod:`unity_eq.enginecheck`).
+load-time checks, then egglog itself loading the same text (:mod:`unity_eq.rulefile.engine`).
 
 Every problem is one ``file:line:col: …`` line (``Program.errors``, or a :class:`~unity_eq.errors.RuleError`
 for a file that cannot be read or parsed at all).
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from unity_eq.enginecheck import engine_load_error
 from unity_eq.errors import RuleError
+from unity_eq.rulefile.engine import engine_load_error
+from unity_eq.rulefile.manifest import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 from unity_eq.rulefile.parse import Program, RuleSource, parse_program
-from unity_eq.rulesets import BASE_FILES, DEFAULT_RULE_FILES, GENERATED_RULE_FILES, rules_dir
 
 __all__ = ["display_path", "load_program", "read_source", "shipped_rule_files"]
 

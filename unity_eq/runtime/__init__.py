@@ -45,6 +45,7 @@ checker           ``check``: original vs plan on the same random inputs
 
 from __future__ import annotations
 
+from unity_eq.lower.onnxrt import make_session
 from unity_eq.runtime.checker import (
     CheckResult,
     InputDraw,
@@ -80,7 +81,6 @@ from unity_eq.runtime.devices import (
     cuda_providers,
     describe_devices,
     device_notes,
-    make_session,
     threads_per_rank,
 )
 from unity_eq.runtime.execute import COLLECTIVE_TIMEOUT_S, RankTimes, execute_local, execute_rank, run_plan

@@ -13,12 +13,13 @@ import numpy as np
 
 from unity_eq.dtypes import is_float, relative_precision
 from unity_eq.errors import CheckFailed, ModelError, OptionError, PlanError, RuntimeBackendError
+from unity_eq.lower.onnxrt import make_session, missing_kernel
 from unity_eq.planfile import InputRecord
 from unity_eq.progress import Tracker
-from unity_eq.runtime.devices import choose_device, make_session, missing_kernel, run_in_batches, threads_per_rank
+from unity_eq.runtime.devices import choose_device, run_in_batches, threads_per_rank
 from unity_eq.runtime.execute import execute_local
-from unity_eq.runtime.pipeline import PipelinePlan, is_pipeline_dir, load_pipeline_dir, run_programs, stage_programs
-from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
+from unity_eq.runtime.pipeline import PipelinePlan, read_plan, run_programs, stage_programs
+from unity_eq.runtime.plandir import PlanDir, check_inputs
 from unity_eq.runtime.reference64 import Float64Reference
 from unity_eq.runtime.segments import build_rank_program
 from unity_eq.runtime.weightcheck import check_weight_bytes
@@ -30,7 +31,7 @@ class InputDraw:
 
     ``normal``: N(0, scale²); ``uniform``: U(−scale, scale); ``integers``: whole numbers in [−scale, scale]
     (exact in float, so a plan that loses or adds a term shows as an exact error). Integer inputs always take
-    values in the ranges that keep the model valid (:mod:`unity_eq.input_ranges`); booleans are fair coins.
+    values in the ranges that keep the model valid (:mod:`unity_eq.runtime.input_ranges`); booleans are fair coins.
     """
 
     kind: str
@@ -250,7 +251,6 @@ def _compare_exact(name: str, ref: np.ndarray, out: np.ndarray) -> OutputCompari
     return OutputComparison(name, False, float(max(error, 1)), float(max(error, 1)) / scale, index, expected, got)
 
 
-
 def _original_session(model_path: str | Path) -> Any:
     try:
         return make_session(str(model_path), ["CPUExecutionProvider"])
@@ -309,8 +309,9 @@ def check(
     accepts. ``on_progress`` hears a line per input set; ``tracker`` (unity_eq.progress) counts them (row
     ``check``)."""
     tracker = tracker or Tracker()
-    pipeline = load_pipeline_dir(plan_dir) if is_pipeline_dir(plan_dir) else None
-    plan = pipeline.whole if pipeline is not None else load_plan_dir(plan_dir)  # whole: the pipeline's inputs
+    loaded = read_plan(plan_dir)
+    pipeline = loaded if isinstance(loaded, PipelinePlan) else None
+    plan = loaded.whole if isinstance(loaded, PipelinePlan) else loaded  # whole: the pipeline's inputs
     check_plan_is_of(model_path, plan)
     check_weights_present(model_path)
     directories = pipeline.stages if pipeline is not None else [plan]
@@ -454,12 +455,12 @@ def _drawer(
 
 
 def default_int_ranges(model_path: str | Path, plan: PlanDir) -> dict[str, tuple[int, int]]:
-    """Integer ranges that keep the original model valid (see :mod:`unity_eq.input_ranges`)."""
+    """Integer ranges that keep the original model valid (see :mod:`unity_eq.runtime.input_ranges`)."""
     specs = plan.input_specs
     if not any(np.dtype(spec.dtype).kind in "iu" for spec in specs.values()):
         return {}
     from unity_eq.frontends.onnx import load_onnx
-    from unity_eq.input_ranges import integer_input_ranges
+    from unity_eq.runtime.input_ranges import integer_input_ranges
 
     graph = load_onnx(model_path, {name: spec.shape for name, spec in specs.items()})
     return integer_input_ranges(graph, str(model_path))

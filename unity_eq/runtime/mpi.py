@@ -87,8 +87,8 @@ from unity_eq.runtime.mpi_status import (
     interrupted,
 )
 from unity_eq.runtime.mpi_supervisor import import_mpi, supervise, tell_supervisor
-from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
-from unity_eq.runtime.plandir import PlanDir, check_inputs, check_rank_file, load_npz, load_plan_dir
+from unity_eq.runtime.pipeline import PipelinePlan, read_plan
+from unity_eq.runtime.plandir import PlanDir, check_inputs, check_rank_file, load_npz
 from unity_eq.runtime.segments import build_rank_program
 
 __all__ = ["MPICommunicator", "MPIRunError", "open_communicator", "run_plan_mpi"]
@@ -139,14 +139,15 @@ def _setup(
     world: Any,
     local: Any,
 ) -> _Setup:
-    if not isinstance(plan_dir, PlanDir) and is_pipeline_dir(plan_dir):
-        pipeline = load_pipeline_dir(plan_dir)
+    loaded = plan_dir if isinstance(plan_dir, PlanDir) else read_plan(plan_dir, check_files=False)
+    if isinstance(loaded, PipelinePlan):
+        pipeline = loaded
         choice = choose_device(device, local.rank)
         part = pipeline_rank(pipeline, world.rank, world.size, choice.providers, threads_per_rank(local.size))
         notes: list[str] = []
         feeds = check_inputs(pipeline.whole, _inputs(pipeline.whole, inputs, seed, notes))
         return _Setup(pipeline.whole, choice, feeds, part.program, notes, part)
-    plan = plan_dir if isinstance(plan_dir, PlanDir) else load_plan_dir(plan_dir, check_files=False)
+    plan = loaded
     if world.size != plan.world_size and world.size == 1:
         raise RuntimeBackendError(
             f"world size: one process, the plan in {plan.path} has {plan.world_size} ranks. Launch it with "

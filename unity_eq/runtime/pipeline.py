@@ -33,7 +33,15 @@ from unity_eq.runtime.execute import execute_local
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
 from unity_eq.runtime.segments import RankProgram, build_rank_program
 
-__all__ = ["PipelinePlan", "is_pipeline_dir", "load_pipeline_dir", "run_pipeline", "run_programs", "stage_programs"]
+__all__ = [
+    "PipelinePlan",
+    "is_pipeline_dir",
+    "load_pipeline_dir",
+    "read_plan",
+    "run_pipeline",
+    "run_programs",
+    "stage_programs",
+]
 
 Feeds = dict[str, np.ndarray]
 
@@ -68,6 +76,16 @@ class PipelinePlan:
 def is_pipeline_dir(path: str | Path) -> bool:
     """Whether ``path`` is a lowered pipeline plan directory (its stages have their plan directories)."""
     return is_lowered_pipeline(Path(path) / "plan.json")
+
+
+def read_plan(path: str | Path, check_files: bool = True) -> PlanDir | PipelinePlan:
+    """A plan directory of either kind, read once: a lowered pipeline plan (every stage's directory read and
+    checked) or an SPMD plan (:func:`load_plan_dir`, which refuses a plan-only pipeline plan saying what runs
+    it; ``check_files=False``: an MPI rank checks its own device file only). ``run``, ``check`` and the MPI
+    backend read plans here and dispatch on the type they get."""
+    if is_pipeline_dir(path):
+        return load_pipeline_dir(path)
+    return load_plan_dir(path, check_files)
 
 
 def _whole(path: Path, record: PipelinePlanRecord, first: PlanDir, last: PlanDir) -> PlanDir:

@@ -10,8 +10,8 @@ import onnx
 from onnx import helper
 
 from unity_eq.errors import PlanError, RuntimeBackendError
+from unity_eq.lower.onnxrt import make_session, missing_kernel
 from unity_eq.planfile import CollectiveRecord
-from unity_eq.runtime.devices import make_session, missing_kernel
 from unity_eq.runtime.plandir import PlanDir, check_external_data, check_identity
 
 

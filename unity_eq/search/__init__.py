@@ -58,18 +58,19 @@ from unity_eq.machine import Machine
 from unity_eq.planfile.axes import axis_info
 from unity_eq.profile_table import ProfileTable
 from unity_eq.progress import LineTracker, Tracker
-from unity_eq.rulesets import RuleFile
+from unity_eq.rulefile.manifest import RuleFile
 from unity_eq.search.baselines import Baseline, one_device_trial, price_baselines
 from unity_eq.search.choose import SearchResult, baseline_ceiling, choose_trial, infeasible_message, skip_deeper
 from unity_eq.search.meshes import candidate_meshes, device_groups
 from unity_eq.search.runner import MeshRunner
-from unity_eq.search.trial import MeshTrial, Say
+from unity_eq.search.trial import MeshTrial, Say, TrialStatus
 from unity_eq.split import BlockSplit, split_graph
 
 __all__ = [
     "Baseline",
     "MeshTrial",
     "SearchResult",
+    "TrialStatus",
     "candidate_meshes",
     "device_groups",
     "search",
@@ -131,9 +132,9 @@ def search(
         trials = candidate_meshes(machine, graph, objective, max_axes)
 
     runner = MeshRunner(graph, machine, objective, rules, limits, say, tracker, workers, profile, split)
-    first = [t for t in trials if t.status == "pending" and len(t.mesh.axes) <= 2]
+    first = [t for t in trials if t.status == TrialStatus.PENDING and len(t.mesh.axes) <= 2]
     runner.run(first)
-    deeper = [t for t in trials if t.status == "pending" and len(t.mesh.axes) == 3]
+    deeper = [t for t in trials if t.status == TrialStatus.PENDING and len(t.mesh.axes) == 3]
     if deeper:
         if mesh is not None:
             runner.run(deeper)
@@ -141,17 +142,17 @@ def search(
             reason = skip_deeper(trials)
             if reason:
                 for t in deeper:
-                    t.status, t.reason = "skipped", reason
+                    t.status, t.reason = TrialStatus.SKIPPED, reason
             else:
                 runner.run(deeper)
 
     one_trial = one_device_trial(trials, runner, machine, objective, candidate=mesh is None)
     if one_trial is not None and one_trial not in trials:
         trials.append(one_trial)
-    candidates = [t for t in trials if t.candidate and t.status == "ok" and t.plan is not None]
+    candidates = [t for t in trials if t.candidate and t.status == TrialStatus.OK and t.plan is not None]
     if not candidates:
-        failed = [t for t in trials if t.status == "failed"]
-        if failed and not any(t.status == "infeasible" for t in trials):
+        failed = [t for t in trials if t.status == TrialStatus.FAILED]
+        if failed and not any(t.status == TrialStatus.INFEASIBLE for t in trials):
             raise ExtractionError(f"no mesh produced a plan: {failed[0].label}: {failed[0].reason}")
         raise InfeasiblePlanError(infeasible_message(trials, machine))
     tracker.start("baselines", "pricing one device, data parallel, tensor parallel")

@@ -19,7 +19,7 @@ from unity_eq.planfile.axes import axis_info
 from unity_eq.report import device_span, parallelism
 from unity_eq.search.meshes import fastest_device
 from unity_eq.search.runner import MeshRunner
-from unity_eq.search.trial import MeshTrial, trial_row
+from unity_eq.search.trial import MeshTrial, TrialStatus, trial_row
 
 
 @dataclass
@@ -127,11 +127,11 @@ def one_device_trial(
     trial.min_memory = memory
     trial.reason = f"the one_device baseline: mesh {flat.label}'s e-graph with nothing partitioned"
     if memory.fits:
-        trial.status, trial.plan, trial.memory = "ok", extraction.plan, memory
+        trial.status, trial.plan, trial.memory = TrialStatus.OK, extraction.plan, memory
         trial.extraction = extraction.restriction.name
         cost = f"{extraction.plan.cost.total * 1e3:.3f} ms"
     else:
-        trial.status, cost = "infeasible", "does not fit"
+        trial.status, cost = TrialStatus.INFEASIBLE, "does not fit"
     runner.tracker.finish(row, f"one device, {cost}")
     return trial
 

@@ -25,7 +25,7 @@ from unity_eq.planfile import (
 from unity_eq.report import parallelism
 from unity_eq.search.baselines import Baseline, uses_axes
 from unity_eq.search.runner import THREE_AXIS_NODE_BUDGET
-from unity_eq.search.trial import MeshTrial, gib
+from unity_eq.search.trial import MeshTrial, TrialStatus, gib
 from unity_eq.split import BlockSplit
 
 TIE_TOLERANCE = 0.01  # plans within 1% of the cheapest are ties: the model cannot tell them apart
@@ -47,10 +47,10 @@ class SearchResult:
         return PlanReport(
             mesh_search=MeshSearchRecord(
                 chosen=self.trial.label,
-                tried=tuple(t.to_record() for t in self.trials if t.status != "skipped"),
+                tried=tuple(t.to_record() for t in self.trials if t.status != TrialStatus.SKIPPED),
                 runner_up=runner_up(self.trials, self.trial),
                 skipped=tuple(
-                    SkippedRecord(mesh=t.label, reason=t.reason) for t in self.trials if t.status == "skipped"
+                    SkippedRecord(mesh=t.label, reason=t.reason) for t in self.trials if t.status == TrialStatus.SKIPPED
                 ),
             ),
             baselines={name: b.to_record(cost) for name, b in self.baselines.items()},
@@ -83,7 +83,9 @@ def memory_handling(trial: MeshTrial) -> str:
 
 
 def runner_up(trials: list[MeshTrial], chosen: MeshTrial) -> RunnerUpRecord | None:
-    others = [t for t in trials if t is not chosen and t.status == "ok" and t.candidate and t.plan is not None]
+    others = [
+        t for t in trials if t is not chosen and t.status == TrialStatus.OK and t.candidate and t.plan is not None
+    ]
     if not others:
         return None
     best = min(others, key=lambda t: t.plan.cost.total if t.plan else math.inf)
@@ -186,7 +188,7 @@ def plan_choice(result: SearchResult) -> PlanChoiceRecord:
 
 
 def skip_deeper(trials: list[MeshTrial]) -> str | None:
-    done = [t for t in trials if t.status == "ok" and t.plan is not None and t.candidate]
+    done = [t for t in trials if t.status == TrialStatus.OK and t.plan is not None and t.candidate]
     if not done:
         return None
     best = min(done, key=lambda t: t.plan.cost.total if t.plan else math.inf)

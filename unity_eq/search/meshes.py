@@ -4,16 +4,15 @@ misaligned and useless ones (see unity_eq.search).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
 from unity_eq.cost import INFERENCE, CostModel, Objective
-from unity_eq.ir import AXIS_NAMES, Graph, Mesh, machine_order
+from unity_eq.ir import AXIS_NAMES, Graph, Mesh, divisors, machine_order
 from unity_eq.machine import GroupTopology, Machine
 from unity_eq.planfile.axes import axis_info
 from unity_eq.report import device_span
-from unity_eq.search.trial import MeshTrial
+from unity_eq.search.trial import MeshTrial, TrialStatus
 
 
 def _factorizations(n: int, max_axes: int) -> list[tuple[int, ...]]:
@@ -22,7 +21,7 @@ def _factorizations(n: int, max_axes: int) -> list[tuple[int, ...]]:
     Walks n's divisors (at most a few hundred below 2**20), not every integer up to n."""
     if n < 2:
         return [(max(n, 1),)]
-    divisors = _divisors(n)
+    sizes_of_n = divisors(n)
     found: list[tuple[int, ...]] = []
 
     def rec(rest: int, prefix: tuple[int, ...]) -> None:
@@ -32,7 +31,7 @@ def _factorizations(n: int, max_axes: int) -> list[tuple[int, ...]]:
             return
         if len(prefix) == max_axes:
             return
-        for f in divisors:
+        for f in sizes_of_n:
             if f > rest:
                 break
             if f >= 2 and rest % f == 0:
@@ -40,12 +39,6 @@ def _factorizations(n: int, max_axes: int) -> list[tuple[int, ...]]:
 
     rec(n, ())
     return sorted(found, key=lambda sizes: (len(sizes), sizes))
-
-
-def _divisors(n: int) -> list[int]:
-    """The divisors of n in increasing order."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _mesh_key(model: CostModel) -> tuple[Any, ...]:
@@ -65,7 +58,7 @@ def _misaligned(model: CostModel) -> str | None:
 def _usable_sizes(graph: Graph) -> set[int]:
     """Every axis size that divides some tensor dimension (the divisors ≥ 2 of the dimensions)."""
     dims = {d for t in graph.types.values() for d in t.shape if d > 1}
-    return {n for d in dims for n in _divisors(d) if n >= 2}
+    return {n for d in dims for n in divisors(d) if n >= 2}
 
 
 def candidate_meshes(
@@ -90,7 +83,7 @@ def candidate_meshes(
         better = next((g for g in groups if g is not group and _dominates(machine, g, group)), None)
         if better is not None:  # one entry for the group: none of its meshes is laid out
             trial = MeshTrial(Mesh(("x",), (len(ids),), ids), (), scope=scope, device_kind=kind)
-            trial.status = "skipped"
+            trial.status = TrialStatus.SKIPPED
             trial.reason = (
                 f"dominated: {device_span(better)} ({machine.devices[better[0]].name}) are as many, no slower, "
                 f"no smaller and no worse linked than {scope} ({kind}); no mesh over them is tried"
@@ -124,15 +117,15 @@ def _meshes_over(
         useless = [s for s in sizes if s not in usable]
         # the 1-axis mesh over all devices is always tried: the baselines are priced on it
         if useless and (len(sizes) > 1 or scope):
-            trial.status, trial.reason = "skipped", f"no tensor dimension divides by {useless[0]}"
+            trial.status, trial.reason = TrialStatus.SKIPPED, f"no tensor dimension divides by {useless[0]}"
             continue
         bad = _misaligned(model)
         if bad:
-            trial.status, trial.reason = "skipped", f"misaligned: {bad}"
+            trial.status, trial.reason = TrialStatus.SKIPPED, f"misaligned: {bad}"
             continue
         key = _mesh_key(model)
         if key in seen:
-            trial.status, trial.reason = "skipped", f"equivalent to {seen[key]}"
+            trial.status, trial.reason = TrialStatus.SKIPPED, f"equivalent to {seen[key]}"
             continue
         seen[key] = trial.label
     return trials

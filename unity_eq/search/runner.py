@@ -9,8 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from unity_eq.blocks import BlockSaturation, saturate_pieces
 from unity_eq.cost import CostModel, Objective
 from unity_eq.egraph import EGraphData, Encoding, Limits, SaturationResult, encode, parse_serialized, saturate
-from unity_eq.errors import ExtractionError
-from unity_eq.extract import Extraction, Extractor, Restriction
+from unity_eq.extract import Extraction, Extractor, Restriction, candidate_restrictions, extract_variants
 from unity_eq.extract.blocks import BlockExtractor
 from unity_eq.files import raise_if_stopped
 from unity_eq.ir import Graph
@@ -18,8 +17,8 @@ from unity_eq.machine import Machine
 from unity_eq.memory import MemoryUsage, plan_memory
 from unity_eq.profile_table import ProfileTable
 from unity_eq.progress import Tracker
-from unity_eq.rulesets import RuleFile
-from unity_eq.search.trial import MeshTrial, Say, gib, trial_row
+from unity_eq.rulefile.manifest import RuleFile
+from unity_eq.search.trial import MeshTrial, Say, TrialStatus, gib, trial_row
 from unity_eq.split import BlockSplit
 
 PENALTY_ROUNDS = 6
@@ -78,7 +77,7 @@ class MeshRunner:
 
                     if not isinstance(exc, UnityEqError):
                         raise
-                    trial.status, trial.reason = "failed", str(exc)
+                    trial.status, trial.reason = TrialStatus.FAILED, str(exc)
                     self.tracker.finish(trial_row(trial), f"failed: {exc}")
                     continue
                 trial.encoding, trial.saturation, trial.saturate_s = encoding, saturation, seconds
@@ -121,18 +120,11 @@ class MeshRunner:
             extractor = Extractor(data, trial.encoding, self.graph, model)
             self.data[trial.label] = data
         self.extractors[trial.label] = extractor
-        variants = [Restriction()]
-        if len(trial.mesh.axes) == 1:
-            variants += [Restriction.data_parallel(), Restriction.data_parallel(strict=False)]
-        variants += [Restriction.tensor_parallel(a) for a in trial.mesh.axes]
-        for restriction in variants:
+
+        def progress(restriction: Restriction) -> None:
             self.tracker.update(trial_row(trial), f"extracting ({restriction.name}), {trial.enodes} e-nodes")
-            try:
-                extraction = extractor.extract(restriction)
-            except ExtractionError:
-                if restriction.name == "greedy":
-                    raise
-                continue
+
+        for extraction in extract_variants(extractor, candidate_restrictions(trial.mesh.axes), progress):
             trial.extractions.append((extraction, plan_memory(extraction.plan)))
         cheapest = min(trial.extractions, key=lambda em: em[0].plan.cost.total)
         if not cheapest[1].fits and trial.candidate:
@@ -140,11 +132,11 @@ class MeshRunner:
         fitting = [(e, m) for e, m in trial.extractions if m.fits]
         if fitting:
             extraction, memory = min(fitting, key=lambda em: em[0].plan.cost.total)
-            trial.status = "ok"
+            trial.status = TrialStatus.OK
             trial.plan, trial.memory = extraction.plan, memory
             trial.extraction, trial.penalty = extraction.restriction.name, extraction.penalty
         else:
-            trial.status = "infeasible"
+            trial.status = TrialStatus.INFEASIBLE
             trial.reason = "no extraction fits in device memory"
         everything = [m for _, m in trial.extractions]
         trial.min_memory = min(everything, key=lambda m: m.total) if everything else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from unity_eq.egraph import Encoding, SaturationResult
 from unity_eq.extract import Extraction
@@ -15,13 +16,24 @@ from unity_eq.planfile import AxisRecord, TrialSecondsRecord, TriedRecord
 Say = Callable[[str], None]
 
 
+class TrialStatus(StrEnum):
+    """What became of a mesh: queued, a plan that fits, nothing fits, not run (why in ``reason``), or its
+    saturation failed. The value is plan.json's ``mesh_search.tried[].status``."""
+
+    PENDING = "pending"
+    OK = "ok"
+    INFEASIBLE = "infeasible"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
 @dataclass
 class MeshTrial:
     """One mesh of the search and what became of it."""
 
     mesh: Mesh
     axes: tuple[AxisRecord, ...]  # how each axis sits on the machine
-    status: str = "pending"  # ok, infeasible (nothing fits), skipped, failed
+    status: TrialStatus = TrialStatus.PENDING
     reason: str = ""
     plan: Plan | None = None
     memory: MemoryUsage | None = None
@@ -48,11 +60,11 @@ class MeshTrial:
     def to_record(self) -> TriedRecord:
         """As plan.json's ``mesh_search.tried`` lists it."""
         cost = self.plan.cost if self.plan is not None else None
-        ran = self.status in ("ok", "infeasible", "failed") or bool(self.saturate_s)
+        ran = self.status in (TrialStatus.OK, TrialStatus.INFEASIBLE, TrialStatus.FAILED) or bool(self.saturate_s)
         return TriedRecord(
             mesh=self.label,
             axes=self.axes,
-            status=self.status,
+            status=self.status.value,
             devices=self.scope.split(" ", 1)[1] if self.scope else None,
             device_count=self.mesh.size if self.scope else None,
             device_kind=self.device_kind if self.scope else None,
@@ -63,7 +75,7 @@ class MeshTrial:
             extraction=self.extraction if cost is not None else None,
             memory_bytes=self.memory.total if self.memory is not None else None,
             min_memory_bytes=(
-                self.min_memory.total if self.min_memory is not None and self.status == "infeasible" else None
+                self.min_memory.total if self.min_memory is not None and self.status == TrialStatus.INFEASIBLE else None
             ),
             enodes=self.enodes if ran else None,
             stop_reason=self.stop_reason if ran else None,

@@ -4,7 +4,7 @@ the devices, the model's pieces and the batch allow, before anything is saturate
 A pipeline plan puts every device to work: each of the machine's device groups holds ``n / (d · t)`` stages of
 ``d`` replicas of ``t``-device tensor groups, the stages are at most the model's pieces (a stage is whole
 pieces), and ``d`` replicas of ``m``-sample microbatches, ``M`` of them, make the batch (``d · m · M = B``).
-:func:`shapes` lists what those counts allow (:func:`unity_eq.stages.search.configurations` prices exactly
+:func:`shapes` lists what those counts allow (:func:`unity_eq.stages.config.configurations` prices exactly
 these); :func:`refuse_impossible` turns "none of them has what the user forced" into one error that says which
 count rules it out, so ``optimize --pipeline --stages 9`` on a 4-piece model fails at once instead of after
 pricing every piece.
@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from unity_eq.errors import OptionError
+from unity_eq.ir import divisors
 
 __all__ = ["Forced", "Shape", "divisors", "refuse_impossible", "shapes"]
 
@@ -30,11 +31,6 @@ class Shape:
     stages: int
     microbatch: int
     microbatches: int
-
-
-def divisors(n: int) -> list[int]:
-    """Every positive divisor of ``n``, ascending."""
-    return [k for k in range(1, n + 1) if n % k == 0]
 
 
 def shapes(

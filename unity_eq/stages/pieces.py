@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from unity_eq.blocks import saturate_pieces
 from unity_eq.cost import CostModel, Objective
 from unity_eq.egraph import Limits
-from unity_eq.errors import ExtractionError, OptionError
-from unity_eq.extract import Extractor, Restriction
+from unity_eq.errors import OptionError
+from unity_eq.extract import Extractor, Restriction, candidate_restrictions, extract_variants
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import Machine
 from unity_eq.memory import plan_memory
 from unity_eq.plan import Plan
 from unity_eq.report import cost_breakdown
-from unity_eq.rulesets import RuleFile
+from unity_eq.rulefile.manifest import RuleFile
 from unity_eq.split import BlockSplit, Piece, split_graph
 
 __all__ = ["GraphAt", "PieceCost", "PieceTable", "price_pieces"]
@@ -86,18 +86,12 @@ def _group_mesh(size: int, devices: Sequence[int] | None = None) -> Mesh:
 
 
 def _extractions(extractor: Extractor, method: str = "greedy") -> list[tuple[str, Plan]]:
-    """A piece's options: the unrestricted extraction, weights whole, one-axis tensor parallel; with ``method``
-    differentiable (or ilp: the stage search prices many pieces, so it runs the relaxed search only), also the
-    relaxed search's plan when it is cheaper than greedy's and fits."""
-    found: list[tuple[str, Plan]] = []
-    for restriction in (Restriction(), Restriction.data_parallel(strict=False), Restriction.tensor_parallel("x")):
-        try:
-            extraction = extractor.extract(restriction)
-        except ExtractionError:
-            if restriction.name == "greedy":
-                raise
-            continue
-        found.append((restriction.name, extraction.plan))
+    """A piece's candidate plans on its tensor group (a one-axis mesh ``x``): the mesh search's variants
+    without the strict data-parallel one; with ``method`` differentiable (or ilp: the stage search prices many
+    pieces, so it runs the relaxed search only), also the relaxed search's plan when it is cheaper than
+    greedy's and fits."""
+    restrictions = candidate_restrictions(("x",), strict_data_parallel=False)
+    found = [(e.restriction.name, e.plan) for e in extract_variants(extractor, restrictions)]
     if method != "greedy":
         plan = extractor.extract(Restriction(), method="differentiable").plan
         if plan.cost.total < found[0][1].cost.total * (1 - 1e-12) and plan_memory(plan).fits:

@@ -20,13 +20,13 @@ from unity_eq.cost import Objective
 from unity_eq.egraph import Limits
 from unity_eq.errors import OptionError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
-from unity_eq.ir import Graph
+from unity_eq.ir import Graph, divisors
 from unity_eq.machine import Machine
 from unity_eq.planfile.pipeline import PipelinePlanRecord, write_pipeline_json
-from unity_eq.rulesets import RuleFile
+from unity_eq.rulefile.manifest import RuleFile
 from unity_eq.search.meshes import device_groups
 from unity_eq.split import split_graph
-from unity_eq.stages.arithmetic import Forced, divisors, refuse_impossible
+from unity_eq.stages.arithmetic import Forced, refuse_impossible
 from unity_eq.stages.pieces import GraphAt, PieceTable, price_pieces
 from unity_eq.stages.record import pipeline_record
 from unity_eq.stages.search import StageFilter, StageSearch, group_sizes, priced_pairs, stage_search, static_batch_note
@@ -36,7 +36,7 @@ __all__ = ["BatchedModel", "PipelineResult", "batch_blocker", "graph_at_batch", 
 Say = Callable[[str], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PipelineResult:
     record: PipelinePlanRecord
     search: StageSearch

@@ -14,23 +14,19 @@ input of the stage (stage 0 sends it, point to point), and its pieces share it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-from typing_extensions import assert_never
+from collections.abc import Sequence
 
 from unity_eq.cost import ZERO, Cost
-from unity_eq.errors import PlanError
+from unity_eq.errors import InternalError
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import Machine
 from unity_eq.memory import plan_memory
 from unity_eq.plan import (
-    CollectiveStep,
-    Compute,
     LoadInput,
-    LoadWeight,
     Plan,
     PlanTensor,
     Step,
+    renamed_step,
 )
 from unity_eq.planfile import PlanReport
 from unity_eq.report import cost_breakdown
@@ -100,7 +96,7 @@ class _StagePlan:
                 self.steps.append(LoadInput(self.side[side], side))
                 self.step_costs.append(cost)
                 continue
-            self.steps.append(_renamed(step, name_of, names))
+            self.steps.append(renamed_step(step, name_of, names, names))
             self.step_costs.append(cost)
         if piece.stream_out is None:
             self.outputs.update((name, name_of(plan.outputs[name])) for name in plan.outputs)
@@ -127,7 +123,7 @@ def stitch_stage(
     stage = _StagePlan(pieces[0].index)
     for piece, option in zip(pieces, chosen, strict=True):
         if option.plan is None:
-            raise PlanError(f"internal error: piece {piece.index} was priced without its plan ({option.extraction})")
+            raise InternalError(f"piece {piece.index} was priced without its plan ({option.extraction})")
         stage.add(piece, reps[piece.signature], option.plan)
     last = pieces[-1]
     if last.stream_out is not None:
@@ -153,25 +149,3 @@ def stitch_stage(
     )
     plan.report = PlanReport(memory=plan_memory(plan).to_record(), cost=cost_breakdown(plan))
     return plan
-
-
-def _renamed(step: Step, rename: Callable[[str], str], weights: dict[str, str]) -> Step:
-    """``step`` with its tensors renamed by ``rename`` and its inputs and weights by ``weights``."""
-    match step:
-        case LoadInput(out=out, name=name):
-            return LoadInput(rename(out), weights.get(name, name))
-        case LoadWeight(out=out, name=name):
-            return LoadWeight(rename(out), weights.get(name, name))
-        case Compute(outputs=outputs, op_type=op, inputs=inputs, attrs=attrs, domain=domain, node=node):
-            return Compute(
-                tuple(rename(o) if o else "" for o in outputs),
-                op,
-                tuple(rename(i) if isinstance(i, str) else i for i in inputs),
-                attrs,
-                domain,
-                node,
-            )
-        case CollectiveStep():
-            return step.renamed(rename)
-        case _:
-            assert_never(step)

@@ -16,10 +16,12 @@ from unity_eq.ops.registry import PLUGINS
 
 __all__ = [
     "BASE_FILES",
+    "CORE_RULE_FILES",
     "DEFAULT_RULE_FILES",
     "GENERATED_DEFAULT_FILES",
     "GENERATED_RULE_FILES",
     "HAND_WRITTEN_RULE_FILES",
+    "SPEC_GENERATED_RULE_FILES",
     "RuleFile",
     "default_rule_files",
     "load_rule_files",
@@ -29,17 +31,25 @@ __all__ = [
 #: Loaded before any rule file: the language and the analyses the guards use.
 BASE_FILES = ("schema.egg", "analysis.egg")
 
-#: The hand-written rule files (paths relative to rules/): the core rules, then each plug-in op family's own
-#: file (unity_eq/ops/registry.py), so a new family is loaded and verified without editing this list.
-HAND_WRITTEN_RULE_FILES = (
+#: Rule files generated from the op registry by `python -m unity_eq.ops` (as rules/schema.egg is): the split
+#: rules of every elementwise op, one template each. Core rules, always loaded; regenerated, never edited.
+SPEC_GENERATED_RULE_FILES = ("parallel/elementwise.egg",)
+
+#: The core rule files (paths relative to rules/), in load order: the hand-written ones with the spec-generated
+#: ones among them, then each plug-in op family's own file (unity_eq/ops/registry.py), so a new family is
+#: loaded and verified without editing this list. `--no-generated-rules` loads these alone.
+CORE_RULE_FILES = (
     "algebra/split.egg",
     "parallel/redistribute.egg",
-    "parallel/elementwise.egg",
+    *SPEC_GENERATED_RULE_FILES,
     "parallel/matmul.egg",
     "parallel/conv.egg",
     "parallel/layout.egg",
     *(family.rule_file for family in PLUGINS),
 )
+
+#: The core rule files a person writes (the others are regenerated from the op registry).
+HAND_WRITTEN_RULE_FILES = tuple(name for name in CORE_RULE_FILES if name not in SPEC_GENERATED_RULE_FILES)
 
 #: Generated rule files (`unity-eq generate-rules`, docs/generate.md) that `optimize` loads by default: the
 #: algebraic rules whose right-hand side has fewer operators (they cannot loop) and the multi-output merges
@@ -58,7 +68,7 @@ GENERATED_RULE_FILES = (
 )
 
 #: The rule files `optimize` loads unless told otherwise (paths relative to rules/).
-DEFAULT_RULE_FILES = HAND_WRITTEN_RULE_FILES + GENERATED_DEFAULT_FILES
+DEFAULT_RULE_FILES = CORE_RULE_FILES + GENERATED_DEFAULT_FILES
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,7 @@ def base_files() -> list[RuleFile]:
 
 def default_rule_files(generated: bool = True) -> list[Path]:
     """The manifest as paths; ``generated=False`` leaves out the generated rules (`--no-generated-rules`)."""
-    names = DEFAULT_RULE_FILES if generated else HAND_WRITTEN_RULE_FILES
+    names = DEFAULT_RULE_FILES if generated else CORE_RULE_FILES
     return [rules_dir() / name for name in names if (rules_dir() / name).exists()]
 
 
