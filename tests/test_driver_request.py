@@ -10,7 +10,7 @@ import pytest
 
 from unity_eq.driver import OptimizeRequest, Planner, build_request
 from unity_eq.errors import InternalError, OptionError, UnityEqError
-from unity_eq.extract import ExtractionMethod
+from unity_eq.extract import DifferentiableChooser, ExtractionMethod
 from unity_eq.extract.chooser import chooser_chain
 from unity_eq.ir import Mesh, divisors
 from unity_eq.stages.state import resident_bytes
@@ -43,7 +43,7 @@ def test_the_planner_follows_the_options(options: dict[str, object], planner: Pl
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"extractor": "fast"}, r"`--extractor`: expected greedy or ilp, got 'fast'\."),
+        ({"extractor": "fast"}, r"`--extractor`: expected greedy, differentiable or ilp, got 'fast'\."),
         ({"pipeline": True, "mesh": "2x4", "blocks": "on"}, r"`--mesh`, `--blocks` do not apply to `--pipeline`"),
         ({"stages": 2}, r"`--stages` restricts the stage search: pass it with `--pipeline`"),
         ({"batch": 4}, r"`--batch` sets the samples per step of training or of a pipeline"),
@@ -70,7 +70,7 @@ def test_the_stage_search_does_not_check_options_it_ignores() -> None:
 def test_every_extraction_method_has_a_chooser_chain() -> None:
     """A new member of ExtractionMethod must come with its chain (the option's check and message follow)."""
     for method in ExtractionMethod:
-        chain = chooser_chain(method, None, 1.0)
+        chain = chooser_chain(method, None, 1.0, DifferentiableChooser())
         assert chain and chain[0].name == "greedy"
         assert ExtractionMethod.parse(method.value) is method
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError, InternalError, OptionError
@@ -19,13 +19,32 @@ from unity_eq.extract.greedy import greedy_dag, parents_of, repair_choice
 from unity_eq.extract.ilp import IlpReport, ilp_choice
 from unity_eq.extract.pricing import as_costs
 
-if TYPE_CHECKING:
-    from unity_eq.extract.differentiable import RelaxReport
-
-__all__ = ["Choice", "Chooser", "Chosen", "GreedyChooser", "IlpChooser", "Unreachable"]
+__all__ = ["Choice", "Chooser", "Chosen", "GreedyChooser", "IlpChooser", "RelaxReport", "Unreachable"]
 
 #: One chosen e-node per e-class, by e-class id.
 Choice = dict[str, ENode]
+
+
+@dataclass(frozen=True)
+class RelaxReport:
+    """One differentiable extraction: the start's (greedy's) cost, the best rounded plan's, which was kept."""
+
+    start_objective: float
+    objective: float  # the returned choice's (never above start_objective)
+    relaxed_best: float  # the best rounded plan's, kept or not (INF when no start rounded to a fitting plan)
+    kept: bool  # the rounded plan replaced the start
+    starts: int
+    steps: int
+    seconds: float
+    device: str
+    classes: int
+    nodes: int
+    dropped_nodes: int  # finite nodes cut to make the e-graph acyclic
+
+    @property
+    def improvement(self) -> float:
+        """Relative saving over the start, (start − kept) / start."""
+        return (self.start_objective - self.objective) / self.start_objective if self.start_objective > 0 else 0.0
 
 
 @dataclass(frozen=True)

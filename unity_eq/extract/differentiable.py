@@ -28,33 +28,11 @@ from typing import Any
 
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError
-from unity_eq.extract.chooser import Chosen
+from unity_eq.extract.chooser import Chosen, RelaxReport
 from unity_eq.extract.greedy import adopt_multi_outputs, chosen_closure, dag_cost
 from unity_eq.extract.relax import Relaxed, relax
 
 __all__ = ["DifferentiableChooser", "RelaxReport"]
-
-
-@dataclass(frozen=True)
-class RelaxReport:
-    """One differentiable extraction: the start's (greedy's) cost, the best rounded plan's, which was kept."""
-
-    start_objective: float
-    objective: float  # the returned choice's (never above start_objective)
-    relaxed_best: float  # the best rounded plan's, kept or not (INF when no start rounded to a fitting plan)
-    kept: bool  # the rounded plan replaced the start
-    starts: int
-    steps: int
-    seconds: float
-    device: str
-    classes: int
-    nodes: int
-    dropped_nodes: int  # finite nodes cut to make the e-graph acyclic
-
-    @property
-    def improvement(self) -> float:
-        """Relative saving over the start, (start − kept) / start."""
-        return (self.start_objective - self.objective) / self.start_objective if self.start_objective > 0 else 0.0
 
 
 @dataclass
