@@ -13,7 +13,7 @@ from typing_extensions import assert_never
 
 from unity_eq.ir import Graph, Replicate
 from unity_eq.lower.names import Names, derived_names
-from unity_eq.ops.registry import spec_for
+from unity_eq.ops.registry import plugin_for, spec_for
 from unity_eq.ops.spec import Family
 from unity_eq.plan import (
     AllGather,
@@ -48,6 +48,33 @@ def _view_chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarr
     where = [slice(None)] * array.ndim
     where[dim] = slice(index * size, (index + 1) * size)
     return array[tuple(where)]
+
+
+class _LowerContext:
+    """What a plug-in family's ``lower`` hook asks of the graph being built (ops.family.LowerContext)."""
+
+    def __init__(self, builder: DeviceGraphBuilder, step: Compute) -> None:
+        self.builder, self.step = builder, step
+
+    def fresh(self, base: str) -> str:
+        return self.builder.names.fresh(base)
+
+    def constant(self, array: Any, base: str) -> str:
+        name = self.builder.names.fresh(base)
+        self.builder.initializers[name] = np.asarray(array)
+        return name
+
+    def _tid(self, index: int) -> str | None:
+        ref = self.step.inputs[index] if index < len(self.step.inputs) else None
+        return ref if isinstance(ref, str) else None
+
+    def shape(self, index: int) -> tuple[int, ...] | None:
+        tid = self._tid(index)
+        return None if tid is None else self.builder.local_shape(tid)
+
+    def dtype(self, index: int) -> Any:
+        tid = self._tid(index)
+        return None if tid is None else helper.tensor_dtype_to_np_dtype(_tensor_type(self.builder.plan.tensors[tid].dtype))
 
 
 class DeviceGraphBuilder:
@@ -196,9 +223,13 @@ class DeviceGraphBuilder:
         attrs = {k: v for k, v in step.attrs.items() if not (isinstance(v, list) and not v)}
         # An omitted output ('') gets a name of its own: onnxruntime crashes on some ops (Split) without one.
         outputs = [self.value(o) if o else self.names.fresh(f"{node}.unused") for o in step.outputs]
-        self.nodes.append(
-            helper.make_node(step.op_type, inputs, outputs, name=node, domain=step.domain or None, **attrs)
-        )
+        family = None if step.domain else plugin_for(step.op_type)
+        if family is not None and family.lower is not None:  # a plug-in op that is no ONNX operator as such
+            self.nodes += family.lower(step.op_type, inputs, outputs, attrs, _LowerContext(self, step))
+        else:
+            self.nodes.append(
+                helper.make_node(step.op_type, inputs, outputs, name=node, domain=step.domain or None, **attrs)
+            )
         for out, name in zip(step.outputs, outputs, strict=True):
             if out:
                 self.value_info[name] = self.info(out, name)

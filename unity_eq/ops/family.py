@@ -23,6 +23,7 @@ __all__ = [
     "IndexShape",
     "Instance",
     "InstanceRanges",
+    "LowerContext",
     "NodeView",
     "NotModeled",
     "OpCase",
@@ -116,6 +117,17 @@ class Saved:
     view: str | None = None
 
 
+class LowerContext(Protocol):
+    """What a family's ``lower`` hook may ask of the rank's graph being built (unity_eq/lower/builder.py):
+    ``fresh(base)``: an unused value name; ``constant(array, base)``: an initializer's name; ``shape(i)`` and
+    ``dtype(i)``: input ``i``'s local shape and numpy dtype (``None`` for an absent input)."""
+
+    def fresh(self, base: str) -> str: ...
+    def constant(self, array: Any, base: str) -> str: ...
+    def shape(self, index: int) -> Shape | None: ...
+    def dtype(self, index: int) -> Any: ...
+
+
 #: What ``instances`` yields: an :class:`OpCase`, or ``(tensors, attrs)`` for short.
 Instance = OpCase | tuple[Mapping[str, Any], Mapping[str, Any]]
 
@@ -141,7 +153,10 @@ class OpFamily:
     backward pass keeps (:class:`Saved`), for training memory; without it (a plug-in that does not say) every
     tensor input counts as kept, the conservative guess. ``types(op)``: the op's type constraints
     (:class:`unity_eq.ops.dtypes.OpTypes`) when it does not take every dtype; without it every operand may be
-    any dtype and the output is its first operand's.
+    any dtype and the output is its first operand's. ``lower(op, inputs, outputs, attrs, ctx)``: the ONNX nodes
+    that compute the op on one rank (input and output value names given, ``""`` for an absent input), for an
+    op that is no ONNX operator of that name and signature; without it the op is written as one node of its
+    name with its attributes.
     """
 
     name: str
@@ -158,6 +173,8 @@ class OpFamily:
     implied_attrs: Mapping[str, frozenset[str]] = field(default_factory=dict)
     saved: Callable[[str], Saved] | None = None
     types: Callable[[str], Any] | None = None  # op -> unity_eq.ops.dtypes.OpTypes (None: any dtype)
+    # (op, inputs, outputs, attrs, ctx) -> a list of onnx.NodeProto
+    lower: Callable[[str, Sequence[str], Sequence[str], Mapping[str, Any], LowerContext], list[Any]] | None = None
 
     def __post_init__(self) -> None:
         if not self.specs:
