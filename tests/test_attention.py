@@ -70,16 +70,15 @@ def test_semantics_are_torch_scaled_dot_product_attention(causal: int, kv_heads:
         *t, attn_mask=None if mask is None else torch.tensor(mask), is_causal=bool(causal), scale=0.3
     )
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
-    assert ATTENTION.infer_shape("Attention", [q.shape, k.swapaxes(-1, -2).shape, v.shape, None, None, 0.3, causal]) == (
-        2, 3, 4, 7,
-    )  # fmt: skip
+    shapes = [q.shape, k.swapaxes(-1, -2).shape, v.shape, None, None, 0.3, causal]
+    assert ATTENTION.infer_shape("Attention", shapes) == (2, 3, 4, 7)
 
 
 class _Context:
     """The builder's side of the lowering hook, for a graph of our own."""
 
-    def __init__(self, shapes: list[tuple[int, ...] | None]) -> None:
-        self.shapes, self.inits, self.count = shapes, [], 0
+    def __init__(self, shapes: list[tuple[int, ...] | None], values: list[Any], opset: int) -> None:
+        self.shapes, self.values, self.version, self.inits, self.count = shapes, values, opset, [], 0
 
     def fresh(self, base: str) -> str:
         self.count += 1
@@ -96,25 +95,40 @@ class _Context:
     def dtype(self, index: int) -> Any:
         return np.dtype(np.float32)
 
+    def value(self, index: int) -> Any:
+        return self.values[index]
 
+    def opset(self) -> int:
+        return self.version
+
+
+@pytest.mark.parametrize("opset", [20, 23])
 @pytest.mark.parametrize("causal", [0, 1])
-def test_lowering_runs_in_onnxruntime_as_the_semantics_say(causal: int) -> None:
+def test_lowering_runs_in_onnxruntime_as_the_semantics_say(causal: int, opset: int) -> None:
     """The ONNX nodes the lowering writes (what `check` runs) compute the family's semantics, NaN fill
-    included: a row whose every score is -inf gives a zero row, as torch's kernel does."""
+    included (a row whose every score is -inf gives a zero row, as torch's kernel does): at opset 23 ONNX's
+    Attention (K/V with one head read by both query heads), below it the composition."""
     rng = np.random.default_rng(1)
-    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 2, 3, 4), (2, 2, 4, 5), (2, 2, 5, 3)))
+    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 2, 3, 4), (2, 1, 4, 5), (2, 1, 5, 3)))
     mask = rng.standard_normal((2, 1, 3, 5)).astype(np.float32)
     mask[1, 0, 2, :] = -np.inf  # a fully masked row: NaN probabilities, filled with 0
     fill = np.zeros((), np.float32)
-    ctx = _Context([q.shape, kt.shape, v.shape, mask.shape, ()])
+    ctx = _Context([q.shape, kt.shape, v.shape, mask.shape, ()], [None, None, None, None, fill], opset)
     names = ["q", "kt", "v", "mask", "fill"]
     nodes = ATTENTION.lower("Attention", names, ["out"], {"scale": 0.5, "causal": causal}, ctx)  # type: ignore[misc]
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in zip(names, (q, kt, v, mask, fill))]
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 2, 3, 3])], ctx.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    assert ("Attention" in [n.op_type for n in nodes]) == (opset >= 23)
+    arrays = (q, kt, v, mask, fill)
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in zip(names, arrays, strict=True)
+    ]
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 2, 3, 3])
+    graph = helper.make_graph(nodes, "g", inputs, [out], ctx.inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=11 if opset >= 23 else 8
+    )
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    (got,) = session.run(None, dict(zip(names, (q, kt, v, mask, fill))))
+    (got,) = session.run(None, dict(zip(names, arrays, strict=True)))
     scores = (q @ kt).astype(np.float64) * 0.5 + mask
     if causal:
         scores = scores + np.where(np.triu(np.ones((3, 5), bool), 1), -np.inf, 0)
@@ -123,6 +137,16 @@ def test_lowering_runs_in_onnxruntime_as_the_semantics_say(causal: int) -> None:
         p = np.nan_to_num(e / e.sum(-1, keepdims=True), nan=0.0)
     np.testing.assert_allclose(got, p @ v, rtol=1e-5, atol=1e-5)
     assert not got[1, :, 2].any()  # the fully masked row
+
+
+def test_a_fill_other_than_zeros_is_lowered_as_the_composition() -> None:
+    """onnxruntime's Attention gives a fully masked row zeros: a fill of another (or unknown) value is
+    written as the composition, which fills the probabilities with it."""
+    shapes = [(1, 1, 2, 2), (1, 1, 2, 2), (1, 1, 2, 2), None, ()]
+    for fill in (np.ones((), np.float32), None):
+        ctx = _Context(shapes, [None, None, None, None, fill], 23)
+        nodes = ATTENTION.lower("Attention", ["q", "kt", "v", "", "f"], ["o"], {}, ctx)  # type: ignore[misc]
+        assert "Attention" not in [n.op_type for n in nodes] and "Where" in [n.op_type for n in nodes]
 
 
 def test_registered_as_a_plug_in_family() -> None:
@@ -182,7 +206,10 @@ def test_fusion_fires_on_dynamo_exports_and_the_plan_checks(kind: str, devices: 
 
     model = _export(kind, tmp_path)
     result = optimize(
-        model, devices=devices, output_dir=tmp_path / "plan", input_shapes={"input_ids": (2, 16), "attention_mask": (2, 16)}
+        model,
+        devices=devices,
+        output_dir=tmp_path / "plan",
+        input_shapes={"input_ids": (2, 16), "attention_mask": (2, 16)},
     )
     ops = [getattr(step, "op_type", "") for step in result.plan.steps]
     assert "Attention" in ops and "Softmax" not in ops, ops

@@ -50,6 +50,17 @@ def _view_chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarr
     return array[tuple(where)]
 
 
+def lowered_opset(plan: Plan, graph: Graph) -> int:
+    """The default-domain opset a plan's device models are written at: the model's, raised to what the
+    lowering of a plug-in op the plan uses needs (``OpFamily.opset``: ONNX's Attention is opset 23)."""
+    wanted = [
+        family.opset
+        for step in plan.steps
+        if isinstance(step, Compute) and not step.domain and (family := plugin_for(step.op_type)) is not None
+    ]
+    return max([graph.opset, *wanted])
+
+
 class _LowerContext:
     """What a plug-in family's ``lower`` hook asks of the graph being built (ops.family.LowerContext)."""
 
@@ -72,9 +83,21 @@ class _LowerContext:
         tid = self._tid(index)
         return None if tid is None else self.builder.local_shape(tid)
 
+    def value(self, index: int) -> Any:
+        tid = self._tid(index)
+        if tid is None:
+            return None
+        got = self.builder.consts.get(self.builder.alias.get(tid, tid))
+        return None if got is None else value_of(got)
+
+    def opset(self) -> int:
+        return lowered_opset(self.builder.plan, self.builder.graph)
+
     def dtype(self, index: int) -> Any:
         tid = self._tid(index)
-        return None if tid is None else helper.tensor_dtype_to_np_dtype(_tensor_type(self.builder.plan.tensors[tid].dtype))
+        return (
+            None if tid is None else helper.tensor_dtype_to_np_dtype(_tensor_type(self.builder.plan.tensors[tid].dtype))
+        )
 
 
 class DeviceGraphBuilder:

@@ -22,7 +22,8 @@ The constructor, ``(Attention Q KT V mask fill scale causal)``:
   only when ``j <= i`` (PyTorch's ``is_causal``, top-left aligned).
 
 The torch backend maps it to ``scaled_dot_product_attention(Q, KTᵀ, V, attn_mask=mask, is_causal=causal,
-scale=scale)``; lowering to ONNX writes the composition (:func:`lower`).
+scale=scale)``; lowering writes ONNX's ``Attention`` (opset 23: a plan that uses the op is written at
+that opset) or, where that computes something else, the composition (:func:`lower`).
 """
 
 from __future__ import annotations
@@ -110,10 +111,8 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
         scores = bk.mul(scores, scale)
     if mask is not None:
         scores = ELEMENTWISE.evaluate("Add", [scores, mask], bk)
-    if causal:
-        probs = _causal_softmax(scores, bk)
-    else:
-        probs = NORMALIZATION.evaluate("Softmax", [scores, scores.ndim - 1], bk)
+    last = scores.ndim - 1
+    probs = _causal_softmax(scores, bk) if causal else NORMALIZATION.evaluate("Softmax", [scores, last], bk)
     if fill is not None:
         nan = ELEMENTWISE.evaluate("IsNaN", [probs], bk)
         probs = ELEMENTWISE.evaluate("Where", [nan, fill, probs], bk)
@@ -217,13 +216,64 @@ def saved(op: str) -> Saved:
     return Saved(inputs=("Q", "KT", "V", "mask"), output=True)
 
 
-def lower(op: str, inputs: Sequence[str], outputs: Sequence[str], attrs: Mapping[str, Any], ctx: LowerContext) -> list[Any]:
-    """The composition as ONNX nodes (MatMul, Mul by the scale, Add of the mask and of a causal -inf mask,
-    Softmax, the NaN fill, MatMul): exactly what :func:`evaluate` computes, on every runtime. ONNX's own
-    ``Attention`` (opset 23) would need the model's default-domain opset raised to 23 for every op of the
-    graph, and onnxruntime's contrib ``MultiHeadAttention`` takes (batch, seq, hidden) layouts that need
-    transposes around it; the fused kernel is the torch backend's (``scaled_dot_product_attention``)."""
+#: The default-domain opset of ONNX's ``Attention`` (what :func:`lower` writes where it can).
+ONNX_ATTENTION_OPSET = 23
+
+
+def lower(
+    op: str, inputs: Sequence[str], outputs: Sequence[str], attrs: Mapping[str, Any], ctx: LowerContext
+) -> list[Any]:
+    """ONNX's ``Attention`` (opset 23; onnxruntime's CPU kernel runs it, K/V with fewer heads included) where
+    it computes the same thing: rank-4 float32/float16 operands and no fill or a fill of zeros (onnxruntime
+    gives a fully masked row zeros, as the fill does). Otherwise the composition itself."""
+    if _fused_lowering_fits(inputs, ctx):
+        return _lower_fused(inputs, outputs, attrs, ctx)
+    return _lower_composition(inputs, outputs, attrs, ctx)
+
+
+def _fused_lowering_fits(inputs: Sequence[str], ctx: LowerContext) -> bool:
+    """ONNX's Attention takes (b, h, s, d) operands whose heads divide (grouped-query attention) and a mask
+    that broadcasts to (b, h, s_q, s_kv); the fill must be zeros, a value known when the plan is lowered."""
+    if ctx.opset() < ONNX_ATTENTION_OPSET or ctx.dtype(0) not in (np.dtype(np.float32), np.dtype(np.float16)):
+        return False
+    q, kt, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    if q is None or kt is None or v is None or not len(q) == len(kt) == len(v) == 4:
+        return False
+    if q[0] != kt[0] or kt[0] != v[0] or kt[1] != v[1] or q[1] % kt[1]:
+        return False
+    mask = ctx.shape(3) if inputs[3] else None
+    if mask is not None and len(mask) > 4:
+        return False
+    if inputs[4]:
+        fill = ctx.value(4)
+        return fill is not None and not np.any(fill)
+    return True
+
+
+def _lower_fused(
+    inputs: Sequence[str], outputs: Sequence[str], attrs: Mapping[str, Any], ctx: LowerContext
+) -> list[Any]:
     from onnx import helper  # lowering only: the engine's op modules do not need onnx otherwise
+
+    q, kt, v, mask, _fill = inputs
+    k = ctx.fresh(f"{outputs[0]}.keys")
+    perm = helper.make_node("Transpose", [kt], [k], name=k, perm=[0, 1, 3, 2])
+    q_shape, kt_shape = ctx.shape(0), ctx.shape(1)
+    assert q_shape is not None and kt_shape is not None
+    fused = helper.make_node(
+        "Attention", [q, k, v, mask] if mask else [q, k, v], [outputs[0]], name=ctx.fresh(f"{outputs[0]}.attention"),
+        scale=float(attrs.get("scale", 1.0)), is_causal=int(attrs.get("causal", 0)),
+        q_num_heads=int(q_shape[1]), kv_num_heads=int(kt_shape[1]),
+    )  # fmt: skip
+    return [perm, fused]
+
+
+def _lower_composition(
+    inputs: Sequence[str], outputs: Sequence[str], attrs: Mapping[str, Any], ctx: LowerContext
+) -> list[Any]:
+    """The composition as ONNX nodes (MatMul, Mul by the scale, Add of the mask and of a causal -inf mask,
+    Softmax, the NaN fill, MatMul): exactly what :func:`evaluate` computes, at any opset."""
+    from onnx import helper
 
     q, kt, v, mask, fill = inputs
     scale, causal = float(attrs.get("scale", 1.0)), int(attrs.get("causal", 0))
@@ -276,4 +326,5 @@ ATTENTION = OpFamily(
     saved=saved,
     types=types,
     lower=lower,
+    opset=ONNX_ATTENTION_OPSET,
 )

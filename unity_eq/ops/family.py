@@ -120,12 +120,16 @@ class Saved:
 class LowerContext(Protocol):
     """What a family's ``lower`` hook may ask of the rank's graph being built (unity_eq/lower/builder.py):
     ``fresh(base)``: an unused value name; ``constant(array, base)``: an initializer's name; ``shape(i)`` and
-    ``dtype(i)``: input ``i``'s local shape and numpy dtype (``None`` for an absent input)."""
+    ``dtype(i)``: input ``i``'s local shape and numpy dtype (``None`` for an absent input); ``value(i)``: its
+    values when it is a constant (a weight's piece), else ``None``; ``opset()``: the default-domain opset the
+    rank's model is written at (at least the family's ``opset``)."""
 
     def fresh(self, base: str) -> str: ...
     def constant(self, array: Any, base: str) -> str: ...
     def shape(self, index: int) -> Shape | None: ...
     def dtype(self, index: int) -> Any: ...
+    def value(self, index: int) -> Any: ...
+    def opset(self) -> int: ...
 
 
 #: What ``instances`` yields: an :class:`OpCase`, or ``(tensors, attrs)`` for short.
@@ -156,7 +160,8 @@ class OpFamily:
     any dtype and the output is its first operand's. ``lower(op, inputs, outputs, attrs, ctx)``: the ONNX nodes
     that compute the op on one rank (input and output value names given, ``""`` for an absent input), for an
     op that is no ONNX operator of that name and signature; without it the op is written as one node of its
-    name with its attributes.
+    name with its attributes. ``opset``: the default-domain opset the ``lower`` hook wants (a plan that uses
+    one of the family's ops is written at it, or above: ONNX imports one version of the default domain).
     """
 
     name: str
@@ -175,6 +180,7 @@ class OpFamily:
     types: Callable[[str], Any] | None = None  # op -> unity_eq.ops.dtypes.OpTypes (None: any dtype)
     # (op, inputs, outputs, attrs, ctx) -> a list of onnx.NodeProto
     lower: Callable[[str, Sequence[str], Sequence[str], Mapping[str, Any], LowerContext], list[Any]] | None = None
+    opset: int = 0
 
     def __post_init__(self) -> None:
         if not self.specs:
