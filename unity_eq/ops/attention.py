@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.dtypes import FLOAT_DTYPES, OpTypes
 from unity_eq.ops.elementwise import ELEMENTWISE
 from unity_eq.ops.family import Instance, InstanceRanges, LowerContext, OpFamily, Saved, ShapeError
 from unity_eq.ops.matmul import MATMUL
@@ -131,15 +130,13 @@ def _mask_shapes(b: int, h: int, sq: int, skv: int) -> list[tuple[int, ...] | No
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
-    """Rank-4 attention ``(b, h, s, d)``: batch and heads over ``rank4_dims`` (the dims the parallel rules
-    split: 4 splits over axes of 2 and 4, 2 over 2, 1 nowhere), query and key lengths and head dims 1-2 (the
-    rules never split them: each query row reads every key; d_v = d), K/V with every head or one (read by all), the
-    masks of :func:`_mask_shapes`, fill absent or a scalar, causal 0 and 1, scale free."""
-    big = ranges.rank4_dims
-    small = (1, 2)
-    for b, h in itertools.product(big, repeat=2):
-        for sq, skv, d in itertools.product(small, repeat=3):
-            dv = d
+    """Rank-4 attention ``(b, h, s, d)``: batch and heads over ``rank4_dims`` (the dims the sharding rules
+    split: 4 splits over axes of 2 and 4, 2 over 2, 1 nowhere), query and key lengths 1-2 (square and not, so
+    causal masking shows), head dims 1 (no rule touches the contraction: each query row reads every key), K/V
+    with every head or one (read by all), the masks of :func:`_mask_shapes`, fill absent or a scalar, causal 0
+    and 1, scale free."""
+    for b, h in itertools.product(ranges.rank4_dims, repeat=2):
+        for sq, skv in itertools.product((1, 2), repeat=2):
             for hkv in dict.fromkeys((h, 1)):
                 for mask in _mask_shapes(b, h, sq, skv):
                     for fill in (None, ()):
@@ -147,7 +144,7 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
                             if ranges.sample and (causal or hkv != h):
                                 continue
                             yield (
-                                {"Q": (b, h, sq, d), "KT": (b, hkv, d, skv), "V": (b, hkv, skv, dv), "mask": mask,
+                                {"Q": (b, h, sq, 1), "KT": (b, hkv, 1, skv), "V": (b, hkv, skv, 1), "mask": mask,
                                  "fill": fill},
                                 {"causal": causal},
                             )  # fmt: skip
@@ -187,7 +184,8 @@ def axioms(v: Any) -> None:
     ``r >= 2``, a mask of rank at most ``r``). Each is an identity of :func:`evaluate` on real tensors, checked
     against it by the fusion rules' bounded cases. (With a NoneT argument where the other axiom has a tensor,
     an instance equates terms such as ``Add(x, none)`` that no real term has: harmless, as a model of real
-    tensors may give them any value.)"""
+    tensors may give them any value.) Two more say what a scalar factor does: ``Mul(q, c)`` with ``c`` of rank 0
+    has ``q``'s shape, and ``MatMul(Mul(q, c), k) = Mul(MatMul(q, k), c)``."""
     import z3  # the verifier's vocabulary is z3's; the engine never calls this
 
     q, kt, w, m, f, FA = v.symbols("a b c p q FA")
@@ -207,6 +205,15 @@ def axioms(v: Any) -> None:
             bound = [t for t in (q, kt, w, mask, fill) if t is not v.none]
             term = att(q, kt, w, mask, fill, one, zero)
             v.add("Attention", FA(bound, z3.Implies(z3.And(*premise), term == mm(probs, w)), patterns=[term]))
+    # a scalar (rank-0) factor: Mul by it keeps its operand's shape and commutes with MatMul (the eager
+    # exports scale the scores, the fused op scales Q)
+    c, mul = v.symbols("x")[0], v.fn("Mul", ())
+    scalar = v.vlen(v.shape(c)) == 0
+    scaled = v.ew[2](mul, q, c)
+    v.add("Attention", FA([q, c], z3.Implies(scalar, v.shape(scaled) == v.shape(q)), patterns=[scaled]))
+    two = z3.And(scalar, v.vlen(v.shape(q)) >= 2, v.vlen(v.shape(kt)) >= 2)
+    moved = mm(scaled, kt)
+    v.add("Attention", FA([q, kt, c], z3.Implies(two, moved == v.ew[2](mul, mm(q, kt), c)), patterns=[moved]))
 
 
 def saved(op: str) -> Saved:
@@ -225,7 +232,9 @@ def lower(
 ) -> list[Any]:
     """ONNX's ``Attention`` (opset 23; onnxruntime's CPU kernel runs it, K/V with fewer heads included) where
     it computes the same thing: rank-4 float32/float16 operands and no fill or a fill of zeros (onnxruntime
-    gives a fully masked row zeros, as the fill does). Otherwise the composition itself."""
+    gives a fully masked row zeros, as the fill does). Otherwise the composition itself. A plan step leaves
+    out trailing absent inputs: they are ``""`` here."""
+    inputs = [*inputs, *[""] * (len(SPECS[0].tensor_args) - len(inputs))]
     if _fused_lowering_fits(inputs, ctx):
         return _lower_fused(inputs, outputs, attrs, ctx)
     return _lower_composition(inputs, outputs, attrs, ctx)
@@ -304,11 +313,6 @@ def _lower_composition(
     return nodes
 
 
-def types(op: str) -> OpTypes:
-    """Floats only (softmax), every tensor of one dtype (ONNX's Attention and PyTorch's kernel alike)."""
-    return OpTypes({"Q": "T", "KT": "T", "V": "T", "mask": "T", "fill": "T"}, {"T": FLOAT_DTYPES}, "T")
-
-
 ATTENTION = OpFamily(
     name="attention",
     specs=SPECS,
@@ -318,13 +322,12 @@ ATTENTION = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "rank-4 Q (b, h, s_q, d), KT (b, h or 1, d, s_kv), V (b, h or 1, s_kv, d_v): b and h over {1, 2, 4}, s_q,"
-        " s_kv, d = d_v 1-2; mask absent, (b, h, s_q, s_kv), (b, 1, s_q, s_kv), (1, 1, s_q, s_kv) or (b, 1, 1, s_kv);"
+        "rank-4 Q (b, h, s_q, 1), KT (b, h or 1, 1, s_kv), V (b, h or 1, s_kv, 1): b and h over {1, 2, 4}, s_q"
+        " and s_kv 1-2; mask absent, (b, h, s_q, s_kv), (b, 1, s_q, s_kv), (1, 1, s_q, s_kv) or (b, 1, 1, s_kv);"
         " fill absent or a scalar; causal 0 and 1; scale a free real"
     ),
     axioms=axioms,
     saved=saved,
-    types=types,
     lower=lower,
     opset=ONNX_ATTENTION_OPSET,
 )
