@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import egglog.bindings as bindings
 import pytest
@@ -168,3 +169,24 @@ def test_a_certificate_narrower_than_the_proof_is_noted_not_stale(tmp_path: Path
     code, text = _verify(path, write=False)
     assert code == 0 and "certifies 1 rule only within a domain" in text, text
     assert "no current entry" not in text
+
+
+def test_write_certificate_for_named_rules_keeps_the_other_entries(tmp_path: Path) -> None:
+    """`unity-eq verify FILE --rule NAME --write-certificate` proves NAME alone and merges its entry: the
+    entries of the file's other rules stay as they were (how a new shipped rule is certified without
+    re-proving the whole rule set)."""
+    path = tmp_path / "two.egg"
+    path.write_text(RULES)
+    cert_path = tmp_path / "two.proofs.json"
+
+    def write(names: list[str]) -> dict[str, Any]:
+        console = Console(record=True, width=300)
+        code = run_verify([path], names, options=Options(jobs=1), out=console, write_certificate=True)
+        assert code == 0, console.export_text()
+        return dict(json.loads(cert_path.read_text())["rules"])
+
+    first = write(["drop-identity-under-relu"])
+    assert sorted(first) == ["drop-identity-under-relu"]
+    both = write(["drop-identity-under-softmax"])
+    assert sorted(both) == ["drop-identity-under-relu", "drop-identity-under-softmax"]
+    assert both["drop-identity-under-relu"] == first["drop-identity-under-relu"]

@@ -14,7 +14,7 @@ from typing_extensions import assert_never
 from unity_eq.collectives import BY_NAME
 from unity_eq.ir import Graph, Replicate
 from unity_eq.lower.names import Names, derived_names
-from unity_eq.ops.registry import spec_for
+from unity_eq.ops.registry import plugin_for, spec_for
 from unity_eq.ops.spec import Family
 from unity_eq.plan import CollectiveStep, Compute, Const, LoadInput, LoadWeight, Plan, Step
 from unity_eq.weightfile import Deferred, value_of
@@ -38,6 +38,56 @@ def _view_chunk(array: np.ndarray, dim: int, index: int, parts: int) -> np.ndarr
     where = [slice(None)] * array.ndim
     where[dim] = slice(index * size, (index + 1) * size)
     return array[tuple(where)]
+
+
+def lowered_opset(plan: Plan, graph: Graph) -> int:
+    """The default-domain opset a plan's device models are written at: the model's, raised to what the
+    lowering of a plug-in op the plan uses needs (``OpFamily.opset``: ONNX's Attention is opset 23)."""
+    wanted = [
+        family.opset
+        for step in plan.steps
+        if isinstance(step, Compute) and not step.domain and (family := plugin_for(step.op_type)) is not None
+    ]
+    return max([graph.opset, *wanted])
+
+
+class _LowerContext:
+    """What a plug-in family's ``lower`` hook asks of the graph being built (ops.family.LowerContext)."""
+
+    def __init__(self, builder: DeviceGraphBuilder, step: Compute) -> None:
+        self.builder, self.step = builder, step
+
+    def fresh(self, base: str) -> str:
+        return self.builder.names.fresh(base)
+
+    def constant(self, array: Any, base: str) -> str:
+        name = self.builder.names.fresh(base)
+        self.builder.initializers[name] = np.asarray(array)
+        return name
+
+    def _tid(self, index: int) -> str | None:
+        ref = self.step.inputs[index] if index < len(self.step.inputs) else None
+        return ref if isinstance(ref, str) else None
+
+    def shape(self, index: int) -> tuple[int, ...] | None:
+        tid = self._tid(index)
+        return None if tid is None else self.builder.local_shape(tid)
+
+    def value(self, index: int) -> Any:
+        tid = self._tid(index)
+        if tid is None:
+            return None
+        got = self.builder.consts.get(self.builder.alias.get(tid, tid))
+        return None if got is None else value_of(got)
+
+    def opset(self) -> int:
+        return lowered_opset(self.builder.plan, self.builder.graph)
+
+    def dtype(self, index: int) -> Any:
+        tid = self._tid(index)
+        return (
+            None if tid is None else helper.tensor_dtype_to_np_dtype(_tensor_type(self.builder.plan.tensors[tid].dtype))
+        )
 
 
 class DeviceGraphBuilder:
@@ -195,9 +245,13 @@ class DeviceGraphBuilder:
         attrs = {k: v for k, v in step.attrs.items() if not (isinstance(v, list) and not v)}
         # An omitted output ('') gets a name of its own: onnxruntime crashes on some ops (Split) without one.
         outputs = [self.value(o) if o else self.names.fresh(f"{node}.unused") for o in step.outputs]
-        self.nodes.append(
-            helper.make_node(step.op_type, inputs, outputs, name=node, domain=step.domain or None, **attrs)
-        )
+        family = None if step.domain else plugin_for(step.op_type)
+        if family is not None and family.lower is not None:  # a plug-in op that is no ONNX operator as such
+            self.nodes += family.lower(step.op_type, inputs, outputs, attrs, _LowerContext(self, step))
+        else:
+            self.nodes.append(
+                helper.make_node(step.op_type, inputs, outputs, name=node, domain=step.domain or None, **attrs)
+            )
         for out, name in zip(step.outputs, outputs, strict=True):
             if out:
                 self.value_info[name] = self.info(out, name)

@@ -13,6 +13,7 @@ from onnx import helper
 from unity_eq.errors import InternalError, ModelError
 from unity_eq.files import check_output_dir, plan_tempdir, replace_plan_files
 from unity_eq.ir import Graph
+from unity_eq.lower.builder import lowered_opset
 from unity_eq.lower.device import LoweredPlan, validate_device_file
 from unity_eq.lower.record import plan_hash, plan_record
 from unity_eq.plan import CollectiveStep, Plan, step_inputs, step_outputs
@@ -57,8 +58,9 @@ def lower(plan: Plan, graph: Graph, plan_only: bool = False) -> LoweredPlan:
     problems = plan.validate()
     if problems:
         raise InternalError("the extracted plan is inconsistent: " + "; ".join(problems[:3]))
-    opsets = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
-    ir_version = min(max(graph.ir_version, 8), 10)
+    opset = lowered_opset(plan, graph)
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
+    ir_version = min(max(graph.ir_version, 8), 10) if opset < 23 else 11  # opset 23 came with IR version 11
     digest = plan_hash(plan, graph, weights=not plan_only)
     return LoweredPlan(plan, graph, collective_stages(plan), opsets, ir_version, digest, plan_only)
 

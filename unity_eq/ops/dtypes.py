@@ -163,6 +163,9 @@ _TABLE: dict[str, OpTypes] = {
     "Gather": OpTypes({"data": "T", "indices": "Tind"}, {"T": ALL_DTYPES, "Tind": frozenset({"int32", "int64"})}, "T"),
     **{op: _same(("data",), FLOAT_DTYPES | _MM_INTS) for op in ("ReduceSum", "ReduceMean")},
     **{op: _same(("data",), NUMERIC) for op in ("ReduceMax", "ReduceMin")},
+    # the plug-in ops/attention.py (here, not its `types` hook: that module would import this one, which the
+    # registry's import of it makes a cycle): floats only (softmax), every tensor of one dtype
+    "Attention": _same(("Q", "KT", "V", "mask", "fill"), FLOAT_DTYPES),
 }
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "IndexShape",
     "Instance",
     "InstanceRanges",
+    "LowerContext",
     "NodeView",
     "NotModeled",
     "OpCase",
@@ -162,6 +163,21 @@ FREE = Work(kernels=0.0)
 WorkFn = Callable[[str, Sequence[Sequence[int] | None], Sequence[int]], "Work | None"]
 
 
+class LowerContext(Protocol):
+    """What a family's ``lower`` hook may ask of the rank's graph being built (unity_eq/lower/builder.py):
+    ``fresh(base)``: an unused value name; ``constant(array, base)``: an initializer's name; ``shape(i)`` and
+    ``dtype(i)``: input ``i``'s local shape and numpy dtype (``None`` for an absent input); ``value(i)``: its
+    values when it is a constant (a weight's piece), else ``None``; ``opset()``: the default-domain opset the
+    rank's model is written at (at least the family's ``opset``)."""
+
+    def fresh(self, base: str) -> str: ...
+    def constant(self, array: Any, base: str) -> str: ...
+    def shape(self, index: int) -> Shape | None: ...
+    def dtype(self, index: int) -> Any: ...
+    def value(self, index: int) -> Any: ...
+    def opset(self) -> int: ...
+
+
 #: What ``instances`` yields: an :class:`OpCase`, or ``(tensors, attrs)`` for short.
 Instance = OpCase | tuple[Mapping[str, Any], Mapping[str, Any]]
 
@@ -199,6 +215,11 @@ class OpFamily:
     (:class:`unity_eq.ops.dtypes.OpTypes`) when it does not take every dtype; without it every operand may be
     any dtype and the output is its first operand's. ``torch(op, inputs, attrs)``: the op in PyTorch, for
     training a plan (unity_eq/train).
+    ``lower(op, inputs, outputs, attrs, ctx)``: the ONNX nodes
+    that compute the op on one rank (input and output value names given, ``""`` for an absent input), for an
+    op that is no ONNX operator of that name and signature; without it the op is written as one node of its
+    name with its attributes. ``opset``: the default-domain opset the ``lower`` hook wants (a plan that uses
+    one of the family's ops is written at it, or above: ONNX imports one version of the default domain).
     """
 
     name: str
@@ -224,6 +245,9 @@ class OpFamily:
     backward_work: WorkFn | None = None
     compute_class: str = "memory"  # one of COMPUTE_CLASSES: which of the machine's efficiencies applies
     compute_classes: Mapping[str, str] = field(default_factory=dict)  # an op's own class, where it differs
+    # (op, inputs, outputs, attrs, ctx) -> a list of onnx.NodeProto
+    lower: Callable[[str, Sequence[str], Sequence[str], Mapping[str, Any], LowerContext], list[Any]] | None = None
+    opset: int = 0
 
     def __post_init__(self) -> None:
         if not self.specs:

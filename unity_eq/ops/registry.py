@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from unity_eq.ops.attention import ATTENTION
 from unity_eq.ops.conv import CONV
 from unity_eq.ops.elementwise import ELEMENTWISE
 from unity_eq.ops.family import OpFamily
@@ -28,7 +29,7 @@ __all__ = ["FAMILIES", "OPS", "PLUGINS", "check_plugin_kinds", "family_for", "pl
 BUILTINS: tuple[OpFamily, ...] = (ELEMENTWISE, MATMUL, NORMALIZATION, CONV, POOLING, RESHAPE, SLICING, REDUCE)
 
 #: The families added as plug-ins, in load order of their rule files.
-PLUGINS: tuple[OpFamily, ...] = (SPACE_TO_DEPTH,)
+PLUGINS: tuple[OpFamily, ...] = (SPACE_TO_DEPTH, ATTENTION)
 
 FAMILIES: tuple[OpFamily, ...] = BUILTINS + PLUGINS
 

@@ -1,0 +1,239 @@
+"""Fused attention (unity_eq/ops/attention.py, rules/algebra/attention.egg): its semantics are PyTorch's
+scaled_dot_product_attention, its lowering runs in onnxruntime, its fusion rules are proven and fire on the
+dynamo exports of GPT-2, BERT and LLaMA, and it is priced as a flash kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from unity_eq.cost import CostModel, OpInstance
+from unity_eq.ir import Mesh
+from unity_eq.machine import load_machine
+from unity_eq.ops.attention import ATTENTION, attention_saved_bytes
+from unity_eq.ops.registry import family_for, plugin_for
+
+
+class _Numbers:
+    """The verifier's numpy backend, with exp and IsNaN given their real meaning (verify/_tensor.py keeps
+    them uninterpreted; here the values are compared with PyTorch's)."""
+
+    zero = 0.0
+
+    def apply(self, name: str, x: Any) -> Any:
+        x = np.asarray(x, dtype=float)
+        return {"exp": np.exp, "IsNaN": lambda a: np.isnan(a).astype(float)}[name](x)
+
+    def add(self, a: Any, b: Any) -> Any:
+        return np.add(a, b)
+
+    def mul(self, a: Any, b: Any) -> Any:
+        return np.multiply(a, b)
+
+    def div(self, a: Any, b: Any) -> Any:
+        return np.divide(a, b)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        return np.where(cond, a, b)
+
+    def total(self, items: Any) -> Any:
+        return sum(items[1:], items[0])
+
+    def nonzero(self, x: Any) -> Any:
+        return np.asarray(x) != 0
+
+
+def _evaluate(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float, causal: int) -> Any:
+    args = [q, k.swapaxes(-1, -2), v, mask, None, scale, causal]
+    return np.asarray(ATTENTION.evaluate("Attention", args, _Numbers()), dtype=float)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("kv_heads", [3, 1])
+def test_semantics_are_torch_scaled_dot_product_attention(causal: int, kv_heads: int) -> None:
+    """The family's semantics (the unfused composition) against torch's kernel: an additive mask, the causal
+    flag (top-left), the scale, and K/V with one head read by every query head (MatMul's broadcasting)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, kv_heads, 6, 5))
+    v = rng.standard_normal((2, kv_heads, 6, 7))
+    mask = None if causal else rng.standard_normal((2, 1, 4, 6))
+    got = _evaluate(q, k, v, mask, 0.3, causal)
+    t = [torch.tensor(x) for x in (q, np.broadcast_to(k, (2, 3, 6, 5)), np.broadcast_to(v, (2, 3, 6, 7)))]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *t, attn_mask=None if mask is None else torch.tensor(mask), is_causal=bool(causal), scale=0.3
+    )
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-12)
+    shapes = [q.shape, k.swapaxes(-1, -2).shape, v.shape, None, None, 0.3, causal]
+    assert ATTENTION.infer_shape("Attention", shapes) == (2, 3, 4, 7)
+
+
+class _Context:
+    """The builder's side of the lowering hook, for a graph of our own."""
+
+    def __init__(self, shapes: list[tuple[int, ...] | None], values: list[Any], opset: int) -> None:
+        self.shapes, self.values, self.version, self.inits, self.count = shapes, values, opset, [], 0
+
+    def fresh(self, base: str) -> str:
+        self.count += 1
+        return f"{base}.{self.count}"
+
+    def constant(self, array: Any, base: str) -> str:
+        name = self.fresh(base)
+        self.inits.append(onnx.numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def shape(self, index: int) -> tuple[int, ...] | None:
+        return self.shapes[index]
+
+    def dtype(self, index: int) -> Any:
+        return np.dtype(np.float32)
+
+    def value(self, index: int) -> Any:
+        return self.values[index]
+
+    def opset(self) -> int:
+        return self.version
+
+
+@pytest.mark.parametrize("opset", [20, 23])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_lowering_runs_in_onnxruntime_as_the_semantics_say(causal: int, opset: int) -> None:
+    """The ONNX nodes the lowering writes (what `check` runs) compute the family's semantics, NaN fill
+    included (a row whose every score is -inf gives a zero row, as torch's kernel does): at opset 23 ONNX's
+    Attention (K/V with one head read by both query heads), below it the composition."""
+    rng = np.random.default_rng(1)
+    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 2, 3, 4), (2, 1, 4, 5), (2, 1, 5, 3)))
+    mask = rng.standard_normal((2, 1, 3, 5)).astype(np.float32)
+    mask[1, 0, 2, :] = -np.inf  # a fully masked row: NaN probabilities, filled with 0
+    fill = np.zeros((), np.float32)
+    ctx = _Context([q.shape, kt.shape, v.shape, mask.shape, ()], [None, None, None, None, fill], opset)
+    names = ["q", "kt", "v", "mask", "fill"]
+    nodes = ATTENTION.lower("Attention", names, ["out"], {"scale": 0.5, "causal": causal}, ctx)  # type: ignore[misc]
+    assert ("Attention" in [n.op_type for n in nodes]) == (opset >= 23)
+    arrays = (q, kt, v, mask, fill)
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in zip(names, arrays, strict=True)
+    ]
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 2, 3, 3])
+    graph = helper.make_graph(nodes, "g", inputs, [out], ctx.inits)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=11 if opset >= 23 else 8
+    )
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, dict(zip(names, arrays, strict=True)))
+    scores = (q @ kt).astype(np.float64) * 0.5 + mask
+    if causal:
+        scores = scores + np.where(np.triu(np.ones((3, 5), bool), 1), -np.inf, 0)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        p = np.nan_to_num(e / e.sum(-1, keepdims=True), nan=0.0)
+    np.testing.assert_allclose(got, p @ v, rtol=1e-5, atol=1e-5)
+    assert not got[1, :, 2].any()  # the fully masked row
+
+
+def test_a_fill_other_than_zeros_is_lowered_as_the_composition() -> None:
+    """onnxruntime's Attention gives a fully masked row zeros: a fill of another (or unknown) value is
+    written as the composition, which fills the probabilities with it."""
+    shapes = [(1, 1, 2, 2), (1, 1, 2, 2), (1, 1, 2, 2), None, ()]
+    for fill in (np.ones((), np.float32), None):
+        ctx = _Context(shapes, [None, None, None, None, fill], 23)
+        nodes = ATTENTION.lower("Attention", ["q", "kt", "v", "", "f"], ["o"], {}, ctx)  # type: ignore[misc]
+        assert "Attention" not in [n.op_type for n in nodes] and "Where" in [n.op_type for n in nodes]
+
+
+def test_registered_as_a_plug_in_family() -> None:
+    assert family_for("Attention") is ATTENTION and plugin_for("Attention") is ATTENTION
+    assert ATTENTION.rule_file == "algebra/attention.egg"
+
+
+def test_priced_as_a_flash_kernel_below_the_unfused_ops_at_a_long_sequence() -> None:
+    """b=2, 32 heads, s=2048, d=128 in fp16 on an H100 (issue 24's measurement): the fused op moves Q, K, V and
+    the output only (no s x s scores), so it is cheaper than the five unfused kernels, and its backward keeps
+    Q, K, V, the output and b*h*s statistics instead of the s x s probabilities."""
+    b, h, s, d, item = 2, 32, 2048, 128, 2
+    model = CostModel(load_machine("h100x8"), Mesh(("x",), (1,)))
+    qkv = (b, h, s, d)
+    scores = (b, h, s, s)
+    mask = (b, 1, s, s)
+
+    def op(op_type: str, ins: list[tuple[int, ...] | None], out: tuple[int, ...]) -> OpInstance:
+        nbytes = sum(float(np.prod(x)) * item for x in ins if x is not None)
+        return OpInstance(op_type, tuple(ins), nbytes, out, float(np.prod(out)) * item, "float16")
+
+    fused = model.compute(op("Attention", [qkv, (b, h, d, s), qkv, mask, ()], qkv)).total
+    unfused = sum(
+        model.compute(o).total
+        for o in (
+            op("MatMul", [qkv, (b, h, d, s)], scores),
+            op("Add", [scores, mask], scores),
+            op("Softmax", [scores], scores),
+            op("IsNaN", [scores], scores),
+            op("Where", [scores, (), scores], scores),
+            op("MatMul", [scores, qkv], qkv),
+        )
+    )
+    assert fused < unfused / 2, (fused, unfused)
+    # what the backward keeps: the family's saved hook against the unfused ops' (Softmax's output and the
+    # second MatMul's probabilities: s x s each)
+    kept_fused = 4 * np.prod(qkv) * item + np.prod(mask) * item + attention_saved_bytes(qkv)
+    kept_unfused = 2 * np.prod(qkv) * item + 2 * np.prod(scores) * item
+    assert ATTENTION.saved is not None and ATTENTION.saved("Attention").inputs == ("Q", "KT", "V", "mask")
+    assert kept_fused < kept_unfused / 2, (kept_fused, kept_unfused)
+
+
+def _export(kind: str, folder: Path) -> Path:
+    from model_zoo import export_masked_transformer
+
+    return export_masked_transformer(kind, folder / f"{kind}.onnx", layers=1)
+
+
+@pytest.mark.parametrize(("kind", "devices"), [("gpt2", 1), ("bert", 2), ("llama", 4)])
+def test_nan_fill_fusion_on_dynamo_exports_gives_plans_that_check(
+    kind: str, devices: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's SDPA decomposition of GPT-2, BERT and LLaMA (mask and NaN fill) is rewritten into Attention by
+    rules/algebra/attention_nan_fill.egg, the chosen plan uses it (ONNX's Attention, opset 23) and onnxruntime
+    computes the original outputs from it. That file has no certificate entry yet (its proof did not finish on
+    the development machine: docs/rules.md), so it is loaded here with the documented opt-out."""
+    pytest.importorskip("transformers")
+    from model_zoo import masked_inputs
+
+    from unity_eq import check, optimize
+    from unity_eq.rulefile.manifest import default_rule_files, rules_dir
+
+    monkeypatch.setenv("UNITY_EQ_UNPROVEN_RULES", "1")
+    model = _export(kind, tmp_path)
+    files = [*default_rule_files(), rules_dir() / "algebra" / "attention_nan_fill.egg"]
+    shapes = {"input_ids": (2, 16), "attention_mask": (2, 16)}
+    result = optimize(model, devices=devices, output_dir=tmp_path / "plan", input_shapes=shapes, rule_files=files)
+    ops = [getattr(step, "op_type", "") for step in result.plan.steps]
+    assert "Attention" in ops and "Softmax" not in ops, ops
+    outcome = check(model, tmp_path / "plan", inputs=masked_inputs(2))
+    assert outcome.passed, outcome.describe()
+
+
+def test_attention_is_sharded_where_parallelism_pays(tmp_path: Path) -> None:
+    """nn.TransformerEncoderLayer's export (no mask, no NaN fill) at 1,024 tokens on 4 devices: the fused op is
+    chosen sharded (its Q on a split dim), and the plan computes the original outputs."""
+    pytest.importorskip("torch")
+    import json
+
+    from model_zoo import export_torch_transformer
+
+    from unity_eq import check, optimize
+
+    model = export_torch_transformer(tmp_path / "layer.onnx", d_model=256, nhead=8, ffn=1024, batch=8, seq=128)
+    optimize(model, devices=4, output_dir=tmp_path / "plan")
+    record = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    (step,) = [s for s in record["steps"] if s.get("op") == "Attention"]
+    placement = record["tensors"][step["inputs"][0]]["placement"]
+    assert placement in (["S(0)"], ["S(1)"]), placement
+    assert check(model, tmp_path / "plan").passed
