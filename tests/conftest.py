@@ -1,5 +1,6 @@
 """Shared fixtures: example models, randomized light models (made once per session), a CLI runner; how the
-default run is spread over two pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml; ``-n 0`` runs in one process)."""
+default run is spread over two pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml; ``-n 0``
+runs in one process)."""
 
 from __future__ import annotations
 
