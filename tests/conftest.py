@@ -1,4 +1,6 @@
-"""Shared fixtures: example models, randomized light models (made once per session), a CLI runner."""
+"""Shared fixtures: example models, randomized light models (made once per session), a CLI runner; how the
+default run is spread over two pytest-xdist workers (``-n 2 --dist loadgroup`` in pyproject.toml; ``-n 0``
+runs in one process)."""
 
 from __future__ import annotations
 
@@ -50,3 +52,27 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600) -> subproce
     return subprocess.run(
         [_console_script(), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
     )
+
+
+# Modules whose tests are independent and share no module- or session-scoped fixture worth making twice: each of
+# their tests is scheduled on its own, so the two workers balance on them at the end of the run. Every other
+# module is one xdist group (one worker runs it whole): its module-scoped fixtures (exported models, optimized
+# plans, saturated e-graphs) are built once, not once per worker, and the modules that start `mpiexec` or send
+# signals to process groups never overlap with themselves.
+SPLIT_MODULES = frozenset(
+    {
+        "test_verify.py",
+        "test_verify_differential.py",
+        "test_verify_mutants.py",
+        "test_adversary_corpus.py",
+        "test_activation_memory.py",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist's ``loadgroup``, put every test of a module outside SPLIT_MODULES in one group."""
+    for item in items:
+        if item.path.name not in SPLIT_MODULES and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))

@@ -65,11 +65,22 @@ def _reads_a_plug_in_op(rule: Any) -> bool:
     return any(isinstance(t, App) and plugin_for(t.head) is not None for t in walk(rule.lhs))
 
 
+#: hand-written rules proven by a bounded check over every case only (no generic proof), a minute or more each
+#: on one core: CI's `unity-eq verify --cross-check 0` step proves them on every case, and
+#: tests/test_certificate.py checks that rules/proofs.json holds their bounded proof for their current text
+EXHAUSTIVE_ONLY = {"split-split-fuse-first", "split-split-fuse-second"}
+#: bounded cases that cross-check a generic proof here (the smallest first). `Options.cross_check` (1000) is
+#: what `unity-eq verify` checks by default; CI's verify step checks every case of every shipped rule
+#: (`--cross-check 0`), so the default test run checks the generic proof and the smallest cases only.
+CROSS_CHECK = 100
+
+
 def _shipped_param(rule: Any) -> Any:
     """Generated rules take 2-300 s each on every case of the ranges (~40 min for all on one core): CI's
     `unity-eq verify` step (.ci/run) proves every one of them exhaustively before the tests run; here they
-    are slow tests (`-m slow`). Hand-written rules are proven in the default run."""
-    marks = [pytest.mark.slow] if "generated/" in rule.file else []
+    are slow tests (`-m slow`), as are the EXHAUSTIVE_ONLY hand-written rules. The other hand-written rules
+    are proven in the default run."""
+    marks = [pytest.mark.slow] if "generated/" in rule.file or rule.name in EXHAUSTIVE_ONLY else []
     return pytest.param(rule, id=rule.name, marks=marks)
 
 
@@ -77,7 +88,8 @@ def _shipped_param(rule: Any) -> Any:
 def test_shipped_rule_is_proven(rule: Any) -> None:
     """Every shipped rule (generated ones included) is proven: generically, with its axioms cross-checked on
     the first bounded cases, or by a bounded check over every case of the ranges (no budget, no sampling)."""
-    report = decide_rule(rule, FACTS, Options(jobs=1, numeric="generated/" not in rule.file), CACHE)
+    options = Options(jobs=1, numeric="generated/" not in rule.file, cross_check=CROSS_CHECK)
+    report = decide_rule(rule, FACTS, options, CACHE)
     assert report.status == "proven", f"{rule.name} ({rule.pos}): {report.message}"
     assert report.bounded is not None, rule.name
     expected = {"generic": ("proven", "cross-checked"), "bounded": ("proven",)}[report.kind]
@@ -101,6 +113,19 @@ def test_shipped_rule_is_proven(rule: Any) -> None:
     assert report.kind == "generic", f"{rule.name}: generic proof failed: {report.generic.reason}"
     assert report.bounded.checked > 0
     assert report.numeric is not None and report.numeric.status in ("passed", "skipped")  # a back-up only
+
+
+def test_exhaustive_only_rules_are_certified_bounded_for_their_text() -> None:
+    """The EXHAUSTIVE_ONLY rules, slow tests here, are hand-written shipped rules whose certificate
+    (rules/proofs.json, written by `unity-eq verify --write-certificate`) is a bounded proof of their
+    current text; CI's verify step re-proves them on every case."""
+    from unity_eq.rulefile.certificate import load_certificate
+
+    cert = load_certificate(rules_dir() / "proofs.json")
+    hand_written = {r.name: r for r in SHIPPED_RULES if "generated/" not in r.file}
+    for name in EXHAUSTIVE_ONLY:
+        assert name in hand_written, name
+        assert cert.rules[name]["proof"] == "bounded" and cert.rules[name]["digest"] == hand_written[name].digest
 
 
 @pytest.mark.slow
