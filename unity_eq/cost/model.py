@@ -189,7 +189,9 @@ class CostModel(MeshTopology):
         return self._worst(axis, ring_send, nbytes).seconds
 
     def gradient_all_reduce(self, axis: str, nbytes: float) -> float:
-        """A weight gradient's all-reduce: its bandwidth term and its share of a bucket's latency."""
-        ab = self._worst(axis, ring_all_reduce, nbytes)
+        """A weight gradient's all-reduce: its bandwidth term and its share of a bucket's latency, at the slowest
+        group by that price (the group slowest by the whole latency may not be: a faster link must never make
+        this dearer)."""
         share = 1.0 if self.gradient_bucket_bytes <= 0 else min(1.0, nbytes / self.gradient_bucket_bytes)
-        return ab.transfer + share * ab.latency
+        prices = (ring_all_reduce(t, nbytes) for t in self.group_topologies(axis))
+        return max((ab.transfer + share * ab.latency for ab in prices), default=0.0)
