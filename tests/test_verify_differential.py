@@ -1132,3 +1132,33 @@ def test_conv_same_dilated_is_refused_as_onnxruntime_refuses_it() -> None:
     view = NodeView("Conv", {"w": (1, 1, 2, 2)}, ((1, 1, 4, 4),))
     with pytest.raises(NotModeled):
         normalize("Conv", {"W": "w", "auto_pad": "SAME_LOWER", "dilations": (1, 2), "kernel_shape": ()}, view)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (4, 2, 3), (2, 3, 2, 2)])
+def test_batchnorm_training_mode_matches_onnxruntime(shape: tuple[int, ...]) -> None:
+    """The encoder leaves a training-mode BatchNormalization opaque, but a rule may write one (or leave
+    training_mode a variable): the verifier models its Y with the batch's own statistics (issue 21: every
+    case had training_mode 0, so a batch split "for any training_mode" was proven). Y compared with
+    onnxruntime's, directly (the encoder does not type the node)."""
+    rng = np.random.default_rng(7)
+    c = shape[1]
+    x = rng.normal(size=shape).astype(np.float32)
+    params = [rng.normal(size=c).astype(np.float32) for _ in range(2)]
+    params += [rng.normal(size=c).astype(np.float32), rng.uniform(0.5, 2.0, size=c).astype(np.float32)]
+    names = ["X", "scale", "B", "mean", "var"]
+    outs = ["Y", "running_mean", "running_var"]  # onnxruntime wants all three in training mode
+    node = onnx.helper.make_node("BatchNormalization", names, outs, epsilon=0.25, momentum=0.5, training_mode=1)
+    inputs = [
+        onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(v.shape))
+        for n, v in zip(names, [x, *params], strict=True)
+    ]
+    outputs = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outs]
+    graph = onnx.helper.make_graph([node], "bn", inputs, outputs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    want = _run(model, dict(zip(names, [x, *params], strict=True)))[0]
+    args = [x.astype(float), *(p.astype(float) for p in params), 0.25, 0.5, 1]
+    got = np.asarray(evaluate("BatchNormalization", args, RealBackend()), dtype=float)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    inference = np.asarray(evaluate("BatchNormalization", [*args[:-1], 0], RealBackend()), dtype=float)
+    assert not np.allclose(inference, want, atol=1e-3)  # the two modes differ on these inputs

@@ -123,7 +123,7 @@ class RuleReport:
     def covers(self) -> str:
         """``for all`` (generic), ``within <domain>`` (bounded), or what else lets the rule fire."""
         entry = self.certificate_entry()
-        if entry is None:
+        if entry is None or self.analysis:  # an analysis declaration rewrites nothing: no certificate entry
             return ""
         if entry["proof"] == "generic":
             return "for all"
