@@ -168,3 +168,26 @@ def test_a_certificate_narrower_than_the_proof_is_noted_not_stale(tmp_path: Path
     code, text = _verify(path, write=False)
     assert code == 0 and "certifies 1 rule only within a domain" in text, text
     assert "no current entry" not in text
+
+
+def test_writing_some_rules_merges_their_entries_and_keeps_the_others(tmp_path: Path) -> None:
+    """`unity-eq verify --rule NAME --write-certificate` (and a run over some shipped files) rewrites only the
+    entries of the rules it verified: a changed rule's entry is regenerated without proving every other rule
+    again. A run over a whole user file (``complete``) drops the entries of rules it no longer has."""
+    from unity_eq.verify._certify import certify
+    from unity_eq.verify._verify import RuleReport
+
+    from unity_eq.rulefile.certificate import Certificate, write_certificate
+
+    rule_file = tmp_path / "mine.egg"
+    rule_file.write_text("")
+    path = certificate_path(rule_file, rules_dir())
+    old = {"digest": "1" * 16, "proof": "generic"}
+    kept = {"digest": "2" * 16, "proof": "bounded", "components": [["a", "tensor"]], "rows": [[2]], "mesh_sizes": [1]}
+    write_certificate(Certificate(path, {"changed": old, "other": kept}))
+    report = RuleReport("changed", str(rule_file), 1, "proven", "generic", 0.0, digest="3" * 16)
+    (check,) = certify([report], write=True, complete=False)
+    assert check.stale == ["changed"] and check.written == 2
+    assert load_certificate(path).rules == {"changed": {"digest": "3" * 16, "proof": "generic"}, "other": kept}
+    (check,) = certify([report], write=True, complete=True)
+    assert load_certificate(path).rules == {"changed": {"digest": "3" * 16, "proof": "generic"}}
