@@ -129,7 +129,8 @@ NEGATIVE_AXIS_RANK = 2
 
 def _negative_spelling(spec: OpSpec, case: OpCase) -> dict[str, Any] | None:
     """``case``'s attributes with its axis (or every axis of its axes) spelled negative, as ONNX allows
-    (-1 is the last dim), for tensors up to :data:`NEGATIVE_AXIS_RANK` (Slice: dims <= 4, steps 1, starts >= 0); None where the op has no axis or it is already negative or absent."""
+    (-1 is the last dim), for tensors up to :data:`NEGATIVE_AXIS_RANK` (Slice: dims <= 4, steps 1, starts
+    >= 0); None where the op has no axis or it is already negative or absent."""
     where = NEGATIVE_AXES.get(spec.name)
     if where is None:
         return None

@@ -36,6 +36,7 @@ from unity_eq.ops.registry import OPS, family_for
 from unity_eq.ops.tensors import obj
 
 __all__ = [
+    "NEGATIVE_AXES",
     "NumpyBackend",
     "NumpyIntegerBackend",
     "ShapeError",
@@ -43,7 +44,6 @@ __all__ = [
     "Z3IntegerBackend",
     "evaluate",
     "infer_shape",
-    "NEGATIVE_AXES",
     "onnx_axes",
 ]
 

@@ -154,8 +154,9 @@ def tiling_windows() -> tuple[Window, ...]:
 @cache
 def square_windows() -> tuple[Window, ...]:
     """2-D windows with the same kernel, stride, dilation and pads in both axes (pads may differ between
-    begin and end) on inputs of height != width (2 and 4: rank-4 dims are {1, 2, 4}): the pairs of :func:`window_pairs` differ in every axis, so a
-    rule guarded by equal attributes in H and W (a Conv that commutes with swapping H and W) had no case."""
+    begin and end) on inputs of height != width (2 and 4: rank-4 dims are {1, 2, 4}): the pairs of
+    :func:`window_pairs` differ in every axis, so a rule guarded by equal attributes in H and W (a Conv that
+    commutes with swapping H and W) had no case."""
     out: list[Window] = []
     for k, s, d, (h, w) in itertools.product((1, 2, 3), (1, 2), (1, 2), ((2, 4), (4, 2))):
         if d * (k - 1) + 1 > min(h, w):

@@ -246,7 +246,8 @@ def _pooling(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """The windowed poolings: every window of the product (``cases.window_product``/``window_pairs``:
     sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every ``auto_pad``, every pair of pads below the
     kernel; ``tiling_windows``: 2-D kernels equal to their strides) crossed with ``ceil_mode`` 0/1 and
-    (AveragePool) ``count_include_pad`` 0/1, on (N, C) = (1, 1) and (2, 3) (a split of 2 along the batch, of 3 along the channels); then every (N, C) over ``dims``
+    (AveragePool) ``count_include_pad`` 0/1, on (N, C) = (1, 1) and (2, 3) (a split of 2 along the batch,
+    of 3 along the channels); then every (N, C) over ``dims``
     with two of the short windows above (splits of 2-4). A window acts on each (batch, channel) plane alike,
     so the product need not be crossed with every (N, C) (conv.py's argument)."""
     if spec.name in ("MaxPool", "AveragePool") and not cfg.sample:
@@ -436,9 +437,11 @@ POOLING = OpFamily(
     flops=flops,
     ranges=(
         "MaxPool and AveragePool: every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every"
-        " auto_pad and every pair of pads below the kernel, and 2-D windows whose axes differ, times ceil_mode"
+        " auto_pad and every pair of pads below the kernel, 2-D windows whose axes differ and 2-D kernels equal to"
+        " their strides, times ceil_mode"
         " and count_include_pad, on (N, C) = (1, 1) and (2, 3); every (N, C) with dims 1-4 with a few windows;"
-        " the global poolings over 1-3 planes, LRN with sizes 1-3, BatchNormalization of rank 2-4"
+        " the global poolings over 1-3 planes (3-D ones: rank 5), LRN with sizes 1-3, BatchNormalization of rank 2-4"
+        " with training_mode 0 and 1"
     ),
     axioms=axioms,
     normalize=normalize,

@@ -370,8 +370,9 @@ RESHAPE = OpFamily(
     flops=flops,
     ranges=(
         "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
-        " number of elements, Flatten at every axis, Squeeze of every set of size-1 dims, Unsqueeze of every one"
-        " or two new axes; Transpose: rank 1-4, every permutation; Expand: input rank 0-3, every target (a size-1"
+        " number of elements (ranks 1-2: also spelled with 0, -1 and allowzero 1), Flatten at every axis,"
+        " Squeeze of every set of size-1 dims, Unsqueeze of every one or two new axes; Transpose: rank 1-4 and"
+        " six rank-5 shapes, every permutation; Expand: input rank 0-3, every target (a size-1"
         " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size,"
         " or two of sizes 1-3)"
     ),
