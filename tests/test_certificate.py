@@ -190,3 +190,25 @@ def test_write_certificate_for_named_rules_keeps_the_other_entries(tmp_path: Pat
     both = write(["drop-identity-under-softmax"])
     assert sorted(both) == ["drop-identity-under-relu", "drop-identity-under-softmax"]
     assert both["drop-identity-under-relu"] == first["drop-identity-under-relu"]
+
+
+def test_writing_some_rules_merges_their_entries_and_keeps_the_others(tmp_path: Path) -> None:
+    """`unity-eq verify --rule NAME --write-certificate` (and a run over some shipped files) rewrites only the
+    entries of the rules it verified: a changed rule's entry is regenerated without proving every other rule
+    again. A run over a whole user file (``complete``) drops the entries of rules it no longer has."""
+    from unity_eq.rulefile.certificate import Certificate, write_certificate
+    from unity_eq.verify._certify import certify
+    from unity_eq.verify._verify import RuleReport
+
+    rule_file = tmp_path / "mine.egg"
+    rule_file.write_text("")
+    path = certificate_path(rule_file, rules_dir())
+    old = {"digest": "1" * 16, "proof": "generic"}
+    kept = {"digest": "2" * 16, "proof": "bounded", "components": [["a", "tensor"]], "rows": [[2]], "mesh_sizes": [1]}
+    write_certificate(Certificate(path, {"changed": old, "other": kept}))
+    report = RuleReport("changed", str(rule_file), 1, "proven", "generic", 0.0, digest="3" * 16)
+    (check,) = certify([report], write=True, complete=False)
+    assert check.stale == ["changed"] and check.written == 2
+    assert load_certificate(path).rules == {"changed": {"digest": "3" * 16, "proof": "generic"}, "other": kept}
+    (check,) = certify([report], write=True, complete=True)
+    assert load_certificate(path).rules == {"changed": {"digest": "3" * 16, "proof": "generic"}}

@@ -637,3 +637,28 @@ def test_negative_cross_check_or_budget_is_a_usage_error(tmp_path: Path, capsys:
         [sys.executable, "-m", "unity_eq.verify", str(path), "--cross-check", "-1"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "--cross-check: expected 0 or more, got -1" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("sa", "sb", "want"),
+    [
+        ((1, 1, 1), (2, 1, 1), None),  # broadcast batch dims: no shape (it was a's, [1, 1, 1]; it is [2, 1, 1])
+        ((2, 3, 4), (2, 4, 5), (2, 3, 5)),
+        ((2, 3, 4), (4, 5), (2, 3, 5)),
+        ((3, 4), (2, 4, 5), (2, 3, 5)),
+    ],
+)
+def test_analysis_gives_a_created_matmul_its_broadcast_shape(
+    sa: tuple[int, ...], sb: tuple[int, ...], want: tuple[int, ...] | None
+) -> None:
+    """A MatMul that a rule creates gets its shape from analysis.egg; the batch dims broadcast, so a's shape
+    with the last dim replaced is right only where b's batch dims equal a's or are absent (`unity-eq verify`
+    refuted the old declaration: a [1, 1, 1] @ b [2, 1, 1])."""
+    lines = [f'(set (shape (Input "a")) {_ivec(sa)})', f'(set (shape (Input "b")) {_ivec(sb)})']
+    lines += ['(let $e (MatMul (Input "a") (Input "b")))', "(run-schedule (saturate (run analysis)))"]
+    egraph = _egglog("\n".join(lines))
+    wrong = (*sa[:-1], sb[-1])
+    if want is None:
+        assert not _holds(egraph, f"(= (shape $e) {_ivec(wrong)})")
+    else:
+        assert _holds(egraph, f"(= (shape $e) {_ivec(want)})")

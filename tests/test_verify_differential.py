@@ -1137,3 +1137,98 @@ def test_conv_same_dilated_is_refused_as_onnxruntime_refuses_it() -> None:
     view = NodeView("Conv", {"w": (1, 1, 2, 2)}, ((1, 1, 4, 4),))
     with pytest.raises(NotModeled):
         normalize("Conv", {"W": "w", "auto_pad": "SAME_LOWER", "dilations": (1, 2), "kernel_shape": ()}, view)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (4, 2, 3), (2, 3, 2, 2)])
+def test_batchnorm_training_mode_matches_onnxruntime(shape: tuple[int, ...]) -> None:
+    """The encoder leaves a training-mode BatchNormalization opaque, but a rule may write one (or leave
+    training_mode a variable): the verifier models its Y with the batch's own statistics (issue 21: every
+    case had training_mode 0, so a batch split "for any training_mode" was proven). Y compared with
+    onnxruntime's, directly (the encoder does not type the node)."""
+    rng = np.random.default_rng(7)
+    c = shape[1]
+    x = rng.normal(size=shape).astype(np.float32)
+    params = [rng.normal(size=c).astype(np.float32) for _ in range(2)]
+    params += [rng.normal(size=c).astype(np.float32), rng.uniform(0.5, 2.0, size=c).astype(np.float32)]
+    names = ["X", "scale", "B", "mean", "var"]
+    outs = ["Y", "running_mean", "running_var"]  # onnxruntime wants all three in training mode
+    node = onnx.helper.make_node("BatchNormalization", names, outs, epsilon=0.25, momentum=0.5, training_mode=1)
+    inputs = [
+        onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(v.shape))
+        for n, v in zip(names, [x, *params], strict=True)
+    ]
+    outputs = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in outs]
+    graph = onnx.helper.make_graph([node], "bn", inputs, outputs)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    want = _run(model, dict(zip(names, [x, *params], strict=True)))[0]
+    args = [x.astype(float), *(p.astype(float) for p in params), 0.25, 0.5, 1]
+    got = np.asarray(evaluate("BatchNormalization", args, RealBackend()), dtype=float)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    inference = np.asarray(evaluate("BatchNormalization", [*args[:-1], 0], RealBackend()), dtype=float)
+    assert not np.allclose(inference, want, atol=1e-3)  # the two modes differ on these inputs
+
+
+def _ort_node(op: str, inputs: Sequence[np.ndarray], outputs: int = 1, **attrs: Any) -> np.ndarray:
+    """onnxruntime's first output of one node on ``inputs`` (float32 and int64 arrays, fed as graph inputs)."""
+    names = [f"in{k}" for k in range(len(inputs))]
+    outs = [f"out{k}" for k in range(outputs)]
+    kinds = [TensorProto.INT64 if v.dtype == np.int64 else TensorProto.FLOAT for v in inputs]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, outs, **attrs)],
+        "one",
+        [helper.make_tensor_value_info(n, k, list(v.shape)) for n, k, v in zip(names, kinds, inputs, strict=True)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return _run(model, dict(zip(names, inputs, strict=True)))[0]
+
+
+@pytest.mark.parametrize(
+    ("op", "axis"),
+    [("Softmax", -1), ("Softmax", -2), ("LogSoftmax", -1), ("Concat", -1), ("Gather", -1), ("Split", -1)],
+)
+def test_negative_axes_count_from_the_end_as_onnxruntime_does(op: str, axis: int) -> None:
+    """A rule may spell an axis negative; the verifier evaluates it as ONNX does (-1 is the last dim). It
+    read -1 as no dim at all before (a split of the softmax axis itself was "proven"; issue 21)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 3, 4)).astype(np.float32)
+    if op == "Concat":
+        want = _ort_node("Concat", [x, x], axis=axis)
+        got = evaluate("Concat", [[x.astype(float), x.astype(float)], axis], RealBackend())
+    elif op == "Gather":
+        idx = np.asarray([3, 0], dtype=np.int64)
+        want = _ort_node("Gather", [x, idx], axis=axis)
+        got = evaluate("Gather", [x.astype(float), idx, axis], RealBackend())
+    elif op == "Split":
+        want = _ort_node("Split", [x, np.asarray([1, 3], dtype=np.int64)], outputs=2, axis=axis)  # output 0
+        got = evaluate("Split", [x.astype(float), (1, 3), axis, 0], RealBackend())
+    else:
+        want = _ort_node(op, [x], axis=axis)
+        got = evaluate(op, [x.astype(float), axis], RealBackend())
+    np.testing.assert_allclose(np.asarray(got, dtype=float), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("shape", "target", "allowzero"),
+    [((2, 3, 4), (0, -1), 0), ((2, 3, 4), (-1, 4), 0), ((2, 3, 4), (0, 0, 4), 0), ((2, 3), (3, 2), 1)],
+)
+def test_reshape_targets_with_zero_and_minus_one_match_onnxruntime(
+    shape: tuple[int, ...], target: tuple[int, ...], allowzero: int
+) -> None:
+    """ONNX's Reshape target: 0 copies the input's dim (allowzero 0), -1 is inferred; the verifier took them
+    for no dims (so Reshape(Reshape(x, s1), (0, -1)) = Reshape(x, (0, -1)) was "proven"; issue 21)."""
+    x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    want = _ort_node("Reshape", [x, np.asarray(target, dtype=np.int64)], allowzero=allowzero)
+    got = evaluate("Reshape", [x.astype(float), target, allowzero], RealBackend())
+    np.testing.assert_array_equal(np.asarray(got, dtype=float), want)
+
+
+def test_reshape_zero_with_allowzero_is_a_shape_error() -> None:
+    """With allowzero 1 a 0 is a dim of size 0: no target for a non-empty input (onnxruntime refuses it too)."""
+    x = np.ones((2, 3), dtype=np.float32)
+    with pytest.raises(Exception):  # noqa: B017 - onnxruntime's own error types
+        _ort_node("Reshape", [x, np.asarray([0, 3], dtype=np.int64)], allowzero=1)
+    with pytest.raises(ShapeError):
+        evaluate("Reshape", [x.astype(float), (0, 3), 1], RealBackend())

@@ -71,8 +71,31 @@ class AnalysisOutcome:
 
 
 def checked_claims(decl: AnalysisDecl) -> list[App]:
-    """The facts of checked relations ``decl`` derives."""
-    return [a for a in decl.actions if isinstance(a, App) and a.head in CHECKED_RELATIONS]
+    """The facts of checked relations ``decl`` derives, and the shapes it sets (``(set (shape e) s)``, as the
+    fact ``(= (shape e) s)``): the guards read ``(shape t)``, and the engine takes it from whatever declaration
+    sets it, so a wrong shape (a Transpose's operand's shape, a mean's kept axis) made rewrites guarded by it
+    unsound while ``verify`` passed (issue 21's adversary corpus)."""
+    out = [a for a in decl.actions if isinstance(a, App) and a.head in CHECKED_RELATIONS]
+    out += [_shape_fact(a) for a in decl.actions if _is_shape_set(a)]
+    return out
+
+
+def _is_shape_set(action: Term) -> bool:
+    """``(set (shape x) s)``."""
+    return (
+        isinstance(action, App)
+        and action.head == "set"
+        and len(action.args) == 2
+        and isinstance(action.args[0], App)
+        and action.args[0].head == "shape"
+    )
+
+
+def _shape_fact(action: Term) -> App:
+    """``(set (shape x) s)`` as the fact it claims, ``(= (shape x) s)``, checked by the guard evaluator (which
+    computes ``(shape x)`` of an op term by the op's shape inference)."""
+    assert isinstance(action, App)
+    return App("=", action.args)
 
 
 def check_analysis_decl(

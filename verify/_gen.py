@@ -34,7 +34,7 @@ from unity_eq.ops.registry import OPS, family_for
 from unity_eq.ops.spec import OpSpec
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
 from unity_eq.verify._semantics import LISTS, PARALLEL, SYMBOLIC, VarSpec
-from unity_eq.verify._tensor import ShapeError, infer_shape
+from unity_eq.verify._tensor import NEGATIVE_AXES, ShapeError, infer_shape
 
 __all__ = ["SYMBOLIC", "GenConfig", "generate_lhs", "shapes_of_rank"]
 
@@ -112,9 +112,48 @@ def _instances_of(spec: OpSpec, cfg: GenConfig) -> Iterator[Instance]:
     for case in family.instances(spec, cfg):
         case = case if isinstance(case, OpCase) else OpCase(*case)
         tensors = {name: _var_spec(shape) for name, shape in case.tensors.items()}
-        inst = _make(spec, tensors, _attrs(spec, **case.attrs), case.index)
-        if inst:
-            yield inst
+        for attrs in (case.attrs, _negative_spelling(spec, case)):
+            if attrs is None:
+                continue
+            inst = _make(spec, tensors, _attrs(spec, **attrs), case.index)
+            if inst:
+                yield inst
+
+
+#: the largest rank whose instances are also spelled with negative axes: normalizing is the same at every
+#: rank (axis + rank), and a rule that reads -1 or -2 as "no dim" (`(!= d axis)`) fails on a rank-2 case
+#: already; rank 3 would cost a third more Slice, Concat and LayerNormalization cases for no new mistake
+NEGATIVE_AXIS_RANK = 2
+
+
+def _negative_spelling(spec: OpSpec, case: OpCase) -> dict[str, Any] | None:
+    """``case``'s attributes with its axis (or every axis of its axes) spelled negative, as ONNX allows
+    (-1 is the last dim), for tensors up to :data:`NEGATIVE_AXIS_RANK` (Slice: dims <= 4, steps 1, starts
+    >= 0); None where the op has no axis or it is already negative or absent."""
+    where = NEGATIVE_AXES.get(spec.name)
+    if where is None:
+        return None
+    at, of = where
+    attr, tensor = spec.args[at].name, spec.args[of].name
+    shape = case.tensors.get(tensor)
+    if isinstance(shape, list):
+        shape = shape[0] if shape else None
+    shape = getattr(shape, "shape", shape)
+    value = case.attrs.get(attr)
+    if shape is None or value is None or len(shape) > NEGATIVE_AXIS_RANK:
+        return None
+    if spec.name == "Slice" and (
+        max(shape, default=0) > 4 or any(a != 1 for a in case.attrs.get("steps") or ()) or min(case.attrs["starts"]) < 0
+    ):
+        return None  # the axis, not the window, is what a negative spelling tests: steps 1, starts >= 0
+    rank = len(shape)
+    if isinstance(value, tuple | list):
+        if not value or any(a < 0 for a in value):
+            return None
+        return {**case.attrs, attr: tuple(a - rank for a in value)}
+    if value < 0:
+        return None
+    return {**case.attrs, attr: value - rank}
 
 
 def _var_spec(shape: Any) -> Any:
@@ -300,6 +339,12 @@ class _Gen:
     ) -> Iterator[tuple[dict[str, Any], Any]]:
         sorts = [a.sort for a in spec.args] + (["i64"] if spec.multi_output else [])
         optional = [a.optional for a in spec.args] + ([False] if spec.multi_output else [])
+        # A variable scalar axis ranges over the non-negative spellings only (the encoder's: every axis in
+        # the engine's e-graph is one, and a bounded proof's domain records the axis values it covered, so
+        # the engine fires the rule only on them); a literal axis, -1 included, matches the instance that
+        # spells it. Vectors of axes (Slice, reductions) range over every spelling: a domain records only
+        # their length.
+        negative_at = NEGATIVE_AXES[spec.name][0] if spec.name in NEGATIVE_AXES else -1
 
         def go(i: int, b: dict[str, Any]) -> Iterator[dict[str, Any]]:
             if i == len(pattern):
@@ -318,7 +363,7 @@ class _Gen:
                 if p.name in b:
                     if b[p.name] == value or (sort == "f64"):
                         yield from go(i + 1, b)
-                else:
+                elif not (i == negative_at and isinstance(value, int) and value < 0):
                     yield from go(i + 1, {**b, p.name: value})
             elif isinstance(p, Lit):
                 if sort == "f64" or p.value == value or (sort == "IVec" and tuple(p.value) == tuple(value)):

@@ -256,6 +256,11 @@ def _value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
         return tuple(_value(a, binding, ctx) for a in term.args)
     if head == "vec-empty":
         return ()
+    if head == "vec-set":
+        vec, i, x = (_value(a, binding, ctx) for a in term.args)
+        if not 0 <= i < len(vec):
+            raise _Undefined(f"vec-set {i} of {list(vec)}")
+        return (*vec[:i], x, *vec[i + 1 :])
     if head in ("+", "-", "*", "/", "%", "min", "max"):
         x, y = (_value(a, binding, ctx) for a in term.args)
         if head in ("/", "%") and y == 0:

@@ -621,7 +621,7 @@ class CaseValues:
 
 
 def chunk_of(x: np.ndarray, dim: int, index: int, parts: int) -> np.ndarray:
-    if dim >= x.ndim:
+    if not 0 <= dim < x.ndim:  # a parallel op's dim is never negative
         raise ShapeError(f"dim {dim} of a rank-{x.ndim} tensor")
     size = x.shape[dim]
     if size % parts:
@@ -845,7 +845,7 @@ class _Case:
             pieces = [self.piece(x, r) for r in group]
             if head == "Combine":
                 dim = int(term.args[1].value)
-                if any(dim >= p.ndim for p in pieces):
+                if any(not 0 <= dim < p.ndim for p in pieces):  # a parallel op's dim is never negative
                     raise ShapeError(f"Combine along dim {dim} of a rank-{pieces[0].ndim} piece")
                 return np.concatenate(pieces, axis=dim)
             return self.bk.sum_pieces(pieces)

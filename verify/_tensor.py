@@ -36,6 +36,7 @@ from unity_eq.ops.registry import OPS, family_for
 from unity_eq.ops.tensors import obj
 
 __all__ = [
+    "NEGATIVE_AXES",
     "NumpyBackend",
     "NumpyIntegerBackend",
     "ShapeError",
@@ -43,6 +44,7 @@ __all__ = [
     "Z3IntegerBackend",
     "evaluate",
     "infer_shape",
+    "onnx_axes",
 ]
 
 Shape = tuple[int, ...]
@@ -442,7 +444,53 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
         for arg, value in zip(spec.args, args, strict=False):
             if arg.sort == "T" and not arg.optional and value is None:
                 raise ShapeError(f"{op}: its required input {arg.name} is absent (NoneT)")
-    return tuple(_family(op).infer_shape(op, args))
+    return tuple(_family(op).infer_shape(op, onnx_axes(op, args, args)))
+
+
+#: ops whose axis attribute (an int, or a vector of them) counts from the end when negative, as ONNX says:
+#: (the argument's position, the position of the tensor whose rank it counts from). The families' semantics
+#: take normalized axes (the encoder normalizes them); a rule may spell one negative, so the verifier
+#: normalizes here, in the one place every evaluation and shape inference passes through (issue 21: a guard
+#: `(!= d -1)` read -1 as "no dim", and the rule split the softmax axis itself).
+NEGATIVE_AXES: dict[str, tuple[int, int]] = {
+    "Softmax": (1, 0),
+    "LogSoftmax": (1, 0),
+    "LayerNormalization": (3, 0),
+    "Concat": (1, 0),
+    "Split": (2, 0),
+    "Gather": (2, 0),
+    "ReduceSum": (1, 0),
+    "ReduceMean": (1, 0),
+    "ReduceMax": (1, 0),
+    "ReduceMin": (1, 0),
+    "Slice": (3, 0),
+}
+
+
+def onnx_axes(op: str, args: Sequence[Any], shapes: Sequence[Any]) -> list[Any]:
+    """``args`` with ``op``'s negative axes counted from the end of its tensor's rank (``shapes``: the
+    arguments' shapes); an axis outside ``[-rank, rank)`` is a ShapeError (ONNX rejects it)."""
+    where = NEGATIVE_AXES.get(op)
+    out = list(args)
+    if where is None or where[0] >= len(args):
+        return out
+    at, of = where
+    shape = shapes[of]
+    if isinstance(shape, list):  # Concat: the rank of its operands
+        shape = shape[0] if shape else None
+    if shape is None or isinstance(shape, str) or args[at] is None:
+        return out
+    rank = len(shape)
+
+    def norm(a: Any) -> int:
+        a = int(a)
+        if not -rank <= a < rank:
+            raise ShapeError(f"{op}: axis {a} out of range for rank {rank}")
+        return a + rank if a < 0 else a
+
+    value = args[at]
+    out[at] = tuple(norm(a) for a in value) if isinstance(value, tuple | list) else norm(value)
+    return out
 
 
 def _family(op: str) -> OpFamily:
@@ -461,7 +509,7 @@ def evaluate(op: str, args: Sequence[Any], bk: Backend) -> Any:
     """Apply ``op`` to argument values (see module docstring); raise ShapeError when they do not fit."""
     shapes = [_shape_arg(a) for a in args]
     out_shape = infer_shape(op, shapes)
-    value = _family(op).evaluate(op, list(args), bk)
+    value = _family(op).evaluate(op, onnx_axes(op, args, shapes), bk)
     value = obj(value) if isinstance(bk, Z3Backend) else np.asarray(value)
     assert value.shape == out_shape, f"{op}: evaluated {value.shape}, inferred {out_shape}"
     return value

@@ -122,7 +122,7 @@ class RuleReport:
     def covers(self) -> str:
         """``for all`` (generic), ``within <domain>`` (bounded), or what else lets the rule fire."""
         entry = self.certificate_entry()
-        if entry is None:
+        if entry is None or self.analysis:  # an analysis declaration rewrites nothing: no certificate entry
             return ""
         if entry["proof"] == "generic":
             return "for all"
@@ -630,7 +630,7 @@ def verify_analyses(
             outcomes = [f.result() for f in futures]
     out = []
     for decl, got in zip(decls, outcomes, strict=True):
-        relations = " ".join(dict.fromkeys(c.head for c in checked_claims(decl)))
+        relations = " ".join(dict.fromkeys("shape" if c.head == "=" else c.head for c in checked_claims(decl)))
         cex = Counterexample(got.case, "analysis", got.message) if got.status == "refuted" else None
         bounded = BoundedResult(got.status, got.checked, got.checked, got.checked, cex, got.message, got.seconds)
         report = RuleReport(f"analysis {relations}", decl.pos.file, decl.pos.line, got.status, "bounded", got.seconds)

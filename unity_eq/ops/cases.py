@@ -135,3 +135,34 @@ def window_pairs(pool: bool) -> tuple[Window, ...]:
             pads = (a[2][0], b[2][0], a[2][1], b[2][1]) if auto == "NOTSET" else ()
             out.append(((*a[0], *b[0]), (*a[1], *b[1]), pads, (*a[3], *b[3]), (*a[4], *b[4]), auto))
     return tuple(out)
+
+
+@cache
+def tiling_windows() -> tuple[Window, ...]:
+    """2-D windows whose kernel equals their stride in both axes (non-overlapping pooling, the usual 2x2
+    stride 2), pads 0 and dilations 1, on every height 1-6 and widths 1-3 that the kernel fits: the pairs of
+    :func:`window_pairs` never make the kernel and the stride equal in both axes, so a rule guarded by
+    ``(= ks st)`` had no case (issue 21's adversary: a split of H that divides by the kernel while its chunks
+    do not)."""
+    out: list[Window] = []
+    for k1, k2, h, w in itertools.product((1, 2, 3), (1, 2, 3), range(1, 7), (1, 2, 3)):
+        if h >= k1 and w >= k2:
+            out.append(((h, w), (k1, k2), (0, 0, 0, 0), (k1, k2), (1, 1), "NOTSET"))
+    return tuple(out)
+
+
+@cache
+def square_windows() -> tuple[Window, ...]:
+    """2-D windows with the same kernel, stride, dilation and pads in both axes (pads may differ between
+    begin and end) on inputs of height != width (2 and 4: rank-4 dims are {1, 2, 4}): the pairs of
+    :func:`window_pairs` differ in every axis, so a rule guarded by equal attributes in H and W (a Conv that
+    commutes with swapping H and W) had no case."""
+    out: list[Window] = []
+    for k, s, d, (h, w) in itertools.product((1, 2, 3), (1, 2), (1, 2), ((2, 4), (4, 2))):
+        if d * (k - 1) + 1 > min(h, w):
+            continue
+        for b, e in ((0, 0), (1, 0), (0, 1), (1, 1)):
+            out.append(((h, w), (k, k), (b, b, e, e), (s, s), (d, d), "NOTSET"))
+        if d == 1:
+            out += [((h, w), (k, k), (), (s, s), (d, d), auto) for auto in AUTO_PADS[1:]]
+    return tuple(out)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.cases import AUTO_PADS, oa16, window_pairs, window_product
+from unity_eq.ops.cases import AUTO_PADS, oa16, square_windows, window_pairs, window_product
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, need, out_dtype, pool_out, window_attrs, window_defaults, window_positions
@@ -105,9 +105,10 @@ _CONV_2D = [  # (H, W, kernel, pads, strides, dilations)
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     """Two parts. (1) Every window of the product (``cases.window_product``: sizes 1-6, kernels 1-3, strides
-    1-3, dilations 1-2, every ``auto_pad``, every pair of pads 0-2) and the 2-D windows whose axes differ
-    (``cases.window_pairs``), each with (N, C, M) = (1, 1, 1) and (2, 2, 2), groups 1 and 2, with and without
-    bias: every attribute combination meets the batch, channel and group splits of a mesh axis of 2.
+    1-3, dilations 1-2, every ``auto_pad``, every pair of pads 0-2), the 2-D windows whose axes differ
+    (``cases.window_pairs``) and those whose axes agree (``cases.square_windows``), each with (N, C, M) =
+    (1, 1, 1) and (2, 2, 2), groups 1 and 2, with and without bias: every attribute combination meets the
+    batch, channel and group splits of a mesh axis of 2.
     (2) (N, C, M) from the orthogonal array over ``dims`` (each of N, C and M takes every dim), each with a
     1-D window (every other row a 2-D one) from the short lists above, groups 1 and 2, with and without bias:
     the splits over axes of 3 and 4. Why the product need not be crossed with every (N, C, M): a Conv's
@@ -117,10 +118,8 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     if ranges.sample:
         yield from _oa_instances(ranges)
         return
-    for spatial, kern, pads, strides, dils, auto in (*window_product(False), *window_pairs(False)):
-        attrs = dict(
-            auto_pad=auto, dilations=dils, group=1, kernel_shape=kern, pads=pads, strides=strides
-        )
+    for spatial, kern, pads, strides, dils, auto in (*window_product(False), *window_pairs(False), *square_windows()):
+        attrs = dict(auto_pad=auto, dilations=dils, group=1, kernel_shape=kern, pads=pads, strides=strides)
         yield {"X": (1, 1, *spatial), "W": (1, 1, *kern), "B": None}, attrs
         for g, with_bias in itertools.product((1, 2), (True, False)):
             x, w = (2, 2, *spatial), (2, 2 // g, *kern)
@@ -246,8 +245,9 @@ CONV = OpFamily(
     flops=flops,
     ranges=(
         "every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every auto_pad and every pair of"
-        " pads 0-2, and 2-D windows whose axes differ, each with (N, C, M) = (1, 1, 1) and (2, 2, 2), groups 1"
-        " and 2, with and without bias; and (N, C, M) from an orthogonal array over dims 1-4 with a few windows"
+        " pads 0-2, 2-D windows whose axes differ and 2-D windows equal in both axes, each with (N, C, M) ="
+        " (1, 1, 1) and (2, 2, 2), groups 1 and 2, with and without bias; and (N, C, M) from an orthogonal array"
+        " over dims 1-4 with a few windows"
     ),
     axioms=axioms,
     normalize=normalize,

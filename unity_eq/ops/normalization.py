@@ -133,13 +133,19 @@ def axioms(v: Any) -> None:
     import z3  # the verifier's vocabulary is z3's; the engine never calls this
 
     x, b, w, d, i, n, k, axis, eps, ch, FA = v.symbols("x b w d i n k axis eps ch FA")
+    # a negative axis counts from the end (ONNX): -1 is the last dim, so "d is not the axis" is d != axis
+    # and d != axis + rank (issue 21: `d != axis` alone let a rule split the softmax axis spelled -1)
+    rank = v.vlen(v.shape(x))
     for name in ("Softmax", "LogSoftmax"):
         sm = v.op(name)
         v.add(
             name,
             FA(
                 [x, d, axis, i, n],
-                z3.Implies(d != axis, sm(ch(x, d, i, n), axis) == ch(sm(x, axis), d, i, n)),
+                z3.Implies(
+                    z3.And(d >= 0, d != axis, d != axis + rank),
+                    sm(ch(x, d, i, n), axis) == ch(sm(x, axis), d, i, n),
+                ),
                 patterns=[sm(ch(x, d, i, n), axis)],
             ),
         )
@@ -149,7 +155,7 @@ def axioms(v: Any) -> None:
         FA(
             [x, w, b, axis, eps, k, d, i, n],
             z3.Implies(
-                z3.And(d >= 0, d < axis),
+                z3.And(d >= 0, d < z3.If(axis < 0, axis + rank, axis)),
                 ln(ch(x, d, i, n), w, b, axis, eps, k) == ch(ln(x, w, b, axis, eps, k), d, i, n),
             ),
             patterns=[ln(ch(x, d, i, n), w, b, axis, eps, k)],

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.cases import window_pairs, window_product
+from unity_eq.ops.cases import tiling_windows, window_pairs, window_product
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
@@ -132,8 +132,8 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
         return x
     if fam is Family.BATCHNORM:
         x = need(args[0])
-        if len(x) < 2 or args[7] != 0:
-            raise ShapeError("BatchNormalization (inference) needs rank >= 2 and training_mode 0")
+        if len(x) < 2 or args[7] not in (0, 1):
+            raise ShapeError("BatchNormalization needs rank >= 2 and training_mode 0 or 1")
         for p in args[1:5]:
             if need(p) != (x[1],):
                 raise ShapeError(f"BatchNormalization: parameter {list(p)} is not [{x[1]}]")
@@ -197,9 +197,20 @@ def _lrn(op: str, args: Sequence[Any], bk: Any) -> Any:
 
 
 def _batchnorm(op: str, args: Sequence[Any], bk: Any) -> Any:
-    x, scale, bias, mean, var, eps, _mom, _train = args
+    """Y = (X - mean) / sqrt(var + epsilon) * scale + B per channel. Inference (``training_mode`` 0) reads
+    the given running statistics; training mode (1) the batch's own: the mean and the (biased) variance over
+    every dim but the channels, as ONNX and onnxruntime compute Y (the running statistics it also outputs
+    are not modeled: a rule reads Y). Modeled so that a rule that splits the batch "for any training_mode"
+    is refuted (issue 21: each device's part of the batch has its own statistics)."""
+    x, scale, bias, mean, var, eps, _mom, train = args
     shape = (x.shape[1], *([1] * (x.ndim - 2)))
     s, b, m, v = (p.reshape(shape) for p in (scale, bias, mean, var))
+    if train:
+        axes = [d for d in range(x.ndim) if d != 1]
+        count = math.prod(x.shape[d] for d in axes)
+        m = bk.div(reduce_elements(bk, x, axes, True, bk.total), count)
+        centered = bk.sub(x, m)
+        v = bk.div(reduce_elements(bk, bk.mul(centered, centered), axes, True, bk.total), count)
     return bk.add(bk.mul(bk.div(bk.sub(x, m), bk.apply("sqrt", bk.add(v, eps))), s), b)
 
 
@@ -234,14 +245,15 @@ _POOL_WINDOWS: list[tuple[Shape, Shape, Shape, Shape, Shape, int, int]] = [
 def _pooling(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """The windowed poolings: every window of the product (``cases.window_product``/``window_pairs``:
     sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every ``auto_pad``, every pair of pads below the
-    kernel) crossed with ``ceil_mode`` 0/1 and (AveragePool) ``count_include_pad`` 0/1, on (N, C) = (1, 1)
-    and (2, 3) (a split of 2 along the batch, of 3 along the channels); then every (N, C) over ``dims``
+    kernel; ``tiling_windows``: 2-D kernels equal to their strides) crossed with ``ceil_mode`` 0/1 and
+    (AveragePool) ``count_include_pad`` 0/1, on (N, C) = (1, 1) and (2, 3) (a split of 2 along the batch,
+    of 3 along the channels); then every (N, C) over ``dims``
     with two of the short windows above (splits of 2-4). A window acts on each (batch, channel) plane alike,
     so the product need not be crossed with every (N, C) (conv.py's argument)."""
     if spec.name in ("MaxPool", "AveragePool") and not cfg.sample:
         cips = (0, 1) if spec.name == "AveragePool" else (0,)
         for (spatial, kern, pads, strides, dils, auto), ceil, cip in itertools.product(
-            (*window_product(True), *window_pairs(True)), (0, 1), cips
+            (*window_product(True), *window_pairs(True), *tiling_windows()), (0, 1), cips
         ):
             given: dict[str, Any] = dict(
                 auto_pad=auto, kernel_shape=kern, pads=pads, strides=strides, dilations=dils, ceil_mode=ceil
@@ -252,7 +264,9 @@ def _pooling(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
                 yield {"X": (n, c, *spatial)}, given
     for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
         if spec.name in ("GlobalAveragePool", "GlobalMaxPool"):
-            for plane in ((3,), (2, 2), (1,))[: 1 + i % 3]:
+            # 1-D, 2-D and (rank 5) 3-D planes: a rule that takes the pool for a mean over H and W alone
+            # meets a depth dim
+            for plane in ((3,), (2, 2), (1,), (2, 1, 2))[: 1 + i % 4]:
                 yield {"X": (n, c, *plane)}, {}
             continue
         for spatial, kern, pads, strides, dils, ceil, cip in (
@@ -277,6 +291,7 @@ def _batchnorm_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
             p = (c,)
             tensors = {"X": (n, c, *spatial), "scale": p, "B": p, "input_mean": p, "input_var": p}
             yield tensors, {"training_mode": 0}
+            yield tensors, {"training_mode": 1}
 
 
 _INSTANCES: dict[Family, Callable[[OpSpec, InstanceRanges], Iterator[Instance]]] = {
@@ -439,9 +454,11 @@ POOLING = OpFamily(
     flops=flops,
     ranges=(
         "MaxPool and AveragePool: every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every"
-        " auto_pad and every pair of pads below the kernel, and 2-D windows whose axes differ, times ceil_mode"
+        " auto_pad and every pair of pads below the kernel, 2-D windows whose axes differ and 2-D kernels equal to"
+        " their strides, times ceil_mode"
         " and count_include_pad, on (N, C) = (1, 1) and (2, 3); every (N, C) with dims 1-4 with a few windows;"
-        " the global poolings over 1-3 planes, LRN with sizes 1-3, BatchNormalization of rank 2-4"
+        " the global poolings over 1-3 planes (3-D ones: rank 5), LRN with sizes 1-3, BatchNormalization of rank 2-4"
+        " with training_mode 0 and 1"
     ),
     axioms=axioms,
     normalize=normalize,

@@ -63,7 +63,9 @@ def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
 
 
 def reduce_pairs(axes: tuple[int, ...], keepdims: int, rank: int) -> Iterator[tuple[int, int]]:
-    """The dims (d, d2) that a reduction over ``axes`` keeps: dim d of the input is dim d2 of the output."""
+    """The dims (d, d2) that a reduction over ``axes`` keeps: dim d of the input is dim d2 of the output
+    (a negative axis counts from the end, as ONNX says: axes (-1) reduce the last dim)."""
+    axes = tuple(a + rank if a < 0 else a for a in axes)
     for d in range(rank):
         if d not in axes:
             yield d, d if keepdims else d - sum(1 for a in axes if a < d)

@@ -32,18 +32,36 @@ SPECS = (
 )
 
 
-def _reshape_target(src: Shape, target: Sequence[int]) -> Shape:
-    target = tuple(int(t) for t in target)
-    if any(t < 1 for t in target) or math.prod(target) != math.prod(src):
-        raise ShapeError(f"cannot reshape {list(src)} to {list(target)}")
-    return target
+def _reshape_target(src: Shape, target: Sequence[int], allowzero: int = 0) -> Shape:
+    """ONNX's Reshape target: a 0 copies the input's dim at that position (with ``allowzero`` 1 it is a dim
+    of size 0), one -1 takes what the others leave; the element counts must agree. The encoder writes
+    targets concrete, but a rule may write ``(vec-of 0 -1)`` (issue 21: the verifier took 0 and -1 for no
+    dims at all, so a rule that moved a 0 past a changed input was "proven")."""
+    want = [int(t) for t in target]
+    bad = f"cannot reshape {list(src)} to {want} (allowzero {allowzero})"
+    if any(t < -1 for t in want) or want.count(-1) > 1 or (allowzero and 0 in want and -1 in want):
+        raise ShapeError(bad)
+    if not allowzero:
+        for i, t in enumerate(want):
+            if t == 0:
+                if i >= len(src):
+                    raise ShapeError(bad)
+                want[i] = src[i]
+    if -1 in want:
+        known = math.prod(t for t in want if t != -1)
+        if known == 0 or math.prod(src) % known:
+            raise ShapeError(bad)
+        want[want.index(-1)] = math.prod(src) // known
+    if math.prod(want) != math.prod(src):
+        raise ShapeError(bad)
+    return tuple(want)
 
 
 def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     """Reshape to a concrete target of as many elements; Flatten at ``axis``; Squeeze drops size-1 dims,
     Unsqueeze inserts them; Transpose permutes (no perm: reverses); Expand broadcasts both ways."""
     if op == "Reshape":
-        return _reshape_target(need(args[0]), args[1])
+        return _reshape_target(need(args[0]), args[1], int(args[2]) if len(args) > 2 and args[2] is not None else 0)
     if op == "Flatten":
         x, axis = need(args[0]), args[1]
         if not 0 <= axis <= len(x):
@@ -78,7 +96,7 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
     """numpy's reshape, transpose and broadcast, on object arrays as on floats."""
     x = args[0]
     if op == "Reshape":
-        return x.reshape(tuple(args[1]))
+        return x.reshape(_reshape_target(x.shape, args[1], int(args[2]) if len(args) > 2 else 0))
     if op == "Flatten":
         axis = args[1]
         return x.reshape((math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
@@ -118,6 +136,8 @@ def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
                 targets = targets[i % 2 :: 2]
             for target in targets:
                 yield {"data": shape}, {"shape": target, "allowzero": 0}
+                for spelled, allowzero in _target_spellings(shape, target):
+                    yield {"data": shape}, {"shape": spelled, "allowzero": allowzero}
         elif spec.name == "Flatten":
             for axis in range(len(shape) + 1):
                 yield {"X": shape}, {"axis": axis}
@@ -135,8 +155,36 @@ def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
                     yield {"data": shape}, {"axes": axes}
 
 
+def _target_spellings(src: Shape, target: Shape) -> Iterator[tuple[Shape, int]]:
+    """The other ONNX spellings of ``target`` (inputs of rank <= 2): a -1 in place of one dim, a 0 where
+    the input has the same dim at that position (allowzero 0 copies it), both; and the concrete target with
+    allowzero 1 (the same where the target has no 0). A rule that treats 0 or -1 as a dim, or allowzero as
+    irrelevant, meets them here (issue 21)."""
+    if len(src) > 2:
+        return
+    yield target, 1
+    for j in range(len(target)):
+        yield (*target[:j], -1, *target[j + 1 :]), 0
+    zeros = [j for j in range(min(len(src), len(target))) if src[j] == target[j]]
+    for j in zeros:
+        zeroed = (*target[:j], 0, *target[j + 1 :])
+        yield zeroed, 0
+        last = len(target) - 1
+        if last != j:
+            yield (*zeroed[:last], -1), 0
+
+
+#: rank-5 Transpose inputs: at rank <= 4 every permutation that swaps dims 0 and 1 is its own inverse (it
+#: fixes the rest or swaps two of them), at rank 5 not ((1 0 3 4 2)), so a rule that reads p where p^-1 is
+#: needed passes every rank-4 case (issue 21's adversary). All dims 2 (p and p^-1 differ on its values) and
+#: one size-1 dim at each place (a permutation that moves it): 6 shapes x 120 permutations.
+RANK5_SHAPES = ((2, 2, 2, 2, 2), *((*(2,) * i, 1, *(2,) * (4 - i)) for i in range(5)))
+
+
 def _transpose_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
+    """Every permutation of every shape up to ``max_rank``, and of the rank-5 shapes above (not sampled)."""
+    pool = [*shape_pool(cfg, range(1, cfg.max_rank + 1)), *(() if cfg.sample else RANK5_SHAPES)]
+    for shape in pool:
         for perm in itertools.permutations(range(len(shape))):
             yield {"data": shape}, {"perm": perm}
 
@@ -345,8 +393,9 @@ RESHAPE = OpFamily(
     flops=flops,
     ranges=(
         "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
-        " number of elements, Flatten at every axis, Squeeze of every set of size-1 dims, Unsqueeze of every one"
-        " or two new axes; Transpose: rank 1-4, every permutation; Expand: input rank 0-3, every target (a size-1"
+        " number of elements (ranks 1-2: also spelled with 0, -1 and allowzero 1), Flatten at every axis,"
+        " Squeeze of every set of size-1 dims, Unsqueeze of every one or two new axes; Transpose: rank 1-4 and"
+        " six rank-5 shapes, every permutation; Expand: input rank 0-3, every target (a size-1"
         " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size,"
         " or two of sizes 1-3)"
     ),

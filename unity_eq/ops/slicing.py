@@ -287,13 +287,17 @@ def axioms(v: Any) -> None:
     import z3  # the verifier's vocabulary is z3's; the engine never calls this
 
     x, idx, d, i, n, k, axis, s, s2, axes, lst, ch, rel, FA = v.symbols("x idx d i n k axis s s2 axes lst ch rel FA")
+    # a negative axis counts from the end (ONNX): dim d is not the axis iff d != axis and d != axis + rank
+    # (issue 21: `d != axis` alone let a rule split the dim that axis -1 cuts); a list has no rank here, so
+    # Concat's axiom holds for axes written non-negative (the bounded cases spell them negative too)
+    rank = v.vlen(v.shape(x))
     cc = v.op("Concat")
     v.add(
         "Concat",
         FA(
             [lst, d, axis, i, n],
             z3.Implies(
-                z3.And(d != axis, v.list_div(lst, d, n)),
+                z3.And(axis >= 0, d != axis, v.list_div(lst, d, n)),
                 cc(v.chunkl(lst, d, i, n), axis) == ch(cc(lst, axis), d, i, n),
             ),
             patterns=[cc(v.chunkl(lst, d, i, n), axis)],
@@ -328,7 +332,10 @@ def axioms(v: Any) -> None:
         "Split",
         FA(
             [x, s, axis, k, d, i, n],
-            z3.Implies(d != axis, sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n)),
+            z3.Implies(
+                z3.And(d >= 0, d != axis, d != axis + rank),
+                sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n),
+            ),
             patterns=[sp(ch(x, d, i, n), s, axis, k)],
         ),
     )
@@ -339,7 +346,7 @@ def axioms(v: Any) -> None:
         FA(
             [x, s, s2, axes, s3, d, i, n],
             z3.Implies(
-                z3.Not(rel["vec-contains"](axes, d)),
+                z3.And(d >= 0, z3.Not(rel["vec-contains"](axes, d)), z3.Not(rel["vec-contains"](axes, d - rank))),
                 sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
             ),
             patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
@@ -350,7 +357,7 @@ def axioms(v: Any) -> None:
         "Gather",
         FA(
             [x, idx, axis, d, i, n],
-            ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n),
+            z3.Implies(axis >= 0, ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n)),
             patterns=[ga(x, ch(idx, d, i, n), axis)],
         ),
     )
@@ -358,7 +365,10 @@ def axioms(v: Any) -> None:
         "Gather",
         FA(
             [x, idx, axis, d, i, n],
-            z3.Implies(z3.And(d >= 0, d < axis), ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n)),
+            z3.Implies(
+                z3.And(d >= 0, d < z3.If(axis < 0, axis + rank, axis)),
+                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n),
+            ),
             patterns=[ga(ch(x, d, i, n), idx, axis)],
         ),
     )
@@ -367,7 +377,7 @@ def axioms(v: Any) -> None:
         FA(
             [x, idx, axis, d, i, n],
             z3.Implies(
-                d > axis,
+                z3.And(d < rank, d > z3.If(axis < 0, axis + rank, axis)),
                 ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d + v.vlen(v.shape(idx)) - 1, i, n),
             ),
             patterns=[ga(ch(x, d, i, n), idx, axis)],
