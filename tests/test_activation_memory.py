@@ -7,6 +7,8 @@ input; the plan's output is kept (the loss reads it). A storage counts once howe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tomllib
@@ -16,8 +18,10 @@ from unity_eq import optimize
 from unity_eq.ir import Graph, Node, TensorType
 from unity_eq.machine import Machine, machine_from_toml, presets_dir
 from unity_eq.memory import plan_memory
+from unity_eq.plan import Compute
 from unity_eq.ops import registry
 from unity_eq.ops.spec import OpSpec
+from unity_eq.rulefile.manifest import default_rule_files
 
 
 def _one_h100() -> Machine:
@@ -26,9 +30,19 @@ def _one_h100() -> Machine:
     return machine_from_toml(data, "h100x1")
 
 
-def _activations(graph: Graph) -> float:
-    plan = optimize(graph, machine=_one_h100(), mesh="1", objective="training").plan
+def _activations(graph: Graph, rule_files: list[Path] | None = None) -> float:
+    plan = optimize(graph, machine=_one_h100(), mesh="1", objective="training", rule_files=rule_files).plan
     return plan_memory(plan).activations
+
+
+def _plan_ops(graph: Graph, rule_files: list[Path] | None = None) -> set[str]:
+    plan = optimize(graph, machine=_one_h100(), mesh="1", objective="training", rule_files=rule_files).plan
+    return {step.op_type for step in plan.steps if isinstance(step, Compute)}
+
+
+def _rules_without_attention_fusion() -> list[Path]:
+    """The default manifest less rules/algebra/attention.egg: the layer stays the eager composition."""
+    return [p for p in default_rule_files() if p.name != "attention.egg"]
 
 
 def _input_names(spec: OpSpec) -> list[str]:
@@ -97,17 +111,37 @@ def test_a_kept_tensor_counts_once_and_views_and_adds_not_at_all() -> None:
     ids=["gelu", "relu"],
 )
 def test_a_transformer_layer_keeps_what_megatron_counts_less_dropout(activation: str, mlp: int) -> None:
-    """One pre-LN layer, float16, b=2, s=64, h=128, a=4, ffn=4h. Attention keeps its input (2sbh, LayerNorm),
-    the LayerNorm's output (2, the q/k/v MatMuls'), q and k (4, the score MatMul's), the softmax's output
-    (2as²b, also the context MatMul's), v (2) and the context (2, the output projection's): 12sbh + 2as²b,
-    Korthikanti's 11sbh + 5as²b less its dropout masks (sbh, as²b) and dropout output (2as²b). The MLP keeps
-    its input (2), the LayerNorm's output (2) and, with Gelu, Gelu's input and output (8 + 8: 20, Korthikanti's
-    19 less the dropout mask, plus the LayerNorm input he counts apart); with Relu, only Relu's output, which
-    the second MatMul keeps too (8: 12). Plus the layer's output, which the loss reads (2sbh)."""
+    """One pre-LN layer, float16, b=2, s=64, h=128, a=4, ffn=4h, attention left eager (no fusion rule). Attention
+    keeps its input (2sbh, LayerNorm), the LayerNorm's output (2, the q/k/v MatMuls'), q and k (4, the score
+    MatMul's), the softmax's output (2as²b, also the context MatMul's), v (2) and the context (2, the output
+    projection's): 12sbh + 2as²b, Korthikanti's 11sbh + 5as²b less its dropout masks (sbh, as²b) and dropout
+    output (2as²b). The MLP keeps its input (2), the LayerNorm's output (2) and, with Gelu, Gelu's input and
+    output (8 + 8: 20, Korthikanti's 19 less the dropout mask, plus the LayerNorm input he counts apart); with
+    Relu, only Relu's output, which the second MatMul keeps too (8: 12). Plus the layer's output, which the loss
+    reads (2sbh)."""
     b, s, h, a = 2, 64, 128, 4
     graph = transformer_graph("am", batch=b, seq=s, hidden=h, ffn=4 * h, heads=a, activation=activation)
     sbh = s * b * h
-    assert _activations(graph) == (12 + mlp + 2) * sbh + 2 * a * s * s * b
+    eager = _rules_without_attention_fusion()
+    assert "Attention" not in _plan_ops(graph, eager)
+    assert _activations(graph, eager) == (12 + mlp + 2) * sbh + 2 * a * s * s * b
+
+
+@pytest.mark.parametrize(
+    ("activation", "mlp"),
+    [("Gelu", 20), ("Relu", 12)],
+    ids=["gelu", "relu"],
+)
+def test_fused_attention_keeps_no_score_matrix(activation: str, mlp: int) -> None:
+    """The same layer with the shipped rules: attention fuses (rules/algebra/attention.egg) and, as a flash
+    kernel, keeps Q, Kᵀ, V and its output but not the softmax's as²b matrix: Korthikanti's selective
+    recomputation of the attention core, so the 2as²b term of the eager layer goes and nothing replaces it
+    (the per-row log-sum-exp is left out, ops/attention.py ``saved``)."""
+    b, s, h, a = 2, 64, 128, 4
+    graph = transformer_graph("am", batch=b, seq=s, hidden=h, ffn=4 * h, heads=a, activation=activation)
+    sbh = s * b * h
+    assert "Attention" in _plan_ops(graph)
+    assert _activations(graph) == (12 + mlp + 2) * sbh
 
 
 def test_an_opaque_op_keeps_every_input() -> None:
