@@ -18,9 +18,9 @@ from unity_eq import optimize
 from unity_eq.ir import Graph, Node, TensorType
 from unity_eq.machine import Machine, machine_from_toml, presets_dir
 from unity_eq.memory import plan_memory
-from unity_eq.plan import Compute
 from unity_eq.ops import registry
 from unity_eq.ops.spec import OpSpec
+from unity_eq.plan import Compute
 from unity_eq.rulefile.manifest import default_rule_files
 
 

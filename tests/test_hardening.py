@@ -702,3 +702,11 @@ def test_extras_split_main_test_and_dev() -> None:
 
 if sys.platform != "linux":  # pragma: no cover
     pytestmark = pytest.mark.skip("signals and /proc as on Linux")
+
+
+def test_machine_order_is_one_tuple_per_size() -> None:
+    """The cost model and the topology cache recognise the search's meshes by the identity of this tuple
+    (unity_eq/cost/topology.py): a fresh tuple per call makes every 100k-device mesh take the slow path."""
+    from unity_eq.ir import machine_order
+
+    assert machine_order(100_000) is machine_order(100_000)

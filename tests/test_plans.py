@@ -95,13 +95,6 @@ def test_many_samples_and_small_weights_choose_data_parallel_or_better(blocks: s
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with per-family backward costs (issue 24) greedy extraction on x=4,y=4 finds tensor parallelism on the "
-    "axis that spans the nodes and data parallelism inside: the cost model prices it lower in communication "
-    "(2.53 vs 2.67 ms), since the objective does not credit the gradient all-reduce's overlap; "
-    "the flat backward's prices led greedy to the other layout. Strict: remove when the search prefers it again",
-)
 def test_two_nodes_keep_tensor_parallelism_inside_a_node() -> None:
     """2 nodes × 8 H100 on 400 Gb/s InfiniBand, attention + MLP at H=4096, batch 32 × 512 (16k tokens), training:
     weights are split only on axes inside a node, and the axes that cross nodes carry the cheaper traffic: the

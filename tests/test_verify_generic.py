@@ -128,14 +128,23 @@ def test_a_bounded_case_witnesses_the_premises_of_a_generic_proof(tmp_path: Path
     assert report.generic.premises == "bounded case" and report.bounded.checked > 0
 
 
+# z3's search for a model of quantified axioms depends on its random seed: with the Attention family's axioms
+# seed 0 gives up after 20 s where seeds 1-3 answer sat at once (z3 4.15). A model under any seed shows the
+# axioms consistent; unsat under any seed is a contradiction. Each seed is tried in turn until one answers.
 _AXIOMS_SAT = """
 import z3
 from unity_eq.verify._generic import _vocab
-solver = z3.Solver()
-solver.set("timeout", 20000)
-for axioms in _vocab().axioms.values():
+axioms = [a for group in _vocab().axioms.values() for a in group]
+answers = []
+for seed in range(8):
+    z3.set_param("smt.random_seed", seed)
+    solver = z3.Solver()
+    solver.set("timeout", 10000)
     solver.add(*axioms)
-print(solver.check())
+    answers.append(str(solver.check()))
+    if answers[-1] != "unknown":
+        break
+print(answers[-1], answers)
 """
 
 
@@ -143,9 +152,9 @@ def test_the_axioms_together_are_satisfiable() -> None:
     # an axiom that contradicts the others would make every generic proof vacuous. In a fresh process:
     # z3's search with quantifiers depends on what the process asked it before (sat at once when fresh,
     # a timeout after other proofs), and this test must not depend on the order tests run in
-    out = subprocess.run([sys.executable, "-c", _AXIOMS_SAT], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", _AXIOMS_SAT], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "sat"
+    assert out.stdout.split()[0] == "sat", out.stdout
 
 
 # ------------------------------------------------------------------------------ Replicate in training

@@ -213,6 +213,7 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
+@functools.lru_cache(maxsize=8)
 def machine_order(n: int) -> tuple[int, ...]:
     """``(0, 1, …, n-1)``: ranks on the machine's devices in order. One shared tuple per size, so the many meshes
     of a search over 100k devices share it (and cost models recognise it by identity)."""
