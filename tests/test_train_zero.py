@@ -15,9 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
+from conftest import EXAMPLES, run_cli  # noqa: E402
 
 from unity_eq.collectives import torch_autograd as coll  # noqa: E402
-from unity_eq.train.check import free_port, init_rank  # noqa: E402
+from unity_eq.errors import OptionError  # noqa: E402
+from unity_eq.train.check import TrainingCheck, check_training, free_port, init_rank  # noqa: E402
 from unity_eq.train.recompute import Recomputed  # noqa: E402
 from unity_eq.train.zero import Zero3Module, ZeroOptimizer, zero_collectives  # noqa: E402
 
@@ -157,3 +159,76 @@ def test_the_collectives_are_the_ones_the_stage_search_prices(
     for rank in ranks:
         got = {(k, a, p): [c, b] for k, a, p, c, b in rank[run]["ledger"]}
         assert got == want
+
+
+# --- plans: `check --training` with ZeRO and recomputation set by hand (SPMD plans choose neither) -------------
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The transformer data parallel on 4 devices (axis x), the MLP on a 2x2 mesh (x: tensor, y: data)."""
+    out = tmp_path_factory.mktemp("zero-plans")
+    made = {}
+    for name, model, mesh in [("tf4", "transformer", "4"), ("mlp22", "mlp", "2x2")]:
+        result = run_cli("optimize", str(EXAMPLES / f"{model}.onnx"), "--objective", "training", "--devices", "4",
+                         "--mesh", mesh, "-o", str(out / name), "-q")  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        made[name] = out / name
+    return made
+
+
+def _lines(result: TrainingCheck) -> dict[str, bool]:
+    return {text: ok for ok, text in result.lines}
+
+
+@pytest.mark.parametrize(("zero", "recompute"), [(1, False), (0, True), (3, True)])
+def test_check_training_a_data_parallel_transformer_with_zero_and_recomputation(
+    plans: dict[str, Path], zero: int, recompute: bool
+) -> None:
+    """Loss, every gradient and the AdamW weights after 2 steps match one device; the weights' gradient
+    all-reduces on x (14 of them, q/k/v as one concatenated weight) are replaced by ZeRO's reduce-scatter and
+    all-gather(s) of the same 3159040 bytes; recomputation issues the forward's all-gather again."""
+    result = check_training(EXAMPLES / "transformer.onnx", plans["tf4"], None, steps=2, optimizer="adamw", lr=1e-3,
+                            loss="mean", zero=zero, recompute=recompute)  # fmt: skip
+    assert result.passed, result.first_failure()
+    lines = _lines(result)
+    w = 3159040  # bytes of the transformer's weights
+    assert any(t.startswith("gradient of 'attn.q.weight'") for t in lines)
+    if zero == 0:
+        assert _counted("all_reduce on axis x (gradient)", 14, w) in lines
+    else:
+        assert not any("all_reduce on axis x (gradient)" in t for t in lines)
+        assert _counted("reduce_scatter on axis x (gradient)", 1, w) in lines
+    if zero == 3:  # the forward's own all-gather of an activation, and ZeRO-3's of the weights; again in the backward
+        assert _counted("all_gather on axis x (forward)", 2, w + 1048576) in lines
+        assert _counted("all_gather on axis x (backward)", 1, w) in lines
+    if zero == 1:
+        assert _counted("all_gather on axis x (gradient)", 1, w) in lines
+    if recompute:
+        assert _counted("all_gather on axis x (recompute)", 1, 1048576) in lines
+
+
+def _counted(what: str, count: int, nbytes: int) -> str:
+    """check's line for a collective issued as plan.json prices it."""
+    return f"collectives {what}, rank 0: issued {count} ({nbytes} bytes), plan.json prices {count} ({nbytes} bytes)"
+
+
+def test_zero_over_the_data_axis_of_a_2x2_mesh_and_not_over_the_tensor_axis(plans: dict[str, Path]) -> None:
+    """ZeRO-2 over y (the data axis: the batch is split there, the weights replicated) trains as one device;
+    over x (the tensor axis: fc1 and fc2 sharded, each rank's gradient is its own shard's) the reduce-scatter
+    sums different weights' gradients, and the check fails on a gradient."""
+    model = EXAMPLES / "mlp.onnx"
+    good = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis="y")
+    assert good.passed, good.first_failure()
+    assert any(t.startswith("collectives reduce_scatter on axis y (gradient), rank 0: issued 1") for t in _lines(good))
+    bad = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis="x")
+    failure = bad.first_failure()
+    assert failure is not None and failure.startswith("gradient of 'fc"), failure
+
+
+def test_zero_options_are_checked_before_any_rank_starts(plans: dict[str, Path]) -> None:
+    model = EXAMPLES / "mlp.onnx"
+    with pytest.raises(OptionError, match="ZeRO level: expected one of 0, 1, 2, 3, got 4"):
+        check_training(model, plans["mlp22"], None, zero=4, zero_axis="y")
+    with pytest.raises(OptionError, match="say which is the data axis"):
+        check_training(model, plans["mlp22"], None, zero=1)
+    with pytest.raises(OptionError, match="has no axis 'd'"):
+        check_training(model, plans["mlp22"], None, zero=1, zero_axis="d")

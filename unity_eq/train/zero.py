@@ -110,9 +110,9 @@ def all_gather(shard: torch.Tensor, g: AxisGroup, phase: str | None, nbytes: int
         return shard.clone()
     if phase is not None:
         g.ledger.record("all_gather", g.axis, phase, nbytes)
-    out = torch.empty(shard.numel() * g.size, dtype=shard.dtype, device=shard.device)
-    dist.all_gather_into_tensor(out, shard.contiguous(), group=g.group)
-    return out
+    pieces = [torch.empty_like(shard) for _ in range(g.size)]
+    dist.all_gather(pieces, shard.contiguous(), group=g.group)
+    return torch.cat(pieces)
 
 
 @dataclass
