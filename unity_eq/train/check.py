@@ -107,7 +107,7 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
             opt.step()
             if k == 0:  # after the step: ZeRO all-gathers the updated weights there
                 ledger = trainer.ledger.as_rows()
-        weights = [(n, r.box, w.numpy().copy()) for n, r, w in trainer.pieces("weights")]
+        weights = [(n, r.box, w.numpy().copy()) for n, r, w in trainer.pieces("weights") if w is not None]
         result = {
             "losses": losses,
             "grads": grads,

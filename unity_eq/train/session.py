@@ -278,8 +278,8 @@ class RankTrainer:
             self.module.sharded.set_full(values)
             return
         with torch.no_grad():
-            for (_, _, param), value in zip(self.shards(), values, strict=True):
-                param.copy_(value)
+            for (_, _, param), piece in zip(self.shards(), values, strict=True):
+                param.copy_(piece)
         if self.zero_optimizer is not None:
             self.zero_optimizer.sharded.set_full(values)
 

@@ -313,14 +313,16 @@ class Zero3Module(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, group: AxisGroup, recompute: bool = False) -> None:
         super().__init__()
-        names, params = zip(*module.named_parameters(), strict=True) if list(module.parameters()) else ((), ())
+        named = list(module.named_parameters())
+        params = [p for _, p in named]
         self.__dict__["inner"] = module  # not registered: its parameters are not ours to train
-        self.names: list[str] = list(names)
+        self.names: list[str] = [name for name, _ in named]
         self.sharded = ShardedParams(params, group)
         self.shards = torch.nn.ParameterList(self.sharded.shards)
         self.sharded.shards = list(self.shards)
         self.recompute = recompute
-        self.recomputing = False
+        self.recomputing = False  # the recomputation's gather is the backward's
+        self._first_run = True
         self.gathered: dict[int, torch.Tensor] = {}  # bucket -> whole buffer, during a forward
         self.regathered: dict[int, torch.Tensor] = {}  # bucket -> whole buffer, during a backward
         with torch.no_grad():
@@ -345,7 +347,8 @@ class Zero3Module(torch.nn.Module):
             for i, view in zip(bucket.indices, bucket.views(flat), strict=True):
                 values[self.names[i]] = view
         try:
-            return torch.func.functional_call(self.inner, values, inner_args)
+            inner: torch.nn.Module = self.__dict__["inner"]
+            return torch.func.functional_call(inner, values, inner_args)
         finally:
             self.gathered.clear()
 
@@ -371,12 +374,12 @@ class Zero3Module(torch.nn.Module):
     def _pack(self, t: torch.Tensor) -> Any:
         for k, flat in self.gathered.items():
             if t.device == flat.device and t.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
-                return _Saved(k, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+                return _Saved(k, tuple(t.shape), tuple(t.stride()), int(t.storage_offset()))
         return t
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if not isinstance(saved, _Saved):
-            return saved  # type: ignore[no-any-return]
+            return saved
         if saved.bucket not in self.regathered:
             bucket = self.sharded.buckets[saved.bucket]
             shard = self.shards[saved.bucket]
