@@ -56,9 +56,11 @@ def _batch(rank: int, micro: int) -> torch.Tensor:
 def _train(rank: int, world: int, how: str, level: int, steps: int, micro: int) -> dict[str, Any]:
     """``steps`` AdamW steps of ``micro`` accumulated microbatches on this rank's data, plain data parallel
     (``how="dp"``: each gradient all-reduced through the plan's replicate op) or with ZeRO ``level`` /
-    recomputation (``how="zero"``, ``"recompute"``, ``"zero+recompute"``)."""
+    recomputation (``how="zero"``, ``"recompute"``, ``"zero+recompute"``; ``"unordered"``: ZeRO with torch's
+    reduce-scatter, as on NCCL)."""
     ledger = coll.Ledger()
-    group = coll.AxisGroup("d", tuple(range(world)), rank, dist.new_group(list(range(world))), ledger)
+    ordered = "unordered" not in how  # unordered: torch's reduce-scatter (NCCL's path), not the group-order sum
+    group = coll.AxisGroup("d", tuple(range(world)), rank, dist.new_group(list(range(world))), ledger, ordered)
     net = _Net()
     recompute = "recompute" in how
     module: torch.nn.Module = net
@@ -108,7 +110,7 @@ def _spawn(world: int, runs: list[tuple[str, int]]) -> list[dict[Any, Any]]:
         return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
 
 
-RUNS = [("dp", 0), ("zero", 1), ("zero", 2), ("zero", 3), ("recompute", 0), ("zero+recompute", 3)]
+RUNS = [("dp", 0), ("zero", 1), ("zero", 2), ("zero", 3), ("recompute", 0), ("zero+recompute", 3), ("unordered", 2)]
 
 
 @pytest.fixture(scope="module", params=[2, 3])
