@@ -24,7 +24,7 @@ from unity_eq.collectives import torch_autograd as coll  # noqa: E402
 from unity_eq.errors import OptionError  # noqa: E402
 from unity_eq.train.check import TrainingCheck, check_training, free_port, init_rank  # noqa: E402
 from unity_eq.train.checkpoint import read_checkpoint, write_checkpoint  # noqa: E402
-from unity_eq.train.recompute import Recomputed  # noqa: E402
+from unity_eq.train.recompute import Recomputed, checkpointed_sequence  # noqa: E402
 from unity_eq.train.zero import Zero3Module, ZeroOptimizer, zero_collectives  # noqa: E402
 
 
@@ -269,3 +269,31 @@ def test_train_under_torchrun_with_zero_3_loads_and_saves_the_whole_model(
     assert "all_gather on axis y (backward): 1 per step" in run.stderr
     a, b = read_checkpoint(first), read_checkpoint(second)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_recomputing_segments_keeps_their_inputs_and_gives_the_same_gradients() -> None:
+    """checkpointed_sequence: each segment runs again in the backward (once), the gradients are those without
+    recomputation, and a segment's collectives would count as ``recompute`` (the ledger's relabel is on only
+    while a segment runs again)."""
+    ledger = coll.Ledger()
+    calls: list[tuple[str, str | None]] = []
+    gen = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(4, 4, generator=gen, requires_grad=True), torch.randn(4, 2, generator=gen, requires_grad=True)
+
+    def first(x: torch.Tensor) -> torch.Tensor:
+        calls.append(("first", ledger.relabel))
+        return torch.tanh(x @ w1)
+
+    def second(x: torch.Tensor) -> torch.Tensor:
+        calls.append(("second", ledger.relabel))
+        return torch.sin(x @ w2)
+
+    x = torch.randn(3, 4, generator=gen)
+    plain = second(first(x)).square().sum()
+    want = torch.autograd.grad(plain, (w1, w2))
+    calls.clear()
+    again = checkpointed_sequence([first, second], x, ledger).square().sum()
+    got = torch.autograd.grad(again, (w1, w2))
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert calls == [("first", None), ("second", None), ("second", "recompute"), ("first", "recompute")]
+    assert ledger.relabel is None
