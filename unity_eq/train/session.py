@@ -355,7 +355,8 @@ def zero_data_axis(record: ExplainRecord, zero: int, axis: str | None) -> str | 
     if axis is None:
         if len(axes) != 1:
             raise OptionError(
-                f"ZeRO-{zero}: the plan's mesh has axes {', '.join(axes)}; say which is the data axis (`zero_axis=`)."
+                f"ZeRO-{zero}: the plan's mesh has axes {', '.join(axes)}; say which is the data axis "
+                "(`--zero-axis AXIS`; in Python `zero_axis=`)."
             )
         axis = axes[0]
     if axis not in axes:
