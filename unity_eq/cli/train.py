@@ -30,6 +30,9 @@ def train(
     model: Path = typer.Option(None, "--model", help="The source ONNX model (default: plan.json's model.source)."),
     device: str = typer.Option("cpu", "--device", help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random batch used without --inputs."),
+    zero: int = typer.Option(0, "--zero", help="ZeRO level 1-3 over the data axis (0: none; docs/training.md)."),
+    zero_axis: str = typer.Option(None, "--zero-axis", help="With --zero: the mesh axis (default: the only one)."),
+    recompute: bool = typer.Option(False, "--recompute", help="Recompute the forward in the backward pass."),
 ) -> None:
     """Train with a plan, one process per rank: `torchrun --nproc_per_node N -m unity_eq train PLAN/`."""
     import os
@@ -63,10 +66,10 @@ def train(
         rank = dist.get_rank()
         plan = load_plan_dir(plan_dir, check_files=False)
         feeds = check_inputs(plan, read_npz(inputs) if inputs is not None else random_inputs(plan.input_specs, seed))
-        trainer = load_rank(plan_dir, model, device=device)
+        trainer = load_rank(plan_dir, model, device=device, zero=zero, zero_axis=zero_axis, recompute=recompute)
         if load is not None:
             trainer.load(load)
-        opt = make_optimizer(optimizer, trainer.module.parameters(), lr)
+        opt = trainer.optimizer(lambda params: make_optimizer(optimizer, params, lr))
         batch = trainer.inputs(feeds)
         times: list[float] = []
         for k in range(steps):
@@ -89,7 +92,9 @@ def train(
         if save is not None:
             written = trainer.save(save)
             if written is not None:
-                out.print(f"wrote {len(trainer.module.source_shapes)} parameter tensor(s) to {escape(str(written))}")
+                out.print(
+                    f"wrote {len(trainer.plan_module.source_shapes)} parameter tensor(s) to {escape(str(written))}"
+                )
     finally:
         dist.destroy_process_group()
 
@@ -127,6 +132,9 @@ def print_training_check(
     tolerance: float,
     seed: int,
     quiet: bool,
+    zero: int = 0,
+    zero_axis: str | None = None,
+    recompute: bool = False,
 ) -> None:
     """``check --training``: print every comparison, then raise CheckFailed on the first mismatch."""
     from unity_eq.train.check import assert_training_check, check_training
@@ -137,8 +145,9 @@ def print_training_check(
     if not quiet:
         err.print(f"[dim]… training {plan_dir} for {steps} step(s) on its ranks and {model} on one device[/dim]")
     result = check_training(
-        model, plan_dir, feeds, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance, seed=seed
-    )
+        model, plan_dir, feeds, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance, seed=seed,
+        zero=zero, zero_axis=zero_axis, recompute=recompute,
+    )  # fmt: skip
     for ok, text in result.lines:
         mark = "[green]ok[/green]" if ok else "[red]MISMATCH[/red]"
         out.print(f"{mark} {escape(text)}")

@@ -45,8 +45,13 @@ class Ledger:
 
     counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     bytes: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    #: while set, a ``forward`` collective is counted under this phase instead (``recompute``: a forward run
+    #: again by the backward, unity_eq.train.recompute)
+    relabel: str | None = None
 
     def record(self, kind: str, axis: str, phase: str, nbytes: int) -> None:
+        if self.relabel is not None and phase == FORWARD:
+            phase = self.relabel
         self.counts[(kind, axis, phase)] += 1
         self.bytes[(kind, axis, phase)] += nbytes
 

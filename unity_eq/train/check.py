@@ -57,6 +57,9 @@ class TrainJob:
     lr: float
     loss: str | None
     out_dir: str
+    zero: int = 0  # ZeRO level over ``zero_axis`` (unity_eq.train.zero)
+    zero_axis: str | None = None
+    recompute: bool = False  # the forward checkpointed (unity_eq.train.recompute)
 
 
 def make_optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
@@ -90,8 +93,8 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
         init_rank(rank, world, port)
         from unity_eq.train.session import load_rank, loss_of
 
-        trainer = load_rank(job.plan_dir, job.model)
-        opt = make_optimizer(job.optimizer, trainer.module.parameters(), job.lr)
+        trainer = load_rank(job.plan_dir, job.model, zero=job.zero, zero_axis=job.zero_axis, recompute=job.recompute)
+        opt = trainer.optimizer(lambda params: make_optimizer(job.optimizer, params, job.lr))
         feeds = trainer.inputs(job.inputs)
         losses, grads, ledger = [], [], []
         for k in range(job.steps):
@@ -100,18 +103,17 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
             loss.backward()
             losses.append(float(loss.detach()))
             if k == 0:
-                grads = [
-                    (n, r.box, p.grad.numpy().copy() if p.grad is not None else None) for n, r, p in trainer.shards()
-                ]
-                ledger = trainer.ledger.as_rows()
+                grads = [(n, r.box, g.numpy().copy() if g is not None else None) for n, r, g in trainer.pieces("grads")]
             opt.step()
-        weights = [(n, r.box, p.detach().numpy().copy()) for n, r, p in trainer.shards()]
+            if k == 0:  # after the step: ZeRO all-gathers the updated weights there
+                ledger = trainer.ledger.as_rows()
+        weights = [(n, r.box, w.numpy().copy()) for n, r, w in trainer.pieces("weights") if w is not None]
         result = {
             "losses": losses,
             "grads": grads,
             "weights": weights,
             "ledger": ledger,
-            "gradless": sorted(trainer.module.gradless),
+            "gradless": sorted(trainer.plan_module.gradless),
         }
         torch.save(result, out / f"rank{rank}.pt")
         dist.destroy_process_group()
@@ -182,16 +184,29 @@ def _local_bytes(record: ExplainRecord, tid: str) -> int:
     return int(np.prod(t.local_shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
 
 
-def predicted_collectives(record: ExplainRecord, skip: set[str] = frozenset()) -> dict[Key, list[int]]:  # type: ignore[assignment]
+def predicted_collectives(
+    record: ExplainRecord,
+    skip: set[str] = frozenset(),  # type: ignore[assignment]
+    zero: int = 0,
+    zero_axis: str | None = None,
+    recompute: bool = False,
+) -> dict[Key, list[int]]:
     """The collectives plan.json prices for one training step on every rank: (kind, axis, phase) -> [count,
     bytes per rank]. A combine is a forward all-gather, a reduce a forward all-reduce; a partition or replicate
     whose step has a communication price is a backward all-gather or all-reduce (phase ``gradient`` for a
     replicate of a tensor no model input flows into: a weight's gradient sync). ``skip``: steps whose backward
-    carries no gradient at run time (priced, not needed)."""
+    carries no gradient at run time (priced, not needed).
+
+    ``zero``: ZeRO over ``zero_axis`` replaces the weights' gradient all-reduces on that axis by its own
+    collectives on the same bytes (unity_eq.train.zero.zero_collectives, as unity_eq.stages.state prices them);
+    ``recompute``: the forward's collectives again, in phase ``recompute`` (a recomputed forward repeats them, as
+    the stage search prices it)."""
     from unity_eq.train.rank import depends_on_inputs
+    from unity_eq.train.zero import zero_collectives
 
     sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
     from_inputs = depends_on_inputs(record.steps)
+    sharded: dict[str, int] = {}  # dtype -> bytes of the weight gradients ZeRO reduce-scatters
     out: dict[Key, list[int]] = {}
 
     def add(key: Key, nbytes: int) -> None:
@@ -211,10 +226,23 @@ def predicted_collectives(record: ExplainRecord, skip: set[str] = frozenset()) -
                     add(("all_gather", axis, "backward"), _local_bytes(record, src))
             case ReplicateStepRecord(out=o, src=src, axis=axis):
                 if (step.communication_s or 0) > 0 and o not in skip:
+                    if zero and axis == zero_axis and src not in from_inputs:  # a weight's: ZeRO sums it
+                        dtype = record.tensors[src].dtype
+                        sharded[dtype] = sharded.get(dtype, 0) + _local_bytes(record, src)
+                        continue
                     phase = "backward" if src in from_inputs else "gradient"
                     add(("all_reduce", axis, phase), _local_bytes(record, src))
             case ComputeStepRecord() | InputStepRecord() | WeightStepRecord():
                 pass
+    if recompute:
+        for (kind, axis, phase), (count, nbytes) in list(out.items()):
+            if phase == "forward":
+                out[(kind, axis, "recompute")] = [count, nbytes]
+    if zero and zero_axis is not None and sizes[zero_axis] > 1:
+        for key, (count, nbytes) in zero_collectives(zero, zero_axis, list(sharded.values())).items():
+            entry = out.setdefault(key, [0, 0])
+            entry[0] += count
+            entry[1] += nbytes
     return out
 
 
@@ -295,9 +323,11 @@ def _compare_pieces(
         result.add(error <= result.tolerance, f"{what} of {name!r}: worst relative error {error:.2e} (rank {rank})")
 
 
-def _compare_collectives(result: TrainingCheck, record: ExplainRecord, ranks: Sequence[dict[str, Any]]) -> None:
+def _compare_collectives(
+    result: TrainingCheck, record: ExplainRecord, ranks: Sequence[dict[str, Any]], job: TrainJob
+) -> None:
     gradless = set(ranks[0]["gradless"])
-    predicted = predicted_collectives(record, gradless)
+    predicted = predicted_collectives(record, gradless, job.zero, job.zero_axis, job.recompute)
     for text in _priced_gradless(record, gradless):
         result.notes.append(f"plan.json prices a gradient collective where no gradient flows: {text}")
     for rank, data in enumerate(ranks):
@@ -325,23 +355,30 @@ def check_training(
     loss: str | None = None,
     tolerance: float = 1e-4,
     seed: int = 0,
+    zero: int = 0,
+    zero_axis: str | None = None,
+    recompute: bool = False,
 ) -> TrainingCheck:
-    """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring)."""
+    """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring).
+    ``zero``, ``zero_axis``, ``recompute``: the ranks train with ZeRO over that mesh axis and recomputation
+    (unity_eq.train.session.load_rank), compared with the same one-device training."""
     from unity_eq.runtime.checker import check_plan_is_of, random_inputs
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
-    from unity_eq.train.session import read_training_plan
+    from unity_eq.train.session import read_training_plan, zero_data_axis
+    from unity_eq.train.zero import check_level
 
     if steps < 1:
         raise OptionError(f"`--steps` must be at least 1, got {steps}.")
     if not Path(model).is_file():
         raise OptionError(f"{model}: model not found.")
     record = read_training_plan(plan_dir)
+    zero_axis = zero_data_axis(record, check_level(zero), zero_axis)
     plan = load_plan_dir(plan_dir, check_files=False)
     check_plan_is_of(model, plan)  # another model's plan: exit 2, as `check` says it
     feeds = check_inputs(plan, inputs if inputs is not None else random_inputs(plan.input_specs, seed))
     make_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], lr)  # the option checked before any rank
     with tempfile.TemporaryDirectory(prefix="unity-eq-train-") as tmp:
-        job = TrainJob(str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp)
+        job = TrainJob(str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp, zero, zero_axis, recompute)
         reference = reference_training(job)  # first: a model that cannot train fails before any rank starts
         ranks = spawn_ranks(len(record.mesh.ranks), job)
     result = TrainingCheck(tolerance)
@@ -354,7 +391,7 @@ def check_training(
     _compare_pieces(
         result, f"weight after {steps} {optimizer} step(s)", [r["weights"] for r in ranks], reference["weights"]
     )
-    _compare_collectives(result, record, ranks)
+    _compare_collectives(result, record, ranks, job)
     return result
 
 

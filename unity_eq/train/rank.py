@@ -131,8 +131,13 @@ class RankModule(torch.nn.Module):
         groups: Mapping[str, coll.AxisGroup],
         device: torch.device | str = "cpu",
         derived: Mapping[str, Any] | None = None,
+        unsynced: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
+        #: mesh axes whose gradient all-reduces of weights (and of tensors computed from weights alone) are left
+        #: out: ZeRO sums those gradients instead (unity_eq.train.zero), so each rank's parameter gradient is
+        #: its own replica's there
+        self.unsynced = unsynced
         self.record = record
         self.rank = rank
         self.groups = dict(groups)
@@ -223,7 +228,8 @@ class RankModule(torch.nn.Module):
             for dim, axis in chain.parts:
                 value = _op("partition")(value, self.groups[axis], {"dim": dim})
         for axis, out in chain.replicates:
-            value = self._replicate(out, value, axis, coll.GRADIENT)
+            if axis not in self.unsynced or not value.requires_grad:  # a constant's: counted in gradless
+                value = self._replicate(out, value, axis, coll.GRADIENT)
         return value
 
     def _base(self, name: str) -> tuple[torch.Tensor, Parts]:
@@ -283,6 +289,8 @@ class RankModule(torch.nn.Module):
                     if src in chains:
                         c = chains[src]
                         chains[out] = _Chain(c.name, c.parts, (*c.replicates, (axis, out)))
+                    elif src not in self.from_inputs and axis in self.unsynced and env[src].requires_grad:
+                        env[out] = env[src]  # computed from weights alone: ZeRO sums their gradients
                     else:
                         phase = coll.BACKWARD if src in self.from_inputs else coll.GRADIENT
                         env[out] = self._replicate(out, env[src], axis, phase)

@@ -10,7 +10,7 @@ the whole model in the source model's parameter names.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,8 @@ from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, WeightStepRecord, read_explain_record
 from unity_eq.train.rank import RankModule, Region
+from unity_eq.train.recompute import Recomputed
+from unity_eq.train.zero import Zero3Module, ZeroOptimizer, check_level
 
 __all__ = ["RankTrainer", "load_rank", "loss_of", "mesh_groups", "read_training_plan"]
 
@@ -171,39 +173,79 @@ def pick_device(device: str, local_rank: int) -> torch.device:
 
 @dataclass
 class RankTrainer:
-    """One rank's training state: the module (this rank's shards as parameters), its ledger of collectives."""
+    """One rank's training state: the module to call (its parameters are what this rank trains: its shards of
+    the plan's weights, or under ZeRO-3 its shards of those), the plan's :class:`RankModule` it runs, its
+    ledger of collectives, and the ZeRO level over the data axis (``zero_group``), if any."""
 
     record: ExplainRecord
     rank: int
-    module: RankModule
+    module: torch.nn.Module
     ledger: coll.Ledger
     device: torch.device
+    rank_module: RankModule | None = None  # None: ``module`` is the RankModule itself
+    zero: int = 0
+    zero_group: coll.AxisGroup | None = None
+    zero_optimizer: ZeroOptimizer | None = None  # ZeRO-1/2: made by :meth:`optimizer`
+
+    def __post_init__(self) -> None:
+        if self.rank_module is None:
+            assert isinstance(self.module, RankModule)
+            self.rank_module = self.module
+
+    @property
+    def plan_module(self) -> RankModule:
+        assert self.rank_module is not None
+        return self.rank_module
 
     @property
     def world_size(self) -> int:
         return len(self.record.mesh.ranks)
+
+    def optimizer(self, make: Callable[[Any], torch.optim.Optimizer]) -> Any:
+        """The optimizer ``make(params)`` over what this rank trains: ZeRO-1/2 wrap it in a
+        :class:`~unity_eq.train.zero.ZeroOptimizer` (it steps this rank's shard, then all-gathers the weights);
+        otherwise (ZeRO-3's module already holds shards) it is ``make(module.parameters())``."""
+        if self.zero in (1, 2):
+            assert self.zero_group is not None
+            self.zero_optimizer = ZeroOptimizer(self.module.parameters(), self.zero_group, self.zero, make)
+            return self.zero_optimizer
+        return make(self.module.parameters())
 
     def inputs(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Model inputs as tensors on this rank's device (every rank passes the whole batch)."""
         return {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for name, a in arrays.items()}
 
     def shards(self) -> list[tuple[str, Region, torch.nn.Parameter]]:
-        return self.module.named_shards()
+        return self.plan_module.named_shards()
+
+    def pieces(self, what: str = "weights") -> list[tuple[str, Region, torch.Tensor | None]]:
+        """This rank's piece of every weight it trains (or its gradient: ``what="grads"``, the one summed over
+        the plan's axes), where it lies in the source weight: under ZeRO gathered back from the data axis's
+        shards (not counted in the ledger: a diagnostic). Every rank must call it under ZeRO."""
+        shards = self.shards()
+        values: list[torch.Tensor | None]
+        if self.zero == 3:
+            assert isinstance(self.module, Zero3Module)
+            values = list(self.module.full_weights() if what == "weights" else self.module.full_gradients())
+        elif what == "grads" and self.zero_optimizer is not None:
+            values = list(self.zero_optimizer.full_gradients())
+        else:
+            values = [p.detach() if what == "weights" else p.grad for _, _, p in shards]
+        return [(name, region, value) for (name, region, _), value in zip(shards, values, strict=True)]
 
     def gather_full(self, what: str = "weights") -> dict[str, np.ndarray] | None:
         """The whole model's weights (or gradients: ``what="grads"``) in the source names, assembled from every
         rank's shards; returned on rank 0 (None elsewhere). Every rank must call it."""
         mine = []
-        for name, region, param in self.shards():
-            value = param.detach() if what == "weights" else param.grad
+        for name, region, value in self.pieces(what):
             if value is None:
-                value = torch.zeros_like(param)
+                value = torch.zeros(tuple(n for _, n in region.box))
             mine.append((name, region.box, value.cpu().numpy()))
         pieces: list[Any] = [None] * self.world_size
         dist.all_gather_object(pieces, mine)
         if self.rank != 0:
             return None
-        return assemble(pieces, self.module.source_shapes)
+        return assemble(pieces, self.plan_module.source_shapes)
 
     def save(self, path: str | Path) -> Path | None:
         """Write the whole model's weights in the source names (safetensors when installed, else torch's
@@ -220,18 +262,26 @@ class RankTrainer:
         from unity_eq.train.checkpoint import read_checkpoint
 
         full = read_checkpoint(Path(path))
-        for name, region, param in self.shards():
+        values = []
+        for name, region, _ in self.shards():
             if name not in full:
                 raise OptionError(f"`--load` {path}: has no parameter {name!r}, which the plan trains.")
             value = full[name]
-            expected = self.module.source_shapes[name]
+            expected = self.plan_module.source_shapes[name]
             if tuple(value.shape) != expected:
                 raise OptionError(
                     f"`--load` {path}: parameter {name!r} has shape {list(value.shape)}, the model's is "
                     f"{list(expected)}. Load a checkpoint of this model."
                 )
-            with torch.no_grad():
-                param.copy_(torch.from_numpy(np.ascontiguousarray(value[region.index()])))
+            values.append(torch.from_numpy(np.ascontiguousarray(value[region.index()])).to(self.device))
+        if isinstance(self.module, Zero3Module):
+            self.module.sharded.set_full(values)
+            return
+        with torch.no_grad():
+            for (_, _, param), piece in zip(self.shards(), values, strict=True):
+                param.copy_(piece)
+        if self.zero_optimizer is not None:
+            self.zero_optimizer.sharded.set_full(values)
 
 
 def assemble(pieces: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
@@ -252,10 +302,16 @@ def load_rank(
     device: str = "cpu",
     rank: int | None = None,
     ordered_sum: bool | None = None,
+    zero: int = 0,
+    zero_axis: str | None = None,
+    recompute: bool = False,
 ) -> RankTrainer:
     """This process's rank of ``plan_dir`` (torch.distributed must be initialized, with the plan's number of
     ranks). ``model``: the source ONNX model whose weights start training (default: plan.json's
-    ``model.source``)."""
+    ``model.source``). ``zero``: ZeRO level 1-3 over the mesh axis ``zero_axis`` (the data axis; default the
+    mesh's only axis), in place of the plan's gradient all-reduces of the weights on that axis;
+    ``recompute``: the forward checkpointed (its activations recomputed in the backward). Both are what a
+    pipeline plan chooses per stage; on an SPMD plan they are set by the caller (docs/training.md)."""
     if not dist.is_initialized():
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
@@ -266,6 +322,7 @@ def load_rank(
             f"world size: {dist.get_world_size()} processes were started, the plan in {plan_dir} has {world} ranks. "
             f"Run `torchrun --nproc_per_node {world} -m unity_eq train {plan_dir}`."
         )
+    axis = zero_data_axis(record, check_level(zero), zero_axis)
     rank = dist.get_rank() if rank is None else rank
     source = Path(model) if model is not None else Path(record.model.source)
     if not source.is_file():
@@ -278,5 +335,30 @@ def load_rank(
     torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
     groups = make_groups(record, rank, ledger, ordered)
-    module = RankModule(record, rank, weights, trainable, groups, torch_device, derived)
-    return RankTrainer(record, rank, module, ledger, torch_device)
+    unsynced = frozenset({axis} if axis else ())
+    plan_module = RankModule(record, rank, weights, trainable, groups, torch_device, derived, unsynced)
+    group = groups.get(axis) if axis else None
+    module: torch.nn.Module = plan_module
+    if zero == 3:
+        assert group is not None
+        module = Zero3Module(plan_module, group, recompute)
+    elif recompute:
+        module = Recomputed(plan_module, ledger)
+    return RankTrainer(record, rank, module, ledger, torch_device, plan_module, zero, group)
+
+
+def zero_data_axis(record: ExplainRecord, zero: int, axis: str | None) -> str | None:
+    """The mesh axis ZeRO shards over (None without ZeRO): ``axis``, or the mesh's only axis."""
+    if zero == 0:
+        return None
+    axes = list(record.mesh.axes)
+    if axis is None:
+        if len(axes) != 1:
+            raise OptionError(
+                f"ZeRO-{zero}: the plan's mesh has axes {', '.join(axes)}; say which is the data axis "
+                "(`--zero-axis AXIS`; in Python `zero_axis=`)."
+            )
+        axis = axes[0]
+    if axis not in axes:
+        raise OptionError(f"ZeRO-{zero}: the plan's mesh has no axis {axis!r} (its axes: {', '.join(axes)}).")
+    return axis
