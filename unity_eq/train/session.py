@@ -26,14 +26,12 @@ from unity_eq.train.rank import RankModule, Region
 
 __all__ = ["RankTrainer", "load_rank", "loss_of", "mesh_groups", "read_training_plan"]
 
-PIPELINE_REFUSAL = (
-    "pipeline training is not built yet: `train` and `check --training` run SPMD plans (one plan directory, "
-    "no stages). Re-run `unity-eq optimize --objective training` with `--mesh` to get an SPMD plan."
-)
 
 
 def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
-    """plan.json of an SPMD plan directory, checked as ``run`` checks it; a pipeline plan is refused."""
+    """plan.json of an SPMD plan directory, checked as ``run`` checks it. A pipeline plan (callers ask
+    ``is_pipeline_dir`` first and train it with unity_eq.train.pipeline) is refused: a plan-only or damaged one
+    with its own error."""
     import json
 
     from unity_eq.runtime.plandir import load_plan_dir
@@ -44,7 +42,10 @@ def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
     except (OSError, ValueError, AttributeError):
         kind = None  # load_plan_dir says what is wrong with the directory
     if kind == "pipeline":
-        raise PlanError(f"{root}: {PIPELINE_REFUSAL}")
+        from unity_eq.runtime.pipeline import load_pipeline_dir
+
+        load_pipeline_dir(root)  # a plan-only or damaged pipeline plan: the error `run` gives
+        raise PlanError(f"{root}: a pipeline plan, not an SPMD plan: unity_eq.train.pipeline trains it.")
     load_plan_dir(root, check_files=False)  # the checks `run` makes: a plan directory, not plan-only, collectives
     return read_explain_record(root / "plan.json")
 
@@ -72,9 +73,12 @@ def make_groups(record: ExplainRecord, rank: int, ledger: coll.Ledger, ordered_s
     return out
 
 
-def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
+def source_weights(
+    model: str | Path, record: ExplainRecord, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
     """The source model's weights as the plan names them (the frontend's initializers at the plan's input
-    shapes), the names that are trainable (unity_eq.train.reference.trainable_names) and the weights the
+    shapes, or at ``shapes``: a pipeline stage's plan has the stage's inputs, the model's are stage 0's), the
+    names that are trainable (unity_eq.train.reference.trainable_names) and the weights the
     frontend folded from trainable ones (a ``Transpose(W)`` it made an initializer ``Wt``): those the ranks
     compute again from the parameters (:class:`Derivation`), so their gradients reach the source weights."""
     import onnx
@@ -83,8 +87,9 @@ def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, 
     from unity_eq.train.reference import trainable_names
     from unity_eq.weightfile import value_of
 
-    shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
-    graph = load_onnx(model, shapes)
+    if shapes is None:
+        shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
+    graph = load_onnx(model, dict(shapes))
     proto = onnx.load(str(model))
     trainable = trainable_names(proto)
     weights = {name: value_of(v) for name, v in graph.initializers.items()}
@@ -190,6 +195,13 @@ class RankTrainer:
     def shards(self) -> list[tuple[str, Region, torch.nn.Parameter]]:
         return self.module.named_shards()
 
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], how: str | None) -> torch.Tensor:
+        """One step's forward and backward on the whole batch (the plan's collectives run in both); returns the
+        loss. A pipeline rank runs its schedule here instead (unity_eq.train.pipeline.PipelineTrainer)."""
+        loss = loss_of(self.module(batch), how)
+        loss.backward()
+        return loss.detach()
+
     def gather_full(self, what: str = "weights") -> dict[str, np.ndarray] | None:
         """The whole model's weights (or gradients: ``what="grads"``) in the source names, assembled from every
         rank's shards; returned on rank 0 (None elsewhere). Every rank must call it."""
@@ -252,13 +264,21 @@ def load_rank(
     device: str = "cpu",
     rank: int | None = None,
     ordered_sum: bool | None = None,
+    loss: str | None = None,
 ) -> RankTrainer:
     """This process's rank of ``plan_dir`` (torch.distributed must be initialized, with the plan's number of
     ranks). ``model``: the source ONNX model whose weights start training (default: plan.json's
-    ``model.source``)."""
+    ``model.source``). A pipeline plan gives a :class:`~unity_eq.train.pipeline.PipelineTrainer`, whose
+    microbatch losses ``loss`` (``sum``/``mean``, as for :func:`loss_of`) decides how to scale."""
     if not dist.is_initialized():
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
+    from unity_eq.runtime.pipeline import is_pipeline_dir
+
+    if is_pipeline_dir(plan_dir):
+        from unity_eq.train.pipeline import load_pipeline_rank
+
+        return load_pipeline_rank(plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss)
     record = read_training_plan(plan_dir)
     world = len(record.mesh.ranks)
     if dist.get_world_size() != world:
