@@ -112,6 +112,7 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
             "ledger": ledger,
             "gradless": sorted(trainer.module.gradless),
             "predicted": _rank_prediction(trainer),
+            "notes": _priced_gradless(trainer.record, trainer.module.gradless),
         }
         torch.save(result, out / f"rank{rank}.pt")
         dist.destroy_process_group()
@@ -343,6 +344,8 @@ def _compare_collectives(
         predicted = predicted_collectives(record, gradless)
         for text in _priced_gradless(record, gradless):
             result.notes.append(f"plan.json prices a gradient collective where no gradient flows: {text}")
+    for text in dict.fromkeys(t for data in ranks if data.get("predicted") is not None for t in data["notes"]):
+        result.notes.append(f"plan.json prices a gradient collective where no gradient flows: {text}")
     for rank, data in enumerate(ranks):
         if data.get("predicted") is not None:
             predicted = data["predicted"]
