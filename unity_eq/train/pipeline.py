@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 DATA_AXIS = "data"  # the ledger's name of the replicas' axis (a stage plan's mesh axes are its tensor group's)
+STAGES_AXIS = "stages"  # the ledger's name of the sum of a weight's gradients over the stages that train it
 PIPELINE_AXIS = "pipeline"  # the ledger's name of the point-to-point sends between stages
 GRAD_TAG = 1 << 20  # tags: an activation is sent with its microbatch, its gradient with GRAD_TAG + microbatch
 SIDE_TAG = 1 << 21  # a side tensor with SIDE_TAG + microbatch · (side tensors) + its index in stage 0's list
@@ -166,6 +167,7 @@ class PipelineTrainer(RankTrainer):
     scale: float = 1.0
     stage_records: list[ExplainRecord] = field(default_factory=list)
     data_group: coll.AxisGroup | None = None
+    shared: list[_Shared] = field(default_factory=list)
     pending: list[Any] = field(default_factory=list)
 
     @property
@@ -274,14 +276,19 @@ class PipelineTrainer(RankTrainer):
 
     def sync_gradients(self) -> None:
         """After the last microbatch: the stage plan's deferred weight-gradient all-reduces, then the sum over
-        the replicas (ZeRO-0)."""
+        the replicas (ZeRO-0), then the sum over the stages of a weight several of them train."""
         self.module.sync_deferred()
-        if self.data_group is None or self.data_group.size == 1:
-            return
-        for param in self.module.param_list:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            param.grad.copy_(coll.all_reduce_gradient(param.grad, self.data_group))
+        if self.data_group is not None and self.data_group.size > 1:
+            for param in self.module.param_list:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                param.grad.copy_(coll.all_reduce_gradient(param.grad, self.data_group))
+        for shared in self.shared:
+            param = self.module.param_list[shared.index]
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            full = torch.zeros(shared.shape, dtype=grad.dtype, device=grad.device)
+            full[shared.region.index()] = torch.where(shared.own.to(grad.device), grad, torch.zeros_like(grad))
+            param.grad = coll.all_reduce_gradient(full, shared.group)[shared.region.index()].contiguous()
 
     # --- whole-model views ------------------------------------------------------------------------------------------
     def gather_full(self, what: str = "weights") -> dict[str, np.ndarray] | None:
@@ -326,20 +333,59 @@ def _make_groups(
     return mine, data
 
 
-def _refuse_shared_weights(plan: PipelinePlan, stage: int, names: Sequence[str]) -> None:
-    """A weight trained by two stages (a tied embedding read by the first and the last) needs its gradients
-    summed across the stages, which neither the plan prices nor this backend does yet: one error on every rank
-    (every rank sees every rank's names)."""
+@dataclass
+class _Shared:
+    """A weight that several stages train (a tied embedding; the dynamo exporter's one initializer for equal
+    LayerNorm biases): its gradient is summed over the ranks of this replica that hold it, every stage's
+    contribution once (``own``: the elements of this rank's piece that no lower tensor rank of its stage
+    contributes), after the stages' own syncs."""
+
+    name: str
+    index: int  # the parameter's index in the module
+    region: Region
+    shape: tuple[int, ...]
+    own: torch.Tensor  # bool, the piece's shape
+    group: coll.AxisGroup
+
+
+def _shared_weights(
+    plan: PipelinePlan, module: RankModule, place: tuple[int, int, int], rank: int, ledger: coll.Ledger, ordered: bool
+) -> list[_Shared]:
+    """Every weight held by more than one stage, and this rank's part in summing its gradient. Every rank sees
+    every rank's pieces and creates every group, in the same order."""
     held: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(held, (stage, list(names)))
-    owner: dict[str, int] = {}
-    for s, stage_names in held:
-        for name in stage_names:
-            if owner.setdefault(name, s) != s:
-                raise PlanError(
-                    f"{plan.path}: weight {name!r} is trained by stages {owner[name]} and {s} (a tied weight): "
-                    "pipeline training does not sum a weight's gradients across stages yet."
-                )
+    mine = [(name, region.box, module.source_shapes[name]) for name, region, _ in module.named_shards()]
+    dist.all_gather_object(held, (rank, *place, mine))
+    holders: dict[str, list[tuple[int, int, int, int, tuple[tuple[int, int], ...]]]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for g, stage, replica, tensor, pieces in held:
+        for name, box, shape in pieces:
+            holders.setdefault(name, []).append((stage, tensor, replica, g, tuple(box)))
+            shapes[name] = tuple(shape)
+    out: list[_Shared] = []
+    index = {name: k for k, name in enumerate(module.param_names)}
+    for name in sorted(holders):
+        if len({h[0] for h in holders[name]}) < 2:
+            continue
+        for r in range(plan.replicas):
+            members = sorted(h for h in holders[name] if h[2] == r)
+            ranks = tuple(sorted(h[3] for h in members))
+            group = dist.new_group(list(ranks))
+            if rank not in ranks:
+                continue
+            covered: dict[int, np.ndarray] = {}
+            own = None
+            for stage, _, _, g, box in members:  # by stage, then tensor rank
+                seen = covered.setdefault(stage, np.zeros(shapes[name], bool))
+                where = tuple(slice(a, a + n) for a, n in box)
+                if g == rank:
+                    own = torch.from_numpy(~seen[where])
+                seen[where] = True
+            assert own is not None
+            region = Region(next(h[4] for h in members if h[3] == rank))
+            axis = coll.AxisGroup(STAGES_AXIS, ranks, ranks.index(rank), group, ledger, ordered)
+            out.append(_Shared(name, index[name], region, shapes[name], own, axis))
+    return out
 
 
 def load_pipeline_rank(
@@ -379,10 +425,10 @@ def load_pipeline_rank(
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
     groups, data = _make_groups(plan, records, rank, ledger, ordered)
     module = RankModule(record, tensor, weights, trainable, groups, torch_device, derived, defer_weight_sync=True)
-    _refuse_shared_weights(plan, stage, module.param_names)
+    shared = _shared_weights(plan, module, (stage, replica, tensor), rank, ledger, ordered)
     scale = microbatch_scale(source, loss, plan.replicas * plan.microbatches)
     return PipelineTrainer(
-        record, rank, module, ledger, torch_device, plan, stage, replica, tensor, scale, records, data
+        record, rank, module, ledger, torch_device, plan, stage, replica, tensor, scale, records, data, shared
     )
 
 
@@ -438,12 +484,15 @@ def predicted_pipeline(
     gradless: set[str],
     deferred: Mapping[str, str],
     params: Sequence[tuple[str, int]],
+    shared: Sequence[tuple[str, int]] = (),
 ) -> dict[Key, list[int]]:
     """What one step on a rank of ``stage`` issues, as plan.json prices it: the stage plan's collectives
     (:func:`~unity_eq.train.check.predicted_collectives`) once per microbatch, except its weight-gradient
     all-reduces (``deferred``: replicate step → axis), once per step; the data-axis all-reduce of every
     parameter (``params``: name, bytes; plan.json prices its time, ``sync_s``, not a count) with more than one
-    replica; the point-to-point traffic (:func:`predicted_p2p`)."""
+    replica; the sum over the stages of each weight several stages train (``shared``: name, bytes of the whole
+    weight; plan.json does not price it: ``check --training`` notes it); the point-to-point traffic
+    (:func:`predicted_p2p`)."""
     from unity_eq.train.check import predicted_collectives
 
     record = records[stage]
@@ -462,6 +511,10 @@ def predicted_pipeline(
             entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])
             entry[0] += 1
             entry[1] += nbytes
+    for _, nbytes in shared:
+        entry = out.setdefault(("all_reduce", STAGES_AXIS, "gradient"), [0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
     for key, value in predicted_p2p(plan, records, stage).items():
         out[key] = value
     return out

@@ -260,7 +260,10 @@ class RankModule(torch.nn.Module):
         if name in self._consts:
             return self._consts[name], ()
         derivation = self.derived[name]
-        env: dict[str, torch.Tensor] = {}
+        env: dict[str, torch.Tensor] = {
+            i: torch.zeros(shape, dtype=getattr(torch, dtype)) for i, shape, dtype in derivation.placeholders
+        }
+        env.update({i: torch.tensor(np.array(value)) for i, value in derivation.constants})
         for source in derivation.sources:
             value, own = self._base(source)
             assert own == (), "a folded weight's sources are held whole"

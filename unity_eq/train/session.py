@@ -94,7 +94,7 @@ def source_weights(
     trainable = trainable_names(proto)
     weights = {name: value_of(v) for name, v in graph.initializers.items()}
     loaded = {s.name for s in record.steps if isinstance(s, WeightStepRecord)}
-    derived = derivations(proto, loaded - {t.name for t in proto.graph.initializer}, trainable)
+    derived = derivations(proto, loaded - {t.name for t in proto.graph.initializer}, trainable, shapes)
     for d in derived.values():
         for name in d.sources:
             if name not in weights:  # pruned by the frontend: only the fold read it
@@ -106,15 +106,29 @@ def source_weights(
 @dataclass(frozen=True)
 class Derivation:
     """How the source ONNX graph computes a tensor the frontend folded into an initializer: its nodes (op,
-    domain, inputs, outputs, attrs) in order, from the trainable initializers ``sources``."""
+    domain, inputs, outputs, attrs) in order, from the trainable initializers ``sources``. ``placeholders``: the
+    model inputs its nodes read, (name, shape, numpy dtype): only through their shapes (the frontend could fold
+    the tensor only because its value does not depend on theirs; BERT's token-type embedding gathered at the
+    ids' shape), so zeros of the planned shape stand in for them."""
 
     nodes: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, Any]], ...]
     sources: tuple[str, ...]
+    placeholders: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    #: the initializers its nodes read that are not trainable (an index, a shape), with their values
+    constants: tuple[tuple[str, Any], ...] = ()
 
 
-def derivations(model: Any, names: set[str], trainable: set[str]) -> dict[str, Derivation]:
-    """For each of ``names`` (folded initializers) that a trainable initializer flows into, its subgraph."""
+def derivations(
+    model: Any, names: set[str], trainable: set[str], shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, Derivation]:
+    """For each of ``names`` (folded initializers) that a trainable initializer flows into, its subgraph
+    (``shapes``: the model inputs' planned shapes, for the placeholders of those it reads)."""
+    import onnx
+
     from unity_eq.train.reference import node_attrs
+
+    graph_inputs = {i.name: i for i in model.graph.input}
+    initializers = {t.name: t for t in model.graph.initializer}
 
     producer = {out: node for node in model.graph.node for out in node.output}
     out: dict[str, Derivation] = {}
@@ -139,7 +153,15 @@ def derivations(model: Any, names: set[str], trainable: set[str]) -> dict[str, D
         if sources:
             order = [n for n in model.graph.node if n in needed]
             nodes = tuple((n.op_type, n.domain, tuple(n.input), tuple(n.output), node_attrs(n)) for n in order)
-            out[name] = Derivation(nodes, tuple(sorted(sources)))
+            read = sorted({i for n in order for i in n.input if i in graph_inputs and i not in trainable})
+            placeholders = tuple(
+                (i, tuple(int(d) for d in (shapes or {})[i]),
+                 np.dtype(onnx.helper.tensor_dtype_to_np_dtype(graph_inputs[i].type.tensor_type.elem_type)).name)
+                for i in read
+            )  # fmt: skip
+            fixed = sorted({i for n in order for i in n.input if i in initializers and i not in trainable})
+            constants = tuple((i, onnx.numpy_helper.to_array(initializers[i])) for i in fixed)
+            out[name] = Derivation(nodes, tuple(sorted(sources)), placeholders, constants)
     return out
 
 
