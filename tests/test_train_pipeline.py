@@ -98,7 +98,8 @@ def test_schedule_order_runs_each_microbatch_once_and_holds_what_the_cost_model_
     and at most ``in_flight`` microbatches held at once: the memory the stage search priced."""
     for stage in range(stages):
         order = schedule_order(schedule, stage, stages, microbatches)
-        assert sorted(order) == sorted([("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)])
+        every = [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
+        assert sorted(order) == sorted(every)
         assert [i for what, i in order if what == "B"] == list(range(microbatches))
         held, peak = 0, 0
         for what, i in order:
@@ -141,9 +142,7 @@ def test_a_dropped_gradient_all_reduce_in_a_stage_fails(plans: dict[str, Path], 
     plan = tmp_path / "plan"
     shutil.copytree(plans["1f1b_t2"], plan)
     stage1 = json.loads((plan / "stage1" / "plan.json").read_text())
-    index = next(
-        i for i, s in enumerate(stage1["steps"]) if s["kind"] == "replicate" and s["src"] == "ffn.down.weight"
-    )
+    index = next(i for i, s in enumerate(stage1["steps"]) if s["kind"] == "replicate" and s["src"] == "ffn.down.weight")
     stage1["steps"][index] = {"kind": "weight", "out": stage1["steps"][index]["out"], "name": "ffn.down.weight"}
     (plan / "stage1" / "plan.json").write_text(json.dumps(stage1))
     stage0 = json.loads((plan / "stage0" / "plan.json").read_text())
@@ -197,3 +196,35 @@ def test_train_runs_a_pipeline_plan_under_torchrun(plans: dict[str, Path], tmp_p
     errors = [line for line in wrong.stderr.splitlines() if line.startswith("error:")]
     assert wrong.returncode != 0 and len(errors) == 1
     assert errors[0].startswith("error: world size: torchrun started 1 processes, the plan")
+
+
+def test_bert_with_its_attention_mask_trains_in_two_stages(tmp_path: Path) -> None:
+    """A transformers BERT (2 layers, random weights) exported with ``attention_mask`` and a dynamic batch: stage
+    0 sends the extended mask to stage 1 per microbatch (rows padded differently, so a mask of the wrong
+    microbatch changes the gradients); the exporter's one initializer for equal LayerNorm weights is trained by
+    both stages, its gradient summed over them; the token-type embedding the frontend folded (a Gather at the
+    ids' shape) is computed again from its parameter. The step-1 loss is a sum of LayerNorm outputs that cancels
+    to rounding noise, so the tolerance is the default 1e-4 (the gradients match to about 1e-6)."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    from model_zoo import export_masked_transformer, masked_inputs
+
+    model = export_masked_transformer("bert", tmp_path / "bert.onnx")
+    plan = tmp_path / "plan"
+    made = run_cli("optimize", str(model), "--devices", "2", "--pipeline", "--objective", "training", "--batch", "4",
+                   "--stages", "2", "--tensor", "1", "--microbatches", "2", "-o", str(plan), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    stages = json.loads((plan / "plan.json").read_text())["stages"]
+    assert stages[0]["side_sends"] and stages[1]["side_receives"] == stages[0]["side_sends"]
+    np.savez(tmp_path / "batch.npz", **masked_inputs(4))
+    result = run_cli("check", str(model), str(plan), "--training", "--loss", "sum", "--steps", "2",
+                     "--inputs", str(tmp_path / "batch.npz"))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("embeddings.word_embeddings.weight", "embeddings.token_type_embeddings.weight",
+                 "embeddings.LayerNorm.weight", "pooler.dense.weight"):  # fmt: skip
+        assert f"ok gradient of {name!r}" in result.stdout
+    assert "ok collectives send on axis pipeline (side), rank 0: issued 2" in result.stdout
+    assert "weight 'embeddings.LayerNorm.weight' is trained by several stages" in result.stderr
+    for line in result.stdout.splitlines():
+        if line.startswith("ok gradient"):
+            assert float(line.split("error ")[1].split()[0]) < 1e-5, line

@@ -356,9 +356,7 @@ def _compare_pieces(
         result.add(error <= result.tolerance, f"{what} of {name!r}: worst relative error {error:.2e} (rank {rank})")
 
 
-def _compare_collectives(
-    result: TrainingCheck, record: ExplainRecord | None, ranks: Sequence[dict[str, Any]]
-) -> None:
+def _compare_collectives(result: TrainingCheck, record: ExplainRecord | None, ranks: Sequence[dict[str, Any]]) -> None:
     """Every rank's ledger against plan.json's prediction (an SPMD plan's from ``record``; a pipeline rank
     predicts its own, from its stage's plan and the pipeline's plan.json)."""
     predicted: dict[Key, list[int]] = {}

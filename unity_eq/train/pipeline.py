@@ -247,8 +247,8 @@ class PipelineTrainer(RankTrainer):
             if flight.sent.requires_grad:
                 torch.autograd.backward([flight.sent], [grad])
         if flight.received is not None and flight.received.requires_grad:
-            grad = flight.received.grad
-            self._send(grad if grad is not None else torch.zeros_like(flight.received),
+            back = flight.received.grad
+            self._send(back if back is not None else torch.zeros_like(flight.received),
                        self.place(self.stage - 1), GRAD_TAG + i, "backward")  # fmt: skip
 
     # --- a step ---------------------------------------------------------------------------------------------------
@@ -500,12 +500,13 @@ def predicted_pipeline(
     out = {k: [c * m, b * m] for k, (c, b) in predicted_collectives(record, gradless | set(deferred)).items()}
     sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
     for step in record.steps:
-        if isinstance(step, ReplicateStepRecord) and step.out in deferred and (step.communication_s or 0) > 0:
-            if sizes[step.axis] > 1:
-                t = record.tensors[step.src]
-                entry = out.setdefault(("all_reduce", step.axis, "gradient"), [0, 0])
-                entry[0] += 1
-                entry[1] += _nbytes(t.local_shape, t.dtype)
+        if not isinstance(step, ReplicateStepRecord) or not (step.communication_s or 0) > 0:
+            continue
+        if step.out in deferred and sizes[step.axis] > 1:
+            t = record.tensors[step.src]
+            entry = out.setdefault(("all_reduce", step.axis, "gradient"), [0, 0])
+            entry[0] += 1
+            entry[1] += _nbytes(t.local_shape, t.dtype)
     if plan.replicas > 1:
         for _, nbytes in params:
             entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])

@@ -27,7 +27,6 @@ from unity_eq.train.rank import RankModule, Region
 __all__ = ["RankTrainer", "load_rank", "loss_of", "mesh_groups", "read_training_plan"]
 
 
-
 def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
     """plan.json of an SPMD plan directory, checked as ``run`` checks it. A pipeline plan (callers ask
     ``is_pipeline_dir`` first and train it with unity_eq.train.pipeline) is refused: a plan-only or damaged one
