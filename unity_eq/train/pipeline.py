@@ -258,7 +258,7 @@ class PipelineTrainer(RankTrainer):
         accumulate into the parameters' ``.grad``: zero them before, step the optimizer after."""
         chosen = self.plan.record.chosen
         flights: dict[int, _Flight] = {}
-        mine = torch.zeros((), dtype=torch.float64)
+        mine = torch.zeros((), dtype=torch.float64, device=self.device)  # NCCL reduces device tensors only
         for what, i in schedule_order(chosen.schedule, self.stage, chosen.stages, chosen.microbatches):
             if what == "F":
                 flights[i] = self._forward(batch, i, how)
@@ -272,7 +272,7 @@ class PipelineTrainer(RankTrainer):
         self.pending.clear()
         self.sync_gradients()
         dist.all_reduce(mine)  # the loss to every rank (not a collective of the plan: not in the ledger)
-        return mine.to(torch.float32)
+        return mine.to(torch.float32).cpu()
 
     def sync_gradients(self) -> None:
         """After the last microbatch: the stage plan's deferred weight-gradient all-reduces, then the sum over

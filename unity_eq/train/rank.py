@@ -143,6 +143,7 @@ class RankModule(torch.nn.Module):
         super().__init__()
         self.record = record
         self.rank = rank
+        self.device = torch.device(device)
         self.groups = dict(groups)
         self.coords = tuple(record.mesh.ranks[rank].coords)
         self.axes, self.sizes = tuple(record.mesh.axes), tuple(record.mesh.sizes)
@@ -261,9 +262,10 @@ class RankModule(torch.nn.Module):
             return self._consts[name], ()
         derivation = self.derived[name]
         env: dict[str, torch.Tensor] = {
-            i: torch.zeros(shape, dtype=getattr(torch, dtype)) for i, shape, dtype in derivation.placeholders
+            i: torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device)
+            for i, shape, dtype in derivation.placeholders
         }
-        env.update({i: torch.tensor(np.array(value)) for i, value in derivation.constants})
+        env.update({i: torch.tensor(np.array(value), device=self.device) for i, value in derivation.constants})
         for source in derivation.sources:
             value, own = self._base(source)
             assert own == (), "a folded weight's sources are held whole"
