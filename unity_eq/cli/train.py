@@ -17,7 +17,7 @@ __all__ = ["print_training_check", "train"]
 
 
 def train(
-    plan_dir: Path = typer.Argument(..., help="An SPMD plan directory written by `unity-eq optimize`."),
+    plan_dir: Path = typer.Argument(..., help="A plan directory written by `unity-eq optimize` (SPMD or pipeline)."),
     steps: int = typer.Option(10, "--steps", help="Optimizer steps to run."),
     inputs: Path = typer.Option(
         None, "--inputs", "-i", help=".npz batch, one array per model input (default: random)."
@@ -41,20 +41,17 @@ def train(
     import torch.distributed as dist
 
     from unity_eq.runtime.checker import random_inputs
-    from unity_eq.runtime.plandir import check_inputs, load_plan_dir
+    from unity_eq.runtime.plandir import check_inputs
     from unity_eq.train.check import make_optimizer
-    from unity_eq.train.session import load_rank, loss_of, read_training_plan
 
     if steps < 1:
         raise OptionError(f"`--steps` must be at least 1, got {steps}.")
+    plan, world, predicted = _read_plan(plan_dir)  # before the process group: a wrong world is one line, not a hang
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        world = len(read_training_plan(plan_dir).mesh.ranks)
         raise OptionError(
             f"`train` runs one process per rank under torchrun: `torchrun --nproc_per_node {world} -m unity_eq train "
             f"{plan_dir}`. (`unity-eq check MODEL {plan_dir} --training` starts the ranks itself.)"
         )
-    record = read_training_plan(plan_dir)  # before the process group: a wrong world is one line, not a hang
-    world = len(record.mesh.ranks)
     if int(os.environ["WORLD_SIZE"]) != world:
         raise OptionError(
             f"world size: torchrun started {os.environ['WORLD_SIZE']} processes, the plan in {plan_dir} has {world} "
@@ -63,10 +60,13 @@ def train(
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
+        from unity_eq.train.session import load_rank
+
         rank = dist.get_rank()
-        plan = load_plan_dir(plan_dir, check_files=False)
         feeds = check_inputs(plan, read_npz(inputs) if inputs is not None else random_inputs(plan.input_specs, seed))
-        trainer = load_rank(plan_dir, model, device=device, zero=zero, zero_axis=zero_axis, recompute=recompute)
+        trainer = load_rank(
+            plan_dir, model, device=device, zero=zero, zero_axis=zero_axis, recompute=recompute, loss=loss
+        )
         if load is not None:
             trainer.load(load)
         opt = trainer.optimizer(lambda params: make_optimizer(optimizer, params, lr))
@@ -75,8 +75,7 @@ def train(
         for k in range(steps):
             start = time.perf_counter()
             opt.zero_grad()
-            value = loss_of(trainer.module(batch), loss)
-            value.backward()
+            value = trainer.forward_backward(batch, loss)
             opt.step()
             if trainer.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -88,24 +87,39 @@ def train(
                 )
         if rank == 0:
             _say_collectives(trainer.ledger.as_rows(), steps)
-            _say_predicted(record, times)
+            _say_predicted(predicted, times)
         if save is not None:
             written = trainer.save(save)
             if written is not None:
-                out.print(
-                    f"wrote {len(trainer.plan_module.source_shapes)} parameter tensor(s) to {escape(str(written))}"
-                )
+                out.print(f"wrote the whole model's parameters to {escape(str(written))}")
     finally:
         dist.destroy_process_group()
 
 
-def _say_predicted(record: Any, times: list[float]) -> None:
-    """The measured step beside plan.json's prediction (for the plan's machine: on a CPU a sanity figure only)."""
-    predicted = record.training_search.step_s if record.training_search is not None else None
-    if predicted is None and record.cost is not None:
-        predicted = record.cost.total_s
-    measured = sorted(times)[len(times) // 2]
+def _read_plan(plan_dir: Path) -> tuple[Any, int, tuple[float | None, str]]:
+    """The plan's inputs (a PlanDir: a pipeline's ``whole``), its number of ranks, and its predicted step
+    (seconds, machine)."""
+    from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
+    from unity_eq.runtime.plandir import load_plan_dir
+    from unity_eq.train.pipeline import refuse_unbuilt, world_size
+    from unity_eq.train.session import read_training_plan
+
+    if is_pipeline_dir(plan_dir):
+        pipeline = load_pipeline_dir(plan_dir)
+        refuse_unbuilt(pipeline)
+        return pipeline.whole, world_size(pipeline), (pipeline.record.chosen.step_s, pipeline.record.machine)
+    record = read_training_plan(plan_dir)
+    step = record.training_search.step_s if record.training_search is not None else None
+    if step is None and record.cost is not None:
+        step = record.cost.total_s
     machine = record.machine.name if record.machine is not None else "its machine"
+    return load_plan_dir(plan_dir, check_files=False), len(record.mesh.ranks), (step, machine)
+
+
+def _say_predicted(prediction: tuple[float | None, str], times: list[float]) -> None:
+    """The measured step beside plan.json's prediction (for the plan's machine: on a CPU a sanity figure only)."""
+    predicted, machine = prediction
+    measured = sorted(times)[len(times) // 2]
     said = f"{predicted * 1e3:.3g} ms on {machine}" if predicted is not None else "not recorded"
     err.print(
         f"[dim]… step time: measured {measured * 1e3:.1f} ms (median); plan.json predicts {escape(said)} "

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["AxisGroup", "Ledger", "all_gather", "all_reduce", "partition", "replicate"]
+__all__ = ["AxisGroup", "Ledger", "all_gather", "all_reduce", "all_reduce_gradient", "partition", "replicate"]
 
 FORWARD, BACKWARD, GRADIENT = "forward", "backward", "gradient"
 
@@ -180,6 +180,12 @@ def replicate(x: torch.Tensor, g: AxisGroup, phase: str) -> torch.Tensor:
     if not x.requires_grad:
         return x
     return _Replicate.apply(x, g, phase)
+
+
+def all_reduce_gradient(grad: torch.Tensor, g: AxisGroup) -> torch.Tensor:
+    """A weight's accumulated gradient summed over ``g`` outside autograd (phase ``gradient``): the sync after a
+    pipeline stage's last microbatch, once per step."""
+    return _sum(grad, g, GRADIENT)
 
 
 def gather_object_pieces(x: torch.Tensor, ranks: Sequence[int], group: Any) -> list[torch.Tensor]:

@@ -111,11 +111,15 @@ class _Uses:
     """How this rank reads each source weight: the distinct partition chains it reads."""
 
     parts: dict[str, list[Parts]] = field(default_factory=dict)
+    #: every distinct (partitions, replicate axes) a weight is read with: its gradient all-reduces can wait for
+    #: the last microbatch only when there is one
+    reads: dict[str, set[tuple[Parts, tuple[str, ...]]]] = field(default_factory=dict)
 
     def add(self, chain: _Chain) -> None:
         seen = self.parts.setdefault(chain.name, [])
         if chain.parts not in seen:
             seen.append(chain.parts)
+        self.reads.setdefault(chain.name, set()).add((chain.parts, tuple(axis for axis, _ in chain.replicates)))
 
 
 class RankModule(torch.nn.Module):
@@ -132,7 +136,11 @@ class RankModule(torch.nn.Module):
         device: torch.device | str = "cpu",
         derived: Mapping[str, Any] | None = None,
         unsynced: frozenset[str] = frozenset(),
+        defer_weight_sync: bool = False,
     ) -> None:
+        """``defer_weight_sync``: a parameter read one way only has its gradient all-reduces (its chain's
+        replicate steps) left out of autograd and issued by :meth:`sync_deferred` on the accumulated gradient,
+        once per step (a pipeline stage's microbatches, as the stage search prices them)."""
         super().__init__()
         #: mesh axes whose gradient all-reduces of weights (and of tensors computed from weights alone) are left
         #: out: ZeRO sums those gradients instead (unity_eq.train.zero), so each rank's parameter gradient is
@@ -140,6 +148,7 @@ class RankModule(torch.nn.Module):
         self.unsynced = unsynced
         self.record = record
         self.rank = rank
+        self.device = torch.device(device)
         self.groups = dict(groups)
         self.coords = tuple(record.mesh.ranks[rank].coords)
         self.axes, self.sizes = tuple(record.mesh.axes), tuple(record.mesh.sizes)
@@ -151,6 +160,9 @@ class RankModule(torch.nn.Module):
         self.gradless: set[str] = set()  # parallel steps whose backward issued nothing: no gradient flows there
         self.derived = {name: d for name, d in (derived or {}).items()}
         uses = self._uses()
+        self.deferred: dict[str, str] = {}  # replicate step out -> its mesh axis, issued by sync_deferred
+        self._deferred_axes: dict[int, list[str]] = {}  # parameter index -> the axes its gradient is summed over
+        self._defer = {name for name, reads in uses.reads.items() if defer_weight_sync and len(reads) == 1}
         for name in list(uses.parts):  # a folded weight is made from its sources, which it reads whole
             if name in self.derived:
                 for source in self.derived[name].sources:
@@ -227,10 +239,24 @@ class RankModule(torch.nn.Module):
         if chain.parts != own:
             for dim, axis in chain.parts:
                 value = _op("partition")(value, self.groups[axis], {"dim": dim})
+        if chain.name in self._defer and chain.name in self._param_index and chain.replicates:
+            index = self._param_index[chain.name]
+            self._deferred_axes[index] = [axis for axis, _ in chain.replicates]
+            self.deferred.update({out: axis for axis, out in chain.replicates})
+            return value
         for axis, out in chain.replicates:
             if axis not in self.unsynced or not value.requires_grad:  # a constant's: counted in gradless
                 value = self._replicate(out, value, axis, coll.GRADIENT)
         return value
+
+    def sync_deferred(self) -> None:
+        """The deferred gradient all-reduces (``defer_weight_sync``), on the gradients accumulated so far."""
+        for index, axes in sorted(self._deferred_axes.items()):
+            param = self.param_list[index]
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            for axis in axes:
+                param.grad.copy_(coll.all_reduce_gradient(param.grad, self.groups[axis]))
 
     def _base(self, name: str) -> tuple[torch.Tensor, Parts]:
         """A source weight as this rank holds it (its parameter and the chunk it is, or a constant), or a
@@ -241,7 +267,11 @@ class RankModule(torch.nn.Module):
         if name in self._consts:
             return self._consts[name], ()
         derivation = self.derived[name]
-        env: dict[str, torch.Tensor] = {}
+        env: dict[str, torch.Tensor] = {
+            i: torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device)
+            for i, shape, dtype in derivation.placeholders
+        }
+        env.update({i: torch.tensor(np.array(value), device=self.device) for i, value in derivation.constants})
         for source in derivation.sources:
             value, own = self._base(source)
             assert own == (), "a folded weight's sources are held whole"

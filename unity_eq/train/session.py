@@ -28,14 +28,11 @@ from unity_eq.train.zero import Zero3Module, ZeroOptimizer, check_level
 
 __all__ = ["RankTrainer", "load_rank", "loss_of", "mesh_groups", "read_training_plan"]
 
-PIPELINE_REFUSAL = (
-    "pipeline training is not built yet: `train` and `check --training` run SPMD plans (one plan directory, "
-    "no stages). Re-run `unity-eq optimize --objective training` with `--mesh` to get an SPMD plan."
-)
-
 
 def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
-    """plan.json of an SPMD plan directory, checked as ``run`` checks it; a pipeline plan is refused."""
+    """plan.json of an SPMD plan directory, checked as ``run`` checks it. A pipeline plan (callers ask
+    ``is_pipeline_dir`` first and train it with unity_eq.train.pipeline) is refused: a plan-only or damaged one
+    with its own error."""
     import json
 
     from unity_eq.runtime.plandir import load_plan_dir
@@ -46,7 +43,10 @@ def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
     except (OSError, ValueError, AttributeError):
         kind = None  # load_plan_dir says what is wrong with the directory
     if kind == "pipeline":
-        raise PlanError(f"{root}: {PIPELINE_REFUSAL}")
+        from unity_eq.runtime.pipeline import load_pipeline_dir
+
+        load_pipeline_dir(root)  # a plan-only or damaged pipeline plan: the error `run` gives
+        raise PlanError(f"{root}: a pipeline plan, not an SPMD plan: unity_eq.train.pipeline trains it.")
     load_plan_dir(root, check_files=False)  # the checks `run` makes: a plan directory, not plan-only, collectives
     return read_explain_record(root / "plan.json")
 
@@ -74,9 +74,12 @@ def make_groups(record: ExplainRecord, rank: int, ledger: coll.Ledger, ordered_s
     return out
 
 
-def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
+def source_weights(
+    model: str | Path, record: ExplainRecord, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
     """The source model's weights as the plan names them (the frontend's initializers at the plan's input
-    shapes), the names that are trainable (unity_eq.train.reference.trainable_names) and the weights the
+    shapes, or at ``shapes``: a pipeline stage's plan has the stage's inputs, the model's are stage 0's), the
+    names that are trainable (unity_eq.train.reference.trainable_names) and the weights the
     frontend folded from trainable ones (a ``Transpose(W)`` it made an initializer ``Wt``): those the ranks
     compute again from the parameters (:class:`Derivation`), so their gradients reach the source weights."""
     import onnx
@@ -85,13 +88,14 @@ def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, 
     from unity_eq.train.reference import trainable_names
     from unity_eq.weightfile import value_of
 
-    shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
-    graph = load_onnx(model, shapes)
+    if shapes is None:
+        shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
+    graph = load_onnx(model, dict(shapes))
     proto = onnx.load(str(model))
     trainable = trainable_names(proto)
     weights = {name: value_of(v) for name, v in graph.initializers.items()}
     loaded = {s.name for s in record.steps if isinstance(s, WeightStepRecord)}
-    derived = derivations(proto, loaded - {t.name for t in proto.graph.initializer}, trainable)
+    derived = derivations(proto, loaded - {t.name for t in proto.graph.initializer}, trainable, shapes)
     for d in derived.values():
         for name in d.sources:
             if name not in weights:  # pruned by the frontend: only the fold read it
@@ -103,15 +107,29 @@ def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, 
 @dataclass(frozen=True)
 class Derivation:
     """How the source ONNX graph computes a tensor the frontend folded into an initializer: its nodes (op,
-    domain, inputs, outputs, attrs) in order, from the trainable initializers ``sources``."""
+    domain, inputs, outputs, attrs) in order, from the trainable initializers ``sources``. ``placeholders``: the
+    model inputs its nodes read, (name, shape, numpy dtype): only through their shapes (the frontend could fold
+    the tensor only because its value does not depend on theirs; BERT's token-type embedding gathered at the
+    ids' shape), so zeros of the planned shape stand in for them."""
 
     nodes: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, Any]], ...]
     sources: tuple[str, ...]
+    placeholders: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    #: the initializers its nodes read that are not trainable (an index, a shape), with their values
+    constants: tuple[tuple[str, Any], ...] = ()
 
 
-def derivations(model: Any, names: set[str], trainable: set[str]) -> dict[str, Derivation]:
-    """For each of ``names`` (folded initializers) that a trainable initializer flows into, its subgraph."""
+def derivations(
+    model: Any, names: set[str], trainable: set[str], shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, Derivation]:
+    """For each of ``names`` (folded initializers) that a trainable initializer flows into, its subgraph
+    (``shapes``: the model inputs' planned shapes, for the placeholders of those it reads)."""
+    import onnx
+
     from unity_eq.train.reference import node_attrs
+
+    graph_inputs = {i.name: i for i in model.graph.input}
+    initializers = {t.name: t for t in model.graph.initializer}
 
     producer = {out: node for node in model.graph.node for out in node.output}
     out: dict[str, Derivation] = {}
@@ -136,7 +154,15 @@ def derivations(model: Any, names: set[str], trainable: set[str]) -> dict[str, D
         if sources:
             order = [n for n in model.graph.node if n in needed]
             nodes = tuple((n.op_type, n.domain, tuple(n.input), tuple(n.output), node_attrs(n)) for n in order)
-            out[name] = Derivation(nodes, tuple(sorted(sources)))
+            read = sorted({i for n in order for i in n.input if i in graph_inputs and i not in trainable})
+            placeholders = tuple(
+                (i, tuple(int(d) for d in (shapes or {})[i]),
+                 np.dtype(onnx.helper.tensor_dtype_to_np_dtype(graph_inputs[i].type.tensor_type.elem_type)).name)
+                for i in read
+            )  # fmt: skip
+            fixed = sorted({i for n in order for i in n.input if i in initializers and i not in trainable})
+            constants = tuple((i, onnx.numpy_helper.to_array(initializers[i])) for i in fixed)
+            out[name] = Derivation(nodes, tuple(sorted(sources)), placeholders, constants)
     return out
 
 
@@ -233,6 +259,13 @@ class RankTrainer:
             values = [p.detach() if what == "weights" else p.grad for _, _, p in shards]
         return [(name, region, value) for (name, region, _), value in zip(shards, values, strict=True)]
 
+    def forward_backward(self, batch: Mapping[str, torch.Tensor], how: str | None) -> torch.Tensor:
+        """One step's forward and backward on the whole batch (the plan's collectives run in both); returns the
+        loss. A pipeline rank runs its schedule here instead (unity_eq.train.pipeline.PipelineTrainer)."""
+        loss = loss_of(self.module(batch), how)
+        loss.backward()
+        return loss.detach()
+
     def gather_full(self, what: str = "weights") -> dict[str, np.ndarray] | None:
         """The whole model's weights (or gradients: ``what="grads"``) in the source names, assembled from every
         rank's shards; returned on rank 0 (None elsewhere). Every rank must call it."""
@@ -305,16 +338,30 @@ def load_rank(
     zero: int = 0,
     zero_axis: str | None = None,
     recompute: bool = False,
+    loss: str | None = None,
 ) -> RankTrainer:
     """This process's rank of ``plan_dir`` (torch.distributed must be initialized, with the plan's number of
     ranks). ``model``: the source ONNX model whose weights start training (default: plan.json's
     ``model.source``). ``zero``: ZeRO level 1-3 over the mesh axis ``zero_axis`` (the data axis; default the
     mesh's only axis), in place of the plan's gradient all-reduces of the weights on that axis;
-    ``recompute``: the forward checkpointed (its activations recomputed in the backward). Both are what a
-    pipeline plan chooses per stage; on an SPMD plan they are set by the caller (docs/training.md)."""
+    ``recompute``: the forward checkpointed (its activations recomputed in the backward). On an SPMD plan both
+    are set by the caller (docs/training.md); a pipeline plan carries its own choice (plan.json ``chosen``).
+    A pipeline plan gives a :class:`~unity_eq.train.pipeline.PipelineTrainer`, whose microbatch losses
+    ``loss`` (``sum``/``mean``, as for :func:`loss_of`) decides how to scale."""
     if not dist.is_initialized():
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
+    from unity_eq.runtime.pipeline import is_pipeline_dir
+
+    if is_pipeline_dir(plan_dir):
+        from unity_eq.train.pipeline import load_pipeline_rank
+
+        if zero or recompute:
+            raise OptionError(
+                f"{plan_dir} is a pipeline plan: its ZeRO level and recomputation are plan.json's choice "
+                "(`chosen.zero`, `chosen.recompute`); `--zero`/`--recompute` apply to SPMD plans only."
+            )
+        return load_pipeline_rank(plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss)
     record = read_training_plan(plan_dir)
     world = len(record.mesh.ranks)
     if dist.get_world_size() != world:

@@ -1,0 +1,230 @@
+"""Training pipeline plans (unity_eq.train.pipeline): the bundled transformer cut into 2 stages, its microbatches
+run in the plan's schedule on gloo ranks, checked against one-device training (loss, every gradient, the
+weights after SGD steps within 1e-5; the collectives and point-to-point sends against plan.json), a plan with
+a dropped gradient all-reduce failing, the schedules' order, and `train` under torchrun.
+
+The transformer's batch is static (8), so each microbatch is 8 samples and a batch of 16 or 32 is 2 or 4 of
+them; the one-device reference runs it in passes of 8 whose gradients accumulate (the whole batch's
+gradient for a mean loss)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import EXAMPLES, run_cli  # noqa: E402
+
+from unity_eq.stages.schedule import in_flight  # noqa: E402
+from unity_eq.train.pipeline import schedule_order  # noqa: E402
+
+MODEL = EXAMPLES / "transformer.onnx"
+TOLERANCE = "1e-5"
+
+
+def _lower(table, graph_at, machine, config, out: Path) -> Path:  # type: ignore[no-untyped-def]
+    """``config`` priced and lowered as ``optimize --pipeline`` lowers the search's choice."""
+    from unity_eq.cost import OBJECTIVES
+    from unity_eq.lower.pipeline import lower_pipeline
+    from unity_eq.split import split_graph
+    from unity_eq.stages.record import pipeline_record
+    from unity_eq.stages.search import StageSearch, evaluate
+
+    training = OBJECTIVES["training"]
+    batch = config.data * config.microbatches * config.microbatch
+    best = evaluate(config, table, machine, training, batch)
+    assert best is not None, config
+    record = pipeline_record(StageSearch(best, None, 1, 1), table, graph_at(8), machine, training, batch, 0.0, (8,))
+    split = split_graph(graph_at(8))
+    assert split is not None
+    lower_pipeline(record, best, split, machine, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """On 4 devices: 2 stages × 2 replicas (GPipe, ZeRO-0; and ZeRO-1), 2 stages × tensor groups of 2 (1F1B),
+    2 microbatches each; and the search's own choice on 2 devices for a batch of 16 (1F1B, 1 replica)."""
+    from unity_eq.cost import OBJECTIVES
+    from unity_eq.machine import default_machine
+    from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
+    from unity_eq.search.meshes import device_groups
+    from unity_eq.stages.pieces import price_pieces
+    from unity_eq.stages.run import graph_at_batch
+    from unity_eq.stages.search import StageConfig
+
+    out = tmp_path_factory.mktemp("pipeline-train")
+    machine = default_machine(4)
+    graph_at = graph_at_batch(MODEL, None, 32).graph_at
+    rules = load_rule_files(default_rule_files(False))
+    table = price_pieces(graph_at, (8,), [1, 2], machine, OBJECTIVES["training"], rules, groups=device_groups(machine))
+    made = {}
+    for name, config in {
+        "gpipe_d2": StageConfig(stages=2, data=2, tensor=1, microbatch=8, microbatches=2, schedule="gpipe"),
+        "zero1_d2": StageConfig(stages=2, data=2, tensor=1, microbatch=8, microbatches=2, zero=1),
+        "1f1b_t2": StageConfig(stages=2, data=1, tensor=2, microbatch=8, microbatches=2, schedule="1f1b"),
+    }.items():
+        made[name] = _lower(table, graph_at, machine, config, out / name)
+    searched = out / "searched"
+    result = run_cli("optimize", str(MODEL), "--devices", "2", "--pipeline", "--objective", "training",
+                     "--batch", "16", "--stages", "2", "--tensor", "1", "--microbatches", "2", "-o", str(searched),
+                     "-q")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    made["searched"] = searched
+    return made
+
+
+def _chosen(plan: Path) -> dict:
+    return json.loads((plan / "plan.json").read_text())["chosen"]
+
+
+def _check(plan: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("check", str(MODEL), str(plan), "--training", "--loss", "mean", "--tolerance", TOLERANCE, *extra)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,microbatches", [(2, 2), (2, 5), (3, 4), (4, 2)])
+def test_schedule_order_runs_each_microbatch_once_and_holds_what_the_cost_model_says(
+    schedule: str, stages: int, microbatches: int
+) -> None:
+    """Every microbatch's forward before its backward, backwards in microbatch order (the next stage's order),
+    and at most ``in_flight`` microbatches held at once: the memory the stage search priced."""
+    for stage in range(stages):
+        order = schedule_order(schedule, stage, stages, microbatches)
+        every = [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
+        assert sorted(order) == sorted(every)
+        assert [i for what, i in order if what == "B"] == list(range(microbatches))
+        held, peak = 0, 0
+        for what, i in order:
+            assert what == "F" or ("F", i) in order[: order.index((what, i))]
+            held += 1 if what == "F" else -1
+            peak = max(peak, held)
+        assert peak == in_flight(schedule, stage, stages, microbatches, True)
+
+
+def test_the_searched_1f1b_plan_trains_like_one_device(plans: dict[str, Path]) -> None:
+    """`optimize --pipeline`'s own plan: 2 stages on 2 ranks, 2 microbatches of 8, 1F1B."""
+    chosen = _chosen(plans["searched"])
+    assert (chosen["stages"], chosen["data"], chosen["microbatches"], chosen["schedule"]) == (2, 1, 2, "1f1b")
+    result = _check(plans["searched"], "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok gradient of 'attn.q.weight': worst relative error" in result.stdout  # stage 0's
+    assert "ok gradient of 'ffn.down.weight': worst relative error" in result.stdout  # stage 1's
+    assert "ok weight after 2 sgd step(s) of 'ln2.scale'" in result.stdout
+    # the residual stream [8, 128, 256] float32 (1 MiB) goes forward and its gradient back, per microbatch
+    assert "ok collectives send on axis pipeline (forward), rank 0: issued 2 (2097152 bytes)" in result.stdout
+    assert "ok collectives send on axis pipeline (backward), rank 1: issued 2 (2097152 bytes)" in result.stdout
+
+
+def test_gpipe_with_two_replicas_per_stage_trains_like_one_device(plans: dict[str, Path]) -> None:
+    """4 ranks: each stage's 2 replicas sum their gradients once per step (axis data), after 2 microbatches each
+    of a batch of 32."""
+    assert _chosen(plans["gpipe_d2"])["schedule"] == "gpipe"
+    result = _check(plans["gpipe_d2"], "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(4):
+        assert f"ok collectives all_reduce on axis data (gradient), rank {rank}: issued" in result.stdout
+    assert "(rank 3)" in result.stdout  # replica 1 of the last stage compared too
+
+
+def test_a_dropped_gradient_all_reduce_in_a_stage_fails(plans: dict[str, Path], tmp_path: Path) -> None:
+    """Tensor groups of 2 (each stage's plan splits its microbatch over them): stage 1's ffn.down.weight loses
+    its gradient all-reduce, so each rank steps on half the microbatch's gradient; and stage 0's plan.json
+    stops pricing attn.q.weight's all-reduce, which the ranks still issue (once per step, after the last
+    microbatch): the gradients there match, the count does not. Stage 0's other weights still match."""
+    plan = tmp_path / "plan"
+    shutil.copytree(plans["1f1b_t2"], plan)
+    stage1 = json.loads((plan / "stage1" / "plan.json").read_text())
+    index = next(i for i, s in enumerate(stage1["steps"]) if s["kind"] == "replicate" and s["src"] == "ffn.down.weight")
+    stage1["steps"][index] = {"kind": "weight", "out": stage1["steps"][index]["out"], "name": "ffn.down.weight"}
+    (plan / "stage1" / "plan.json").write_text(json.dumps(stage1))
+    stage0 = json.loads((plan / "stage0" / "plan.json").read_text())
+    step = next(s for s in stage0["steps"] if s["kind"] == "replicate" and s["src"] == "attn.q.weight")
+    step["communication_s"] = 0.0
+    (plan / "stage0" / "plan.json").write_text(json.dumps(stage0))
+    result = _check(plan, "--steps", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "error: training does not match one device" in result.stderr
+    assert "MISMATCH gradient of 'ffn.down.weight'" in result.stdout
+    assert "ok gradient of 'attn.q.weight'" in result.stdout
+    assert "ok loss of step 1" in result.stdout  # the forward is the same
+    # 10 weight-gradient all-reduces on stage 0 (q, k, v, o weights and biases, ln1's two) priced, 9 now
+    lines = [line for line in result.stdout.splitlines() if "all_reduce on axis x (gradient), rank 0" in line]
+    assert len(lines) == 1 and lines[0].startswith("MISMATCH"), result.stdout
+
+
+def test_unbuilt_zero_is_refused_in_one_line_before_any_rank_starts(plans: dict[str, Path]) -> None:
+    result = _check(plans["zero1_d2"])
+    assert result.returncode == 2, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "ZeRO-1 over its 2 replicas" in errors[0] and "Traceback" not in result.stderr
+
+
+def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "unity_eq", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
+
+
+def test_train_runs_a_pipeline_plan_under_torchrun(plans: dict[str, Path], tmp_path: Path) -> None:
+    """The first step's loss is the one-device loss of the same seeded batch (`train`'s default inputs); the
+    checkpoint gathers both stages' weights under the source names."""
+    ckpt = tmp_path / "tf.pt"
+    result = _torchrun(2, "train", str(plans["searched"]), "--steps", "2", "--loss", "mean", "--save", str(ckpt))
+    assert result.returncode == 0, result.stdout + result.stderr
+    losses = [float(line.split("loss ")[1].split(",")[0]) for line in result.stdout.splitlines() if "loss" in line]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    from unity_eq.runtime.checker import random_inputs
+    from unity_eq.runtime.pipeline import load_pipeline_dir
+    from unity_eq.train.reference import OnnxModule
+
+    x = torch.from_numpy(random_inputs(load_pipeline_dir(plans["searched"]).whole.input_specs, 0)["X"])
+    with torch.no_grad():  # the mean over the batch of 16: the mean of its two halves' means
+        expected = float(sum(OnnxModule(MODEL)({"X": half})["Y"].mean() for half in (x[:8], x[8:])) / 2)
+    assert losses[0] == pytest.approx(expected, rel=1e-5)
+    saved = torch.load(ckpt, weights_only=True)
+    assert {"attn.q.weight", "ffn.down.weight", "ln1.scale", "ln2.scale"} <= set(saved)
+    assert list(saved["ffn.up.weight"].shape) == [256, 1024]
+    wrong = _torchrun(1, "train", str(plans["searched"]), "--steps", "1", "--loss", "mean")
+    errors = [line for line in wrong.stderr.splitlines() if line.startswith("error:")]
+    assert wrong.returncode != 0 and len(errors) == 1
+    assert errors[0].startswith("error: world size: torchrun started 1 processes, the plan")
+
+
+def test_bert_with_its_attention_mask_trains_in_two_stages(tmp_path: Path) -> None:
+    """A transformers BERT (2 layers, random weights) exported with ``attention_mask`` and a dynamic batch: stage
+    0 sends the extended mask to stage 1 per microbatch (rows padded differently, so a mask of the wrong
+    microbatch changes the gradients); the exporter's one initializer for equal LayerNorm weights is trained by
+    both stages, its gradient summed over them; the token-type embedding the frontend folded (a Gather at the
+    ids' shape) is computed again from its parameter. The step-1 loss is a sum of LayerNorm outputs that cancels
+    to rounding noise, so the tolerance is the default 1e-4 (the gradients match to about 1e-6)."""
+    pytest.importorskip("transformers")
+    import numpy as np
+    from model_zoo import export_masked_transformer, masked_inputs
+
+    model = export_masked_transformer("bert", tmp_path / "bert.onnx")
+    plan = tmp_path / "plan"
+    made = run_cli("optimize", str(model), "--devices", "2", "--pipeline", "--objective", "training", "--batch", "4",
+                   "--stages", "2", "--tensor", "1", "--microbatches", "2", "-o", str(plan), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    stages = json.loads((plan / "plan.json").read_text())["stages"]
+    assert stages[0]["side_sends"] and stages[1]["side_receives"] == stages[0]["side_sends"]
+    np.savez(tmp_path / "batch.npz", **masked_inputs(4))
+    result = run_cli("check", str(model), str(plan), "--training", "--loss", "sum", "--steps", "2",
+                     "--inputs", str(tmp_path / "batch.npz"))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("embeddings.word_embeddings.weight", "embeddings.token_type_embeddings.weight",
+                 "embeddings.LayerNorm.weight", "pooler.dense.weight"):  # fmt: skip
+        assert f"ok gradient of {name!r}" in result.stdout
+    assert "ok collectives send on axis pipeline (side), rank 0: issued 2" in result.stdout
+    assert "weight 'embeddings.LayerNorm.weight' is trained by several stages" in result.stderr
+    for line in result.stdout.splitlines():
+        if line.startswith("ok gradient"):
+            assert float(line.split("error ")[1].split()[0]) < 1e-5, line
