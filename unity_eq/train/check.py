@@ -134,7 +134,7 @@ def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
 
     if not isinstance(trainer, PipelineTrainer):
         return None
-    module = trainer.module
+    module = trainer.plan_module
     params = [(n, p.numel() * p.element_size()) for n, p in zip(module.param_names, module.param_list, strict=True)]
     shared = [(s.name, int(np.prod(s.shape)) * module.param_list[s.index].element_size()) for s in trainer.shared]
     return predicted_pipeline(
@@ -151,7 +151,7 @@ def _rank_notes(trainer: Any) -> list[str]:
         return []
     notes = [
         f"plan.json prices a gradient collective where no gradient flows: {text}"
-        for text in _priced_gradless(trainer.record, trainer.module.gradless)
+        for text in _priced_gradless(trainer.record, trainer.plan_module.gradless)
     ]
     return notes + [
         f"weight {s.name!r} is trained by several stages: its gradients are summed over them (an all-reduce on "

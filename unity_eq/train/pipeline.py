@@ -277,14 +277,14 @@ class PipelineTrainer(RankTrainer):
     def sync_gradients(self) -> None:
         """After the last microbatch: the stage plan's deferred weight-gradient all-reduces, then the sum over
         the replicas (ZeRO-0), then the sum over the stages of a weight several of them train."""
-        self.module.sync_deferred()
+        self.plan_module.sync_deferred()
         if self.data_group is not None and self.data_group.size > 1:
-            for param in self.module.param_list:
+            for param in self.plan_module.param_list:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
                 param.grad.copy_(coll.all_reduce_gradient(param.grad, self.data_group))
         for shared in self.shared:
-            param = self.module.param_list[shared.index]
+            param = self.plan_module.param_list[shared.index]
             grad = param.grad if param.grad is not None else torch.zeros_like(param)
             full = torch.zeros(shared.shape, dtype=grad.dtype, device=grad.device)
             full[shared.region.index()] = torch.where(shared.own.to(grad.device), grad, torch.zeros_like(grad))
@@ -298,7 +298,7 @@ class PipelineTrainer(RankTrainer):
             value = param.detach() if what == "weights" else param.grad
             if value is None:
                 value = torch.zeros_like(param)
-            mine.append((name, region.box, value.cpu().numpy(), self.module.source_shapes[name]))
+            mine.append((name, region.box, value.cpu().numpy(), self.plan_module.source_shapes[name]))
         pieces: list[Any] = [None] * self.world_size
         dist.all_gather_object(pieces, mine)
         if self.rank != 0:
@@ -307,7 +307,7 @@ class PipelineTrainer(RankTrainer):
         return assemble([[p[:3] for p in rank_pieces] for rank_pieces in pieces], shapes)
 
     def shards(self) -> list[tuple[str, Region, torch.nn.Parameter]]:
-        return self.module.named_shards()
+        return self.plan_module.named_shards()
 
 
 def _make_groups(
