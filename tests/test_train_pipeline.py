@@ -68,7 +68,10 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made = {}
     for name, config in {
         "gpipe_d2": StageConfig(stages=2, data=2, tensor=1, microbatch=8, microbatches=2, schedule="gpipe"),
-        "zero1_d2": StageConfig(stages=2, data=2, tensor=1, microbatch=8, microbatches=2, zero=1),
+        "zero1_d2": StageConfig(
+            stages=2, data=2, tensor=1, microbatch=8, microbatches=2, zero=1, recompute="full", schedule="gpipe"
+        ),
+        "zero2_d2": StageConfig(stages=2, data=2, tensor=1, microbatch=8, microbatches=2, zero=2),
         "1f1b_t2": StageConfig(stages=2, data=1, tensor=2, microbatch=8, microbatches=2, schedule="1f1b"),
     }.items():
         made[name] = _lower(table, graph_at, machine, config, out / name)
@@ -160,11 +163,26 @@ def test_a_dropped_gradient_all_reduce_in_a_stage_fails(plans: dict[str, Path], 
     assert len(lines) == 1 and lines[0].startswith("MISMATCH"), result.stdout
 
 
-def test_unbuilt_zero_is_refused_in_one_line_before_any_rank_starts(plans: dict[str, Path]) -> None:
-    result = _check(plans["zero1_d2"])
+def test_zero1_with_recomputation_trains_like_one_device(plans: dict[str, Path]) -> None:
+    """The plan's own choice: ZeRO-1 over each stage's 2 replicas (one reduce-scatter and one all-gather of the
+    stage's weights per step on axis data, in place of an all-reduce per weight) and every stage recomputing
+    its forward (its collectives and its compute again in the backward)."""
+    chosen = _chosen(plans["zero1_d2"])
+    assert (chosen["zero"], chosen["recompute"], chosen["data"]) == (1, "full", 2)
+    result = _check(plans["zero1_d2"], "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(4):
+        assert f"ok collectives reduce_scatter on axis data (gradient), rank {rank}: issued 1" in result.stdout
+        assert f"ok collectives all_gather on axis data (gradient), rank {rank}: issued 1" in result.stdout
+    assert "all_reduce on axis data" not in result.stdout
+    assert "ok weight after 2 sgd step(s) of 'ffn.down.weight'" in result.stdout
+
+
+def test_unbuilt_zero2_is_refused_in_one_line_before_any_rank_starts(plans: dict[str, Path]) -> None:
+    result = _check(plans["zero2_d2"])
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "ZeRO-1 over its 2 replicas" in errors[0] and "Traceback" not in result.stderr
+    assert len(errors) == 1 and "ZeRO-2 over its 2 replicas" in errors[0] and "Traceback" not in result.stderr
 
 
 def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:

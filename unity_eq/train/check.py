@@ -137,8 +137,19 @@ def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
     module = trainer.plan_module
     params = [(n, p.numel() * p.element_size()) for n, p in zip(module.param_names, module.param_list, strict=True)]
     shared = [(s.name, int(np.prod(s.shape)) * module.param_list[s.index].element_size()) for s in trainer.shared]
+    dtype_bytes: dict[torch.dtype, int] = {}
+    for p in module.param_list:
+        dtype_bytes[p.dtype] = dtype_bytes.get(p.dtype, 0) + p.numel() * p.element_size()
     return predicted_pipeline(
-        trainer.plan, trainer.stage_records, trainer.stage, set(module.gradless), module.deferred, params, shared
+        trainer.plan,
+        trainer.stage_records,
+        trainer.stage,
+        set(module.gradless),
+        module.deferred,
+        params,
+        shared,
+        trainer.zero,
+        list(dtype_bytes.values()),
     )
 
 

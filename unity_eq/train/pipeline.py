@@ -44,6 +44,7 @@ from unity_eq.errors import OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, ReplicateStepRecord, read_explain_record
 from unity_eq.runtime.pipeline import PipelinePlan, load_pipeline_dir
 from unity_eq.train.rank import RankModule, Region
+from unity_eq.train.recompute import Recomputed
 from unity_eq.train.session import RankTrainer, assemble, mesh_groups, pick_device, source_weights
 
 __all__ = [
@@ -82,23 +83,30 @@ def place_of(plan: PipelinePlan, rank: int) -> tuple[int, int, int]:
 
 
 def refuse_unbuilt(plan: PipelinePlan) -> None:
-    """The hook for what the torch backend does not run yet: ZeRO 1-3 over the data axis (with more than one
-    replica; one replica has nothing to shard) and recomputation. One PlanError naming it, before any process
-    group exists. When unity_eq.train.zero / unity_eq.train.recompute land, this is where a stage hands its
-    optimizer state and its forward to them."""
+    """What the torch backend does not run yet for a pipeline plan: ZeRO 2 and 3 over the replicas (ZeRO-2
+    reduce-scatters each microbatch's gradients before the stage's deferred weight-gradient all-reduces could
+    run on them; ZeRO-3 would wrap a module whose weights those all-reduces read). One PlanError naming it,
+    before any process group exists. ZeRO-1 (:func:`zero_level`) and recomputation (:func:`recomputes`) run."""
     chosen = plan.record.chosen
-    if chosen.zero > 0 and chosen.data > 1:
+    if chosen.zero > 1 and chosen.data > 1:
         raise PlanError(
-            f"{plan.path}: the plan shards optimizer state with ZeRO-{chosen.zero} over its {chosen.data} replicas, "
-            "which pipeline training in the torch backend does not run yet (ZeRO-0 and one replica do)."
+            f"{plan.path}: the plan shards gradients with ZeRO-{chosen.zero} over its {chosen.data} replicas, "
+            "which pipeline training in the torch backend does not run yet (ZeRO-0 and ZeRO-1 do). Re-plan with "
+            "`--zero 1` or `--zero 0`, or train it as an SPMD plan."
         )
-    redo = [stage.index for stage in plan.record.stages if stage.recomputes]
-    if redo or (chosen.recompute == "full"):
-        shown = ", ".join(map(str, redo)) or "every stage"
-        raise PlanError(
-            f"{plan.path}: the plan recomputes activations (stage(s) {shown}), which pipeline training in the "
-            "torch backend does not run yet (plans with recompute none do)."
-        )
+
+
+def zero_level(plan: PipelinePlan) -> int:
+    """The ZeRO level a stage's replicas run: plan.json's ``chosen.zero`` where there is more than one replica
+    (one replica has nothing to shard)."""
+    chosen = plan.record.chosen
+    return chosen.zero if chosen.data > 1 else 0
+
+
+def recomputes(plan: PipelinePlan, stage: int) -> bool:
+    """Whether ``stage`` keeps its inputs only and runs its forward again in the backward pass: plan.json's
+    ``stages[s].recomputes`` (the stage search's choice per stage), or ``chosen.recompute == "full"``."""
+    return bool(plan.record.stages[stage].recomputes) or plan.record.chosen.recompute == "full"
 
 
 def schedule_order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
@@ -278,7 +286,7 @@ class PipelineTrainer(RankTrainer):
         """After the last microbatch: the stage plan's deferred weight-gradient all-reduces, then the sum over
         the replicas (ZeRO-0), then the sum over the stages of a weight several of them train."""
         self.plan_module.sync_deferred()
-        if self.data_group is not None and self.data_group.size > 1:
+        if self.data_group is not None and self.data_group.size > 1 and self.zero == 0:
             for param in self.plan_module.param_list:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
@@ -427,12 +435,17 @@ def load_pipeline_rank(
     module = RankModule(record, tensor, weights, trainable, groups, torch_device, derived, defer_weight_sync=True)
     shared = _shared_weights(plan, module, (stage, replica, tensor), rank, ledger, ordered)
     scale = microbatch_scale(source, loss, plan.replicas * plan.microbatches)
+    level = zero_level(plan)
+    runner: torch.nn.Module = Recomputed(module, ledger) if recomputes(plan, stage) else module
     return PipelineTrainer(
         record,
         rank,
-        module,
+        runner,
         ledger,
         torch_device,
+        rank_module=module,
+        zero=level,
+        zero_group=data if level else None,
         plan=plan,
         stage=stage,
         replica=replica,
@@ -497,6 +510,8 @@ def predicted_pipeline(
     deferred: Mapping[str, str],
     params: Sequence[tuple[str, int]],
     shared: Sequence[tuple[str, int]] = (),
+    zero: int = 0,
+    dtype_bytes: Sequence[int] = (),
 ) -> dict[Key, list[int]]:
     """What one step on a rank of ``stage`` issues, as plan.json prices it: the stage plan's collectives
     (:func:`~unity_eq.train.check.predicted_collectives`) once per microbatch, except its weight-gradient
@@ -504,12 +519,18 @@ def predicted_pipeline(
     parameter (``params``: name, bytes; plan.json prices its time, ``sync_s``, not a count) with more than one
     replica; the sum over the stages of each weight several stages train (``shared``: name, bytes of the whole
     weight; plan.json does not price it: ``check --training`` notes it); the point-to-point traffic
-    (:func:`predicted_p2p`)."""
+    (:func:`predicted_p2p`). A recomputing stage (:func:`recomputes`) issues its forward's collectives again
+    (phase ``recompute``); under ZeRO-1 (``zero``) the data-axis all-reduces are one reduce-scatter and one
+    all-gather per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
+    :func:`unity_eq.train.zero.zero_collectives` prices them."""
     from unity_eq.train.check import predicted_collectives
+    from unity_eq.train.zero import zero_collectives
 
     record = records[stage]
     m = plan.microbatches
-    out = {k: [c * m, b * m] for k, (c, b) in predicted_collectives(record, gradless | set(deferred)).items()}
+    again = recomputes(plan, stage)
+    issued = predicted_collectives(record, gradless | set(deferred), recompute=again)
+    out = {k: [c * m, b * m] for k, (c, b) in issued.items()}
     sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
     for step in record.steps:
         if not isinstance(step, ReplicateStepRecord) or not (step.communication_s or 0) > 0:
@@ -519,7 +540,12 @@ def predicted_pipeline(
             entry = out.setdefault(("all_reduce", step.axis, "gradient"), [0, 0])
             entry[0] += 1
             entry[1] += _nbytes(t.local_shape, t.dtype)
-    if plan.replicas > 1:
+    if plan.replicas > 1 and zero:
+        for key, (count, nbytes) in zero_collectives(zero, DATA_AXIS, dtype_bytes, m).items():
+            entry = out.setdefault(key, [0, 0])
+            entry[0] += count
+            entry[1] += nbytes
+    elif plan.replicas > 1:
         for _, nbytes in params:
             entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])
             entry[0] += 1
