@@ -1,20 +1,26 @@
 """Differentiable extraction: the DARTS idea applied to choosing the plan (in the spirit of SmoothE, ASPLOS'25).
 
-Every e-class gets a softmax over its e-nodes (logits are torch parameters). The probability that a class is
+Every e-class gets a softmax over its e-nodes (logits are torch tensors). The probability that a class is
 *reached* flows from the roots through the chosen nodes' children, ``r[c] = 1 − Π_(n → c) (1 − r[class n]·p[n])``
 (a class needed by two likely consumers is reached about once, not twice: a shared sub-term is priced once, the
 DAG cost and not the tree cost). The relaxed objective is the price of the expected plan,
 ``Σ_c r[c] Σ_(n ∈ c) p[n]·cost[n]`` under the same per-node prices every extractor uses (compute and
 collectives, with the search's memory penalty when it set one), plus a penalty on the expected per-device
 memory (the extractor's node-memory proxy) over a budget, whose weight grows while the expected plan does not
-fit. Several random starts (one of them from the start choice) descend together with Adam while the softmax
-temperature is annealed towards zero; each start is rounded to its most likely node per class along the way
-and at the end. Rounded plans are acyclic by construction (unity_eq.extract.relax cuts the e-graph to a DAG
-that keeps the start plan), priced exactly (``dag_cost`` over the same totals), and the best one is returned
-only when it is cheaper than the start: the chooser is never worse than greedy.
+fit. Several random starts (one of them from the start choice) descend together, as the rows of one tensor,
+with Adam while the softmax temperature is annealed towards zero; each start is rounded to its most likely
+node per class every ``round_every`` steps and at the end, and the descent stops early when a rounding
+repeats the previous one. Rounded plans are acyclic by construction (unity_eq.extract.relax cuts the e-graph
+to a DAG that keeps the start plan), priced all at once (relaxed_cost.exact_prices), the best two priced
+again one by one exactly (``dag_cost`` over the same totals), and the best one is returned only when it is
+cheaper than the start: the chooser is never worse than greedy.
+
+Time: the search is sized to greedy's own extraction. The number of steps comes from a cost model of
+greedy's time and of a step's (``steps_for``, ``effort`` times greedy's time, default 1), a deterministic
+count rather than a clock; the cut, the pricing and the multi-output adoption are one pass each.
 
 Determinism: a seeded generator, float32, and deterministic algorithms (on CUDA too) for the duration of a
-run; CPU runs in one thread.
+run; CPU runs in one thread, with subnormal floats flushed to zero.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class DifferentiableChooser:
     elements: int = 1 << 16  # starts × e-nodes at most (see rows)
     effort: float | None = 1.0  # the descent's time as a multiple of greedy's (steps_for); None: ``steps`` steps
     min_steps: int = 20
+    sweeps: int = 3  # Jacobi sweeps per step of the reach and of its adjoint (relaxed_cost)
     name: str = "differentiable"
     reports: list[RelaxReport] = field(default_factory=list)
 
@@ -167,7 +174,7 @@ class DifferentiableChooser:
 
         generator = torch.Generator().manual_seed(self.seed)
         starts = self.rows(len(problem.nodes))
-        objective = RelaxedCost(problem, starts, device, scale, budget)
+        objective = RelaxedCost(problem, starts, device, scale, budget, self.sweeps)
         logits = torch.randn(starts, len(problem.nodes), generator=generator, dtype=dtype)
         has_start = problem.start >= 0
         favourite = torch.as_tensor(problem.start[has_start])

@@ -127,26 +127,23 @@ class RelaxedCost:
 
     def _start_adjoint(self, own: Any) -> Any:
         """The adjoint's warm start: exact for the start choice (hard, every row begins near it), where an edge
-        carries a child's adjoint to its parent only when it is the child's one chosen way in. One sparse
-        triangular solve (classes are in topological order), all rows at once, instead of ``depth`` sweeps."""
-        import scipy.sparse
-        from scipy.sparse.linalg import spsolve_triangular
-
-        torch = self.torch
+        carries a child's adjoint to its parent only when it is the child's one chosen way in. One walk up the
+        levels (deepest parents first: a child is deeper than its parents, so its adjoint is final when its
+        parents read it), all rows at once, instead of ``depth`` sweeps over every edge."""
         p = self.problem
-        count = self.count
         chosen = np.zeros(len(p.nodes), dtype=bool)
         chosen[p.start[p.start >= 0]] = True
-        reached = self.start_reach > 0
         parent = p.node_class[p.edge_node]
-        active = chosen[p.edge_node] & reached[parent]
-        ways = np.bincount(p.edge_child[active], minlength=count)
-        sole = active & (ways[p.edge_child] == 1)
-        carry = scipy.sparse.csr_matrix(
-            (-np.ones(int(sole.sum())), (parent[sole], p.edge_child[sole])), shape=(count, count)
-        ) + scipy.sparse.identity(count, format="csr")  # parents come after children: lower triangular
-        solved = spsolve_triangular(carry, own.double().cpu().numpy().T, lower=True, unit_diagonal=True)
-        return torch.as_tensor(np.ascontiguousarray(solved.T)).to(own.device, own.dtype)
+        active = chosen[p.edge_node] & (self.start_reach > 0)[parent]
+        ways = np.bincount(p.edge_child[active], minlength=self.count)
+        sole = np.flatnonzero(active & (ways[p.edge_child] == 1))
+        sole = sole[np.argsort(-p.level[parent[sole]], kind="stable")]
+        parents, children = parent[sole], p.edge_child[sole]
+        cuts = np.flatnonzero(np.diff(p.level[parents])) + 1
+        adjoint = own.double().cpu().numpy().T.copy()  # [classes, rows]
+        for up, down in zip(np.split(parents, cuts), np.split(children, cuts), strict=True):
+            np.add.at(adjoint, up, adjoint[down])
+        return self.torch.as_tensor(np.ascontiguousarray(adjoint.T)).to(own.device, own.dtype)
 
     def round(self, logits: Any) -> np.ndarray:
         """Per row, the index of each class's most likely node (the first of equals), as a [rows, classes] array."""
