@@ -70,7 +70,7 @@ class DifferentiableChooser:
     round_every: int = 10
     elements: int = 1 << 16  # starts × e-nodes at most (see rows)
     effort: float | None = 1.0  # the descent's time as a multiple of greedy's (steps_for); None: ``steps`` steps
-    min_steps: int = 20
+    floor_s: float = 0.008  # the modelled descent time every search may take, however fast greedy was
     sweeps: int = 3  # Jacobi sweeps per step of the reach and of its adjoint (relaxed_cost)
     name: str = "differentiable"
     reports: list[RelaxReport] = field(default_factory=list)
@@ -119,14 +119,15 @@ class DifferentiableChooser:
         """Steps of descent: ``steps`` without an ``effort``; else as many as take about ``effort`` times greedy's
         own extraction time, by a cost model measured on this project's machines (CPU, one thread): greedy spends
         ~15 µs per finite e-node (GREEDY_S_PER_NODE); a step ~0.4 ms plus ~0.07 µs per row and e-node or edge
-        (STEP_S, STEP_S_PER_ELEMENT); at least ``min_steps``, at most ``steps``. A count, not a clock, so a run is
+        (STEP_S, STEP_S_PER_ELEMENT). At least ``floor_s`` of modelled time (a tiny e-graph's steps cost next to
+        nothing, and a search of a few steps finds nothing), at most ``steps``. A count, not a clock, so a run is
         deterministic whatever the machine's load."""
         if self.effort is None:
             return self.steps
         rows = self.rows(len(problem.nodes))
         greedy = GREEDY_S_PER_NODE * problem.finite
         step = STEP_S + STEP_S_PER_ELEMENT * rows * (len(problem.nodes) + len(problem.edge_node))
-        return min(self.steps, max(self.min_steps, int(self.effort * greedy / step)))
+        return min(self.steps, max(1, int(max(self.effort * greedy, self.floor_s) / step)))
 
     def rows(self, nodes: int) -> int:
         """Starts to run on an e-graph of ``nodes`` e-nodes: ``starts``, fewer (at least 4) when starts × nodes
