@@ -189,3 +189,51 @@ def test_stage_search_pieces_get_the_differentiable_option() -> None:
         for option in options:
             if option.extraction == "differentiable":
                 assert option.plan.cost.total < options[0].plan.cost.total
+
+
+def test_rounded_plans_are_priced_as_dag_cost_prices_them(transformer: Extractor) -> None:
+    """The descent's rounded plans are priced all at once (relaxed_cost.exact_prices, level by level); the pick
+    must agree with the exact one-by-one price (dag_cost, and the memory proxy over the chosen closure) on any
+    choice of the cut e-graph, not only greedy's."""
+    import numpy as np
+
+    from unity_eq.extract.greedy import chosen_closure
+    from unity_eq.extract.relax import relax
+    from unity_eq.extract.relaxed_cost import exact_prices
+
+    totals = transformer.totals(Restriction())
+    roots, memory = transformer.roots, transformer.node_memory()
+    greedy = GreedyChooser().choose(transformer.data, totals, roots, None).choice
+    problem = relax(transformer.data, totals, roots, greedy, memory)
+    rng = np.random.default_rng(0)
+    first = np.searchsorted(problem.node_class, np.arange(len(problem.classes)))
+    sizes = np.bincount(problem.node_class, minlength=len(problem.classes))
+    choices = first + (rng.random((6, len(problem.classes))) * sizes).astype(np.int64)
+    choices[0] = np.where(problem.start >= 0, problem.start, first)  # greedy's own plan among them
+    cost, mem = exact_prices(problem, choices)
+    for row, c, m in zip(choices, cost, mem, strict=True):
+        choice = {problem.classes[problem.node_class[i]]: problem.nodes[i] for i in row.tolist()}
+        needed = chosen_closure(choice, roots)
+        assert needed is not None and find_cycle(choice, roots) is None
+        assert c == pytest.approx(dag_cost(choice, roots, totals), rel=1e-9)
+        assert m == pytest.approx(math.fsum(memory.get(choice[k].id, 0.0) for k in needed), rel=1e-9)
+    assert cost[0] == pytest.approx(dag_cost(greedy, roots, totals), rel=1e-9)
+
+
+def test_steps_follow_greedys_cost_and_a_kept_start_keeps_its_plan(transformer: Extractor) -> None:
+    """The descent's length is a count from the e-graph's size (the same for every run: no clock), between
+    min_steps and steps; when the search keeps greedy's choice the extraction reuses greedy's plan."""
+    from unity_eq.extract.relax import relax
+
+    totals = transformer.totals(Restriction())
+    greedy = GreedyChooser().choose(transformer.data, totals, transformer.roots, None).choice
+    problem = relax(transformer.data, totals, transformer.roots, greedy)
+    cheap, dear = DifferentiableChooser(effort=0.01), DifferentiableChooser(effort=1000.0)
+    assert cheap.steps_for(problem) == DifferentiableChooser(effort=0.0).steps_for(problem) >= 1  # floor_s
+    assert dear.steps_for(problem) == dear.steps
+    assert DifferentiableChooser(effort=None, steps=7).steps_for(problem) == 7
+    middle = DifferentiableChooser(effort=3.0).steps_for(problem)
+    assert DifferentiableChooser(effort=1.0).steps_for(problem) <= middle
+    extraction = transformer.extract(Restriction(), method="differentiable")
+    same = extraction.stages["differentiable"] is extraction.stages["greedy"]
+    assert same != extraction.relaxed[0].kept and extraction.stages["differentiable"] is extraction.plan

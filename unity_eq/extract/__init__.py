@@ -16,7 +16,7 @@ greedy          the greedy DAG algorithm, cycle breaking, multi-output adoption
 ilp             the exact 0-1 program (HiGHS) with lazily added cycle constraints
 differentiable  ``DifferentiableChooser``: a softmax per e-class, annealed gradient descent (torch), rounded
 relax           the acyclic cut of the e-graph the differentiable search explores, as index arrays
-relaxed_cost    the expected plan's cost and memory excess, and their gradient (warm-started fixed points)
+relaxed_cost    the expected plan's cost, memory excess and gradient; rounded plans' exact prices, batched
 build           one function from a choice to a Plan, used by every chooser and by the block DP
 baselines       ``Restriction``: which e-nodes the one-device, data- and tensor-parallel baselines may use
 extractor       ``Extractor``: one e-graph priced once, extracted under restrictions and memory penalties

@@ -212,7 +212,9 @@ class BlockExtractor:
         result: Extraction,
     ) -> None:
         """Re-extract each fragment of ``seeds`` with the ``stage`` chooser from its current choice, in place;
-        the choosers' reports go to ``result``."""
+        the choosers' reports go to ``result``. The differentiable searches together are sized to the DP's
+        greedy extractions (one per option): each fragment gets options / fragments times its own greedy time."""
+        effort = len(options) / max(len(seeds), 1)
         for fragment, seed in seeds.items():
             signature, in_key, out_key = fragment
             sol = self.saturation.solutions[signature]
@@ -220,7 +222,7 @@ class BlockExtractor:
             chooser: Chooser = (
                 IlpChooser(time_limit_s)
                 if stage == "ilp"
-                else DifferentiableChooser(memory=self.extractors[signature].node_memory())
+                else DifferentiableChooser(memory=self.extractors[signature].node_memory(), effort=effort)
             )
             found = chooser.choose(sol.data, option.totals, self._fragment_roots(sol, out_key), seed)
             seeds[fragment] = found.choice

@@ -155,19 +155,21 @@ class Extractor:
         reports = []
         relaxed: list[RelaxReport] = []
         stages: dict[str, Plan] = {}
+        plan: Plan | None = None
         for chooser in self.choosers(method, time_limit_s):
             try:
                 chosen = chooser.choose(self.data, totals, self.roots, choice)
             except Unreachable as exc:
                 builder = PlanBuilder(self.data, {}, self.encoding, self.graph, self.costs)
                 raise ExtractionError(builder.no_choice_message(exc.root)) from None
+            if plan is None or chosen.choice is not choice:  # a chooser that kept its start keeps its plan
+                plan = build_plan(self.data, chosen.choice, self.costs, self.encoding, self.graph, self.model)
             choice = chosen.choice
             reports.extend(chosen.reports)
             relaxed.extend(chosen.relaxed)
             if method != "greedy":
-                stages[chooser.name] = build_plan(self.data, choice, self.costs, self.encoding, self.graph, self.model)
-        assert choice is not None
-        plan = build_plan(self.data, choice, self.costs, self.encoding, self.graph, self.model)
+                stages[chooser.name] = plan
+        assert plan is not None
         return Extraction(plan, restriction, penalty, reports, relaxed, stages)
 
 

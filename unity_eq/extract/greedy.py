@@ -203,6 +203,16 @@ def adopt_multi_outputs(
     tries the group for every needed class that holds one of its outputs and keeps the change when the DAG
     cost of the plan drops and it stays acyclic.
     """
+    return adopt_groups(multi_output_groups(data, totals), choice, totals, roots)
+
+
+MultiOutputGroups = list[list[tuple[str, ENode]]]
+
+
+def multi_output_groups(data: EGraphData, totals: Mapping[str, float]) -> MultiOutputGroups:
+    """The allowed e-nodes that are the outputs of one multi-output op instance (same op, same arguments but
+    the output index), grouped, with their classes: what :func:`adopt_multi_outputs` tries. A pass over every
+    e-node: compute it once for several choices of one e-graph (:func:`adopt_groups`)."""
     groups: dict[tuple[object, ...], list[tuple[str, ENode]]] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
@@ -210,11 +220,18 @@ def adopt_multi_outputs(
             if spec is not None and spec.multi_output and totals[node.id] < INF:
                 key = (node.op, *(tuple(a) if isinstance(a, list) else a for a in node.args[:-1]))
                 groups.setdefault(key, []).append((cls.id, node))
+    return list(groups.values())
+
+
+def adopt_groups(
+    groups: MultiOutputGroups, choice: dict[str, ENode], totals: Mapping[str, float], roots: list[str]
+) -> dict[str, ENode]:
+    """:func:`adopt_multi_outputs` with the groups already found."""
     if not groups:
         return choice
     current = dag_cost(choice, roots, totals)
     needed = chosen_closure(choice, roots) or set()
-    for members in groups.values():
+    for members in groups:
         swaps = [(cid, node) for cid, node in members if cid in needed and choice[cid] is not node]
         if len(swaps) < 2 or any(c not in choice for _, node in swaps for c in node.children):
             continue

@@ -30,7 +30,9 @@ class Relaxed:
     """The kept sub-e-graph: classes in topological order (children first), nodes grouped by class.
 
     ``node_class[i]`` is the class index of node i (non-decreasing); ``edge_node``/``edge_child`` list every
-    (node, distinct child class) pair whose child is not a root; ``depth`` bounds the length of a path.
+    (node, distinct child class) pair whose child is not a root; ``level[c]`` is the longest path from a root to
+    class c, in edges, and ``depth`` bounds it; ``edges_by_level`` groups the edges by their parent's level,
+    lowest first (what a level-by-level walk from the roots follows).
     """
 
     classes: list[str]
@@ -43,6 +45,9 @@ class Relaxed:
     edge_child: np.ndarray
     depth: int
     start: np.ndarray  # per class, the index of the start choice's node (-1 when the start does not need it)
+    level: np.ndarray
+    edges_by_level: list[np.ndarray]
+    finite: int  # finite-cost nodes reachable from the roots before the cut (the cut dropped finite − len(nodes))
 
 
 def relax(
@@ -52,7 +57,10 @@ def relax(
     start: dict[str, ENode],
     memory: Mapping[str, float] | None = None,
 ) -> Relaxed:
-    """Cut the e-graph under ``totals`` (INF bans a node) to the DAG the relaxation searches (module docstring)."""
+    """Cut the e-graph under ``totals`` (INF bans a node) to the DAG the relaxation searches (module docstring).
+
+    One pass per stage over plain lists: this runs once per differentiable extraction, whose time budget is
+    greedy's, so it must stay a small fraction of greedy's own pass over the e-graph."""
     classes, nodes = _finite(data, totals, roots)
     needed = chosen_closure(start, roots) or set()
     kept, order = _order(classes, nodes, {c: start[c].id for c in needed if c in classes})
@@ -60,22 +68,45 @@ def relax(
     order = [c for c in order if c in reach]
     index = {c: i for i, c in enumerate(order)}
     node_list = [n for c in order for n in kept[c]]
-    node_class = np.array([index[n.eclass] for n in node_list], dtype=np.int64)
-    cost = np.array([totals[n.id] for n in node_list], dtype=np.float64)
-    mem = np.array([(memory or {}).get(n.id, 0.0) for n in node_list], dtype=np.float64)
+    node_class = np.fromiter((index[n.eclass] for n in node_list), dtype=np.int64, count=len(node_list))
+    cost = np.fromiter((totals[n.id] for n in node_list), dtype=np.float64, count=len(node_list))
+    mem = (
+        np.fromiter((memory.get(n.id, 0.0) for n in node_list), dtype=np.float64, count=len(node_list))
+        if memory
+        else np.zeros(len(node_list))
+    )
     position = {n.id: i for i, n in enumerate(node_list)}
     start_index = np.full(len(order), -1, dtype=np.int64)
     for c in needed:
         if c in index:
             start_index[index[c]] = position[start[c].id]
     root_index = np.array(sorted({index[r] for r in roots}), dtype=np.int64)
-    edge_node, edge_child, depth = _edges(node_list, index, root_index)
-    return Relaxed(order, node_list, node_class, cost, mem, root_index, edge_node, edge_child, depth, start_index)
+    edge_node, edge_child, level = _edges(node_list, node_class, index, root_index)
+    depth = int(level.max(initial=0)) + 1
+    by_level = np.argsort(level[node_class[edge_node]], kind="stable")
+    cuts = np.flatnonzero(np.diff(level[node_class[edge_node]][by_level])) + 1
+    groups = [g for g in np.split(by_level, cuts) if len(g)]
+    return Relaxed(
+        order,
+        node_list,
+        node_class,
+        cost,
+        mem,
+        root_index,
+        edge_node,
+        edge_child,
+        depth,
+        start_index,
+        level,
+        groups,
+        len(nodes),
+    )
 
 
 def _finite(data: EGraphData, totals: Mapping[str, float], roots: list[str]) -> tuple[set[str], list[ENode]]:
-    """Classes reachable from the roots through finite-cost nodes, and those nodes (each once)."""
+    """Classes reachable from the roots through finite-cost nodes, and those nodes (each once, by id)."""
     seen: set[str] = set()
+    found: list[ENode] = []
     stack = list(roots)
     while stack:
         cid = stack.pop()
@@ -84,45 +115,51 @@ def _finite(data: EGraphData, totals: Mapping[str, float], roots: list[str]) -> 
         seen.add(cid)
         for node in data.classes[cid].nodes:
             if totals[node.id] < INF:
-                stack.extend(c for c in node.children if c not in seen)
-    nodes = {n.id: n for c in seen for n in data.classes[c].nodes if totals[n.id] < INF}
-    return seen, sorted(nodes.values(), key=lambda n: n.id)
+                found.append(node)
+                stack.extend(node.children)
+    found.sort(key=lambda n: n.id)
+    return seen, found
 
 
 def _order(classes: set[str], nodes: list[ENode], start: dict[str, str]) -> tuple[dict[str, list[ENode]], list[str]]:
     """Place classes bottom-up (module docstring); returns each placed class's kept nodes and the order."""
-    pending = {n.id: len(set(n.children)) for n in nodes}
-    waiting: dict[str, list[ENode]] = {}  # child class -> nodes that wait for it
+    kids = [set(n.children) for n in nodes]
+    pending = [len(k) for k in kids]
+    waiting: dict[str, list[int]] = {}  # child class -> nodes that wait for it
     unready = dict.fromkeys(classes, 0)
     ready: dict[str, list[ENode]] = {c: [] for c in classes}
-    for n in nodes:
+    for i, n in enumerate(nodes):
         unready[n.eclass] += 1
-        for child in set(n.children):
-            waiting.setdefault(child, []).append(n)
+        for child in kids[i]:
+            waiting.setdefault(child, []).append(i)
     heap: list[tuple[int, str]] = []
-
-    def arm(n: ENode) -> None:
-        unready[n.eclass] -= 1
-        ready[n.eclass].append(n)
-        heapq.heappush(heap, (unready[n.eclass], n.eclass))
-
-    for n in nodes:
-        if pending[n.id] == 0:
-            arm(n)
+    push = heapq.heappush
+    for n, count in zip(nodes, pending, strict=True):
+        if count == 0:
+            cid = n.eclass
+            unready[cid] -= 1
+            ready[cid].append(n)
+            push(heap, (unready[cid], cid))
     placed: dict[str, list[ENode]] = {}
     order: list[str] = []
     while heap:
         count, cid = heapq.heappop(heap)
         if cid in placed or count != unready[cid]:
             continue
-        if cid in start and all(n.id != start[cid] for n in ready[cid]):
+        mine = ready[cid]
+        if cid in start and all(n.id != start[cid] for n in mine):
             continue  # the start plan's node must stay usable: wait for it
-        placed[cid] = list(ready[cid])
+        placed[cid] = list(mine)
         order.append(cid)
-        for n in waiting.get(cid, ()):
-            pending[n.id] -= 1
-            if pending[n.id] == 0 and n.eclass not in placed:
-                arm(n)
+        for i in waiting.get(cid, ()):
+            pending[i] -= 1
+            if pending[i] == 0:
+                n = nodes[i]
+                other = n.eclass
+                if other not in placed:
+                    unready[other] -= 1
+                    ready[other].append(n)
+                    push(heap, (unready[other], other))
     return placed, order
 
 
@@ -135,29 +172,34 @@ def _reachable(kept: dict[str, list[ENode]], roots: list[str]) -> set[str]:
             continue
         seen.add(cid)
         for n in kept[cid]:
-            stack.extend(c for c in n.children if c not in seen)
+            stack.extend(n.children)
     return seen
 
 
-def _edges(nodes: list[ENode], index: dict[str, int], roots: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+def _edges(
+    nodes: list[ENode], node_class: np.ndarray, index: dict[str, int], roots: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every (node, distinct child class) pair whose child is not a root (a root is needed whatever points to
-    it), and the depth of the DAG: the longest path from a root, in edges, which is how many Jacobi sweeps
-    the reach probabilities need from scratch."""
+    it), and each class's level: the longest path from a root, in edges, which is how many Jacobi sweeps the
+    reach probabilities need from scratch."""
     count = len(index)
-    depth = np.zeros(count, dtype=np.int64)
-    is_root = np.zeros(count, dtype=bool)
-    is_root[roots] = True
+    is_root = [False] * count
+    for r in roots.tolist():
+        is_root[r] = True
     parents: list[int] = []
     children: list[int] = []
     for i, n in enumerate(nodes):
-        for child in sorted(set(n.children)):
-            if not is_root[index[child]]:
+        for child in sorted({index[c] for c in n.children}):
+            if not is_root[child]:
                 parents.append(i)
-                children.append(index[child])
-    by_class: list[list[int]] = [[] for _ in range(count)]
-    for e, i in enumerate(parents):
-        by_class[index[nodes[i].eclass]].append(e)
-    for c in range(count - 1, -1, -1):  # parents come after their children in the order
-        for e in by_class[c]:
-            depth[children[e]] = max(depth[children[e]], depth[c] + 1)
-    return np.array(parents, dtype=np.int64), np.array(children, dtype=np.int64), int(depth.max(initial=0)) + 1
+                children.append(child)
+    edge_node = np.array(parents, dtype=np.int64)
+    edge_child = np.array(children, dtype=np.int64)
+    level = [0] * count
+    edge_parent = node_class[edge_node].tolist()
+    by_parent = np.argsort(-node_class[edge_node], kind="stable").tolist()  # parents come after their children
+    for e in by_parent:
+        above = level[edge_parent[e]] + 1
+        if above > level[children[e]]:
+            level[children[e]] = above
+    return edge_node, edge_child, np.array(level, dtype=np.int64)

@@ -1,4 +1,5 @@
-"""The relaxed objective of the differentiable extractor, in torch: the expected plan's cost and memory excess.
+"""The relaxed objective of the differentiable extractor, in torch: the expected plan's cost and memory excess,
+and their gradient in the logits.
 
 Per start (a row of the logits) and e-class, a softmax over its nodes at temperature ``tau``. The reach
 probabilities are the fixed point of ``r[k] = 1 − Π_(e → k) (1 − r[parent class]·p[parent node])`` (roots at 1),
@@ -9,10 +10,14 @@ every model.
 Back-propagating through a level-by-level solve costs a few torch operations per level of the e-graph (80
 levels for a small transformer) for every step. Instead the fixed point and its adjoint (the gradient of the
 objective with respect to each class's reach, ``a = g + (∂r/∂r)ᵀ a``) are each solved by Jacobi sweeps over all
-edges at once, warm-started from the previous step: from scratch, ``depth`` sweeps are exact on a DAG; after
-that the logits move little per step and a few sweeps track both. The gradient with respect to the
-probabilities is then exact for the tracked fixed point, and autograd carries it through the softmax (a
-surrogate ``Σ p·p̄``) to the logits, for torch's Adam.
+edges at once, warm-started from the previous step. The reach starts at the start plan's own (its classes at
+1, the others at 0: exact for the start choice, which every row begins near); the adjoint starts with
+``depth`` sweeps (exact on a DAG), then the logits move little per step and a few sweeps track both. The
+gradient with respect to the probabilities is exact for the tracked fixed point, and the softmax's own
+Jacobian carries it to the logits in closed form (``p·(g − Σ_class p·g)/tau``), with no autograd graph: a step
+is a few dozen tensor operations.
+
+Every operation is a gather, a scatter-add or elementwise: no Python loop over classes or nodes per step.
 """
 
 from __future__ import annotations
@@ -24,17 +29,17 @@ import numpy as np
 
 from unity_eq.extract.relax import Relaxed
 
-__all__ = ["RelaxedCost"]
+__all__ = ["RelaxedCost", "exact_prices"]
 
-CLAMP = 1 - 1e-6  # r·p below 1: log1p(−1) has no gradient
+CLAMP = 1 - 1e-6  # r·p below 1: 1 − q is divided by
 
 
 class RelaxedCost:
-    """Callable ``(logits [S, N], tau, weight [S]) → (surrogate loss, expected cost [S], memory excess [S])``;
-    the surrogate's gradient in the logits is the gradient of ``cost + weight · excess``."""
+    """``gradient(logits [S, N], tau, weight [S]) → (∂(cost + weight · excess)/∂logits, expected cost [S], memory
+    excess [S])`` for every row at once; ``round(logits)`` is each row's discrete choice."""
 
     def __init__(
-        self, problem: Relaxed, device: str, scale: float, budget: float, sweeps: int = 3, dtype: Any = None
+        self, problem: Relaxed, rows: int, device: str, scale: float, budget: float, sweeps: int = 3, dtype: Any = None
     ) -> None:
         import torch
 
@@ -46,6 +51,7 @@ class RelaxedCost:
 
         self.torch = torch
         self.count = len(problem.classes)
+        self.nodes = len(problem.nodes)
         self.node_class = tensor(problem.node_class)
         self.cost = tensor(problem.cost / (scale if scale > 0 else 1.0))
         limited = math.isfinite(budget) and budget > 0
@@ -56,75 +62,120 @@ class RelaxedCost:
         self.edge_parent = tensor(problem.node_class[problem.edge_node])
         self.depth = problem.depth
         self.sweeps = sweeps
-        self.reach: Any = None  # the warm starts
+        start = np.zeros(self.count)
+        start[problem.start >= 0] = 1.0
+        start[problem.roots] = 1.0
+        self.problem, self.start_reach = problem, start
+        self.reach: Any = tensor(start).expand(rows, -1).contiguous()  # the start plan's own: exact for it
         self.adjoint: Any = None
+        self.rows = rows
+        self.classes_by_node = self.node_class.expand(rows, -1)
+        self.edge_child_rows = self.edge_child.expand(rows, -1)
 
-    def _class_max(self, values: Any) -> Any:
-        torch = self.torch
-        rows = values.shape[0]
-        empty = torch.full((rows, self.count), -math.inf, dtype=values.dtype, device=values.device)
-        return empty.scatter_reduce(1, self.node_class.expand(rows, -1), values, "amax", include_self=True)
+    def _class_sum(self, values: Any) -> Any:
+        return self._zeros(self.count, values).index_add_(1, self.node_class, values)
+
+    def _zeros(self, size: int, like: Any) -> Any:
+        return self.torch.zeros(like.shape[0], size, dtype=like.dtype, device=like.device)
 
     def probabilities(self, logits: Any, tau: float) -> Any:
         """The per-class softmax of every row at temperature ``tau``."""
-        torch = self.torch
         z = logits / tau
-        top = self._class_max(z.detach()).index_select(1, self.node_class)
-        e = torch.exp(z - top)
-        total = torch.zeros(logits.shape[0], self.count, dtype=z.dtype, device=z.device)
-        total = total.index_add(1, self.node_class, e)
-        return e / total.index_select(1, self.node_class)
+        empty = self.torch.full((z.shape[0], self.count), -math.inf, dtype=z.dtype, device=z.device)
+        top = empty.scatter_reduce_(1, self.classes_by_node, z, "amax", include_self=True)
+        e = (z - top.index_select(1, self.node_class)).exp_()
+        return e.div_(self._class_sum(e).index_select(1, self.node_class))
 
-    def _zeros(self, rows: int, size: int, like: Any) -> Any:
-        return self.torch.zeros(rows, size, dtype=like.dtype, device=like.device)
-
-    def _sweep(self, r: Any, p: Any) -> tuple[Any, Any, Any]:
+    def _sweep(self, r: Any, p_edge: Any) -> tuple[Any, Any, Any]:
         """One Jacobi step of the reach fixed point: the new reach, and the edges' ``q = r·p`` and, per class,
         the probability ``Π (1 − q)`` that no edge reaches it, both from the old reach."""
-        q = (r.index_select(1, self.edge_parent) * p.index_select(1, self.edge_node)).clamp(max=CLAMP)
-        logs = self._zeros(p.shape[0], self.count, p).index_add(1, self.edge_child, self.torch.log1p(-q))
-        return (-self.torch.expm1(logs)).index_fill(1, self.roots, 1.0), q, self.torch.exp(logs)
+        q = (r.index_select(1, self.edge_parent) * p_edge).clamp_(max=CLAMP)
+        ones = self.torch.ones(q.shape[0], self.count, dtype=q.dtype, device=q.device)
+        miss = ones.scatter_reduce_(1, self.edge_child_rows, 1.0 - q, "prod")
+        return (1.0 - miss).index_fill_(1, self.roots, 1.0), q, miss
 
-    def __call__(self, logits: Any, tau: float, weight: Any) -> tuple[Any, Any, Any]:
+    def gradient(self, logits: Any, tau: float, weight: Any) -> tuple[Any, Any, Any]:
         torch = self.torch
         p = self.probabilities(logits, tau)
-        with torch.no_grad():
-            pd = p.detach()
-            rows = pd.shape[0]
-            fresh = self.reach is None
-            r = self._zeros(rows, self.count, pd).index_fill(1, self.roots, 1.0) if fresh else self.reach
-            for _ in range(self.depth if fresh else self.sweeps):
-                before = r
-                r, q, miss = self._sweep(r, pd)
-            r_node = r.index_select(1, self.node_class)
-            direct = r_node * pd
-            cost = direct @ self.cost
-            price = self.cost.expand(rows, -1)
-            excess = torch.zeros_like(cost)
-            if self.memory is not None:
-                excess = torch.relu(direct @ self.memory - 1.0)
-                price = price + (weight * (excess > 0))[:, None] * self.memory
-            own = self._zeros(rows, self.count, pd).index_add(1, self.node_class, pd * price)
-            # ∂r[child]/∂q per edge, Π of the other edges' (1 − q): at most 1. Taken from the last sweep's own q (a
-            # reach a few sweeps stale could make it huge and the adjoint overflow)
-            slope = (miss.index_select(1, self.edge_child) / (1 - q)).clamp(max=1.0)
-            a = own if fresh else self.adjoint
-            through = slope * pd.index_select(1, self.edge_node)
-            for _ in range(self.depth if fresh else self.sweeps):
-                pushed = a.index_select(1, self.edge_child) * through
-                a = own + self._zeros(rows, self.count, pd).index_add(1, self.edge_parent, pushed)
-            edge_grad = a.index_select(1, self.edge_child) * slope * before.index_select(1, self.edge_parent)
-            grad = r_node * price + self._zeros(rows, pd.shape[1], pd).index_add(1, self.edge_node, edge_grad)
-            self.reach, self.adjoint = r, a
-        return (p * grad).sum(), cost, excess
+        p_edge = p.index_select(1, self.edge_node)
+        r = self.reach
+        for _ in range(self.sweeps):
+            before = r
+            r, q, miss = self._sweep(r, p_edge)
+        r_node = r.index_select(1, self.node_class)
+        direct = r_node * p
+        cost = direct @ self.cost
+        price = self.cost.expand(p.shape[0], -1)
+        excess = torch.zeros_like(cost)
+        if self.memory is not None:
+            excess = torch.relu(direct @ self.memory - 1.0)
+            price = price + (weight * (excess > 0))[:, None] * self.memory
+        own = self._class_sum(p * price)
+        # ∂r[child]/∂q per edge, Π of the other edges' (1 − q): at most 1. Taken from the last sweep's own q (a
+        # reach a few sweeps stale could make it huge and the adjoint overflow)
+        slope = (miss.index_select(1, self.edge_child) / (1 - q)).clamp_(max=1.0)
+        a = self._start_adjoint(own) if self.adjoint is None else self.adjoint
+        through = slope * p_edge
+        for _ in range(self.sweeps):
+            pushed = a.index_select(1, self.edge_child) * through
+            a = own + self._zeros(self.count, p).index_add_(1, self.edge_parent, pushed)
+        edge_grad = a.index_select(1, self.edge_child) * slope * before.index_select(1, self.edge_parent)
+        grad = (r_node * price).index_add_(1, self.edge_node, edge_grad)
+        self.reach, self.adjoint = r, a
+        pg = p * grad  # the softmax's Jacobian, per class: ∂/∂z Σ p·g = p·(g − Σ p·g)
+        return (pg - p * self._class_sum(pg).index_select(1, self.node_class)).div_(tau), cost, excess
 
-    def round(self, logits: Any) -> list[np.ndarray]:
-        """Per row, the index of each class's most likely node (the first of equals)."""
+    def _start_adjoint(self, own: Any) -> Any:
+        """The adjoint's warm start: exact for the start choice (hard, every row begins near it), where an edge
+        carries a child's adjoint to its parent only when it is the child's one chosen way in. One walk up the
+        levels (deepest parents first: a child is deeper than its parents, so its adjoint is final when its
+        parents read it), all rows at once, instead of ``depth`` sweeps over every edge."""
+        p = self.problem
+        chosen = np.zeros(len(p.nodes), dtype=bool)
+        chosen[p.start[p.start >= 0]] = True
+        parent = p.node_class[p.edge_node]
+        active = chosen[p.edge_node] & (self.start_reach > 0)[parent]
+        ways = np.bincount(p.edge_child[active], minlength=self.count)
+        sole = np.flatnonzero(active & (ways[p.edge_child] == 1))
+        sole = sole[np.argsort(-p.level[parent[sole]], kind="stable")]
+        parents, children = parent[sole], p.edge_child[sole]
+        cuts = np.flatnonzero(np.diff(p.level[parents])) + 1
+        adjoint = own.double().cpu().numpy().T.copy()  # [classes, rows]
+        for up, down in zip(np.split(parents, cuts), np.split(children, cuts), strict=True):
+            np.add.at(adjoint, up, adjoint[down])
+        return self.torch.as_tensor(np.ascontiguousarray(adjoint.T)).to(own.device, own.dtype)
+
+    def round(self, logits: Any) -> np.ndarray:
+        """Per row, the index of each class's most likely node (the first of equals), as a [rows, classes] array."""
         torch = self.torch
         rows = logits.shape[0]
-        top = self._class_max(logits).index_select(1, self.node_class)
-        index = torch.arange(logits.shape[1], device=logits.device).expand(rows, -1)
-        candidates = torch.where(logits >= top, index, torch.full_like(index, logits.shape[1]))
-        first = torch.full((rows, self.count), logits.shape[1], dtype=index.dtype, device=logits.device)
-        first = first.scatter_reduce(1, self.node_class.expand(rows, -1), candidates, "amin", include_self=True)
-        return [row for row in first.cpu().numpy()]
+        empty = torch.full((rows, self.count), -math.inf, dtype=logits.dtype, device=logits.device)
+        top = empty.scatter_reduce_(1, self.classes_by_node, logits, "amax", include_self=True)
+        index = torch.arange(self.nodes, device=logits.device).expand(rows, -1)
+        candidates = torch.where(logits >= top.index_select(1, self.node_class), index, self.nodes)
+        first = torch.full((rows, self.count), self.nodes, dtype=index.dtype, device=logits.device)
+        first = first.scatter_reduce_(1, self.classes_by_node, candidates, "amin", include_self=True)
+        return np.asarray(first.cpu().numpy())
+
+
+def exact_prices(problem: Relaxed, choices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The DAG cost and the memory proxy of each discrete choice (a row of node indices per class), in float64:
+    the classes its chosen nodes reach from the roots, each once. Reach is propagated level by level (a class's
+    level is its longest path from a root, so every parent of a class is on a lower level and is settled when
+    its edges are followed), all rows at once."""
+    rows = choices.shape[0]
+    count = len(problem.classes)
+    chosen = np.zeros((rows, len(problem.nodes)), dtype=bool)
+    np.put_along_axis(chosen, choices, True, axis=1)
+    reached = np.zeros((rows, count), dtype=bool)
+    reached[:, problem.roots] = True
+    flat = np.arange(rows)[:, None] * count
+    for edges in problem.edges_by_level:
+        parents = problem.node_class[problem.edge_node[edges]]
+        hits = reached[:, parents] & chosen[:, problem.edge_node[edges]]
+        if hits.any():
+            children = (flat + problem.edge_child[edges][None, :])[hits]
+            reached.ravel()[children] = True
+    cost = np.where(reached, problem.cost[choices], 0.0).sum(axis=1)
+    memory = np.where(reached, problem.memory[choices], 0.0).sum(axis=1)
+    return cost, memory
