@@ -43,8 +43,6 @@ ort.set_default_logger_severity(3)  # the right-hand sides onnxruntime refuses a
 ESCAPES: dict[str, str] = {
     "adv-nan-where-greater-as-max": "proven (bounded): values are reals, so NaN (which makes every comparison "
     "false and which Max propagates) is never an input",
-    "adv-float-cancel-addend-in-compare": "proven (bounded): values are exact reals, so float32 rounding (1e8 + 1 "
-    "== 1e8) never happens",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).

@@ -608,6 +608,7 @@ class Equation:
     right: np.ndarray
     term: str = ""
     assume: bool = False  # the left-hand side's own consistency: a premise, not a claim of the rule
+    node: Term | None = None  # the term whose values these are (the float32 pass asks whether it is discrete)
 
 
 @dataclass
@@ -913,7 +914,8 @@ def _consistency(case: _Case, term: Term, label: str, equations: list[Equation])
         if key in seen:
             continue
         seen.add(key)
-        equations.append(Equation(f"{label} on device {rank} ({_coord_str(case.mesh, rank)})", got, want, str(term)))
+        what = f"{label} on device {rank} ({_coord_str(case.mesh, rank)})"
+        equations.append(Equation(what, got, want, str(term), node=term))
 
 
 def _check_shape(got: Any, want: np.ndarray, label: str, term: Term, placement: dict[str, State], rank: int) -> None:
@@ -1000,7 +1002,7 @@ def evaluate_case(
                 f"the sides have global shapes {_shape_of(gl)} and {_shape_of(gr)} ({left} vs {right})",
             )
         if gl is not None:
-            equations.append(Equation("global value", gr, gl, str(right)))  # got: right side, want: left
+            equations.append(Equation("global value", gr, gl, str(right), node=right))  # got: right, want: left
     try:
         for t in _subterms(rhs):
             _consistency(case, t, "right-hand side term", equations)
