@@ -101,6 +101,8 @@ def render(report: Report, out: Console, quiet: bool = False) -> None:
         if r.status == "proven":
             kinds[r.kind] = kinds.get(r.kind, 0) + 1
     by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    if report.rules:
+        out.print(NAN_FREE)  # above the summary, which stays the last line
     verdict = "[green]ok[/green]" if report.ok else "[bold red]FAILED[/bold red]"
     proven = f"{report.count('proven')} proven" + (f" ({by_kind})" if by_kind else "")
     out.print(
@@ -109,7 +111,6 @@ def render(report: Report, out: Console, quiet: bool = False) -> None:
         f"{report.analyses} analysis declarations (facts only, nothing to prove); "
         f"{report.seconds:.1f} s, median {report.median_seconds():.3f} s per rule"
     )
-    out.print(NAN_FREE)
 
 
 def run(
