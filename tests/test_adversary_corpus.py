@@ -42,7 +42,8 @@ ort.set_default_logger_severity(3)  # the right-hand sides onnxruntime refuses a
 # Unsound rules the verifier does not refute today, and why (what its cases or axioms miss).
 ESCAPES: dict[str, str] = {
     "adv-nan-where-greater-as-max": "proven (bounded): values are reals, so NaN (which makes every comparison "
-    "false and which Max propagates) is never an input",
+    "false and which Max propagates) is never an input; a project decision: proofs assume NaN-free inputs, and "
+    "`verify --help`, its report and docs/verify.md say so",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).
