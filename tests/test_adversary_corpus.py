@@ -39,24 +39,15 @@ ANALYSIS = re.findall(r':ruleset analysis :name "([^"]+)"', CORPUS.read_text())
 
 ort.set_default_logger_severity(3)  # the right-hand sides onnxruntime refuses are expected: no error log
 
-_ANALYSIS = (
-    "a placement an analysis declaration derives for an op (`placed e ax st`) is not checked against the pieces"
-    " it means (shapes and the guard relations are)"
-)
 # Unsound rules the verifier does not refute today, and why (what its cases or axioms miss).
 ESCAPES: dict[str, str] = {
     "adv-nan-where-greater-as-max": "proven (bounded): values are reals, so NaN (which makes every comparison "
-    "false and which Max propagates) is never an input",
-    "adv-float-cancel-addend-in-compare": "proven (bounded): values are exact reals, so float32 rounding (1e8 + 1 "
-    "== 1e8) never happens",
-    "adv-analysis-reducesum-of-shard-is-shard": _ANALYSIS,
-    "adv-analysis-relu-of-partial": _ANALYSIS,
+    "false and which Max propagates) is never an input; a project decision: proofs assume NaN-free inputs, and "
+    "`verify --help`, its report and docs/verify.md say so",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).
-GAPS: dict[str, tuple[bool, str]] = {
-    "adv-ok-analysis-neg-of-partial": (True, _ANALYSIS),
-}
+GAPS: dict[str, tuple[bool, str]] = {}
 # Rules whose verification took more than ~45 s here (two cores shared by eight engineers, load 15-20: about
 # four times the time on an idle core); the default run leaves them to the slow tests. Measured: refuted
 # adv-clip-clip-intersect 729 s, adv-slice-slice-compose-negative 521 s, adv-2axis-matmul-2d-no-replicate 73 s,

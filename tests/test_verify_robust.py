@@ -105,6 +105,34 @@ ANALYSIS_MUTANTS = {
         "(rule ((= e (Relu x)) (can-split x d ax)) ((can-split e d ax)) :ruleset analysis)",
         "proven",
     ),
+    # placements of ops (`placed e ax st`), checked by the pieces they mean. The shipped Attention declaration
+    # derived R from q, kt and v alone: with a pending-sum fill (or a sharded mask) each device computes with
+    # its own piece, so the pieces are not copies (now it also asks for m and f R)
+    "placed-attention-ignores-mask-and-fill": (
+        "(rule ((= e (Attention q kt v m f sc cz)) (placed q ax (R)) (placed kt ax (R)) (placed v ax (R)))"
+        " ((placed e ax (R))) :ruleset analysis)",
+        "refuted",
+    ),
+    # an operand the query says nothing of may be sharded or a pending sum
+    "placed-add-one-operand-replicated": (
+        "(rule ((= e (Add a b)) (placed a ax (R))) ((placed e ax (R))) :ruleset analysis)",
+        "refuted",
+    ),
+    # a placement read into a variable ranges over every placement (here P: Relu(1) + Relu(-2) != Relu(-1))
+    "placed-relu-keeps-any-placement": (
+        "(rule ((= e (Relu x)) (placed x ax s)) ((placed e ax s)) :ruleset analysis)",
+        "refuted",
+    ),
+    # sound: a sum of pending sums is a pending sum; an elementwise op of a shard is the shard (d bound by it)
+    "placed-add-of-partials": (
+        "(rule ((= e (Add a b)) (placed a ax (P)) (placed b ax (P)) (= (shape a) (shape b))) ((placed e ax (P)))"
+        " :ruleset analysis)",
+        "proven",
+    ),
+    "placed-relu-of-shard": (
+        "(rule ((= e (Relu x)) (placed x ax (S d))) ((placed e ax (S d))) :ruleset analysis)",
+        "proven",
+    ),
     # two tensors and no root pattern: not enumerable, so unknown (fails), never silently accepted
     "two-unrelated-tensors": (
         "(rule ((can-split x d ax) (can-split y d ax)) ((can-split x d ax)) :ruleset analysis)",

@@ -16,22 +16,45 @@ How a query becomes cases: ``(= e (Op ...))`` roots it at that pattern; a first 
 other declarations derive by matching (``(bcast-operand e x)``) is joined with each of those declarations
 (``e`` their pattern, ``x`` their argument), ops that share instances checked once; a query over one tensor
 variable ranges over every free tensor; a query without tensors over the mesh and the integers alone.
+
+A placement derived for the query's root op, ``(placed e ax ST)`` with ``(= e (Op ...))``, is checked by what
+it means, as a rewrite's pieces are (:func:`verify._semantics.placement_equations`): in every case, for every
+placement of the op's operands on the axis that the query allows (a ``placed`` fact fixes an operand's; an
+operand the query says nothing of may be ``R``, ``P`` or ``S(d)`` for any dim that splits), the op applied to
+its operands' pieces must give pieces consistent with ``ST`` (copies, chunks, or pieces summing to its value),
+proven with z3 on symbolic inputs like a bounded case. Deriving ``R`` from operands all ``R`` on that axis is
+the verifier's own rule (a regular op applied to copies), not re-checked.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from unity_eq.ir import Mesh
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.checks import Checker
 from unity_eq.rulefile.env import Env
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var, walk
-from unity_eq.verify._bounded import Case, bounded_token, rule_meshes
+from unity_eq.verify._bounded import Case, bounded_token, rule_meshes, solve_equations
 from unity_eq.verify._gen import GenConfig, generate_lhs
-from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, solve_guards
-from unity_eq.verify._semantics import PARALLEL, Placements
+from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, guard_value, solve_guards
+from unity_eq.verify._semantics import (
+    PARALLEL,
+    EvalFailure,
+    Placements,
+    State,
+    VarSpec,
+    instantiate,
+    list_elements,
+    parse_state,
+    placement_equations,
+    state_str,
+)
+from unity_eq.verify._tensor import Z3Backend
 
 __all__ = ["CHECKED_RELATIONS", "AnalysisOutcome", "check_analysis_decl", "checked_claims"]
 
@@ -77,7 +100,68 @@ def checked_claims(decl: AnalysisDecl) -> list[App]:
     unsound while ``verify`` passed (issue 21's adversary corpus)."""
     out = [a for a in decl.actions if isinstance(a, App) and a.head in CHECKED_RELATIONS]
     out += [_shape_fact(a) for a in decl.actions if _is_shape_set(a)]
+    return out + placement_claims(decl)
+
+
+def placement_claims(decl: AnalysisDecl) -> list[App]:
+    """The ``(placed e ax ST)`` facts ``decl`` derives for its query's root op ``(= e (Op ...))``, except
+    ``R`` from operands all ``R`` on the same axis (the verifier's own rule: an op applied to copies). The
+    engine reads every rewrite's ``placed`` guard, and the one-placement-per-e-class check, from these: a
+    wrong one (Relu of a pending sum kept pending) made rewrites guarded by it unsound while ``verify``
+    passed (issue 21's adversary corpus). Placements of leaves and parallel ops are their definitions,
+    mirrored by :func:`verify._semantics.propagate`."""
+    root = _root(decl)
+    if root is None:
+        return []
+    name, pattern = root
+    return [
+        a
+        for a in decl.actions
+        if isinstance(a, App)
+        and a.head == "placed"
+        and len(a.args) == 3
+        and a.args[0] == Var(name)
+        and not _by_contract(decl, pattern, a)
+    ]
+
+
+def _root(decl: AnalysisDecl) -> tuple[str, App] | None:
+    """The query's root ``(= e (Op ...))`` when it is a regular op (the one :func:`_rooted` enumerates)."""
+    for fact in decl.query:
+        if _is_root(fact):
+            assert isinstance(fact, App)
+            name, pattern = fact.args
+            assert isinstance(name, Var) and isinstance(pattern, App)
+            return (name.name, pattern) if pattern.head in OPS else None
+    return None
+
+
+def _operands(pattern: App) -> list[Term] | None:
+    """The tensor operands of a regular op's pattern (list elements flattened); None for a list variable."""
+    spec = OPS[pattern.head]
+    out: list[Term] = []
+    for i in spec.tensor_args:
+        if i >= len(pattern.args):
+            continue
+        arg = pattern.args[i]
+        items = list_elements(arg) if spec.args[i].sort == "TList" else [arg]
+        if items is None:
+            return None
+        out.extend(items)
     return out
+
+
+def _by_contract(decl: AnalysisDecl, pattern: App, claim: App) -> bool:
+    """``R`` derived from a query that makes every operand ``R`` on the claim's axis."""
+    if claim.args[2] != App("R"):
+        return False
+    replicated = {
+        (f.args[0], f.args[1])
+        for f in decl.query
+        if isinstance(f, App) and f.head == "placed" and len(f.args) == 3 and f.args[2] == App("R")
+    }
+    operands = _operands(pattern)
+    return operands is not None and all((x, claim.args[1]) in replicated for x in operands)
 
 
 def _is_shape_set(action: Term) -> bool:
@@ -113,6 +197,8 @@ def check_analysis_decl(
         outcome = AnalysisOutcome("unknown", outcome.checked, str(exc))
     except GuardError as exc:
         outcome = AnalysisOutcome("unknown", outcome.checked, f"a fact cannot be evaluated: {exc}")
+    if outcome.status == "unknown_pending":  # a z3 timeout, and no counterexample
+        outcome.status = "unknown"
     if outcome.status == "proven" and not outcome.checked:
         outcome = AnalysisOutcome("unknown", 0, "no case of the ranges satisfies the query")
     outcome.seconds = time.perf_counter() - start
@@ -137,28 +223,136 @@ def _check_one(
     rule = Checker(env, Rule("analysis", decl.pos, lhs, lhs, guards, decl.ruleset)).check()
     sorts = rule.var_sorts
     cfg = GenConfig()
+    placing = any(_is_placement_claim(a, lhs) for a in actions)
+    only_placing = all(_is_placement_claim(a, lhs) for a in actions)
     for mesh in rule_meshes(rule, sizes):
         axes = mesh.axes
+        if only_placing and mesh.size == 1:
+            continue  # on one device every placement's pieces are the value itself: nothing to check
+        if placing and len(axes) != 1:
+            raise _CannotEnumerate(
+                f"a placement derived on a query over {len(axes)} mesh axes is not checked (one axis only)"
+            )
         for inst in generate_lhs(lhs, sorts, axes, cfg):
             specs = {v: inst[v] for v, s in sorts.items() if s == "T" and v in inst}
             lists = {v: inst[v] for v, s in sorts.items() if s == "TList" and v in inst}
             attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}
-            ctx = GuardContext(
-                axes, dict(zip(axes, mesh.sizes, strict=True)), sorts, specs, lists, Placements(axes), facts
-            )
-            for solution in solve_guards(guards, attrs, ctx):
-                outcome.checked += 1
-                for action in actions:
-                    if not any(True for _ in solve_guards([action], solution, ctx)):
-                        case = Case(mesh, {**solution, **specs, **lists}, dict(ctx.placed))
-                        outcome.status = "refuted"
-                        outcome.case = case.describe(sorts)
-                        outcome.message = (
-                            f"derives {action} where it does not hold (by its meaning in unity_eq.verify's "
-                            "mirror of rules/analysis.egg): a rewrite guarded by it would apply where it is unsound"
-                        )
-                        return True
+            elements = _elements(specs, lists)
+            layouts = _layouts(elements, guards, axes[0], mesh.sizes[0]) if placing else [{}]
+            for placed in layouts:
+                ctx = GuardContext(
+                    axes,
+                    dict(zip(axes, mesh.sizes, strict=True)),
+                    sorts,
+                    specs,
+                    lists,
+                    Placements(axes),
+                    facts,
+                    placed=dict(placed),
+                    fixed_placements=placing,
+                )
+                for solution in solve_guards(guards, attrs, ctx):
+                    outcome.checked += 1
+                    case = Case(mesh, {**solution, **specs, **lists}, dict(ctx.placed))
+                    for action in actions:
+                        if _is_placement_claim(action, lhs):
+                            assert isinstance(action, App)
+                            why = _placement_fails(lhs, action, solution, ctx, mesh, sorts, elements, outcome)
+                            if why is None:
+                                continue
+                            where, message = why
+                            outcome.status, outcome.message = "refuted", message
+                            outcome.case = f"{case.describe(sorts)}; {where}"
+                            return True
+                        if not any(True for _ in solve_guards([action], solution, ctx)):
+                            outcome.status = "refuted"
+                            outcome.case = case.describe(sorts)
+                            outcome.message = (
+                                f"derives {action} where it does not hold (by its meaning in unity_eq.verify's "
+                                "mirror of rules/analysis.egg): a rewrite guarded by it would apply where it is unsound"
+                            )
+                            return True
     return False
+
+
+def _is_placement_claim(action: Term, root: Term) -> bool:
+    return isinstance(action, App) and action.head == "placed" and action.args[:1] == (root,)
+
+
+def _elements(specs: dict[str, VarSpec | None], lists: dict[str, list[VarSpec]]) -> dict[str, VarSpec]:
+    """The case's tensor variables, list elements named ``l#i`` (as :func:`instantiate` names them)."""
+    out = {v: s for v, s in specs.items() if s is not None}
+    for v, items in lists.items():
+        out.update({f"{v}#{i}": s for i, s in enumerate(items)})
+    return out
+
+
+def _layouts(elements: dict[str, VarSpec], guards: tuple[Term, ...], axis: str, n: int) -> list[dict[Any, State]]:
+    """Every placement of the operands on ``axis`` the query may match: a ``placed`` fact with a literal
+    state fixes the operand's (the guards then check it); any other operand may be ``R``, ``P`` or ``S(d)``
+    for every dim that splits into ``n`` (``D`` has ``R``'s pieces)."""
+    fixed: dict[str, set[State]] = {}
+    for g in guards:
+        if isinstance(g, App) and g.head == "placed" and len(g.args) == 3 and isinstance(g.args[0], Var):
+            state = parse_state(g.args[2])
+            if state is not None:
+                fixed.setdefault(g.args[0].name, set()).add(state)
+    choices: list[list[State]] = []
+    for name, spec in elements.items():
+        if name in fixed:
+            choices.append(sorted(fixed[name]))
+            continue
+        shards = [("S", d) for d, size in enumerate(spec.shape) if size % n == 0]
+        choices.append([("R", -1), ("P", -1), *shards])
+    return [
+        {(name, axis): st for name, st in zip(elements, combo, strict=True)} for combo in itertools.product(*choices)
+    ]
+
+
+def _placement_fails(
+    lhs: Term,
+    claim: App,
+    solution: dict[str, Any],
+    ctx: GuardContext,
+    mesh: Mesh,
+    sorts: dict[str, str],
+    elements: dict[str, VarSpec],
+    outcome: AnalysisOutcome,
+) -> tuple[str, str] | None:
+    """(where, why) when the op's pieces under its operands' placements are not what ``claim`` says; None
+    when they are (or the case cannot occur). A z3 timeout leaves ``outcome`` unknown."""
+    if mesh.size == 1:
+        return None  # one piece, the value itself, whatever the placement
+    axis = guard_value(claim.args[1], solution, ctx)
+    state = guard_value(claim.args[2], solution, ctx)
+    if axis not in mesh.axes or not (isinstance(state, tuple) and len(state) == 2):
+        raise GuardError(f"{claim}: no axis and placement of this mesh")
+    term = instantiate(lhs, {**solution, **ctx.specs, **ctx.lists}, sorts)
+    pl = Placements((axis,))
+    for name in elements:
+        pl.add(Var(name), axis, ctx.placed.get((name, axis), ("R", -1)))
+    pl.add(term, axis, state)
+    states = [f"{v}: {state_str(next(iter(pl.get(Var(v), axis))))}" for v in elements]
+    where = f"placements on {axis}: {', '.join(states)}, {term} (derived): {state_str(state)}"
+    sub = Mesh((axis,), (mesh.sizes[mesh.axes.index(axis)],))
+    try:
+        got = placement_equations(term, sub, pl, elements, Z3Backend())
+    except EvalFailure as exc:
+        return where, f"derives {claim} where it does not hold: {exc.message}"
+    if got is None:
+        return None
+    equations, values = got
+    result = solve_equations(equations, values, where, 2000)
+    if result.status == "unknown" and outcome.status == "proven":
+        outcome.status, outcome.message = "unknown_pending", result.reason
+    if result.status != "refuted" or result.counterexample is None:
+        return None
+    cex = result.counterexample
+    inputs = "; ".join(f"{k} = {v}" for k, v in cex.inputs.items())
+    return where, (
+        f"derives {claim} where it does not hold: {cex.message} (inputs: {inputs}; got {cex.got}, want {cex.want})"
+        + (f"; functions: {cex.functions}" if cex.functions else "")
+    )
 
 
 def _rooted(

@@ -598,6 +598,12 @@ def check_case(
     return CaseOutcome("refuted", Counterexample(describe, "placement", problem)) if problem else outcome
 
 
+def solve_equations(equations: list[Any], values: Any, describe: str, timeout_ms: int) -> CaseOutcome:
+    """Prove the claims among ``equations`` (the ``assume`` ones are premises) as a case of a rule is proven:
+    shortcuts first, then z3 (verify/_analysis.py checks a derived placement with it)."""
+    return _solve(equations, values, describe, timeout_ms)
+
+
 def _is_expr(x: Any) -> bool:
     return isinstance(x, z3.ExprRef)
 

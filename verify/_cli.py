@@ -22,6 +22,12 @@ from unity_eq.verify._verify import Options, Report, RuleReport, verify_rules
 
 __all__ = ["main", "render", "run"]
 
+#: what every proof assumes, printed under the summary (docs/verify.md, "NaN and float rounding")
+NAN_FREE = (
+    "note: proofs are over the reals and assume NaN-free, finite inputs (a rule right only because NaN never "
+    "occurs is proven); float32 rounding is checked where it feeds a discrete op (docs/verify.md)"
+)
+
 _STYLE = {"proven": "green", "refuted": "bold red", "partial": "yellow", "unknown": "yellow"}
 
 
@@ -95,6 +101,8 @@ def render(report: Report, out: Console, quiet: bool = False) -> None:
         if r.status == "proven":
             kinds[r.kind] = kinds.get(r.kind, 0) + 1
     by_kind = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    if report.rules:
+        out.print(NAN_FREE)  # above the summary, which stays the last line
     verdict = "[green]ok[/green]" if report.ok else "[bold red]FAILED[/bold red]"
     proven = f"{report.count('proven')} proven" + (f" ({by_kind})" if by_kind else "")
     out.print(
@@ -202,7 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m unity_eq.verify [PATHS...] [--rule NAME]...``"""
     parser = argparse.ArgumentParser(
         prog="python -m unity_eq.verify",
-        description="Prove rewrite rules sound with z3 (default: every rule shipped in rules/).",
+        description="Prove rewrite rules sound with z3 (default: every rule shipped in rules/). Proofs are over "
+        "the reals and assume NaN-free, finite inputs; float32 rounding is checked where it feeds a discrete op "
+        "(docs/verify.md).",
     )
     parser.add_argument("paths", nargs="*", type=Path, help=".egg files to verify (with the shipped schema)")
     parser.add_argument("--rule", "-r", action="append", default=[], help="verify only this rule (repeatable)")
@@ -223,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=int, default=Options.timeout_ms, help="z3 timeout per case, ms")
     parser.add_argument("--no-generic", action="store_true", help="skip shape-generic proofs")
-    parser.add_argument("--no-numeric", action="store_true", help="skip the numeric back-up")
+    parser.add_argument("--no-numeric", action="store_true", help="skip the numeric back-up (and its float32 pass)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only failures and the summary")
     parser.add_argument(
         "--write-certificate", action="store_true", help="write what each proof covers for the engine (docs/verify.md)"

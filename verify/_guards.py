@@ -42,6 +42,7 @@ __all__ = [
     "DerivedFacts",
     "GuardContext",
     "GuardError",
+    "guard_value",
     "solve_guards",
     "unsupported_relations",
 ]
@@ -139,6 +140,10 @@ class GuardContext:
     facts: DerivedFacts = field(default_factory=lambda: DerivedFacts(()))
     placed: dict[tuple[str, str], State] = field(default_factory=dict)
     memo: dict[Any, Any] = field(default_factory=dict)  # shared by the cases of one instance
+    #: ``placed`` holds every variable's placement (an analysis declaration's placement check enumerates
+    #: them): a ``placed`` guard then only matches it (egglog's query), never gives a variable its placement,
+    #: and ``(S d)`` with ``d`` unbound binds ``d`` to the sharded dim
+    fixed_placements: bool = False
 
     # --- terms
     def tensor(self, term: Term, binding: dict[str, Any]) -> Term:
@@ -279,6 +284,15 @@ def _value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
     raise GuardError(f"'{head}' has no value in a guard")
 
 
+def guard_value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
+    """The value of a guard term (an axis, a placement ``(S d)``, a dim…) under ``binding``; GuardError when
+    it has none."""
+    try:
+        return _value(term, binding, ctx)
+    except (_NoValue, _Undefined) as exc:
+        raise GuardError(f"{term} has no value here ({exc})") from None
+
+
 class _Undefined(Exception):
     """The fact is false in egglog (it does not match): vec-get out of range, division by zero."""
 
@@ -324,12 +338,15 @@ def _rel_placed(ctx: GuardContext, a: list[Any]) -> Iterator[list[Any]]:
         st = ctx.placement(x, ax)
         if st is None:
             continue
-        if a[2] is UNBOUND or a[2] == st:
+        if a[2] is UNBOUND or a[2] == st or (a[2] == _S_UNBOUND and st[0] == "S"):
             yield [x, ax, st]
-        elif isinstance(x, Var) and not ctx.pl.get(x, ax):
+        elif isinstance(x, Var) and not ctx.pl.get(x, ax) and not ctx.fixed_placements:
             # "R unless a guard says otherwise": the guard gives the variable its placement
             ctx.placed[(x.name, ax)] = a[2]
             yield [x, ax, a[2]]
+
+
+_S_UNBOUND = ("S", "unbound")  # ``(S d)`` with ``d`` unbound, under ``fixed_placements``
 
 
 def _shards_not(st: State, d: int) -> bool:
@@ -655,6 +672,7 @@ def _fact(fact: Term, binding: dict[str, Any], ctx: GuardContext) -> Iterator[di
     rel, enumerable = entry
     args: list[Any] = []
     unbound: dict[int, str] = {}
+    shard_dim = ""  # ``(placed x ax (S d))`` with ``d`` unbound, matched against fixed placements
     for i, arg in enumerate(fact.args):
         if isinstance(arg, Var) and arg.name not in binding and ctx.sorts.get(arg.name) not in ("T", "TList"):
             if i not in enumerable:
@@ -667,7 +685,10 @@ def _fact(fact: Term, binding: dict[str, Any], ctx: GuardContext) -> Iterator[di
             and isinstance(arg.args[0], Var)
             and arg.args[0].name not in binding
         ):
-            raise _NoValue(arg.args[0].name)
+            if head != "placed" or not ctx.fixed_placements:
+                raise _NoValue(arg.args[0].name)
+            shard_dim = arg.args[0].name
+            args.append(_S_UNBOUND)
         else:
             value = _value(arg, binding, ctx)
             state = parse_state(arg) if isinstance(arg, App) else None
@@ -679,6 +700,8 @@ def _fact(fact: Term, binding: dict[str, Any], ctx: GuardContext) -> Iterator[di
             if name in new and new[name] != solution[i]:
                 ok = False
             new[name] = solution[i]
+        if shard_dim:
+            new[shard_dim] = solution[2][1]
         if ok:
             yield new
 

@@ -4,6 +4,10 @@ The cases come from the same enumeration as the bounded proof (every third insta
 dims 1, 3, 6 and 8 and axis sizes 2-4,
 and the same evaluator (:func:`unity_eq.verify._semantics.evaluate_case`) on float64 arrays; uninterpreted
 functions are fixed smooth functions. A mismatch beyond ``1e-9`` relative error is a refutation.
+
+Rules whose terms feed float arithmetic into a discrete op also get a float32 pass on the same cases
+(:mod:`unity_eq.verify._float32`): stressed inputs, discrete outputs exactly equal, float ones within
+rounding of their magnitudes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 
 from unity_eq.rulefile.terms import Rule
 from unity_eq.verify._bounded import (
+    Case,
     Counterexample,
     Enumeration,
     concrete_rule,
@@ -24,9 +29,17 @@ from unity_eq.verify._bounded import (
     enumeration_key,
     placement_problem,
 )
+from unity_eq.verify._float32 import FLOAT32_RTOL, Float32Backend, MagnitudeBackend, is_discrete, needs_float32
 from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._guards import DerivedFacts
-from unity_eq.verify._semantics import EvalFailure, evaluate_case, infer_placements, lhs_placements
+from unity_eq.verify._semantics import (
+    EvalFailure,
+    Placements,
+    VarSpec,
+    evaluate_case,
+    infer_placements,
+    lhs_placements,
+)
 from unity_eq.verify._tensor import NumpyBackend
 
 __all__ = ["NUMERIC_CONFIG", "NumericResult", "check_numeric"]
@@ -41,6 +54,7 @@ class NumericResult:
     max_error: float = 0.0
     counterexample: Counterexample | None = None
     seconds: float = 0.0
+    float32: int = 0  # evaluations of the float32 pass (0: the rule feeds no float arithmetic to a discrete op)
 
 
 def check_numeric(
@@ -62,6 +76,7 @@ def check_numeric(
             cache[key] = enum
     result = NumericResult("skipped")
     rng = np.random.default_rng(seed)
+    checked: list[tuple[Case, Placements, dict[str, VarSpec]]] = []
     for case in sorted(enum.cases, key=lambda c: -c.elements()):
         if result.cases >= cases:
             break
@@ -82,6 +97,7 @@ def check_numeric(
             break
         if equations is None:
             continue
+        checked.append((case, pl, specs))
         result.cases += 1
         result.status = "passed" if result.status != "failed" else "failed"
         if any(not np.allclose(np.asarray(e.left, float), np.asarray(e.right, float)) for e in equations if e.assume):
@@ -107,5 +123,81 @@ def check_numeric(
                 break
         if result.status == "failed":
             break
+    if result.status != "failed" and needs_float32(rule):
+        _float32_pass(rule, checked, seed, result)
     result.seconds = time.perf_counter() - start
     return result
+
+
+#: stressed inputs per case of the float32 pass (each draws every input anew)
+FLOAT32_TRIALS = 8
+
+
+def _float32_pass(
+    rule: Rule, checked: list[tuple[Case, Placements, dict[str, VarSpec]]], seed: int, result: NumericResult
+) -> None:
+    """Both sides of each case in float32 on stressed inputs, ``FLOAT32_TRIALS`` draws each (see
+    :mod:`unity_eq.verify._float32`): a discrete output must be equal, a float one within
+    ``FLOAT32_RTOL`` of its magnitude bound."""
+    for n, (case, pl, specs) in enumerate(checked):
+        lhs, rhs, _vars, _specs = concrete_rule(rule, case)
+        for trial in range(FLOAT32_TRIALS):
+            draw = [seed, n, trial]
+            try:
+                got = evaluate_case(
+                    lhs, rhs, case.mesh, pl, specs, {}, Float32Backend(np.random.default_rng(draw)), gradients=False
+                )
+                bound = evaluate_case(
+                    lhs, rhs, case.mesh, pl, specs, {}, MagnitudeBackend(np.random.default_rng(draw)), gradients=False
+                )
+            except EvalFailure:
+                return  # the float64 pass evaluated this case: nothing new to say
+            equations, values, _skip = got
+            if equations is None or bound[0] is None or values is None:
+                break
+            result.float32 += 1
+            why = _float32_mismatch(equations, bound[0], lhs)
+            if why is None:
+                continue
+            eq, message = why
+            inputs = {k: np.asarray(v, dtype=float).tolist() for k, v in values.inputs.items()}
+            result.status = "failed"
+            result.counterexample = Counterexample(
+                case.describe(rule.var_sorts) + "; float32",
+                "value",
+                f"in float32 on stressed inputs, {eq.what} differs ({message}): proven over the reals, the rule "
+                "is wrong once float32 rounds",
+                inputs,
+                check=f"{eq.what}: {eq.term}",
+                got=np.asarray(eq.left, dtype=float).tolist(),
+                want=np.asarray(eq.right, dtype=float).tolist(),
+            )
+            return
+
+
+def _float32_mismatch(equations: list[Any], bounds: list[Any], lhs: Any) -> tuple[Any, str] | None:
+    """The first claim that float32 breaks (with why), or None: a trial whose inputs overflow, or whose
+    left-hand side's own pieces do not fit within rounding (a premise), says nothing."""
+    pairs = list(zip(equations, bounds, strict=True))
+    for eq, _bound in pairs:
+        for values in (eq.left, eq.right):
+            if not np.all(np.isfinite(np.asarray(values, dtype=float))):
+                return None
+    checks = []
+    for eq, bound in pairs:
+        got, want = np.asarray(eq.left, dtype=float), np.asarray(eq.right, dtype=float)
+        discrete = is_discrete(eq.node) or (eq.what == "global value" and is_discrete(lhs))
+        if discrete:
+            bad = got != want
+            why = "a discrete output: it must be equal"
+        else:
+            scale = np.asarray(bound.left, dtype=float) + np.asarray(bound.right, dtype=float)
+            bad = np.abs(got - want) > FLOAT32_RTOL * scale
+            why = f"by more than {FLOAT32_RTOL:g} of the magnitudes it is computed from"
+        if eq.assume and np.any(bad):
+            return None
+        checks.append((eq, bad, why))
+    for eq, bad, why in checks:
+        if not eq.assume and np.any(bad):
+            return eq, why
+    return None

@@ -58,6 +58,7 @@ __all__ = [
     "infer_placements",
     "instantiate",
     "lhs_placements",
+    "placement_equations",
     "state_str",
 ]
 
@@ -607,6 +608,7 @@ class Equation:
     right: np.ndarray
     term: str = ""
     assume: bool = False  # the left-hand side's own consistency: a premise, not a claim of the rule
+    node: Term | None = None  # the term whose values these are (the float32 pass asks whether it is discrete)
 
 
 @dataclass
@@ -912,7 +914,8 @@ def _consistency(case: _Case, term: Term, label: str, equations: list[Equation])
         if key in seen:
             continue
         seen.add(key)
-        equations.append(Equation(f"{label} on device {rank} ({_coord_str(case.mesh, rank)})", got, want, str(term)))
+        what = f"{label} on device {rank} ({_coord_str(case.mesh, rank)})"
+        equations.append(Equation(what, got, want, str(term), node=term))
 
 
 def _check_shape(got: Any, want: np.ndarray, label: str, term: Term, placement: dict[str, State], rank: int) -> None:
@@ -999,7 +1002,7 @@ def evaluate_case(
                 f"the sides have global shapes {_shape_of(gl)} and {_shape_of(gr)} ({left} vs {right})",
             )
         if gl is not None:
-            equations.append(Equation("global value", gr, gl, str(right)))  # got: right side, want: left
+            equations.append(Equation("global value", gr, gl, str(right), node=right))  # got: right, want: left
     try:
         for t in _subterms(rhs):
             _consistency(case, t, "right-hand side term", equations)
@@ -1007,3 +1010,27 @@ def evaluate_case(
         raise EvalFailure("shape", str(exc)) from None
     values = CaseValues(case.inputs, case.var_pieces, g_lhs, g_rhs, case.assumptions)
     return equations, values, None
+
+
+def placement_equations(
+    term: Term, mesh: Mesh, pl: Placements, specs: dict[str, VarSpec], bk: Any
+) -> tuple[list[Equation], CaseValues] | None:
+    """What a placement an analysis declaration derives for an op means (verify/_analysis.py): ``term``, a
+    regular op over variables, applied to its operands' pieces (each variable's placement in ``pl``) gives
+    pieces consistent with ``term``'s own placement in ``pl`` (R/D: copies of its global value; S(d): its
+    chunks; P: pieces summing to it). Returns the equations that say so, or None when the operands cannot
+    have these placements (a sharded dim that does not split). Raises EvalFailure when the op's pieces
+    cannot be consistent (a shape that does not fit): a refutation."""
+    case = _Case(mesh, pl, specs, {}, bk)
+    try:
+        for name in specs:
+            case.glob(Var(name))
+        g = case.glob(term)
+    except (ShapeError, EvalFailure):
+        return None
+    equations: list[Equation] = []
+    try:
+        _consistency(case, term, "the op's pieces under the derived placement:", equations)
+    except ShapeError as exc:
+        raise EvalFailure("shape", f"the op's pieces under the derived placement: {exc}") from None
+    return equations, CaseValues(case.inputs, case.var_pieces, g, g, case.assumptions)

@@ -183,6 +183,7 @@ class RuleReport:
                 "status": self.numeric.status,
                 "cases": self.numeric.cases,
                 "max_relative_error": self.numeric.max_error,
+                "float32_evaluations": self.numeric.float32,
                 "seconds": round(self.numeric.seconds, 4),
             }
         if self.integer:
@@ -231,6 +232,7 @@ class Report:
                 "analysis_declarations": self.analyses,
                 "seconds": round(self.seconds, 3),
                 "median_seconds_per_rule": round(self.median_seconds(), 4),
+                "assumes": "values are reals; inputs are NaN-free and finite (docs/verify.md)",
             },
         }
 

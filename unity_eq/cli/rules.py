@@ -34,7 +34,7 @@ def verify(
     ),
     timeout: int = typer.Option(2000, "--timeout", help="z3 timeout per case, in milliseconds."),
     no_generic: bool = typer.Option(False, "--no-generic", help="Skip the shape-generic proofs."),
-    no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up."),
+    no_numeric: bool = typer.Option(False, "--no-numeric", help="Skip the numeric back-up (and its float32 pass)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only failures and the summary."),
     write_certificate: bool = typer.Option(
         False,
@@ -43,7 +43,13 @@ def verify(
         "fires a rule only there.",
     ),
 ) -> None:
-    """Prove every rewrite rule sound with z3; exit 0 iff every rule is proven (and its certificate current)."""
+    """Prove every rewrite rule sound with z3; exit 0 iff every rule is proven (and its certificate current).
+
+    Proofs are over the reals and assume NaN-free, finite inputs: a rule right only because NaN never occurs
+    (Where(Greater(a, b), a, b) as Max(a, b)) is proven. Float32 rounding is checked (a float32 pass of the
+    numeric back-up) where float arithmetic feeds a discrete op: a comparison, a Where's condition, Floor, a
+    Cast to an integer. See docs/verify.md.
+    """
     from unity_eq.verify import Options, run_verify
 
     options = Options(

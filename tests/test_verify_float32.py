@@ -1,0 +1,88 @@
+"""The float32 pass of the numeric back-up (verify/_float32.py, issue 21): values are proven over the reals,
+where ``a + c > b + c`` is ``a > b``; in float32 ``1e8 + 1`` is ``1e8`` and the comparison flips. Rules whose
+terms feed float arithmetic into a discrete op are evaluated in float32 on stressed inputs: a discrete output
+must be exactly equal, a float one may differ by rounding of the magnitudes it is computed from."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import unity_eq.verify._numeric as numeric
+from unity_eq.rulefile.parse import Program
+from unity_eq.rulefile.terms import Rule
+from unity_eq.verify import load_program
+from unity_eq.verify._float32 import Float32Backend, MagnitudeBackend, needs_float32
+from unity_eq.verify._guards import DerivedFacts
+from unity_eq.verify._numeric import check_numeric
+
+RULES = {
+    # a comparison of sums whose common addend cancels over the reals only (a = 1, b = 0, c = 1e8)
+    "cancel-in-compare": (
+        "(rewrite (Greater (Add a c) (Add b c)) (Greater a b) :when ((= (shape a) (shape c)) (= (shape b) (shape c))))",
+        "failed",
+    ),
+    # the same flip, seen through a Where's choice: a float output, off by the difference of its branches
+    "cancel-in-where-condition": (
+        "(rewrite (Where (Greater (Add a c) (Add b c)) x y) (Where (Greater a b) x y)"
+        " :when ((= (shape a) (shape c)) (= (shape b) (shape c))))",
+        "failed",
+    ),
+    # a + b is b + a in float32 too: the discrete output stays equal
+    "commute-in-compare": ("(rewrite (Greater (Add a b) c) (Greater (Add b a) c))", "passed"),
+    # reassociated float outputs round differently ((3 + 3) + 1e8 is 1e8 + 8, 3 + (3 + 1e8) is 1e8): accepted,
+    # within the magnitudes' rounding
+    "reassociate-float-branch": (
+        "(rewrite (Where (Greater (Add a b) b) (Add (Add a a) b) b) (Where (Greater (Add b a) b) (Add a (Add a b)) b))",
+        "passed",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> tuple[Program, dict[str, Rule]]:
+    path = tmp_path_factory.mktemp("float32") / "rules.egg"
+    path.write_text("".join(text[:-1] + f' :name "{name}")\n' for name, (text, _) in RULES.items()))
+    loaded, _files = load_program([path])
+    assert loaded.errors == []
+    return loaded, {r.name: r for r in loaded.rules if r.file.endswith("rules.egg")}
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_float32_pass(program: tuple[Program, dict[str, Rule]], name: str) -> None:
+    loaded, rules = program
+    rule = rules[name]
+    assert needs_float32(rule)
+    result = check_numeric(rule, DerivedFacts(loaded.analyses))
+    assert result.status == RULES[name][1], result.counterexample
+    assert result.float32 > 0
+    if result.status == "failed":
+        assert result.counterexample is not None and "float32" in result.counterexample.message
+
+
+def test_rules_without_rounding_into_a_discrete_op_skip_the_pass(program: tuple[Program, dict[str, Rule]]) -> None:
+    """Comparisons of variables, and rounding that feeds no discrete op, are not checked in float32 (the
+    shipped rules are all of this kind: the pass costs them nothing)."""
+    loaded, _rules = program
+    assert not any(needs_float32(r) for r in loaded.rules if not r.file.endswith("rules.egg"))
+
+
+def test_magnitudes_bound_float32_rounding() -> None:
+    """Both backends draw the same inputs from one seed: the magnitude backend's are their absolute values,
+    and it bounds a sum by the sum of magnitudes (1e8 + 1 - 1e8 rounds to 0, within 1e-4 of 2e8 + 1)."""
+    f32, mag = Float32Backend(np.random.default_rng(3)), MagnitudeBackend(np.random.default_rng(3))
+    x, m = f32.symbols("x", (64,)), mag.symbols("x", (64,))
+    assert x.dtype == np.float32 and np.array_equal(np.abs(x.astype(float)), m)
+    big, one = np.float32(1e8), np.float32(1.0)
+    assert f32.sub(f32.add(big, one), big) == 0.0
+    assert mag.sub(mag.add(big, one), big) == pytest.approx(2e8 + 1)
+
+
+def test_the_tolerance_is_what_accepts_reassociation(
+    program: tuple[Program, dict[str, Rule]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the tolerance the reassociated look-alike fails: its float32 outputs do differ."""
+    loaded, rules = program
+    monkeypatch.setattr(numeric, "FLOAT32_RTOL", 0.0)
+    result = check_numeric(rules["reassociate-float-branch"], DerivedFacts(loaded.analyses))
+    assert result.status == "failed"
