@@ -26,6 +26,7 @@ from unity_eq.cost import OBJECTIVES, CostModel
 from unity_eq.ir import Mesh
 from unity_eq.lower.pipeline import lower_pipeline
 from unity_eq.machine import Machine, default_machine
+from unity_eq.memory import kept_names, plan_memory
 from unity_eq.planfile.pipeline import read_pipeline_record
 from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
 from unity_eq.runtime.checker import run_original
@@ -35,6 +36,7 @@ from unity_eq.split import split_graph
 from unity_eq.stages.pieces import GraphAt, PieceTable, price_pieces
 from unity_eq.stages.record import pipeline_record
 from unity_eq.stages.run import graph_at_batch
+from unity_eq.stages.schedule import in_flight
 from unity_eq.stages.search import (
     StageConfig,
     StageFilter,
@@ -229,3 +231,45 @@ def test_the_memory_policy_chosen_is_the_plan_written(tmp_path: Path) -> None:
         assert meta["cost"]["total_s"] == pytest.approx(priced, rel=1e-9)
     outcome = check(model, out)
     assert outcome.passed, outcome.describe()
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stage_holds_its_side_tensors_once_per_microbatch_in_flight(
+    priced: dict[str, tuple[Path, GraphAt, PieceTable]], kind: str, recompute: str
+) -> None:
+    """Each stage holds the side tensors of a microbatch (received, or made by stage 0) until that
+    microbatch's backward: once per microbatch in flight, however many of its layers read them. Keeping
+    activations, those some layer's backward keeps; recomputing, every one its layers read (the forward runs
+    again). Before, a stage's memory counted a mask its backward keeps once per layer that keeps it, and
+    recomputing, not at all."""
+    _, _, table = priced[kind]
+    machine = default_machine(4)
+    sizes = table.side_bytes[1]
+    config = StageConfig(4, 1, 1, 1, 4, schedule="1f1b", recompute=recompute)
+    plan = evaluate(config, table, machine, TRAINING, 4)
+    plain = evaluate(config, PieceTable(table.pieces, table.options, table.signatures), machine, TRAINING, 4)
+    assert plan is not None and plain is not None and plan.cuts == plain.cuts
+    chosen = iter(plan.pieces)
+    extras: list[float] = []
+    for s, (i, j) in enumerate(plan.cuts):
+        copies = in_flight("1f1b", s, 4, 4, True)
+        reads = {name for piece in table.pieces[i:j] for name in piece.side_in}
+        kept: set[str] = set()
+        for piece in table.pieces[i:j]:
+            cost = next(chosen)
+            assert cost.plan is not None
+            # the stage counts them, not the layers (their plans keep them: counted apart, not per layer)
+            own = (*piece.side_in, *piece.side_out)
+            kept |= kept_names(cost.plan, own)
+            whole = plan_memory(cost.plan, keep_outputs=piece.stream_out is None).activations
+            apart = sum(sizes.get(name, 0.0) for name in kept_names(cost.plan, own))
+            assert cost.activation_bytes == pytest.approx(whole - apart)
+        held = reads if recompute == "full" else kept
+        extra = plan.memory[s].activations - plain.memory[s].activations
+        assert extra == pytest.approx(copies * sum(sizes[name] for name in held)), (s, held)
+        extras.append(extra)
+    if recompute == "full":
+        assert any(extra > 0 for extra in extras[1:])  # a later stage holds the mask it received
+    else:  # these exports add the mask to the scores, and an Add's backward keeps nothing
+        assert extras == [0.0] * 4
