@@ -45,11 +45,11 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from unity_eq.driver import OptimizeResult, optimize
     from unity_eq.errors import UnityEqError
     from unity_eq.ir import Partial, Placement, Replicate, Shard
-    from unity_eq.version import __version__
-    from unity_eq.driver import OptimizeResult, optimize
     from unity_eq.runtime import CheckResult, check, run_plan
+    from unity_eq.version import __version__
 
 
 def __getattr__(name: str) -> Any:

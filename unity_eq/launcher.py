@@ -32,7 +32,9 @@ def quiet_rank() -> bool:
 
 def asks_mpi_backend(argv: list[str]) -> bool:
     """Whether the command line asks for the MPI backend (``--backend mpi``): known before anything loads."""
-    return any(a == "--backend=mpi" or (a == "--backend" and argv[i + 1 : i + 2] == ["mpi"]) for i, a in enumerate(argv))
+    return any(
+        a == "--backend=mpi" or (a == "--backend" and argv[i + 1 : i + 2] == ["mpi"]) for i, a in enumerate(argv)
+    )
 
 
 def pmi_fd() -> int | None:
