@@ -273,3 +273,46 @@ def test_a_stage_holds_its_side_tensors_once_per_microbatch_in_flight(
         assert any(extra > 0 for extra in extras[1:])  # a later stage holds the mask it received
     else:  # these exports add the mask to the scores, and an Add's backward keeps nothing
         assert extras == [0.0] * 4
+
+
+SLOW_TWO_NODES = """
+name = "slow"
+[devices.gpu]
+peak_tflops = { float32 = 0.1, float16 = 1 }
+memory_bandwidth_gbs = 1000
+memory_gib = 80
+[links.fast]
+bandwidth_gbs = 100
+latency_us = 2
+[links.net]
+bandwidth_gbs = 0.1
+latency_us = 5
+[[nodes]]
+devices = { gpu = 1 }
+link = "fast"
+network = "net"
+"""
+
+
+def test_the_training_search_pipelines_bert_with_a_mask_and_check_passes(tmp_path: Path) -> None:
+    """`optimize --objective training` (no `--pipeline`) on a BERT export with a mask, on two nodes of one slow
+    device each (weights large next to the activations: sharing gradients over the network costs more than
+    pipelining, test_training_search.py): it picks 2 stages by itself, lowers them with the mask sent from stage
+    0, and `check` passes. Before side tensors crossed stages this crashed (`KeyError` in the encoder)."""
+    model = export_masked_transformer("bert", tmp_path / "bert.onnx", hidden=256, seq=8, heads=4)
+    machine = tmp_path / "slow.toml"
+    machine.write_text(SLOW_TWO_NODES)
+    plan = tmp_path / "plan"
+    proc = run_cli(
+        "optimize", str(model), "--machine", str(machine), "--nodes", "2", "--objective", "training",
+        "--batch", "4", "-o", str(plan), "--no-generated-rules", "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "pipeline chosen" in proc.stdout
+    record = read_pipeline_record(plan / "plan.json")
+    assert record.chosen.stages == 2 and record.lowered
+    assert record.spmd is not None and record.spmd.step_s is not None and record.chosen.step_s <= record.spmd.step_s
+    assert record.stages[0].side_sends and record.stages[1].side_receives
+    checked = run_cli("check", str(model), str(plan), "-q")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "match:" in checked.stdout
