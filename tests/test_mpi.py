@@ -319,7 +319,7 @@ def test_interrupting_mpiexec_gives_one_line_and_the_signal_s_code(
     import signal
 
     signum = signal.Signals[signame]
-    command = [_mpiexec(), "-n", "2", "unity-eq", "run", str(plans["mlp-2"]), "--backend", "mpi"]
+    command = [_mpiexec(), "-n", "2", _console_script(), "run", str(plans["mlp-2"]), "--backend", "mpi"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stderr is not None
@@ -341,3 +341,67 @@ def test_interrupting_mpiexec_gives_one_line_and_the_signal_s_code(
     assert len(said) == 1 and said[0].startswith(f"interrupted by {signame}: unity-eq run"), err
     assert "error:" not in err and "Traceback" not in err, err
     assert "BAD TERMINATION" not in out and "signal 9" not in out, out
+
+
+def _console_script() -> str:
+    """This environment's ``unity-eq`` (a launcher's PATH may find another environment's first)."""
+    script = Path(sys.executable).parent / "unity-eq"
+    return str(script) if script.exists() else "unity-eq"
+
+
+def _ranks_importing(needle: str, ranks: int, timeout: float = 30) -> list[int]:
+    """The pids of the ``ranks`` processes ``mpiexec`` started (``needle`` in their command line), once each
+    has loaded numpy's core library: every rank is then inside unity-eq's own imports (numpy is imported only by
+    the app, after :func:`unity_eq.cli.entry` installed its handlers), long before its command begins."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if needle.encode() not in (entry / "cmdline").read_bytes():
+                    continue
+                if b"PMI_RANK=" not in (entry / "environ").read_bytes():
+                    continue
+                if "_multiarray_umath" in (entry / "maps").read_text():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        if len(found) >= ranks:
+            return found
+        time.sleep(0.002)
+    raise AssertionError(f"the ranks of {needle} never loaded numpy")
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_interrupting_mpiexec_while_the_ranks_import_gives_one_line(
+    plans: dict[str, Path], tmp_path: Path, signame: str
+) -> None:
+    """A signal while the ranks are still importing (numpy loaded, the app not yet): before, every rank printed
+    Python's KeyboardInterrupt traceback (SIGINT) or died of SIGTERM, and MPICH printed its "BAD TERMINATION"
+    banner (exit 2 or 15). Now: rank 0's one `interrupted` line and exit 128 + the signal's number."""
+    import os
+    import signal
+
+    signum = signal.Signals[signame]
+    plan = tmp_path / "plan"  # a path of its own, to find this test's ranks by their command line
+    shutil.copytree(plans["mlp-2"], plan)
+    command = [_mpiexec(), "-n", "2", _console_script(), "run", str(plan), "--backend", "mpi"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _ranks_importing(str(plan), 2)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # Ctrl-C in a terminal: the whole process group
+        else:
+            proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signum, (proc.returncode, out, err)
+    assert "Traceback" not in err and "error:" not in err, err
+    said = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert len(said) == 1 and said[0].startswith(f"interrupted by {signame}: unity-eq run"), err
+    assert "BAD TERMINATION" not in out, out

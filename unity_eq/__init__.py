@@ -6,17 +6,15 @@ is reachable through the module of its pass (``unity_eq.ir``, ``unity_eq.egraph`
 ``unity_eq.machine``, ``unity_eq.extract``, ``unity_eq.memory``, ``unity_eq.search``, ``unity_eq.plan``,
 ``unity_eq.report``, ``unity_eq.lower``, ``unity_eq.runtime``, ``unity_eq.explain``) but is not promised stable.
 
-Entry points are imported lazily so that ``import unity_eq`` (and the e-graph worker process) stays cheap.
+Every name is imported lazily so that ``import unity_eq`` (and the e-graph worker process) stays cheap: it
+loads the standard library only, so the console script installs its signal handlers before numpy, typer
+or onnxruntime are imported (``unity_eq.cli.entry``).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from unity_eq.errors import UnityEqError
-from unity_eq.ir import Partial, Placement, Replicate, Shard
-from unity_eq.version import __version__
 
 __all__ = [
     "CheckResult",
@@ -33,6 +31,12 @@ __all__ = [
 ]
 
 _LAZY = {
+    "UnityEqError": "unity_eq.errors",
+    "Partial": "unity_eq.ir",
+    "Placement": "unity_eq.ir",
+    "Replicate": "unity_eq.ir",
+    "Shard": "unity_eq.ir",
+    "__version__": "unity_eq.version",
     "optimize": "unity_eq.driver",
     "OptimizeResult": "unity_eq.driver",
     "run_plan": "unity_eq.runtime",
@@ -42,7 +46,10 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from unity_eq.driver import OptimizeResult, optimize
+    from unity_eq.errors import UnityEqError
+    from unity_eq.ir import Partial, Placement, Replicate, Shard
     from unity_eq.runtime import CheckResult, check, run_plan
+    from unity_eq.version import __version__
 
 
 def __getattr__(name: str) -> Any:

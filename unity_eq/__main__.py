@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from unity_eq.cli.dispatch import entry
+from unity_eq.cli import entry
 
 sys.exit(entry())

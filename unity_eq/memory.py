@@ -30,11 +30,16 @@ A collective's output (AllGather, AllReduce) is stored when a consumer keeps it;
 weight, what data layout makes of weights alone (the fused q/k/v weight) and a gathered weight are not
 activations.
 
+A tensor the caller holds once for several plans (a side tensor such as an attention mask, which a pipeline
+stage receives once per microbatch and every layer of the stage reads) can be left out of a plan's
+activations (``plan_memory(held_apart=…)``); :func:`kept_names` says which of them its backward keeps.
+
 A plan fits when the total is at most the smallest device's usable memory (``memory × memory_fraction``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +57,7 @@ from unity_eq.plan import (
 )
 from unity_eq.planfile import MemoryUsageRecord
 
-__all__ = ["MemoryUsage", "plan_memory", "tensor_kinds", "weight_state_factor"]
+__all__ = ["MemoryUsage", "kept_names", "plan_memory", "tensor_kinds", "weight_state_factor"]
 
 
 def weight_state_factor(itemsize: int) -> float:
@@ -119,10 +124,13 @@ def _resolve(plan: Plan) -> dict[str, str]:
     return alias
 
 
-def plan_memory(plan: Plan, capacity: float | None = None, keep_outputs: bool = True) -> MemoryUsage:
+def plan_memory(
+    plan: Plan, capacity: float | None = None, keep_outputs: bool = True, held_apart: Collection[str] = ()
+) -> MemoryUsage:
     """Memory per device of ``plan`` (see the module docstring). ``keep_outputs=False``: in training, the plan's
     outputs are kept only if one of its own ops keeps them (a piece of a model whose output the next piece
-    reads, and keeps there if it needs it, rather than a loss)."""
+    reads, and keeps there if it needs it, rather than a loss). ``held_apart``: model inputs and outputs (by
+    name) that training's activations leave out, because the caller counts them once for several plans."""
     mesh = plan.mesh
     kinds = tensor_kinds(plan)
     alias = _resolve(plan)
@@ -152,7 +160,9 @@ def plan_memory(plan: Plan, capacity: float | None = None, keep_outputs: bool = 
             state += nbytes * weight_state_factor(np.dtype(t.dtype).itemsize)
 
     activations = (
-        _stored_activations(plan, kinds, keep_outputs) if plan.objective.training else _peak_live(plan, kinds, alias)
+        _stored_activations(plan, kinds, keep_outputs, held_apart)
+        if plan.objective.training
+        else _peak_live(plan, kinds, alias)
     )
     return MemoryUsage(weights, state, activations, capacity)
 
@@ -223,9 +233,8 @@ def _weight_like(plan: Plan, kinds: dict[str, str]) -> set[str]:
     return like
 
 
-def _stored_activations(plan: Plan, kinds: dict[str, str], keep_outputs: bool = True) -> float:
-    """Bytes of the activations kept for the backward pass: every storage some op keeps, once, plus the plan's
-    outputs; a weight's storage is counted with the weights."""
+def _kept_storage(plan: Plan, kinds: dict[str, str], keep_outputs: bool = True) -> set[str]:
+    """The storages the backward pass keeps: what some op keeps, plus the plan's outputs; weights left out."""
     base = _storage(plan)
     kept: set[str] = set()
     for step in plan.steps:
@@ -233,7 +242,33 @@ def _stored_activations(plan: Plan, kinds: dict[str, str], keep_outputs: bool = 
             kept.update(base.get(name, name) for name in _kept_by(step))
     if keep_outputs:
         kept.update(base.get(name, name) for name in plan.outputs.values())
-    kept -= _weight_like(plan, kinds)
+    return kept - _weight_like(plan, kinds)
+
+
+def _named(plan: Plan) -> dict[str, str]:
+    """Model input and output names → the storage of their tensor in ``plan``."""
+    base = _storage(plan)
+    found = {step.name: step.out for step in plan.steps if isinstance(step, LoadInput)}
+    found.update(plan.outputs)
+    return {name: base.get(tensor, tensor) for name, tensor in found.items()}
+
+
+def kept_names(plan: Plan, names: Collection[str]) -> frozenset[str]:
+    """Which of the model inputs and outputs ``names`` the backward pass of ``plan`` keeps (training): those a
+    caller holding them apart (``plan_memory(held_apart=…)``) must keep until the backward."""
+    kept = _kept_storage(plan, tensor_kinds(plan), keep_outputs=False)
+    named = _named(plan)
+    return frozenset(name for name in names if named.get(name) in kept)
+
+
+def _stored_activations(
+    plan: Plan, kinds: dict[str, str], keep_outputs: bool = True, held_apart: Collection[str] = ()
+) -> float:
+    """Bytes of the activations kept for the backward pass: every storage some op keeps, once, plus the plan's
+    outputs; a weight's storage is counted with the weights, a tensor ``held_apart`` by the caller."""
+    kept = _kept_storage(plan, kinds, keep_outputs)
+    named = _named(plan)
+    kept -= {named[name] for name in held_apart if name in named}
     return float(sum(plan.tensors[name].local_bytes(plan.mesh) for name in kept))
 
 

@@ -23,6 +23,7 @@ from unity_eq.cli.shared import err, last_step, out
 from unity_eq.cli.train import train
 from unity_eq.errors import UnityEqError
 from unity_eq.files import received_signal
+from unity_eq.launcher import asks_mpi_backend, quiet_rank
 
 __all__ = ["CLICK_ERROR", "app", "entry", "main"]
 
@@ -156,14 +157,8 @@ def entry() -> int:
 def _quiet_mpi_rank() -> bool:
     """An MPI backend's rank other than 0: it leaves the job's messages to rank 0. Also before the backend is
     loaded (an interrupt while the ranks start), from the command line."""
-    argv = sys.argv[1:]
-    asked = any(
-        a == "--backend=mpi" or (a == "--backend" and argv[i + 1 : i + 2] == ["mpi"]) for i, a in enumerate(argv)
-    )
-    if "unity_eq.runtime.mpi" not in sys.modules and not asked:
+    if "unity_eq.runtime.mpi" not in sys.modules and not asks_mpi_backend(sys.argv[1:]):
         return False
-    from unity_eq.runtime.mpi_supervisor import quiet_rank
-
     return quiet_rank()
 
 

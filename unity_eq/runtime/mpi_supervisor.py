@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from unity_eq.errors import RuntimeBackendError
 from unity_eq.files import owner_tag, sweep_stale
+from unity_eq.launcher import finalize_pmi, launcher_rank, pmi_fd
 
 __all__ = [
     "REPORT_PREFIX",
@@ -28,7 +29,6 @@ __all__ = [
     "declare_status",
     "import_mpi",
     "orphaned",
-    "quiet_rank",
     "supervise",
     "supervised",
     "tell_supervisor",
@@ -60,13 +60,6 @@ def import_mpi(finalize_at_exit: bool = False) -> tuple[Any, bool]:
 
 
 _SUPERVISED = {"parent": 0, "fd": -1, "launcher": 0}
-
-
-def _launcher_rank() -> str:
-    for name in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"):
-        if name in os.environ:
-            return os.environ[name]
-    return "?"
 
 
 def declare_status(code: int) -> None:
@@ -123,7 +116,7 @@ def _watch_supervisor(supervisor: int, launcher: int) -> None:
 
     def report_and_exit() -> None:
         if _claim_report(launcher):
-            rank = _launcher_rank()
+            rank = launcher_rank()
             with contextlib.suppress(OSError):
                 os.write(
                     2,
@@ -224,7 +217,7 @@ def supervise() -> None:
         _leave_interrupted(code if stopped else 128 + interrupt, interrupt, said_it=code >= 0 and not ended)
     if not forwarded and (code < 0 or not said.endswith(b"X")):
         text = said.decode(errors="replace")
-        rank = text[1:].split(";", 1)[0] if text.startswith("R") else _launcher_rank()
+        rank = text[1:].split(";", 1)[0] if text.startswith("R") else launcher_rank()
         if code < 0:
             name = signal.Signals(-code).name
             hint = " (out of memory?)" if -code == signal.SIGKILL else ""
@@ -258,7 +251,7 @@ def _leave_interrupted(code: int, signum: int, said_it: bool) -> NoReturn:
     (no ``PMI_FD``) are left as they were. Rank 0 prints the job's one ``interrupted`` line (the CLI does);
     if it had to be ended before it could, this process does.
     """
-    if not said_it and _launcher_rank() == "0":
+    if not said_it and launcher_rank() == "0":
         verb = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
         with contextlib.suppress(OSError):
             os.write(
@@ -266,33 +259,10 @@ def _leave_interrupted(code: int, signum: int, said_it: bool) -> NoReturn:
                 f"interrupted by {signal.Signals(signum).name}: unity-eq {verb} (rank 0 was ended: it had not "
                 f"stopped within {INTERRUPT_GRACE_S:g} s)\n".encode(),
             )
-    fd_text = os.environ.get("PMI_FD", "")
-    if fd_text.isdigit():
-        _finalize_pmi(int(fd_text))
+    fd = pmi_fd()
+    if fd is not None:
+        finalize_pmi(fd)
     os._exit(code)
-
-
-def _finalize_pmi(fd: int) -> None:
-    """PMI-1's ``cmd=finalize``, then the proxy's answer (``cmd=finalize_ack``), waited for at most 2 s."""
-    import select
-
-    with contextlib.suppress(OSError):  # the rank ended MPI itself: the proxy has closed the socket already
-        os.write(fd, b"cmd=finalize\n")
-        deadline = time.monotonic() + 2.0
-        said = b""
-        while b"\n" not in said and (left := deadline - time.monotonic()) > 0:
-            if not select.select([fd], [], [], left)[0]:
-                break
-            chunk = os.read(fd, 256)
-            if not chunk:
-                break
-            said += chunk
-
-
-def quiet_rank() -> bool:
-    """Whether this process is an MPI rank other than 0 (which leaves the job's messages to rank 0)."""
-    rank = _launcher_rank()
-    return rank.isdigit() and rank != "0"
 
 
 def supervised() -> bool:

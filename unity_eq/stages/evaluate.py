@@ -177,6 +177,29 @@ def _side_seconds(links: list[CostModel], sizes: dict[str, float], reads: Sequen
     )
 
 
+def _side_held(
+    table: PieceTable,
+    group: _Group,
+    sizes: dict[str, float],
+    i: int,
+    j: int,
+    redo: bool,
+    memo: dict[tuple[int, int, int, bool], float],
+) -> float:
+    """Bytes of side tensors a stage of pieces [i, j) holds per microbatch in flight (training), each once
+    however many of its pieces read it: those its pieces' backward keeps (``PieceCost.side_kept``; the pieces'
+    activations leave them out), or, recomputing, every one its pieces read (the forward runs again before
+    the backward). The stage receives them from stage 0 (or makes them, stage 0) with its microbatch."""
+    key = (group.index, i, j, redo)
+    if key not in memo:
+        names: set[str] = set()
+        for piece, cost in zip(table.pieces[i:j], group.pieces[i:j], strict=True):
+            own = (*piece.side_in, *piece.side_out)
+            names.update(piece.side_in if redo else (own[k] for k in cost.side_kept))
+        memo[key] = sum(sizes.get(name, 0.0) for name in names)
+    return memo[key]
+
+
 def evaluate(
     config: StageConfig,
     table: PieceTable,
@@ -223,12 +246,15 @@ def evaluate(
     largest_activation = max(c.activation_bytes for g in layout for c in g.pieces)
     capacities = [g.capacity for g in stage_group]
 
+    side_memo: dict[tuple[int, int, int, bool], float] = {}
+
     def bytes_with(f: StageFunctions, stage: int, i: int, j: int, redo: bool) -> float:
         copies = in_flight(config.schedule, stage, config.stages, config.microbatches, training)
         gathered = 2 * largest_weights if config.zero == 3 and config.data > 1 else 0.0
         # recomputing, a stage also holds one piece's activations at a time; inference holds its largest piece's
         working = largest_activation if redo or not training else 0.0
-        return f.fixed[j] - f.fixed[i] + copies * (f.held[j] - f.held[i]) + gathered + working
+        side = _side_held(table, stage_group[stage], sizes, i, j, redo, side_memo) if training and sizes else 0.0
+        return f.fixed[j] - f.fixed[i] + copies * (f.held[j] - f.held[i] + side) + gathered + working
 
     def recomputes(stage: int, i: int, j: int) -> bool:
         """Whether the stage recomputes: always, never, or (``stage``) when keeping would not fit."""

@@ -21,7 +21,7 @@ from unity_eq.errors import OptionError
 from unity_eq.extract import Extractor, Restriction, candidate_restrictions, extract_variants
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import Machine
-from unity_eq.memory import plan_memory
+from unity_eq.memory import kept_names, plan_memory
 from unity_eq.plan import Plan
 from unity_eq.report import cost_breakdown
 from unity_eq.rulefile.manifest import RuleFile
@@ -49,10 +49,13 @@ class PieceCost:
     forward_s: float  # the forward pass alone (compute + its collectives): what recomputation repeats
     weight_bytes: float
     state_bytes: float  # gradients and optimizer state (training)
-    activation_bytes: float  # kept for the backward pass (training) or the peak alive (inference)
+    activation_bytes: float  # kept for the backward pass (training; side tensors apart) or the peak alive (inference)
     input_bytes: float  # the incoming activation, whole: what full recomputation keeps per microbatch
     output_bytes: float  # the outgoing activation, whole: what a stage boundary sends
     weight_itemsize: int  # bytes per weight element (mixed precision: 16-bit weights, fp32 master copy)
+    #: training: the piece's side tensors (positions in ``side_in`` then ``side_out``) its backward keeps. Its stage
+    #: holds each once per microbatch in flight (``stages.evaluate``), so ``activation_bytes`` leaves them out
+    side_kept: tuple[int, ...] = ()
     #: the intra-op plan these figures price (of the piece's representative: ``split.BlockSplit.distinct``),
     #: which lowering stitches into the stage's plan (``stages.stitch``), so what is written is what was priced
     plan: Plan | None = field(default=None, compare=False, repr=False)
@@ -114,7 +117,10 @@ def _piece_cost(name: str, plan: Plan, graph: Graph, piece: Piece, objective: Ob
     breakdown = cost_breakdown(plan)
     assert breakdown.communication_by_axis is not None  # a one-axis mesh has one
     traffic = next(iter(breakdown.communication_by_axis.values()))
-    memory = plan_memory(plan, keep_outputs=piece.stream_out is None)  # the next piece keeps what it needs
+    side = (*piece.side_in, *piece.side_out)
+    # the next piece keeps what it needs; the stage holds the side tensors once, for all its pieces
+    memory = plan_memory(plan, keep_outputs=piece.stream_out is None, held_apart=side)
+    kept = kept_names(plan, side) if objective.training else frozenset()
     itemsize = _weight_itemsize(graph, piece)
     # the forward's compute (compute is forward + backward in training) and its collectives, which the cost model
     # prices once (unscaled) in training: what a recomputed forward repeats
@@ -131,6 +137,7 @@ def _piece_cost(name: str, plan: Plan, graph: Graph, piece: Piece, objective: Ob
         input_bytes=float(graph.types[piece.stream_in].nbytes) if piece.stream_in else 0.0,
         output_bytes=float(graph.types[piece.stream_out].nbytes) if piece.stream_out else 0.0,
         weight_itemsize=itemsize,
+        side_kept=tuple(k for k, name in enumerate(side) if name in kept),
         plan=plan,
     )
 
