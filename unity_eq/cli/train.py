@@ -101,13 +101,13 @@ def _read_plan(plan_dir: Path) -> tuple[Any, int, tuple[float | None, str]]:
     (seconds, machine)."""
     from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
     from unity_eq.runtime.plandir import load_plan_dir
-    from unity_eq.train.pipeline import refuse_unbuilt, world_size
+    from unity_eq.train.pipeline import refuse_unbuilt
     from unity_eq.train.session import read_training_plan
 
     if is_pipeline_dir(plan_dir):
         pipeline = load_pipeline_dir(plan_dir)
         refuse_unbuilt(pipeline)
-        return pipeline.whole, world_size(pipeline), (pipeline.record.chosen.step_s, pipeline.record.machine)
+        return pipeline.whole, pipeline.world_size, (pipeline.record.chosen.step_s, pipeline.record.machine)
     record = read_training_plan(plan_dir)
     step = record.training_search.step_s if record.training_search is not None else None
     if step is None and record.cost is not None:

@@ -49,27 +49,15 @@ class PipelineRank:
         return self.plan.record.stages[stage].replicas[replica][tensor]
 
 
-def _place_of(plan: PipelinePlan, rank: int) -> tuple[int, int, int]:
-    for stage in plan.record.stages:
-        for r, ranks in enumerate(stage.replicas):
-            if rank in ranks:
-                return stage.index, r, list(ranks).index(rank)
-    raise RuntimeBackendError(f"rank {rank}: no stage of {plan.path} runs on it")
-
-
-def world_size(plan: PipelinePlan) -> int:
-    return sum(len(ranks) for stage in plan.record.stages for ranks in stage.replicas)
-
-
 def pipeline_rank(plan: PipelinePlan, rank: int, size: int, providers: list[str], threads: int) -> PipelineRank:
     """This rank's part; a RuntimeBackendError when mpiexec started another number of processes."""
-    needed = world_size(plan)
+    needed = plan.world_size
     if size != needed:
         raise RuntimeBackendError(
             f"world size: mpiexec started {size} process(es), the pipeline plan in {plan.path} has {needed} ranks "
             f"({plan.describe()}). Run `mpiexec -n {needed} unity-eq run {plan.path} --backend mpi`."
         )
-    stage, replica, tensor = _place_of(plan, rank)
+    stage, replica, tensor = plan.place_of(rank)
     program = build_rank_program(plan.stages[stage], tensor, providers, threads)
     return PipelineRank(plan, stage, replica, tensor, program)
 

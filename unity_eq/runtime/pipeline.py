@@ -68,6 +68,19 @@ class PipelinePlan:
     def microbatch(self) -> int:
         return self.record.chosen.microbatch
 
+    @property
+    def world_size(self) -> int:
+        """Processes the plan runs on: stages × replicas × tensor ranks (every backend's one count)."""
+        return sum(len(ranks) for stage in self.record.stages for ranks in stage.replicas)
+
+    def place_of(self, rank: int) -> tuple[int, int, int]:
+        """(stage, replica, tensor rank) of global ``rank``: the placement every backend (MPI, torch) uses."""
+        for stage in self.record.stages:
+            for r, ranks in enumerate(stage.replicas):
+                if rank in ranks:
+                    return stage.index, r, list(ranks).index(rank)
+        raise PlanError(f"{self.path}: no stage runs on rank {rank}; the plan has {self.world_size} ranks.")
+
     def describe(self) -> str:
         c = self.record.chosen
         return f"{c.stages} stage(s) × {c.tensor} rank(s), {c.data} replica(s) × {c.microbatches} microbatch(es)"

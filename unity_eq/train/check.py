@@ -446,7 +446,7 @@ def check_training(
     from unity_eq.runtime.checker import check_plan_is_of, random_inputs
     from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
-    from unity_eq.train.pipeline import refuse_unbuilt, world_size
+    from unity_eq.train.pipeline import refuse_unbuilt
     from unity_eq.train.session import read_training_plan, zero_data_axis
     from unity_eq.train.zero import check_level
 
@@ -463,7 +463,7 @@ def check_training(
             )
         pipeline = load_pipeline_dir(plan_dir)
         refuse_unbuilt(pipeline)  # before any rank starts
-        plan, world = pipeline.whole, world_size(pipeline)
+        plan, world = pipeline.whole, pipeline.world_size
     else:
         record = read_training_plan(plan_dir)
         zero_axis = zero_data_axis(record, check_level(zero), zero_axis)

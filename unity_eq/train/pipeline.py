@@ -56,7 +56,6 @@ __all__ = [
     "predicted_pipeline",
     "refuse_unbuilt",
     "schedule_order",
-    "world_size",
 ]
 
 DATA_AXIS = "data"  # the ledger's name of the replicas' axis (a stage plan's mesh axes are its tensor group's)
@@ -66,20 +65,6 @@ GRAD_TAG = 1 << 20  # tags: an activation is sent with its microbatch, its gradi
 SIDE_TAG = 1 << 21  # a side tensor with SIDE_TAG + microbatch · (side tensors) + its index in stage 0's list
 
 Key = tuple[str, str, str]
-
-
-def world_size(plan: PipelinePlan) -> int:
-    """Processes a pipeline plan runs on: stages × replicas × tensor ranks."""
-    return sum(len(ranks) for stage in plan.record.stages for ranks in stage.replicas)
-
-
-def place_of(plan: PipelinePlan, rank: int) -> tuple[int, int, int]:
-    """(stage, replica, tensor rank) of global ``rank``."""
-    for stage in plan.record.stages:
-        for r, ranks in enumerate(stage.replicas):
-            if rank in ranks:
-                return stage.index, r, list(ranks).index(rank)
-    raise PlanError(f"{plan.path}: no stage runs on rank {rank}")
 
 
 def refuse_unbuilt(plan: PipelinePlan) -> None:
@@ -180,7 +165,7 @@ class PipelineTrainer(RankTrainer):
 
     @property
     def world_size(self) -> int:
-        return world_size(self.plan)
+        return self.plan.world_size
 
     def place(self, stage: int, replica: int | None = None, tensor: int | None = None) -> int:
         """The global rank of (stage, replica, tensor rank); this rank's replica and tensor rank by default."""
@@ -410,7 +395,7 @@ def load_pipeline_rank(
     microbatch losses are scaled."""
     plan = load_pipeline_dir(plan_dir)
     refuse_unbuilt(plan)
-    world = world_size(plan)
+    world = plan.world_size
     if dist.get_world_size() != world:
         raise OptionError(
             f"world size: {dist.get_world_size()} processes were started, the pipeline plan in {plan_dir} has "
@@ -424,7 +409,7 @@ def load_pipeline_rank(
             "(`--model`) or a checkpoint (`--load`)."
         )
     records = [read_explain_record(directory.path / "plan.json") for directory in plan.stages]
-    stage, replica, tensor = place_of(plan, rank)
+    stage, replica, tensor = plan.place_of(rank)
     record = records[stage]
     shapes = {name: tuple(spec.shape) for name, spec in records[0].model.inputs.items()}  # the microbatch
     weights, trainable, derived = source_weights(source, record, shapes)
