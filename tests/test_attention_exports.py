@@ -12,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_zoo import export_masked_transformer, masked_inputs
 
-pytest.importorskip("transformers")
-
-from model_zoo import export_masked_transformer, masked_inputs  # noqa: E402
-
-from unity_eq import check, optimize  # noqa: E402
-from unity_eq.rulefile.certificate import load_certificate  # noqa: E402
-from unity_eq.rulefile.manifest import DEFAULT_RULE_FILES, rules_dir  # noqa: E402
-from unity_eq.verify import Options, verify_rules  # noqa: E402
+from unity_eq import check, optimize
+from unity_eq.rulefile.certificate import load_certificate
+from unity_eq.rulefile.manifest import DEFAULT_RULE_FILES, rules_dir
+from unity_eq.verify import Options, verify_rules
 
 SEQ = 8
 SHAPES = {"input_ids": (2, SEQ), "attention_mask": (2, SEQ)}
@@ -30,6 +27,7 @@ EXPORT_RULES = "algebra/attention_exports.egg"
 def _export(folder: Path, name: str, kind: str, **options: Any) -> Path:
     """One layer, hidden 32, 4 heads (head dim 8: the scale 1/sqrt(8) is no power of two, so a factor moved
     from the scores onto Q rounds differently and the check's tolerance is exercised)."""
+    pytest.importorskip("transformers")
     return export_masked_transformer(kind, folder / f"{name}.onnx", layers=1, hidden=32, heads=4, seq=SEQ, **options)
 
 
