@@ -29,7 +29,7 @@ from unity_eq.rulefile.checks import Checker
 from unity_eq.rulefile.env import Env
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var, walk
 from unity_eq.verify._bounded import Case, bounded_token, rule_meshes
-from unity_eq.verify._gen import GenConfig, generate_lhs
+from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
 from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, solve_guards
 from unity_eq.verify._semantics import PARALLEL, Placements
 
@@ -139,7 +139,7 @@ def _check_one(
     cfg = GenConfig()
     for mesh in rule_meshes(rule, sizes):
         axes = mesh.axes
-        for inst in generate_lhs(lhs, sorts, axes, cfg):
+        for inst in generate_lhs(lhs, sorts, axes, cfg, required_ranks(guards)):
             specs = {v: inst[v] for v, s in sorts.items() if s == "T" and v in inst}
             lists = {v: inst[v] for v, s in sorts.items() if s == "TList" and v in inst}
             attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}
