@@ -133,12 +133,25 @@ def export_torch_transformer(
 
 
 def export_masked_transformer(
-    kind: str, path: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 2, seq: int = 16, vocab: int = 256
+    kind: str,
+    path: str | Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 2,
+    seq: int = 16,
+    vocab: int = 256,
+    kv_heads: int = 1,
+    attention: str = "sdpa",
+    dynamo: bool = True,
 ) -> Path:
     """Export a transformers GPT-2, BERT or LLaMA (``kind``: gpt2, bert, llama) built from a small config with
     random weights, as released models are: ``input_ids`` and ``attention_mask`` inputs, a dynamic batch, the
     dynamo exporter. Nothing is downloaded (HF_HUB_OFFLINE=1). The extended mask every layer reads is a side
-    tensor of the split (docs/scale.md)."""
+    tensor of the split (docs/scale.md). ``kv_heads``: LLaMA's key/value heads (grouped-query attention when
+    fewer than ``heads``); ``attention``: transformers' ``attn_implementation`` ("sdpa", its default:
+    ``scaled_dot_product_attention``; "eager": the scores scaled and masked by hand); ``dynamo=False``: the
+    TorchScript exporter (static shapes, opset 17), each spelling as exported models ship."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -166,16 +179,20 @@ def export_masked_transformer(
         model = transformers.BertModel(config)
     elif kind == "llama":
         config = transformers.LlamaConfig(
-            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=1,
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
             intermediate_size=2 * hidden, vocab_size=vocab, max_position_embeddings=seq,
         )  # fmt: skip
         model = transformers.LlamaModel(config)
     else:
         raise ValueError(f"unknown transformers model kind {kind!r}")
     config.use_cache = False
+    config._attn_implementation = attention
     model.eval()
     ids = torch.randint(0, vocab, (2, seq))
     mask = torch.ones(2, seq, dtype=torch.int64)
+    if not dynamo:
+        _export_torchscript(model, ids, mask, path)
+        return path
     batch = torch.export.Dim("batch")
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
@@ -185,6 +202,27 @@ def export_masked_transformer(
     assert program is not None
     program.save(str(path))
     return path
+
+
+def _export_torchscript(model: Any, ids: Any, mask: Any, path: Path) -> None:
+    """The TorchScript exporter (``dynamo=False``), through a module whose forward takes the two inputs by
+    position (transformers' forward passes ``use_cache`` by keyword, which that exporter's tracing of keyword
+    arguments collides with) and returns the last hidden state."""
+    import torch
+
+    class Positional(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Positional(model), (ids, mask), str(path), dynamo=False, opset_version=17,
+            input_names=["input_ids", "attention_mask"],
+        )  # fmt: skip
 
 
 def masked_inputs(batch: int, seq: int = 16, vocab: int = 256, seed: int = 0) -> dict[str, np.ndarray]:

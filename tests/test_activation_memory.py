@@ -41,8 +41,9 @@ def _plan_ops(graph: Graph, rule_files: list[Path] | None = None) -> set[str]:
 
 
 def _rules_without_attention_fusion() -> list[Path]:
-    """The default manifest less rules/algebra/attention.egg: the layer stays the eager composition."""
-    return [p for p in default_rule_files() if p.name != "attention.egg"]
+    """The default manifest less the attention rules (rules/algebra/attention.egg and attention_exports.egg):
+    the layer stays the eager composition."""
+    return [p for p in default_rule_files() if p.name not in ("attention.egg", "attention_exports.egg")]
 
 
 def _input_names(spec: OpSpec) -> list[str]:

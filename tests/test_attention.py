@@ -196,24 +196,18 @@ def _export(kind: str, folder: Path) -> Path:
 
 
 @pytest.mark.parametrize(("kind", "devices"), [("gpt2", 1), ("bert", 2), ("llama", 4)])
-def test_nan_fill_fusion_on_dynamo_exports_gives_plans_that_check(
-    kind: str, devices: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_nan_fill_fusion_on_dynamo_exports_gives_plans_that_check(kind: str, devices: int, tmp_path: Path) -> None:
     """torch's SDPA decomposition of GPT-2, BERT and LLaMA (mask and NaN fill) is rewritten into Attention by
-    rules/algebra/attention_nan_fill.egg, the chosen plan uses it (ONNX's Attention, opset 23) and onnxruntime
-    computes the original outputs from it. That file has no certificate entry yet (its proof did not finish on
-    the development machine: docs/rules.md), so it is loaded here with the documented opt-out."""
+    the shipped rules (rules/algebra/attention_exports.egg, certified: no opt-out for unproven rules), the
+    chosen plan uses it (ONNX's Attention, opset 23) and onnxruntime computes the original outputs from it."""
     pytest.importorskip("transformers")
     from model_zoo import masked_inputs
 
     from unity_eq import check, optimize
-    from unity_eq.rulefile.manifest import default_rule_files, rules_dir
 
-    monkeypatch.setenv("UNITY_EQ_UNPROVEN_RULES", "1")
     model = _export(kind, tmp_path)
-    files = [*default_rule_files(), rules_dir() / "algebra" / "attention_nan_fill.egg"]
     shapes = {"input_ids": (2, 16), "attention_mask": (2, 16)}
-    result = optimize(model, devices=devices, output_dir=tmp_path / "plan", input_shapes=shapes, rule_files=files)
+    result = optimize(model, devices=devices, output_dir=tmp_path / "plan", input_shapes=shapes)
     ops = [getattr(step, "op_type", "") for step in result.plan.steps]
     assert "Attention" in ops and "Softmax" not in ops, ops
     outcome = check(model, tmp_path / "plan", inputs=masked_inputs(2))

@@ -666,3 +666,24 @@ def test_analysis_gives_a_created_matmul_its_broadcast_shape(
         assert not _holds(egraph, f"(= (shape $e) {_ivec(wrong)})")
     else:
         assert _holds(egraph, f"(= (shape $e) {_ivec(want)})")
+
+
+def test_a_rank_pinned_by_a_guard_prunes_the_search_not_the_cases() -> None:
+    """A guard ``(= 4 (vec-length (shape q)))`` makes the generator drop other ranks of ``q`` where it binds
+    it (rules/algebra/attention_exports.egg: five nested ops, millions of left-hand sides otherwise): the
+    bindings left are exactly those of the full search whose ``q`` has that rank, in the same order."""
+    from unity_eq.verify._gen import generate_lhs, required_ranks
+
+    program = parse_program(
+        [RuleSource("pin.egg", "(rewrite (Relu (MatMul (Softmax q 2) k)) (Relu (MatMul (Softmax q 2) k))"
+                               " :when ((= 3 (vec-length (shape q))) (= (vec-length (shape k)) 2)))")],
+        [RuleSource(f"rules/{n}", (rules_dir() / n).read_text()) for n in ("schema.egg", "analysis.egg")],
+    )  # fmt: skip
+    assert program.errors == []
+    rule = program.rules[-1]
+    ranks = required_ranks(rule.guards)
+    assert ranks == {"q": 3, "k": 2}
+    full = list(generate_lhs(rule.lhs, rule.var_sorts, ()))
+    pruned = list(generate_lhs(rule.lhs, rule.var_sorts, (), ranks=ranks))
+    kept = [b for b in full if len(b["q"].shape) == 3 and len(b["k"].shape) == 2]
+    assert pruned == kept and len(kept) < len(full) / 2, (len(pruned), len(kept), len(full))

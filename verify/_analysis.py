@@ -40,7 +40,7 @@ from unity_eq.rulefile.checks import Checker
 from unity_eq.rulefile.env import Env
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var, walk
 from unity_eq.verify._bounded import Case, bounded_token, rule_meshes, solve_equations
-from unity_eq.verify._gen import GenConfig, generate_lhs
+from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
 from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, guard_value, solve_guards
 from unity_eq.verify._semantics import (
     PARALLEL,
@@ -233,7 +233,7 @@ def _check_one(
             raise _CannotEnumerate(
                 f"a placement derived on a query over {len(axes)} mesh axes is not checked (one axis only)"
             )
-        for inst in generate_lhs(lhs, sorts, axes, cfg):
+        for inst in generate_lhs(lhs, sorts, axes, cfg, required_ranks(guards)):
             specs = {v: inst[v] for v, s in sorts.items() if s == "T" and v in inst}
             lists = {v: inst[v] for v, s in sorts.items() if s == "TList" and v in inst}
             attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}

@@ -39,7 +39,7 @@ from unity_eq.ir import Mesh
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.certificate import component_value, domain_components
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
-from unity_eq.verify._gen import GenConfig, generate_lhs
+from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
 from unity_eq.verify._guards import (
     DerivedFacts,
     GuardContext,
@@ -405,7 +405,7 @@ def _lhs_instances(
     """The left-hand side's instances on a mesh with these axes, with what every case of each shares."""
     tensor_vars = [v for v, s in sorts.items() if s == "T"]
     list_vars = [v for v, s in sorts.items() if s == "TList"]
-    for inst in generate_lhs(rule.lhs, sorts, axes, cfg):
+    for inst in generate_lhs(rule.lhs, sorts, axes, cfg, required_ranks(rule.guards)):
         specs = {v: inst[v] for v in tensor_vars if v in inst}
         lists = {v: inst[v] for v in list_vars if v in inst}
         elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
@@ -445,7 +445,8 @@ def _iter_cases(
     lhs_cache: dict[Any, Placements] = {}
     prepared = {} if shared is None else shared
     for mesh in rule_meshes(rule, sizes):
-        key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg)
+        ranks = tuple(sorted(required_ranks(rule.guards).items()))  # the instances depend on them
+        key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg, ranks)
         source: Iterable[tuple[Any, ...]] | None = prepared.get(key)
         if source is None:  # made while the cases are checked: a refuted rule stops early
             source = _Recorded(_lhs_instances(rule, sorts, mesh.axes, cfg, structural, lhs_cache), prepared, key)

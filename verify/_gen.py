@@ -194,12 +194,39 @@ def _key(args: Sequence[Any]) -> Any:
 # Left-hand sides
 
 
+def required_ranks(guards: Sequence[Term]) -> dict[str, int]:
+    """The ranks a rule's guards pin with a literal: ``(= 4 (vec-length (shape q)))`` (either side). Each is a
+    conjunct of the guards, so a binding of another rank fails them: the search drops it where it binds the
+    variable instead of enumerating everything nested beside it first (the same cases come out)."""
+    ranks: dict[str, int] = {}
+    for guard in guards:
+        if not (isinstance(guard, App) and guard.head == "=" and len(guard.args) == 2):
+            continue
+        for lit, term in (guard.args, guard.args[::-1]):
+            if (
+                isinstance(lit, Lit)
+                and isinstance(lit.value, int)
+                and isinstance(term, App)
+                and term.head == "vec-length"
+                and isinstance(shape := term.args[0], App)
+                and shape.head == "shape"
+                and isinstance(var := shape.args[0], Var)
+            ):
+                ranks[var.name] = lit.value
+    return ranks
+
+
 def generate_lhs(
-    lhs: Term, sorts: dict[str, str], axes: Sequence[str], cfg: GenConfig = GenConfig()
+    lhs: Term,
+    sorts: dict[str, str],
+    axes: Sequence[str],
+    cfg: GenConfig = GenConfig(),
+    ranks: dict[str, int] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Bindings of the left-hand side's variables: tensor variables map to VarSpec (or None for NoneT),
-    list variables to lists of VarSpec, attribute variables to values, axis variables to mesh axes."""
-    gen = _Gen(sorts, tuple(axes), cfg)
+    list variables to lists of VarSpec, attribute variables to values, axis variables to mesh axes.
+    ``ranks``: tensor variables bound only to shapes of that rank (:func:`required_ranks`)."""
+    gen = _Gen(sorts, tuple(axes), cfg, ranks or {})
     # the root is searched, not memoized: its bindings come one by one (a caller may stop early)
     if sorts.get(str(lhs)) == "TList" or (isinstance(lhs, App) and lhs.head in LISTS):
         for binding, _shapes in gen._list(lhs, None, {}):
@@ -221,10 +248,11 @@ class _Gen:
     replayed (a nested operator is otherwise searched again under every instance of its parent, most of
     them dead ends): the same bindings in the same order, much faster."""
 
-    def __init__(self, sorts: dict[str, str], axes: tuple[str, ...], cfg: GenConfig) -> None:
+    def __init__(self, sorts: dict[str, str], axes: tuple[str, ...], cfg: GenConfig, ranks: dict[str, int]) -> None:
         self.sorts = sorts
         self.axes = axes
         self.cfg = cfg
+        self.ranks = ranks
         self._vars: dict[Term, tuple[str, ...]] = {}
         self._memo: dict[Any, list[tuple[dict[str, Any], Any]]] = {}
 
@@ -284,12 +312,16 @@ class _Gen:
             if want == NONE:
                 yield {**binding, term.name: None}, NONE
                 return
+            rank = self.ranks.get(term.name)
             if want is not None:
+                if rank is not None and len(want) != rank:
+                    return
                 spec = integer if integer is not None and integer.shape == want else VarSpec(want)
                 yield {**binding, term.name: spec}, want
                 return
             for shape in pool if pool is not None else shape_pool(self.cfg):
-                yield {**binding, term.name: VarSpec(shape)}, shape
+                if rank is None or len(shape) == rank:
+                    yield {**binding, term.name: VarSpec(shape)}, shape
             if optional:
                 yield {**binding, term.name: None}, NONE
             return
@@ -345,6 +377,10 @@ class _Gen:
         # spells it. Vectors of axes (Slice, reductions) range over every spelling: a domain records only
         # their length.
         negative_at = NEGATIVE_AXES[spec.name][0] if spec.name in NEGATIVE_AXES else -1
+        for p, value, sort in zip(pattern, args, sorts, strict=False):
+            rank = self.ranks.get(p.name) if isinstance(p, Var) and sort == "T" else None
+            if rank is not None and value is not None and len(value.shape) != rank:
+                return  # a variable of a pinned rank, before the operands nested beside it are searched
 
         def go(i: int, b: dict[str, Any]) -> Iterator[dict[str, Any]]:
             if i == len(pattern):

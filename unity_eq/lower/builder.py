@@ -247,7 +247,9 @@ class DeviceGraphBuilder:
         outputs = [self.value(o) if o else self.names.fresh(f"{node}.unused") for o in step.outputs]
         family = None if step.domain else plugin_for(step.op_type)
         if family is not None and family.lower is not None:  # a plug-in op that is no ONNX operator as such
-            self.nodes += family.lower(step.op_type, inputs, outputs, attrs, _LowerContext(self, step))
+            lowered = family.lower(step.op_type, inputs, outputs, attrs, _LowerContext(self, step))
+            self.nodes += lowered
+            self._record_between(step, inputs, outputs, lowered)
         else:
             self.nodes.append(
                 helper.make_node(step.op_type, inputs, outputs, name=node, domain=step.domain or None, **attrs)
@@ -255,6 +257,29 @@ class DeviceGraphBuilder:
         for out, name in zip(step.outputs, outputs, strict=True):
             if out:
                 self.value_info[name] = self.info(out, name)
+
+    def _record_between(self, step: Compute, inputs: list[str], outputs: list[str], nodes: list[Any]) -> None:
+        """Record the type of every tensor a plug-in's lowering makes between its own nodes (Attention's keys
+        transposed back): a collective before one of the step's inputs cuts the device graph there
+        (runtime/segments.py), and a tensor that crosses the cut must have its type recorded, as every other
+        tensor of the graph has. ONNX's shape inference over the lowered nodes alone gives it."""
+        between = [o for node in nodes for o in node.output if o and o not in outputs]
+        if not between:
+            return
+        known = [self.info(ref, name) for ref, name in zip(step.inputs, inputs, strict=True) if isinstance(ref, str)]
+        for name in dict.fromkeys(i for node in nodes for i in node.input):
+            array = self.initializers.get(name)
+            if array is not None:  # a constant of the lowering (a scale, a causal mask) or a weight's chunk
+                kind = int(helper.np_dtype_to_tensor_dtype(np.dtype(array.dtype)))
+                known.append(helper.make_tensor_value_info(name, kind, list(array.shape)))
+        results = [self.info(o, n) for o, n in zip(step.outputs, outputs, strict=True) if o]
+        ours = helper.make_graph(nodes, "lowered", known, results)
+        opset = lowered_opset(self.plan, self.graph)
+        model = helper.make_model(ours, opset_imports=[helper.make_opsetid("", opset)])
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+        for name in between:
+            if name in inferred:
+                self.value_info[name] = inferred[name]
 
     def _fold(self, step: Compute) -> bool:
         """Evaluate data movement over weights now (the generated rules split and concatenate weights:

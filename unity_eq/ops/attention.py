@@ -4,9 +4,10 @@ An exported transformer spells attention as five to seven ops (two MatMuls, the 
 and torch's ``Where(IsNaN(p), 0, p)`` that zeroes fully masked rows). Unfused, a plan pays for the ``s × s``
 scores twice in memory traffic and keeps them for the backward pass; a fused kernel (FlashAttention,
 PyTorch's ``scaled_dot_product_attention``) streams them through on-chip memory and keeps only its inputs, its
-output and one statistic per row. The rules of ``rules/algebra/attention.egg`` rewrite the exported spellings
-into this op; its semantics are the unfused composition exactly (:func:`evaluate` calls the MatMul, elementwise
-and Softmax families' own semantics, so the verifier compares the same terms), so every rewrite is proven.
+output and one statistic per row. The rules of ``rules/algebra/attention.egg`` and ``attention_exports.egg``
+rewrite the exported spellings into this op; its semantics are the unfused composition exactly (:func:`evaluate`
+calls the MatMul, elementwise and Softmax families' own semantics, so the verifier compares the same terms), so
+every rewrite is proven.
 
 The constructor, ``(Attention Q KT V mask fill scale causal)``:
 

@@ -221,7 +221,10 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
     k = len(tensors)
     for r in range(cfg.max_rank + 1):
         if r > 3 and k > 2 and not cfg.sample:
-            continue  # three operands at rank 4: 8^4 patterns of which are size 1 per output shape, times each nesting
+            # three operands at rank 4: 8^4 patterns of which are size 1 per output shape, times each nesting
+            if spec.name == "Where":
+                yield from _where_rank4_instances(cfg, r)
+            continue
         dims = _broadcast_dims(cfg, r, k)
         positions = broadcast_positions(k, dims)
         rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
@@ -246,6 +249,22 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
                         shape = tuple(1 if row[p][1][i] else row[p][0] for p in range(cut[i], r))
                         specs[arg.name] = shape
                     yield specs, {}
+
+
+#: The one-element shapes a rank-4 Where's branch takes beside a full one: a scalar and ONNX's ``[1]``.
+_ONE_ELEMENT = ((), (1,))
+
+
+def _where_rank4_instances(cfg: InstanceRanges, rank: int) -> Iterator[Instance]:
+    """Where at rank 4, the shape attention is exported at: a full condition, and each branch full or one
+    element (``()`` or ``(1,)``), on every output shape over dims 1-2. That is the NaN fill of torch's
+    ``scaled_dot_product_attention`` (``Where(IsNaN(P), 0, P)``) and a mask built from a boolean one
+    (``Where(keep, 0, -inf)``); a rule over such a term (rules/algebra/attention_exports.egg) would otherwise
+    have no bounded case at all. Every pattern of size-1 dims (8^4 per output shape) is left out: it
+    multiplies with every nesting."""
+    for out in itertools.product(cfg.dims[:2], repeat=rank):
+        for x, y in itertools.product((out, *_ONE_ELEMENT), repeat=2):
+            yield {"condition": out, "X": x, "Y": y}, {}
 
 
 def _broadcast_dims(cfg: InstanceRanges, rank: int, k: int) -> Sequence[int]:
@@ -444,7 +463,8 @@ ELEMENTWISE = OpFamily(
         "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4 "
         "(three operands: 0-3), every output shape and, at every position, every pattern of full or size-1 "
         "operands, every rank deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, "
-        "{1, 2} at rank 4 and for three operands at rank 3)"
+        "{1, 2} at rank 4 and for three operands at rank 3); Where also at rank 4 over {1, 2}: a full "
+        "condition, each branch full, () or (1)"
     ),
     axioms=axioms,
     saved=saved,

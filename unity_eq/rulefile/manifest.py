@@ -18,6 +18,7 @@ __all__ = [
     "BASE_FILES",
     "CORE_RULE_FILES",
     "DEFAULT_RULE_FILES",
+    "EXPORT_SPELLING_FILES",
     "GENERATED_DEFAULT_FILES",
     "GENERATED_RULE_FILES",
     "HAND_WRITTEN_RULE_FILES",
@@ -35,9 +36,14 @@ BASE_FILES = ("schema.egg", "analysis.egg")
 #: rules of every elementwise op, one template each. Core rules, always loaded; regenerated, never edited.
 SPEC_GENERATED_RULE_FILES = ("parallel/elementwise.egg",)
 
+#: Rule files that make a plug-in family's op from what exporters write, beside the family's own file (which
+#: declares the op's analyses): loaded after every family's file.
+EXPORT_SPELLING_FILES = ("algebra/attention_exports.egg",)
+
 #: The core rule files (paths relative to rules/), in load order: the hand-written ones with the spec-generated
 #: ones among them, then each plug-in op family's own file (unity_eq/ops/registry.py), so a new family is
-#: loaded and verified without editing this list. `--no-generated-rules` loads these alone.
+#: loaded and verified without editing this list, then the export spellings. `--no-generated-rules` loads
+#: these alone.
 CORE_RULE_FILES = (
     "algebra/split.egg",
     "parallel/redistribute.egg",
@@ -46,6 +52,7 @@ CORE_RULE_FILES = (
     "parallel/conv.egg",
     "parallel/layout.egg",
     *(family.rule_file for family in PLUGINS),
+    *EXPORT_SPELLING_FILES,
 )
 
 #: The core rule files a person writes (the others are regenerated from the op registry).
