@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from unity_eq.cost import COST_EPSILON
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError, InternalError
 from unity_eq.extract.pricing import INF, CostTable, seconds_of, totals_of
@@ -74,7 +75,7 @@ def greedy_dag(data: EGraphData, costs: CostTable, parents: dict[str, list[ENode
         merged[node.eclass] = own
         total += own
         current = best.get(node.eclass)
-        if current is not None and total >= current.total * (1 - 1e-12):
+        if current is not None and total >= current.total * (1 - COST_EPSILON):  # not cost.cheaper, inline (hot loop)
             continue
         best[node.eclass] = _Best(total, merged, node)
         for parent in parents.get(node.eclass, ()):
