@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -314,15 +314,20 @@ class _Reader:
                 )
         return value
 
-    def number(self, table: Mapping[str, Any], key: str, field: str, default: float | None = None) -> float:
+    def value(self, table: Mapping[str, Any], key: str, field: str, default: Any, ok: Callable[[Any], bool]) -> Any:
+        """``table[key]``, or ``default`` when absent (absent without a default: a missing field); None when
+        present but ``ok`` refuses it (the caller says what it expected)."""
         if key not in table:
             if default is None:
                 raise MachineError(f"{self.source}: missing field `{field}`. See docs/machines.md.")
             return default
-        value = table[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or value == float("inf"):
-            raise self.fail(field, f"expected a positive number, got {value!r}.")
-        return float(value)
+        return table[key] if ok(table[key]) else None
+
+    def number(self, table: Mapping[str, Any], key: str, field: str, default: float | None = None) -> float:
+        value = self.value(table, key, field, default, _positive_number)
+        if value is None:
+            raise self.fail(field, f"expected a positive number, got {table[key]!r}.")
+        return value if key not in table else float(value)
 
     def fraction(self, table: Mapping[str, Any], key: str, default: float, field: str | None = None) -> float:
         name = field or key
@@ -332,24 +337,24 @@ class _Reader:
         return value
 
     def integer(self, table: Mapping[str, Any], key: str, field: str, default: int | None = None) -> int:
-        if key not in table:
-            if default is None:
-                raise MachineError(f"{self.source}: missing field `{field}`. See docs/machines.md.")
-            return default
-        value = table[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(field, f"expected a positive integer, got {value!r}.")
-        return value
+        value = self.value(table, key, field, default, _positive_integer)
+        if value is None:
+            raise self.fail(field, f"expected a positive integer, got {table[key]!r}.")
+        return int(value)
 
     def string(self, table: Mapping[str, Any], key: str, field: str, default: str | None = None) -> str:
-        if key not in table:
-            if default is None:
-                raise MachineError(f"{self.source}: missing field `{field}`. See docs/machines.md.")
-            return default
-        value = table[key]
-        if not isinstance(value, str) or not value:
-            raise self.fail(field, f"expected a non-empty string, got {value!r}.")
-        return value
+        value = self.value(table, key, field, default, lambda v: isinstance(v, str) and bool(v))
+        if value is None:
+            raise self.fail(field, f"expected a non-empty string, got {table[key]!r}.")
+        return str(value)
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0 and value != float("inf")
+
+
+def _positive_integer(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
 
 
 def _device(r: _Reader, name: str, raw: Any) -> DeviceSpec:

@@ -20,7 +20,7 @@ import numpy as np
 
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.extract.greedy import chosen_closure
-from unity_eq.extract.pricing import INF
+from unity_eq.extract.pricing import INF, reachable
 
 __all__ = ["Relaxed", "relax"]
 
@@ -75,18 +75,13 @@ def relax(
 
 def _finite(data: EGraphData, totals: Mapping[str, float], roots: list[str]) -> tuple[set[str], list[ENode]]:
     """Classes reachable from the roots through finite-cost nodes, and those nodes (each once)."""
-    seen: set[str] = set()
-    stack = list(roots)
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        for node in data.classes[cid].nodes:
-            if totals[node.id] < INF:
-                stack.extend(c for c in node.children if c not in seen)
+    seen = set(reachable(roots, lambda cid: _finite_children(data, totals, cid)))
     nodes = {n.id: n for c in seen for n in data.classes[c].nodes if totals[n.id] < INF}
     return seen, sorted(nodes.values(), key=lambda n: n.id)
+
+
+def _finite_children(data: EGraphData, totals: Mapping[str, float], cid: str) -> list[str]:
+    return [c for node in data.classes[cid].nodes if totals[node.id] < INF for c in node.children]
 
 
 def _order(classes: set[str], nodes: list[ENode], start: dict[str, str]) -> tuple[dict[str, list[ENode]], list[str]]:

@@ -28,20 +28,11 @@ from unity_eq.ops.tensors import Shape, bcast, need
 __all__ = ["ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY", "INTERPRETED"]
 
 EXACT_UNARY = {"Neg", "Identity"}
-EXACT_BINARY = {
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Max",
-    "Min",
-    "Equal",
-    "Less",
-    "Greater",
-    "LessOrEqual",
-    "GreaterOrEqual",
-    "PRelu",
-}
+#: The binary broadcasting ops, in the registry's order (the generated schema's); Pow and the logical ops are
+#: uninterpreted functions in the verifier, the rest exact.
+_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual")
+_BINARY += ("GreaterOrEqual", "And", "Or", "Xor", "PRelu")
+EXACT_BINARY = set(_BINARY) - {"Pow", "And", "Or", "Xor"}
 
 #: Every elementwise op whose semantics here is exact, not an uninterpreted function: the verifier may reuse a
 #: proof about an uninterpreted op for every op of its kind, never for these (verify/_verify.py; a test checks
@@ -53,7 +44,6 @@ def _specs() -> tuple[OpSpec, ...]:
     U, B = Family.UNARY, Family.BROADCAST
     x = tensor("X")
     specs: list[OpSpec] = []
-    linear_unary = {"Neg", "Identity"}
     for name in [
         "Relu",
         "Sigmoid",
@@ -79,7 +69,7 @@ def _specs() -> tuple[OpSpec, ...]:
         "HardSwish",
         "Mish",
     ]:
-        specs.append(OpSpec(name, U, (x,), linear=name in linear_unary))
+        specs.append(OpSpec(name, U, (x,), linear=name in EXACT_UNARY))
     specs += [
         OpSpec("LeakyRelu", U, (x, float_attr("alpha", 0.01))),
         OpSpec("Elu", U, (x, float_attr("alpha", 1.0))),
@@ -91,24 +81,7 @@ def _specs() -> tuple[OpSpec, ...]:
         OpSpec("Cast", U, (x, int_attr("saturate", 1), int_attr("to"))),
     ]
     a, b = tensor("A"), tensor("B")
-    for name in [
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Pow",
-        "Max",
-        "Min",
-        "Equal",
-        "Less",
-        "Greater",
-        "LessOrEqual",
-        "GreaterOrEqual",
-        "And",
-        "Or",
-        "Xor",
-        "PRelu",
-    ]:
+    for name in _BINARY:
         specs.append(OpSpec(name, B, (a, b), linear=name in ("Add", "Sub")))
     specs += [
         OpSpec("Where", B, (tensor("condition"), tensor("X"), tensor("Y"))),
@@ -436,18 +409,11 @@ ELEMENTWISE = OpFamily(
     name="elementwise",
     specs=SPECS,
     rule_file="parallel/elementwise.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4 "
         "(three operands: 0-3), every output shape and, at every position, every pattern of full or size-1 "
         "operands, every rank deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, "
         "{1, 2} at rank 4 and for three operands at rank 3)"
     ),
-    axioms=axioms,
-    saved=saved,
-    forward_work=forward_work,
-    backward_work=backward_work,
+    **OpFamily.hooks_in(globals()),
 )

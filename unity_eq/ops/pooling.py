@@ -370,33 +370,13 @@ def axioms(v: Any) -> None:
             patterns=[bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0)],
         ),
     )
+    per_channel = bn(ch(x, 1, i, n), ch(w, 0, i, n), ch(b, 0, i, n), ch(m_, 0, i, n), ch(v_, 0, i, n), eps, mom, 0)
     v.add(
         "BatchNormalization",
         FA(
             [x, w, b, m_, v_, eps, mom, i, n],
-            bn(
-                ch(x, 1, i, n),
-                ch(w, 0, i, n),
-                ch(b, 0, i, n),
-                ch(m_, 0, i, n),
-                ch(v_, 0, i, n),
-                eps,
-                mom,
-                0,
-            )
-            == ch(bn(x, w, b, m_, v_, eps, mom, 0), 1, i, n),
-            patterns=[
-                bn(
-                    ch(x, 1, i, n),
-                    ch(w, 0, i, n),
-                    ch(b, 0, i, n),
-                    ch(m_, 0, i, n),
-                    ch(v_, 0, i, n),
-                    eps,
-                    mom,
-                    0,
-                )
-            ],
+            per_channel == ch(bn(x, w, b, m_, v_, eps, mom, 0), 1, i, n),
+            patterns=[per_channel],
         ),
     )
 
@@ -448,10 +428,6 @@ POOLING = OpFamily(
     name="pooling",
     specs=SPECS,
     rule_file="parallel/conv.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "MaxPool and AveragePool: every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every"
         " auto_pad and every pair of pads below the kernel, 2-D windows whose axes differ and 2-D kernels equal to"
@@ -460,8 +436,5 @@ POOLING = OpFamily(
         " the global poolings over 1-3 planes (3-D ones: rank 5), LRN with sizes 1-3, BatchNormalization of rank 2-4"
         " with training_mode 0 and 1"
     ),
-    axioms=axioms,
-    normalize=normalize,
-    saved=saved,
-    backward_work=backward_work,
+    **OpFamily.hooks_in(globals()),
 )

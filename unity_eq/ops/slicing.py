@@ -265,13 +265,8 @@ def _gather_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     """Concat and Split up to ``max_rank``, Slice and Gather up to ``other_rank`` (docs/verify.md's table)."""
-    if spec.family is Family.CONCAT:
-        return _concat_cases(spec, ranges)
-    if spec.family is Family.SPLIT:
-        return _split_cases(spec, ranges)
-    if spec.family is Family.SLICE:
-        return _slice_cases(spec, ranges)
-    return _gather_cases(spec, ranges)
+    by_family = {Family.CONCAT: _concat_cases, Family.SPLIT: _split_cases, Family.SLICE: _slice_cases}
+    return by_family.get(spec.family, _gather_cases)(spec, ranges)
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
@@ -464,10 +459,6 @@ SLICING = OpFamily(
     name="slicing",
     specs=SPECS,
     rule_file="parallel/layout.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "Concat: rank 1-4, every axis, 1-3 operands (three beyond rank 2: sizes 1-2), every size of every operand"
         " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts (ranks 1-2:"
@@ -476,12 +467,8 @@ SLICING = OpFamily(
         " steps 1-3), two-axis slices of rank-2 tensors, dims 5-12 sliced with steps 1-4; Gather: data rank 1-3,"
         " every axis, indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
     ),
-    axioms=axioms,
-    normalize=normalize,
     implied_attrs={"Split": frozenset({"num_outputs"})},
-    saved=saved,
-    forward_work=forward_work,
-    backward_work=backward_work,
     compute_class="layout",
     compute_classes={"Gather": "memory"},
+    **OpFamily.hooks_in(globals()),
 )
