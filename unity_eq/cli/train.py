@@ -37,7 +37,7 @@ def train(
     import torch
     import torch.distributed as dist
 
-    from unity_eq.runtime.checker import random_inputs
+    from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
     from unity_eq.train.check import make_optimizer
     from unity_eq.train.session import load_rank, loss_of, read_training_plan

@@ -327,7 +327,8 @@ def check_training(
     seed: int = 0,
 ) -> TrainingCheck:
     """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring)."""
-    from unity_eq.runtime.checker import check_plan_is_of, random_inputs
+    from unity_eq.runtime.checker import check_plan_is_of
+    from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
     from unity_eq.train.session import read_training_plan
 
