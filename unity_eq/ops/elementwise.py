@@ -31,7 +31,7 @@ __all__ = ["ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY", "INTERPRETED"]
 EXACT_UNARY = {"Neg", "Identity"}
 #: The binary broadcasting ops, in the registry's order (the generated schema's); Pow and the logical ops are
 #: uninterpreted functions in the verifier, the rest exact.
-_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual")
+_BINARY: tuple[str, ...] = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual")
 _BINARY += ("GreaterOrEqual", "And", "Or", "Xor", "PRelu")
 EXACT_BINARY = set(_BINARY) - {"Pow", "And", "Or", "Xor"}
 
