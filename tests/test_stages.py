@@ -19,7 +19,7 @@ from unity_eq.machine import load_machine
 from unity_eq.memory import shard_factors
 from unity_eq.planfile.pipeline import read_pipeline_record
 from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
-from unity_eq.stages import StageConfig, evaluate, price_pieces, stage_search
+from unity_eq.stages import StageConfig, StagePlan, evaluate, price_pieces, stage_search
 from unity_eq.stages.config import RECOMPUTE, configurations
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.schedule import bubble_fraction, in_flight, pipeline_seconds
@@ -185,6 +185,21 @@ def test_recomputation_trades_time_for_memory(tiny_table, tmp_path: Path) -> Non
     assert sum(m.activations for m in redo.memory) < sum(m.activations for m in keep.memory)
     assert gpipe.step_s == pytest.approx(keep.step_s)  # same time, more microbatches held
     assert gpipe.memory[0].activations > keep.memory[0].activations
+
+
+def _priced(step: float, zero: int) -> StagePlan:
+    return StagePlan(StageConfig(2, 2, 1, 1, 4, zero=zero), ((0, 1), (1, 2)), (step / 2,), step, 0.0, (), ())
+
+
+def test_the_stage_search_ties_within_rounding_noise_and_takes_the_simpler() -> None:
+    """The tie rule (``cost.cheaper``): steps within 1e-12 of each other tie, and the lower ZeRO level wins in
+    either order; a step cheaper by more (1e-9) wins even with the higher ZeRO level."""
+    from unity_eq.stages.search import _better
+
+    simple, sharded = _priced(1.0, zero=0), _priced(1.0 - 1e-13, zero=1)
+    assert _better(simple, sharded) and not _better(sharded, simple)
+    cheaper = _priced(1.0 - 1e-9, zero=1)
+    assert _better(cheaper, simple) and not _better(simple, cheaper)
 
 
 def test_nothing_fits_says_by_how_much(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
