@@ -70,11 +70,7 @@ def test_zero_traffic_follows_the_collectives_of_the_data_axis() -> None:
     model = CostModel(machine, Mesh(("p", "d", "t"), (1, 2, 8)), TRAINING)
     w = 2**30
     # stages 0 and 1: one all-reduce per step, nothing per microbatch
-    assert (
-        model.zero_step_traffic(0, w, 2)
-        == model.zero_step_traffic(1, w, 2)
-        == model.gradient_all_reduce("d", w)
-    )
+    assert model.zero_step_traffic(0, w, 2) == model.zero_step_traffic(1, w, 2) == model.gradient_all_reduce("d", w)
     assert model.zero_microbatch_traffic(1, w, 2) == 0.0
     # stage 2: reduce-scatter per microbatch, all-gather per step; stage 3: two all-gathers and a reduce-scatter
     assert model.zero_microbatch_traffic(2, w, 2) == model.reduce_scatter("d", w)

@@ -54,6 +54,7 @@ __all__ = [
     "presets_dir",
 ]
 
+
 def check_device_count(devices: int, what: str) -> None:
     """Refuse more than MAX_DEVICES devices before building anything of that size."""
     if devices > MAX_DEVICES:
