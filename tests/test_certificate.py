@@ -14,13 +14,8 @@ import egglog.bindings as bindings
 import pytest
 from rich.console import Console
 
-from unity_eq.rulefile.certificate import (
-    OPT_OUT,
-    certificate_path,
-    component_value,
-    domain_components,
-    load_certificate,
-)
+from unity_eq.rulefile.certificate import OPT_OUT, certificate_path, load_certificate
+from unity_eq.rulefile.domain import component_value, domain_components
 from unity_eq.rulefile.load import load_program
 from unity_eq.rulefile.manifest import load_rule_files, rules_dir
 from unity_eq.verify import Options

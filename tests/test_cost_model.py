@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from unity_eq import optimize
 from unity_eq.collectives import COLLECTIVES, REPLICATE
-from unity_eq.cost import CostModel, OpInstance
+from unity_eq.cost import TIE_TOLERANCE, CostModel, OpInstance, cheaper, within
 from unity_eq.extract import Restriction
 from unity_eq.ir import Mesh
 from unity_eq.machine import DeviceSpec, LinkSpec, Machine, NodeSpec, default_machine, load_machine
@@ -111,6 +111,22 @@ def test_compute_is_a_roofline_plus_the_launch_floor() -> None:
     assert training.compute(OpInstance("Relu", ((8,),), 32, (8,), 32, "float32")).total == pytest.approx(
         2 * 5e-6, rel=1e-3
     )
+
+
+def test_the_optimizer_update_streams_the_kept_state_at_the_slowest_memory() -> None:
+    """The update reads and writes every byte a device keeps (weights and state) once, at the mesh's slowest
+    memory bandwidth × efficiency: one price for a pipeline stage and the SPMD plan (``CostModel`` term)."""
+    slow = replace(GPU, name="S", memory_bandwidth=1e12)
+    machine = replace(_machine(1, 2), devices=(GPU, slow))
+    assert CostModel(machine, Mesh(("x",), (1,), (0,))).optimizer_update(2**30) == 2 * 2**30 / (2e12 * 0.75)
+    assert CostModel(machine, Mesh(("x",), (2,))).optimizer_update(2**30) == 2 * 2**30 / (1e12 * 0.75)
+
+
+def test_the_tie_rule_separates_noise_from_differences() -> None:
+    """``cheaper``: by more than the tolerance (1e-12 by default, rounding noise); ``within``: 1 % by default."""
+    assert not cheaper(1.0, 1.0) and not cheaper(1.0 - 1e-13, 1.0) and cheaper(1.0 - 1e-11, 1.0)
+    assert not cheaper(0.995, 1.0, TIE_TOLERANCE) and cheaper(0.98, 1.0, TIE_TOLERANCE)
+    assert within(1.0099, 1.0) and not within(1.0101, 1.0)
 
 
 def test_training_state_per_weight_byte() -> None:

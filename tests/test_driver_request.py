@@ -13,7 +13,7 @@ from unity_eq.errors import InternalError, OptionError, UnityEqError
 from unity_eq.extract import DifferentiableChooser, ExtractionMethod
 from unity_eq.extract.chooser import chooser_chain
 from unity_eq.ir import Mesh, divisors
-from unity_eq.stages.state import resident_bytes
+from unity_eq.memory import resident_bytes
 
 
 def test_a_request_is_frozen_and_holds_checked_values(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_divisors_ascend_and_are_complete() -> None:
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_resident_bytes_follows_the_zero_table(zero: int) -> None:
-    """stages/state.py's table, with weights W, gradient G (the state's first W bytes) and optimizer state O:
+    """memory.py's ZeRO table, with weights W, gradient G (the state's first W bytes) and optimizer state O:
     W + G + O, W + G + O/d, W + (G + O)/d, (W + G + O)/d for ZeRO levels 0 to 3."""
     w, g, o, d = 10.0, 10.0, 50.0, 4
     table = {0: w + g + o, 1: w + g + o / d, 2: w + (g + o) / d, 3: (w + g + o) / d}

@@ -165,6 +165,21 @@ def test_break_cycles_rechooses_a_class_on_a_cycle() -> None:
     assert fixed["A"] is a_leaf and fixed["B"] is b_loop
 
 
+def _flops_here(op: str, in_shapes: object, out_shape: object) -> float:
+    return 1.0
+
+
+def test_a_family_takes_its_own_functions_as_hooks() -> None:
+    """``OpFamily.hooks_in``: a module's functions named after hook fields, never a function it imported from
+    elsewhere (an imported ``evaluate`` would silently be the wrong semantics) nor a value that is no function."""
+    import math
+
+    from unity_eq.ops.family import OpFamily
+
+    namespace = {"__name__": __name__, "flops": _flops_here, "evaluate": math.prod, "saved": 3, "helper": _flops_here}
+    assert OpFamily.hooks_in(namespace) == {"flops": _flops_here}
+
+
 def test_every_op_belongs_to_one_family_whose_rules_ship() -> None:
     """The registry is the one place a family is declared: every typed op has a family holding its spec, every
     family's rule file is loaded by `optimize` and proven by `verify`, and says its proof ranges in words."""

@@ -12,7 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from unity_eq.runtime.checker import compare_outputs, second_opinion
+from unity_eq.runtime.checker import second_opinion
+from unity_eq.runtime.comparison import compare_outputs
 from unity_eq.runtime.reference64 import Float64Reference
 
 N = 1 << 22  # 4M values uniform in ±100: their mean is near 0, and onnxruntime's float32 mean is off by ~2e-5
@@ -62,7 +63,7 @@ def test_the_float64_model_runs_in_float64_and_an_unreadable_one_gives_no_opinio
 def test_the_report_gives_the_figures_the_float64_model_measured(tmp_path: Path) -> None:
     """Not a claim ("the plan is the more accurate side") but what was measured: the plan's error and
     onnxruntime's float32 error, each against the float64 model, and the plan against onnxruntime."""
-    from unity_eq.runtime.checker import CheckResult
+    from unity_eq.runtime.comparison import CheckResult
 
     model = _mean_model(tmp_path / "mean.onnx")
     x = np.random.default_rng(0).uniform(-100, 100, N).astype(np.float32)

@@ -16,13 +16,13 @@ from unity_eq.cost import TRAINING, CostModel
 from unity_eq.errors import InfeasiblePlanError
 from unity_eq.ir import Mesh
 from unity_eq.machine import load_machine
+from unity_eq.memory import shard_factors
 from unity_eq.planfile.pipeline import read_pipeline_record
 from unity_eq.rulefile.manifest import default_rule_files, load_rule_files
-from unity_eq.stages import StageConfig, evaluate, price_pieces, stage_search
+from unity_eq.stages import StageConfig, StagePlan, evaluate, price_pieces, stage_search
 from unity_eq.stages.config import RECOMPUTE, configurations
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.schedule import bubble_fraction, in_flight, pipeline_seconds
-from unity_eq.stages.state import microbatch_traffic_s, shard_factors, step_traffic_s
 
 MACHINE_TOML = """
 name = "tiny"
@@ -70,20 +70,16 @@ def test_zero_traffic_follows_the_collectives_of_the_data_axis() -> None:
     model = CostModel(machine, Mesh(("p", "d", "t"), (1, 2, 8)), TRAINING)
     w = 2**30
     # stages 0 and 1: one all-reduce per step, nothing per microbatch
-    assert (
-        step_traffic_s(0, w, 2, model, True)
-        == step_traffic_s(1, w, 2, model, True)
-        == model.gradient_all_reduce("d", w)
-    )
-    assert microbatch_traffic_s(1, w, 2, model, True) == 0.0
+    assert model.zero_step_traffic(0, w, 2) == model.zero_step_traffic(1, w, 2) == model.gradient_all_reduce("d", w)
+    assert model.zero_microbatch_traffic(1, w, 2) == 0.0
     # stage 2: reduce-scatter per microbatch, all-gather per step; stage 3: two all-gathers and a reduce-scatter
-    assert microbatch_traffic_s(2, w, 2, model, True) == model.reduce_scatter("d", w)
-    assert step_traffic_s(2, w, 2, model, True) == model.all_gather("d", w)
-    assert microbatch_traffic_s(3, w, 2, model, True) == pytest.approx(
+    assert model.zero_microbatch_traffic(2, w, 2) == model.reduce_scatter("d", w)
+    assert model.zero_step_traffic(2, w, 2) == model.all_gather("d", w)
+    assert model.zero_microbatch_traffic(3, w, 2) == pytest.approx(
         2 * model.all_gather("d", w) + model.reduce_scatter("d", w)
     )
-    assert step_traffic_s(3, w, 2, model, True) == 0.0
-    assert step_traffic_s(0, w, 1, model, True) == 0.0  # one replica: nothing to synchronize
+    assert model.zero_step_traffic(3, w, 2) == 0.0
+    assert model.zero_step_traffic(0, w, 1) == 0.0  # one replica: nothing to synchronize
 
 
 def _functions(seconds: list[float], fixed: list[float], held: list[float], copies: list[int]) -> StageFunctions:
@@ -187,9 +183,30 @@ def test_recomputation_trades_time_for_memory(tiny_table, tmp_path: Path) -> Non
     assert gpipe.memory[0].activations > keep.memory[0].activations
 
 
+def _priced(step: float, zero: int) -> StagePlan:
+    return StagePlan(StageConfig(2, 2, 1, 1, 4, zero=zero), ((0, 1), (1, 2)), (step / 2,), step, 0.0, (), ())
+
+
+def test_the_stage_search_ties_within_rounding_noise_and_takes_the_simpler() -> None:
+    """The tie rule (``cost.cheaper``): steps within 1e-12 of each other tie, and the lower ZeRO level wins in
+    either order; a step cheaper by more (1e-9) wins even with the higher ZeRO level."""
+    from unity_eq.stages.search import _better
+
+    simple, sharded = _priced(1.0, zero=0), _priced(1.0 - 1e-13, zero=1)
+    assert _better(simple, sharded) and not _better(sharded, simple)
+    cheaper = _priced(1.0 - 1e-9, zero=1)
+    assert _better(cheaper, simple) and not _better(simple, cheaper)
+
+
 def test_nothing_fits_says_by_how_much(tiny_table, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     machine = _tiny_machine(tmp_path, 1e-6)
-    with pytest.raises(InfeasiblePlanError, match=r"no stage configuration fits: .* GiB per device .*×"):
+    # the mesh search's wording (memory.infeasible_message): the smallest footprint by kind, against the capacity
+    with pytest.raises(
+        InfeasiblePlanError,
+        match=r"no stage configuration fits in device memory: the smallest found \(.*\) needs .* GiB per device "
+        r"\(.* weights, .* gradients and optimizer state, .* activations\); the devices of .* have .* usable "
+        r"\(\d+\.\d×\)\. Use about \d+ devices",
+    ):
         stage_search(tiny_table, machine, TRAINING, 8, [1, 2])
 
 

@@ -199,7 +199,7 @@ def test_train_runs_a_pipeline_plan_under_torchrun(plans: dict[str, Path], tmp_p
     assert result.returncode == 0, result.stdout + result.stderr
     losses = [float(line.split("loss ")[1].split(",")[0]) for line in result.stdout.splitlines() if "loss" in line]
     assert len(losses) == 2 and losses[1] < losses[0]
-    from unity_eq.runtime.checker import random_inputs
+    from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.pipeline import load_pipeline_dir
     from unity_eq.train.reference import OnnxModule
 

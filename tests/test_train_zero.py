@@ -157,7 +157,7 @@ def test_zero_1_sums_the_gradients_bit_for_bit_as_plain_data_parallel(
 def test_the_collectives_are_the_ones_the_stage_search_prices(
     trained: tuple[int, list[dict[Any, Any]]], run: tuple[str, int]
 ) -> None:
-    """Per step of 2 microbatches: unity_eq.stages.state's terms (zero_collectives) for the ZeRO level, and a
+    """Per step of 2 microbatches: the cost model's ZeRO terms (zero_collectives) for the ZeRO level, and a
     recomputed forward issues nothing here (the module has no collectives of its own)."""
     _world, ranks = trained
     net = _Net()

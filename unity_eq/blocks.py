@@ -110,25 +110,27 @@ def variant_name(prefix: str, key: Key) -> str:
 
 def _encode_piece(graph: Graph, piece: Piece, mesh: Mesh) -> tuple[Encoding, list[Key], list[Key]]:
     encoding = encode(graph, mesh)
-    lines = []
-    in_keys = [replicated_key(mesh)]
-    out_keys = [replicated_key(mesh)]
-    if piece.stream_in is not None:
-        in_keys = boundary_keys(graph.types[piece.stream_in].shape, mesh)
-        base = f"(Tensor {encoding.tensor_ids[piece.stream_in]})"
-        for key in in_keys[1:]:
-            ident = len(encoding.tensor_ids)
-            encoding.tensor_ids[variant_name(IN, key)] = ident
-            lines.append(f"(union (Tensor {ident}) {_chain(base, key, mesh)})")
-    if piece.stream_out is not None:
-        out_keys = boundary_keys(graph.types[piece.stream_out].shape, mesh)
-        base = f"(Tensor {encoding.tensor_ids[piece.stream_out]})"
-        for key in out_keys[1:]:
-            ident = len(encoding.tensor_ids)
-            encoding.tensor_ids[variant_name(OUT, key)] = ident
-            lines.append(f"(union (Tensor {ident}) {_chain(base, key, mesh)})")
+    lines: list[str] = []
+    in_keys = _boundary_variants(graph, encoding, mesh, piece.stream_in, IN, lines)
+    out_keys = _boundary_variants(graph, encoding, mesh, piece.stream_out, OUT, lines)
     encoding.program += "\n".join(lines) + "\n"
     return encoding, in_keys, out_keys
+
+
+def _boundary_variants(
+    graph: Graph, encoding: Encoding, mesh: Mesh, tensor: str | None, prefix: str, lines: list[str]
+) -> list[Key]:
+    """The placements a piece's boundary ``tensor`` may take (replicated only when there is none): each but the
+    first becomes a tensor of its own (``prefix``), unioned with the chain of collectives that makes it."""
+    if tensor is None:
+        return [replicated_key(mesh)]
+    keys = boundary_keys(graph.types[tensor].shape, mesh)
+    base = f"(Tensor {encoding.tensor_ids[tensor]})"
+    for key in keys[1:]:
+        ident = len(encoding.tensor_ids)
+        encoding.tensor_ids[variant_name(prefix, key)] = ident
+        lines.append(f"(union (Tensor {ident}) {_chain(base, key, mesh)})")
+    return keys
 
 
 def saturate_pieces(

@@ -37,6 +37,22 @@ class Piece:
     side_in: tuple[str, ...] = ()  # side tensors the piece reads, made by the first piece, in order of first use
     side_out: tuple[str, ...] = ()  # the first piece only: the side tensors later pieces read
 
+    def instance_names(self, copy: Piece) -> dict[str, str]:
+        """Tensor (and weight) names of this piece, the representative → the same tensors of ``copy`` (same
+        signature): how the block DP and a pipeline stage stitch a copy from its representative's plan."""
+        mapping: dict[str, str] = {}
+        if self.stream_in is not None and copy.stream_in is not None:
+            mapping[self.stream_in] = copy.stream_in
+        mapping.update(zip(self.side_in, copy.side_in, strict=True))
+        for a, b in zip(self.nodes, copy.nodes, strict=True):
+            for x, y in zip(a.inputs, b.inputs, strict=True):
+                if x and y and x not in mapping:
+                    mapping[x] = y
+            for x, y in zip(a.outputs, b.outputs, strict=True):
+                if x and y:
+                    mapping[x] = y
+        return mapping
+
 
 @dataclass
 class BlockSplit:

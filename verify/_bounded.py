@@ -37,7 +37,7 @@ import z3
 
 from unity_eq.ir import Mesh
 from unity_eq.ops.registry import OPS
-from unity_eq.rulefile.certificate import component_value, domain_components
+from unity_eq.rulefile.domain import component_value, domain_components
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
 from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
 from unity_eq.verify._guards import (

@@ -34,7 +34,7 @@ from unity_eq.ops.dtypes import INTEGER_SENSITIVE
 from unity_eq.ops.elementwise import INTERPRETED
 from unity_eq.ops.registry import OPS
 from unity_eq.ops.spec import Family
-from unity_eq.rulefile.certificate import describe_domain, domain_components, size_readers
+from unity_eq.rulefile.domain import describe_domain, domain_components, size_readers
 from unity_eq.rulefile.load import load_program, shipped_rule_files
 from unity_eq.rulefile.parse import Program
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, walk

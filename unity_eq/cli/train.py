@@ -40,7 +40,7 @@ def train(
     import torch
     import torch.distributed as dist
 
-    from unity_eq.runtime.checker import random_inputs
+    from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.plandir import check_inputs
     from unity_eq.train.check import make_optimizer
 

@@ -4,29 +4,15 @@ group order, on rank ``i`` (plan.json collective ``all_to_all``: a resharding ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-import numpy as np
-
-from unity_eq.collectives.base import Collective, Communicator, Prices
-from unity_eq.cost.records import Cost
-
-
-def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
-    """Each rank sends (n-1)/n of its piece, 1/n to every other member."""
-    return Cost(comm=model.all_to_all(axis, src_bytes))
-
-
-def run(comm: Communicator, array: np.ndarray, group: Sequence[int], dims: Mapping[str, int]) -> np.ndarray:
-    return comm.all_to_all(array, group, dims["split_dim"], dims["concat_dim"])
-
+from unity_eq.collectives.base import Collective, communicator_op, ring_price
 
 ALL_TO_ALL = Collective(
     name="all_to_all",
     dims=("split_dim", "concat_dim"),
     placement=("S({concat_dim})", "S({split_dim})"),
-    price=price,
+    # each rank sends (n-1)/n of its piece, 1/n to every other member
+    price=ring_price("all_to_all", "src"),
     lowering="cut",
     label="all-to-all",
-    run=run,
+    run=communicator_op("all_to_all", "split_dim", "concat_dim"),
 )

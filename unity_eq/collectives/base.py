@@ -11,14 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from unity_eq.cost.records import Cost, Objective
 from unity_eq.ir import Mesh
 
-__all__ = ["Collective", "CollectiveStep", "Communicator", "Lowering", "Price", "Prices", "RunOp", "TorchOp"]
+__all__ = [
+    "AxisStep",
+    "Collective",
+    "CollectiveStep",
+    "Communicator",
+    "DimStep",
+    "Lowering",
+    "Price",
+    "Prices",
+    "RunOp",
+    "TorchOp",
+    "autograd_op",
+    "communicator_op",
+    "ring_price",
+]
 
 
 class Prices(Protocol):
@@ -136,6 +150,46 @@ class Collective:
         """The kind as a device file's metadata names it (``all_gather``, ``all_reduce (sum)``)."""
         return self.metadata_name or self.name
 
+    def __post_init__(self) -> None:
+        if self.step is not None:  # the step class answers ``kind`` with this value (no property per kind)
+            self.step.collective = self
+
+
+def ring_price(formula: str, size: str = "out") -> Price:
+    """A kind priced by one of the cost model's collectives (``all_gather``, ``all_reduce``…) on the result's
+    bytes (``size="out"``) or the source's (``"src"``), whatever the source is."""
+    if size not in ("out", "src"):
+        raise ValueError(f"size: expected out or src, got {size!r}")
+
+    def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
+        seconds: float = getattr(model, formula)(axis, out_bytes if size == "out" else src_bytes)
+        return Cost(comm=seconds)
+
+    return price
+
+
+def communicator_op(method: str, *dims: str) -> RunOp:
+    """A kind's runtime op: the :class:`Communicator`'s ``method`` on the piece and the group, then the kind's
+    ``dims`` in the method's order."""
+
+    def run(comm: Communicator, array: np.ndarray, group: Sequence[int], values: Mapping[str, int]) -> np.ndarray:
+        result: np.ndarray = getattr(comm, method)(array, group, *(values[d] for d in dims))
+        return result
+
+    return run
+
+
+def autograd_op(function: str, *fields: str) -> TorchOp:
+    """A kind's torch op: ``collectives.torch_autograd.<function>(tensor, group, *fields)``, torch imported only
+    when it runs (a plan trains)."""
+
+    def op(tensor: Any, group: Any, values: Mapping[str, Any]) -> Any:
+        from unity_eq.collectives import torch_autograd
+
+        return getattr(torch_autograd, function)(tensor, group, *(values[f] for f in fields))
+
+    return op
+
 
 S = TypeVar("S", bound="CollectiveStep")
 
@@ -151,10 +205,11 @@ class CollectiveStep:
     out: str
     src: str
     axis: str
+    collective: ClassVar[Collective]  # set by the kind's Collective value, which names this class as its step
 
     @property
     def kind(self) -> Collective:
-        raise NotImplementedError(type(self).__name__)
+        return type(self).collective
 
     def dims(self) -> dict[str, int]:
         """The kind's integer fields by name (``{"dim": 1}`` for a gather along dim 1)."""
@@ -163,3 +218,22 @@ class CollectiveStep:
     def renamed(self: S, name_of: Callable[[str], str]) -> S:
         """The same step over renamed tensors (pieces and pipeline stages stitched into one plan)."""
         return replace(self, out=name_of(self.out), src=name_of(self.src))  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class AxisStep(CollectiveStep):
+    """The fields of a kind's step without dims: its result, its source and its mesh axis."""
+
+    out: str
+    src: str
+    axis: str
+
+
+@dataclass(frozen=True)
+class DimStep(CollectiveStep):
+    """The fields of a kind's step along one tensor dim: its result, its source, the dim and its mesh axis."""
+
+    out: str
+    src: str
+    dim: int
+    axis: str

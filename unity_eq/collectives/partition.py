@@ -5,24 +5,15 @@ locally. In training its backward pass all-gathers the activation's gradient."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from unity_eq.collectives.base import Collective, CollectiveStep, Prices
+from unity_eq.collectives.base import Collective, DimStep, Prices, autograd_op
 from unity_eq.cost.records import ZERO, Cost
 
 
 @dataclass(frozen=True)
-class Slice(CollectiveStep):
-    out: str
-    src: str
-    dim: int
-    axis: str
-
-    @property
-    def kind(self) -> Collective:
-        return PARTITION
+class Slice(DimStep):
+    """Keep this device's chunk of ``src`` along ``dim`` (its index on ``axis``) as ``out``."""
 
 
 def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
@@ -34,13 +25,6 @@ def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: 
     if model.objective.training:
         cost = cost + Cost(comm=model.all_gather(axis, src_bytes))
     return cost
-
-
-def torch_op(tensor: Any, group: Any, fields: Mapping[str, Any]) -> Any:
-    """The torch backend's op (autograd-aware; torch is imported only here, when a plan trains)."""
-    from unity_eq.collectives import torch_autograd
-
-    return torch_autograd.partition(tensor, group, fields["dim"])
 
 
 PARTITION = Collective(
@@ -55,5 +39,5 @@ PARTITION = Collective(
     record_kind="partition",
     backward_op="all-gather",
     local=True,
-    torch_op=torch_op,
+    torch_op=autograd_op("partition", "dim"),
 )

@@ -5,30 +5,16 @@ planfile/steps.py) makes it plannable."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-import numpy as np
-
-from unity_eq.collectives.base import Collective, Communicator, Prices
-from unity_eq.cost.records import Cost
-
-
-def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
-    """The ring reduce-scatter of the source's bytes (the all-gather's mirror image)."""
-    return Cost(comm=model.reduce_scatter(axis, src_bytes))
-
-
-def run(comm: Communicator, array: np.ndarray, group: Sequence[int], dims: Mapping[str, int]) -> np.ndarray:
-    return comm.reduce_scatter(array, group, dims["dim"])
-
+from unity_eq.collectives.base import Collective, communicator_op, ring_price
 
 REDUCE_SCATTER = Collective(
     name="reduce_scatter",
     dims=("dim",),
     placement=("P", "S({dim})"),
-    price=price,
+    # the ring reduce-scatter of the source's bytes (the all-gather's mirror image)
+    price=ring_price("reduce_scatter", "src"),
     lowering="cut",
     label="reduce-scatter",
-    run=run,
+    run=communicator_op("reduce_scatter", "dim"),
     keeps_weights=False,
 )

@@ -5,23 +5,15 @@ all-reduces the gradient: a weight's (bucketed with the others) or an activation
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from unity_eq.collectives.base import Collective, CollectiveStep, Prices
+from unity_eq.collectives.base import AxisStep, Collective, Prices, autograd_op
 from unity_eq.cost.records import ZERO, Cost
 
 
 @dataclass(frozen=True)
-class Replicated(CollectiveStep):
-    out: str
-    src: str
-    axis: str
-
-    @property
-    def kind(self) -> Collective:
-        return REPLICATE
+class Replicated(AxisStep):
+    """``out`` is ``src``, read by sharded work on ``axis``."""
 
 
 def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
@@ -32,13 +24,6 @@ def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: 
     if source == "weight":
         return Cost(comm=model.gradient_all_reduce(axis, src_bytes))
     return Cost(comm=model.all_reduce(axis, src_bytes))
-
-
-def torch_op(tensor: Any, group: Any, fields: Mapping[str, Any]) -> Any:
-    """The torch backend's op (autograd-aware; torch is imported only here, when a plan trains)."""
-    from unity_eq.collectives import torch_autograd
-
-    return torch_autograd.replicate(tensor, group, fields["phase"])
 
 
 REPLICATE = Collective(
@@ -54,5 +39,5 @@ REPLICATE = Collective(
     backward_op="all-reduce",
     local=True,
     weight_gradient=True,
-    torch_op=torch_op,
+    torch_op=autograd_op("replicate", "phase"),
 )

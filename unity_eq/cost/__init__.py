@@ -45,13 +45,29 @@ from __future__ import annotations
 
 from unity_eq.cost.collectives import AlphaBeta
 from unity_eq.cost.model import CostModel, backward_work, forward_work, op_class, op_flops
-from unity_eq.cost.records import INFERENCE, OBJECTIVES, TRAINING, ZERO, Cost, Objective, OpInstance
+from unity_eq.cost.records import (
+    COST_EPSILON,
+    CROSS_SEARCH_EPSILON,
+    INFERENCE,
+    OBJECTIVES,
+    TIE_TOLERANCE,
+    TRAINING,
+    ZERO,
+    Cost,
+    Objective,
+    OpInstance,
+    cheaper,
+    within,
+)
 from unity_eq.cost.topology import MASK_KINDS, MeshTopology
 
 __all__ = [
+    "COST_EPSILON",
+    "CROSS_SEARCH_EPSILON",
     "INFERENCE",
     "MASK_KINDS",
     "OBJECTIVES",
+    "TIE_TOLERANCE",
     "TRAINING",
     "ZERO",
     "AlphaBeta",
@@ -61,7 +77,9 @@ __all__ = [
     "Objective",
     "OpInstance",
     "backward_work",
+    "cheaper",
     "forward_work",
     "op_class",
     "op_flops",
+    "within",
 ]

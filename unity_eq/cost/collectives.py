@@ -51,10 +51,8 @@ def ring_all_gather(t: GroupTopology, s: float) -> AlphaBeta:
 
 
 def ring_all_to_all(t: GroupTopology, s: float) -> AlphaBeta:
-    if t.n <= 1:
-        return AlphaBeta()
-    if t.m == 1:
-        return _ring(t.n - 1, (t.n - 1) / t.n, s, t.local)
+    if t.n <= 1 or t.m == 1:  # inside one node: the all-gather's ring (n - 1 steps of s / n)
+        return ring_all_gather(t, s)
     k, n = t.k, t.n
     return _ring(k - 1, (k - 1) / n, s, t.local) + _ring(n - k, (n - k) / n, s, t.network)
 

@@ -195,3 +195,38 @@ class CostModel(MeshTopology):
         share = 1.0 if self.gradient_bucket_bytes <= 0 else min(1.0, nbytes / self.gradient_bucket_bytes)
         prices = (ring_all_reduce(t, nbytes) for t in self.group_topologies(axis))
         return max((ab.transfer + share * ab.latency for ab in prices), default=0.0)
+
+    # --- the training step's weight state (ZeRO levels: the table in unity_eq/memory.py) -------------------
+    def update_bandwidth(self) -> float:
+        """Bytes/s the optimizer's update streams at: the mesh's slowest memory × the machine's efficiency."""
+        kinds = {id(self.machine.devices[d]): self.machine.devices[d] for d in self.mesh.devices}
+        return min(d.memory_bandwidth for d in kinds.values()) * self.machine.efficiency
+
+    def optimizer_update(self, resident_bytes: float) -> float:
+        """The optimizer's update after the last microbatch: it reads and writes the weights and their state a
+        device keeps (``resident_bytes``: ``memory.resident_bytes``) at :meth:`update_bandwidth`. One term for a
+        pipeline stage and for the SPMD search's plan, so the training search compares the two on the same terms."""
+        return 2 * resident_bytes / self.update_bandwidth()
+
+    def zero_step_traffic(self, zero: int, weights: float, replicas: int, axis: str = "d") -> float:
+        """Once per step, on the data axis ``axis`` of ``replicas``: the gradients' all-reduce (ZeRO level 0), or
+        reduce-scatter + all-gather of the updated weights (level 1: the same volume, priced as one all-reduce),
+        or the all-gather alone (level 2, whose gradients were reduce-scattered microbatch by microbatch); level
+        3 synchronizes per microbatch, inference never."""
+        if not self.objective.training or replicas == 1 or zero == 3:
+            return 0.0
+        if zero == 2:
+            return self.all_gather(axis, weights)
+        return self.gradient_all_reduce(axis, weights)
+
+    def zero_microbatch_traffic(self, zero: int, weights: float, replicas: int, axis: str = "d") -> float:
+        """Per microbatch: level 2 reduce-scatters the gradients (a device keeps only its shard, so it cannot
+        accumulate the others'); level 3 also all-gathers the weights for the forward and again for the backward
+        (inference: once, and no gradients)."""
+        if replicas == 1 or zero < 2:
+            return 0.0
+        training = self.objective.training
+        scatter = self.reduce_scatter(axis, weights) if training else 0.0
+        if zero == 2:
+            return scatter
+        return (2 if training else 1) * self.all_gather(axis, weights) + scatter

@@ -83,3 +83,29 @@ class Cost:
 
 
 ZERO = Cost()
+
+# --- the tie rule: when one predicted cost beats another -------------------------------------------------------
+# One rule for every search: a candidate replaces the one kept only when it is cheaper by more than a tolerance
+# (:func:`cheaper`); within it the two are a tie, which each search breaks by what it trusts more than the model
+# (the mesh search: less communication; the stage search: the simpler configuration; a re-extraction: the plan
+# it had). The tolerance says how far the two numbers can be apart and still be the same prediction:
+
+#: Rounding noise: two sums of the same terms in another order (re-extracting a plan, ranking the stage search's
+#: configurations, greedy's e-class totals). Anything larger is a real difference in the model's terms.
+COST_EPSILON = 1e-12
+#: Two searches' totals of one workload (a pipeline's step against the SPMD plan's, priced along different paths):
+#: more terms summed in other orders, still far below any difference the model means.
+CROSS_SEARCH_EPSILON = 1e-9
+#: Model error: plans of one mesh search within 1 % of the cheapest are ties the model cannot tell apart, and the
+#: one that communicates least (the least certain part of the model) wins (``search.choose.choose_trial``).
+TIE_TOLERANCE = 0.01
+
+
+def cheaper(cost: float, than: float, tolerance: float = COST_EPSILON) -> bool:
+    """Whether ``cost`` beats ``than`` by more than ``tolerance`` (a fraction of ``than``): the tie rule."""
+    return cost < than * (1 - tolerance)
+
+
+def within(cost: float, cheapest: float, tolerance: float = TIE_TOLERANCE) -> bool:
+    """Whether ``cost`` ties ``cheapest``: at most ``tolerance`` (a fraction of ``cheapest``) dearer."""
+    return cost <= cheapest * (1 + tolerance)

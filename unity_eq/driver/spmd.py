@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from unity_eq.cost import cheaper
 from unity_eq.driver.request import OptimizeRequest, Planner, build_request, load_rules
 from unity_eq.egraph import SaturationResult
 from unity_eq.extract import ExtractionMethod
@@ -273,7 +274,7 @@ def refine(found: SearchResult, method: str, time_limit: float, say: Progress) -
     for name, plan in plans.items():
         usage = plan_memory(plan)
         fitting[name] = usage.fits
-        if usage.fits and plan.cost.total < best.cost.total * (1 - 1e-12):
+        if usage.fits and cheaper(plan.cost.total, best.cost.total):
             winner, best, memory = name, plan, usage
     saving = (greedy_cost - best.cost.total) / greedy_cost if greedy_cost > 0 else 0.0
     differentiable = _differentiable_record(refined, plans["differentiable"], fitting["differentiable"], greedy_cost)

@@ -4,7 +4,7 @@ The SPMD search (``unity_eq.driver.spmd``) finds the best plan of the whole batc
 search (``unity_eq.stages``) the best pipeline of two or more stages over the model's pieces. The SPMD plan is
 the one-stage case: its step is priced as the stage search prices one (its forward and backward pass, with
 its gradient all-reduces, once per microbatch it accumulates, plus the optimizer's update of the state a
-device keeps: ``stages.state.optimizer_update_s``), and the cheaper of the two is written — the SPMD plan
+device keeps: ``CostModel.optimizer_update``), and the cheaper of the two is written — the SPMD plan
 directory, or the pipeline plan directory as ``optimize --pipeline`` writes it. On a tie the SPMD plan wins,
 so the choice is never worse than the SPMD search's on the same workload.
 
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from unity_eq.cost import CROSS_SEARCH_EPSILON, CostModel, cheaper
 from unity_eq.driver.request import OptimizeRequest, load_rules
 from unity_eq.driver.spmd import OptimizeResult, plan_spmd, with_training, write_spmd
 from unity_eq.driver.staged import lower_stages
@@ -35,7 +36,6 @@ from unity_eq.report import cost_breakdown
 from unity_eq.split import split_graph
 from unity_eq.stages.config import static_batch_note
 from unity_eq.stages.run import BatchedModel, PipelineResult, batch_blocker, graph_at_batch, plan_stages
-from unity_eq.stages.state import optimizer_update_s
 
 __all__ = ["TrainingResult", "optimize_training", "spmd_step_s"]
 
@@ -74,8 +74,9 @@ def spmd_step_s(plan: Plan, machine: Machine, passes: int = 1) -> float:
     gradient = sum(t.gradient_s for t in (breakdown.communication_by_axis or {}).values())
     memory = plan.report.memory
     assert memory is not None  # the search records it
-    bandwidth = min(machine.devices[d].memory_bandwidth for d in plan.mesh.devices) * machine.efficiency
-    update = optimizer_update_s(memory.weight_bytes + memory.weight_state_bytes, bandwidth)
+    update = CostModel(machine, plan.mesh, plan.objective).optimizer_update(
+        memory.weight_bytes + memory.weight_state_bytes
+    )
     return passes * (plan.cost.total - gradient) + gradient + update
 
 
@@ -113,7 +114,11 @@ def optimize_training(
     piped = staged.search.best.step_s if staged is not None else None
     if spmd_step is None and piped is None:
         raise InfeasiblePlanError(" ".join(m for m in (spmd_error, *notes[-1:]) if m) or "no plan fits.")
-    chosen = "pipeline" if piped is not None and (spmd_step is None or piped < spmd_step * (1 - 1e-9)) else "spmd"
+    chosen = (
+        "pipeline"
+        if piped is not None and (spmd_step is None or cheaper(piped, spmd_step, CROSS_SEARCH_EPSILON))
+        else "spmd"
+    )
     if chosen == "spmd" and passes > 1:
         notes.append(
             f"the SPMD plan is one pass of {static} samples (the model's static batch): a step runs it {passes} "

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from unity_eq.planfile import (
@@ -66,14 +66,7 @@ class TrafficRow:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "kind": self.kind,
-            "axis": self.axis,
-            "tensor": self.tensor,
-            "of": self.of,
-            "seconds": self.seconds,
-        }
+        return asdict(self)  # the fields in order, all plain values
 
 
 @dataclass(frozen=True)

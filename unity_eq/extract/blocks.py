@@ -40,22 +40,6 @@ from unity_eq.plan import (
 from unity_eq.split import Piece
 
 
-def _instance_names(graph: Graph, rep: Piece, copy: Piece) -> dict[str, str]:
-    """Tensor names of the representative → the same tensors of a copy (same signature)."""
-    mapping: dict[str, str] = {}
-    if rep.stream_in is not None and copy.stream_in is not None:
-        mapping[rep.stream_in] = copy.stream_in
-    mapping.update(zip(rep.side_in, copy.side_in, strict=True))
-    for a, b in zip(rep.nodes, copy.nodes, strict=True):
-        for x, y in zip(a.inputs, b.inputs, strict=True):
-            if x and y and x not in mapping:
-                mapping[x] = y
-        for x, y in zip(a.outputs, b.outputs, strict=True):
-            if x and y:
-                mapping[x] = y
-    return mapping
-
-
 def _allowed_key(key: Key, restriction: Restriction) -> bool:
     """Boundary placements an extraction under ``restriction`` may use."""
     if key == ("R",) * len(key):
@@ -321,7 +305,7 @@ class _Stitcher:
         choice = repair_choice(sol.data, choice, option.totals, out_roots)
         builder = PlanBuilder(sol.data, choice, sol.encoding, sol.graph, option.costs)
         builder.build(out_roots)
-        names = _instance_names(self.graph, sol.piece, piece)
+        names = sol.piece.instance_names(piece)
         rename: dict[str, str] = {}
 
         def name_of(tid: str) -> str:

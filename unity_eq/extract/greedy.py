@@ -11,9 +11,10 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from unity_eq.cost import COST_EPSILON
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError, InternalError
-from unity_eq.extract.pricing import INF, CostTable, seconds_of, totals_of
+from unity_eq.extract.pricing import INF, CostTable, reachable, seconds_of, totals_of
 from unity_eq.ops.registry import spec_for
 
 
@@ -74,7 +75,7 @@ def greedy_dag(data: EGraphData, costs: CostTable, parents: dict[str, list[ENode
         merged[node.eclass] = own
         total += own
         current = best.get(node.eclass)
-        if current is not None and total >= current.total * (1 - 1e-12):
+        if current is not None and total >= current.total * (1 - COST_EPSILON):  # not cost.cheaper, inline (hot loop)
             continue
         best[node.eclass] = _Best(total, merged, node)
         for parent in parents.get(node.eclass, ()):
@@ -120,18 +121,17 @@ def find_cycle(choice: dict[str, ENode], roots: Iterable[str]) -> list[str] | No
 def chosen_closure(choice: dict[str, ENode], roots: Iterable[str]) -> set[str] | None:
     """The classes an extraction needs: those reachable from ``roots`` through the chosen nodes' children;
     None when one of them has no chosen node (the extraction is incomplete)."""
-    seen: set[str] = set()
-    stack = list(roots)
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
+    missing: list[str] = []
+
+    def children(cid: str) -> tuple[str, ...]:
         node = choice.get(cid)
         if node is None:
-            return None
-        seen.add(cid)
-        stack.extend(node.children)
-    return seen
+            missing.append(cid)
+            return ()
+        return node.children
+
+    seen = set(reachable(roots, children))
+    return None if missing else seen
 
 
 def _reaches(choice: dict[str, ENode], starts: Iterable[str], target: str) -> tuple[bool, set[str]]:

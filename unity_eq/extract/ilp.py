@@ -40,7 +40,7 @@ from unity_eq.egraph import EGraphData, Encoding, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.build import build_plan, check_invariants, output_classes
 from unity_eq.extract.greedy import break_cycles, chosen_closure, dag_cost, find_cycle, greedy_dag
-from unity_eq.extract.pricing import INF, node_costs
+from unity_eq.extract.pricing import INF, node_costs, reachable
 from unity_eq.ir import Graph
 from unity_eq.plan import Plan
 from unity_eq.planfile import IlpProgramRecord
@@ -83,18 +83,10 @@ class IlpReport:
 
 def _reachable(data: EGraphData, costs: dict[str, Cost], roots: list[str]) -> tuple[list[str], list[ENode]]:
     """Classes reachable from the roots through finite-cost nodes, and those nodes."""
-    seen: set[str] = set()
-    order: list[str] = []
-    stack = list(roots)
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        order.append(cid)
-        for node in data.classes[cid].nodes:
-            if costs[node.id].total < INF:
-                stack.extend(c for c in node.children if c not in seen)
+    order = reachable(
+        roots, lambda cid: [c for n in data.classes[cid].nodes if costs[n.id].total < INF for c in n.children]
+    )
+    seen = set(order)
     nodes = [
         n
         for cid in order

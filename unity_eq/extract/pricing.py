@@ -7,7 +7,7 @@ a model input or an activation), and the names of the values they hold.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -18,6 +18,22 @@ from unity_eq.ir import Partial, Placement, Replicate, Shard
 from unity_eq.ops.registry import spec_for
 
 INF = math.inf
+
+
+def reachable(roots: Iterable[str], children: Callable[[str], Iterable[str]]) -> list[str]:
+    """The e-classes reachable from ``roots`` through ``children`` (which nodes of a class count is the
+    caller's: the chosen one, the finite-cost ones), each once, in depth-first discovery order: the order the
+    ILP numbers its columns in, so it is part of the plan that comes out."""
+    seen: set[str] = set()
+    order: list[str] = []
+    stack = list(roots)
+    while stack:
+        cid = stack.pop()
+        if cid not in seen:
+            seen.add(cid)
+            order.append(cid)
+            stack.extend(children(cid))
+    return order
 
 
 #: the e-graph's parallel constructors (one per collective kind with a term: unity_eq.collectives)

@@ -27,13 +27,14 @@ family          ``OpFamily`` (every hook the stages call), ``OpCase``, ``NodeVie
 tensors, cases  what the families' semantics and instance generators share
 registry        every family: ``FAMILIES``, ``OPS``, ``family_for``, ``spec_for``, ``rule_file_for``
 schema          rendering rules/schema.egg and the generated elementwise rules
-elementwise     the unary and broadcast ops (Relu … Cast, Add … Clip)
+elementwise     the unary and broadcast ops (Relu … Cast, Add … Clip); their axioms in elementwise_axioms
 matmul          MatMul, Gemm
 normalization   Softmax, LogSoftmax, LayerNormalization
 conv            Conv
-pooling         MaxPool, AveragePool, the global poolings, LRN, BatchNormalization
+pooling         MaxPool, AveragePool, the global poolings
+channel_norm    LRN, BatchNormalization
 reshape         Flatten, Reshape, Squeeze, Unsqueeze, Transpose, Expand
-slicing         Concat, Split, Slice, Gather
+slicing         Concat, Split, Slice, Gather; their axioms in slicing_axioms
 reduce          ReduceSum, ReduceMean, ReduceMax, ReduceMin
 space_to_depth  SpaceToDepth, the family added as a plug-in (docs/architecture.md)
 ==============  ================================================================================================

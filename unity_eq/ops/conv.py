@@ -239,19 +239,12 @@ CONV = OpFamily(
     name="conv",
     specs=SPECS,
     rule_file="parallel/conv.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every auto_pad and every pair of"
         " pads 0-2, 2-D windows whose axes differ and 2-D windows equal in both axes, each with (N, C, M) ="
         " (1, 1, 1) and (2, 2, 2), groups 1 and 2, with and without bias; and (N, C, M) from an orthogonal array"
         " over dims 1-4 with a few windows"
     ),
-    axioms=axioms,
-    normalize=normalize,
-    saved=saved,
-    backward_work=backward_work,
     compute_class="gemm",
+    **OpFamily.hooks_in(globals()),
 )

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import absent_options, broadcast_positions, shape_pool
+from unity_eq.ops.elementwise_axioms import axioms
 from unity_eq.ops.family import FREE, Instance, InstanceRanges, OpFamily, Saved, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, need
@@ -28,20 +29,11 @@ from unity_eq.ops.tensors import Shape, bcast, need
 __all__ = ["ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY", "INTERPRETED"]
 
 EXACT_UNARY = {"Neg", "Identity"}
-EXACT_BINARY = {
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Max",
-    "Min",
-    "Equal",
-    "Less",
-    "Greater",
-    "LessOrEqual",
-    "GreaterOrEqual",
-    "PRelu",
-}
+#: The binary broadcasting ops, in the registry's order (the generated schema's); Pow and the logical ops are
+#: uninterpreted functions in the verifier, the rest exact.
+_BINARY: tuple[str, ...] = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual")
+_BINARY += ("GreaterOrEqual", "And", "Or", "Xor", "PRelu")
+EXACT_BINARY = set(_BINARY) - {"Pow", "And", "Or", "Xor"}
 
 #: Every elementwise op whose semantics here is exact, not an uninterpreted function: the verifier may reuse a
 #: proof about an uninterpreted op for every op of its kind, never for these (verify/_verify.py; a test checks
@@ -53,7 +45,6 @@ def _specs() -> tuple[OpSpec, ...]:
     U, B = Family.UNARY, Family.BROADCAST
     x = tensor("X")
     specs: list[OpSpec] = []
-    linear_unary = {"Neg", "Identity"}
     for name in [
         "Relu",
         "Sigmoid",
@@ -79,7 +70,7 @@ def _specs() -> tuple[OpSpec, ...]:
         "HardSwish",
         "Mish",
     ]:
-        specs.append(OpSpec(name, U, (x,), linear=name in linear_unary))
+        specs.append(OpSpec(name, U, (x,), linear=name in EXACT_UNARY))
     specs += [
         OpSpec("LeakyRelu", U, (x, float_attr("alpha", 0.01))),
         OpSpec("Elu", U, (x, float_attr("alpha", 1.0))),
@@ -91,24 +82,7 @@ def _specs() -> tuple[OpSpec, ...]:
         OpSpec("Cast", U, (x, int_attr("saturate", 1), int_attr("to"))),
     ]
     a, b = tensor("A"), tensor("B")
-    for name in [
-        "Add",
-        "Sub",
-        "Mul",
-        "Div",
-        "Pow",
-        "Max",
-        "Min",
-        "Equal",
-        "Less",
-        "Greater",
-        "LessOrEqual",
-        "GreaterOrEqual",
-        "And",
-        "Or",
-        "Xor",
-        "PRelu",
-    ]:
+    for name in _BINARY:
         specs.append(OpSpec(name, B, (a, b), linear=name in ("Add", "Sub")))
     specs += [
         OpSpec("Where", B, (tensor("condition"), tensor("X"), tensor("Y"))),
@@ -288,75 +262,12 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# FLOPs and axioms
+# FLOPs (the shape-generic prover's axioms are ops/elementwise_axioms.py's)
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
     """One operation per output element."""
     return float(math.prod(out_shape))
-
-
-def axioms(v: Any) -> None:
-    """Elementwise ops commute with slicing: every split mask, operands broadcast or full (``ew``); pending
-    sums are linear: Add and Sub of partial pieces (``linear``)."""
-    _axioms_elementwise(v)
-    _axioms_linear(v)
-
-
-def _axioms_elementwise(v: Any) -> None:
-    """Elementwise ops commute with slicing: every split mask, operands broadcast or full."""
-    import z3  # the verifier's vocabulary is z3's; the engine never calls this
-
-    x, a, b, c, d, da, db, dc, i, n, f, ch, ew, rel, FA, P = v.symbols("x a b c d da db dc i n f ch ew rel FA P")
-    v.add(
-        "ew",
-        FA(
-            [f, x, d, i, n],
-            ew[1](f, ch(x, d, i, n)) == ch(ew[1](f, x), d, i, n),
-            patterns=[ew[1](f, ch(x, d, i, n))],
-        ),
-    )
-    ops3 = (a, b, c)
-    dims3 = (da, db, dc)
-    for arity in (2, 3):
-        args = ops3[:arity]
-        for mask in range(1, 2**arity):
-            e_ = ew[arity](f, *args)
-            sliced = [ch(args[j], dims3[j], i, n) if mask >> j & 1 else args[j] for j in range(arity)]
-            premises = [
-                rel["bc-dim"](args[j], e_, d, dims3[j]) if mask >> j & 1 else rel["bc-bcast"](args[j], e_, d)
-                for j in range(arity)
-            ]
-            bound = [f, *args, d, i, n, *[dims3[j] for j in range(arity) if mask >> j & 1]]
-            first = next(j for j in range(arity) if mask >> j & 1)
-            v.add(
-                "ew",
-                FA(
-                    bound,
-                    z3.Implies(z3.And(premises), ew[arity](f, *sliced) == ch(e_, d, i, n)),
-                    patterns=[P(ew[arity](f, *sliced), rel["bc-dim"](args[first], e_, d, dims3[first]))],
-                ),
-            )
-
-
-def _axioms_linear(v: Any) -> None:
-    """Pending sums are linear: Add and Sub of partial pieces."""
-    import z3  # the verifier's vocabulary is z3's; the engine never calls this
-
-    x, y, p, q, i, n, ew, FA, P = v.symbols("x y p q i n ew FA P")
-    for op in ("Add", "Sub"):
-        fo = v.fn(op, ())
-        v.add(
-            "linear",
-            FA(
-                [p, q, x, y, i, n],
-                z3.Implies(
-                    z3.And(v.is_partial(p, x, i, n), v.is_partial(q, y, i, n)),
-                    v.is_partial(ew[2](fo, p, q), ew[2](fo, x, y), i, n),
-                ),
-                patterns=[P(ew[2](fo, p, q), v.is_partial(p, x, i, n), v.is_partial(q, y, i, n))],
-            ),
-        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -455,10 +366,6 @@ ELEMENTWISE = OpFamily(
     name="elementwise",
     specs=SPECS,
     rule_file="parallel/elementwise.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4 "
         "(three operands: 0-3), every output shape and, at every position, every pattern of full or size-1 "
@@ -467,7 +374,5 @@ ELEMENTWISE = OpFamily(
         "condition, each branch full, () or (1)"
     ),
     axioms=axioms,
-    saved=saved,
-    forward_work=forward_work,
-    backward_work=backward_work,
+    **OpFamily.hooks_in(globals()),
 )

@@ -22,6 +22,7 @@ from unity_eq.ops.spec import OpSpec
 __all__ = [
     "COMPUTE_CLASSES",
     "FREE",
+    "HOOKS",
     "IndexShape",
     "Instance",
     "InstanceRanges",
@@ -259,3 +260,31 @@ class OpFamily:
     def op_class(self, op: str) -> str:
         """The efficiency class of one of its ops: ``compute_classes[op]``, else ``compute_class``."""
         return self.compute_classes.get(op, self.compute_class)
+
+    @staticmethod
+    def hooks_in(namespace: Mapping[str, Any]) -> dict[str, Any]:
+        """The hooks a family module defines (``OpFamily(name=..., **OpFamily.hooks_in(globals()))``): its own
+        functions named after the hook fields (:data:`HOOKS`), so a module states each hook once, by its name,
+        and a hook it does not define keeps the field's default. A function imported from elsewhere is not
+        taken (pass it by keyword, as SpaceToDepth passes ``torch``)."""
+        module = namespace["__name__"]
+        found = {name: namespace.get(name) for name in HOOKS}
+        return {name: fn for name, fn in found.items() if callable(fn) and getattr(fn, "__module__", None) == module}
+
+
+#: The hook fields of :class:`OpFamily` a family module may supply as functions of the same name.
+HOOKS = (
+    "infer_shape",
+    "evaluate",
+    "instances",
+    "flops",
+    "axioms",
+    "normalize",
+    "guard_facts",
+    "saved",
+    "types",
+    "torch",
+    "forward_work",
+    "backward_work",
+    "lower",
+)

@@ -341,17 +341,11 @@ MATMUL = OpFamily(
     name="matmul",
     specs=SPECS,
     rule_file="parallel/matmul.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "MatMul: every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every pattern of which operand"
         " is 1 or lacks it (dims 1-4 when both ranks are <= 3, {1, 2, 4} with a rank-4 operand); Gemm: every"
         " (m, k, n) over dims 1-4, every transA/transB, C absent or of every shape that broadcasts"
     ),
-    axioms=axioms,
-    saved=saved,
-    backward_work=backward_work,
     compute_class="gemm",
+    **OpFamily.hooks_in(globals()),
 )

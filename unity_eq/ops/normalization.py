@@ -189,16 +189,9 @@ NORMALIZATION = OpFamily(
     name="normalization",
     specs=SPECS,
     rule_file="parallel/layout.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "every shape of rank 1-4 (dims 1-4 up to rank 3, {1, 2, 4} at rank 4), every axis; LayerNormalization's"
         " Scale of the normalized shape and (ranks 1-3) of every lower rank and all ones, B absent or as Scale"
     ),
-    axioms=axioms,
-    normalize=normalize,
-    saved=saved,
-    backward_work=backward_work,
+    **OpFamily.hooks_in(globals()),
 )

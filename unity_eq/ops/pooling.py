@@ -1,24 +1,22 @@
-"""Poolings and the per-channel ops of convolutional networks: MaxPool, AveragePool, GlobalAveragePool,
-GlobalMaxPool (windowed per (batch, channel) plane), LRN (windowed across channels) and BatchNormalization
-(inference: per channel).
+"""The poolings of convolutional networks: MaxPool, AveragePool, GlobalAveragePool and GlobalMaxPool, windowed
+per (batch, channel) plane.
 
-The poolings shard along the batch and the channels, LRN along the batch, BatchNormalization along the batch
-and, its parameters sliced alike, the channels. Their rules are in ``rules/parallel/conv.egg`` with Conv's
-(unity_eq/ops/conv.py).
+They shard along the batch and the channels. Their rules are in ``rules/parallel/conv.egg`` with Conv's
+(unity_eq/ops/conv.py) and the per-channel normalizations' (unity_eq/ops/channel_norm.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from unity_eq.ops.cases import tiling_windows, window_pairs, window_product
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
-from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, ints_attr, str_attr, tensor
+from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
     Shape,
     need,
@@ -63,34 +61,7 @@ SPECS = (
     ),
     OpSpec("GlobalAveragePool", Family.POOL, (tensor("X"),)),
     OpSpec("GlobalMaxPool", Family.POOL, (tensor("X"),)),
-    OpSpec(
-        "LRN",
-        Family.LRN,
-        (
-            tensor("X"),
-            float_attr("alpha", 0.0001),
-            float_attr("beta", 0.75),
-            float_attr("bias", 1.0),
-            int_attr("size"),
-        ),
-    ),
-    OpSpec(
-        "BatchNormalization",
-        Family.BATCHNORM,
-        (
-            tensor("X"),
-            tensor("scale"),
-            tensor("B"),
-            tensor("input_mean"),
-            tensor("input_var"),
-            float_attr("epsilon", 1e-5),
-            float_attr("momentum", 0.9),
-            int_attr("training_mode", 0),
-        ),
-    ),
 )
-
-_KIND = {spec.name: spec.family for spec in SPECS}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -111,8 +82,7 @@ def _pool_shape(x: Shape, auto_pad: str, ceil_mode: int, dils: Any, kernel: Any,
 
 
 def infer_shape(op: str, args: Sequence[Any]) -> Shape:
-    """Windowed poolings per plane, global ones to ``[N, C, 1, ...]``; LRN and BatchNormalization keep X's
-    shape (BatchNormalization's parameters are ``[C]``, inference only)."""
+    """Windowed poolings per plane, global ones to ``[N, C, 1, ...]``."""
     if op == "MaxPool":
         x, auto_pad, ceil_mode, dils, kernel, pads, _so, strides = args
         return _pool_shape(need(x), auto_pad, ceil_mode, dils, kernel, pads, strides)
@@ -124,20 +94,6 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
         if len(x) < 3:
             raise ShapeError(f"{op} needs rank >= 3")
         return (*x[:2], *([1] * (len(x) - 2)))
-    fam = _KIND.get(op)
-    if fam is Family.LRN:
-        x = need(args[0])
-        if len(x) < 3 or args[4] < 1:
-            raise ShapeError("LRN needs rank >= 3 and size >= 1")
-        return x
-    if fam is Family.BATCHNORM:
-        x = need(args[0])
-        if len(x) < 2 or args[7] not in (0, 1):
-            raise ShapeError("BatchNormalization needs rank >= 2 and training_mode 0 or 1")
-        for p in args[1:5]:
-            if need(p) != (x[1],):
-                raise ShapeError(f"BatchNormalization: parameter {list(p)} is not [{x[1]}]")
-        return x
     raise ShapeError(f"no semantics for {op}")
 
 
@@ -182,49 +138,9 @@ def _pool(op: str, args: Sequence[Any], bk: Any) -> Any:
     return out
 
 
-def _lrn(op: str, args: Sequence[Any], bk: Any) -> Any:
-    x, alpha, beta, bias, size = args
-    c = x.shape[1]
-    lo, hi = (size - 1) // 2, math.ceil((size - 1) / 2)
-    sq = bk.mul(x, x)
-    out = np.empty(x.shape, dtype=out_dtype(bk))
-    for idx in np.ndindex(*x.shape):
-        ci = idx[1]
-        terms = [sq[(idx[0], j, *idx[2:])] for j in range(max(0, ci - lo), min(c - 1, ci + hi) + 1)]
-        out[idx] = bk.total(terms)
-    base = bk.add(bk.mul(out, bk.div(alpha, size)), bias)
-    return bk.div(x, bk.apply("pow", base, np.broadcast_to(np.array(beta, dtype=object), base.shape)))
-
-
-def _batchnorm(op: str, args: Sequence[Any], bk: Any) -> Any:
-    """Y = (X - mean) / sqrt(var + epsilon) * scale + B per channel. Inference (``training_mode`` 0) reads
-    the given running statistics; training mode (1) the batch's own: the mean and the (biased) variance over
-    every dim but the channels, as ONNX and onnxruntime compute Y (the running statistics it also outputs
-    are not modeled: a rule reads Y). Modeled so that a rule that splits the batch "for any training_mode"
-    is refuted (issue 21: each device's part of the batch has its own statistics)."""
-    x, scale, bias, mean, var, eps, _mom, train = args
-    shape = (x.shape[1], *([1] * (x.ndim - 2)))
-    s, b, m, v = (p.reshape(shape) for p in (scale, bias, mean, var))
-    if train:
-        axes = [d for d in range(x.ndim) if d != 1]
-        count = math.prod(x.shape[d] for d in axes)
-        m = bk.div(reduce_elements(bk, x, axes, True, bk.total), count)
-        centered = bk.sub(x, m)
-        v = bk.div(reduce_elements(bk, bk.mul(centered, centered), axes, True, bk.total), count)
-    return bk.add(bk.mul(bk.div(bk.sub(x, m), bk.apply("sqrt", bk.add(v, eps))), s), b)
-
-
-_EVAL: dict[Family, Callable[[str, Sequence[Any], Any], Any]] = {
-    Family.POOL: _pool,
-    Family.LRN: _lrn,
-    Family.BATCHNORM: _batchnorm,
-}
-
-
 def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
-    """Maxima as the backend's ``largest``, averages and LRN's sums of squares exactly; ``pow`` and ``sqrt``
-    uninterpreted."""
-    return _EVAL[_KIND[op]](op, args, bk)
+    """Maxima as the backend's ``largest``, averages exactly."""
+    return _pool(op, args, bk)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -279,42 +195,16 @@ def _pooling(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
             yield {"X": (n, c, *spatial)}, given
 
 
-def _lrn_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
-        spatial = ((2,), (1, 2), (3,))[i % 3]
-        yield {"X": (n, c, *spatial)}, {"size": 1 + i % 3}
-
-
-def _batchnorm_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
-        for spatial in ((), (2,), (2, 1))[: 1 + i % 3]:
-            p = (c,)
-            tensors = {"X": (n, c, *spatial), "scale": p, "B": p, "input_mean": p, "input_var": p}
-            yield tensors, {"training_mode": 0}
-            yield tensors, {"training_mode": 1}
-
-
-_INSTANCES: dict[Family, Callable[[OpSpec, InstanceRanges], Iterator[Instance]]] = {
-    Family.POOL: _pooling,
-    Family.LRN: _lrn_instances,
-    Family.BATCHNORM: _batchnorm_instances,
-}
-
-
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
-    """Every (N, C) over ``dims``: the windowed poolings with two of the windows above each, the global ones
-    with 1-3 planes, LRN with sizes 1-3, BatchNormalization of rank 2-4."""
-    return _INSTANCES[spec.family](spec, ranges)
+    """The window product, then every (N, C) over ``dims``: the windowed poolings with two of the windows above
+    each, the global ones with 1-3 planes."""
+    return _pooling(spec, ranges)
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
-    """Poolings: one operation per input or output element, whichever is more; LRN and BatchNormalization:
-    five per output element."""
+    """One operation per input or output element, whichever is more."""
     out = math.prod(out_shape)
-    kind = _KIND[op]
-    if kind in (Family.BATCHNORM, Family.LRN):
-        return 5.0 * out
-    if kind is Family.POOL and in_shapes[0]:
+    if in_shapes[0]:
         return float(max(out, math.prod(in_shapes[0])))
     return float(out)
 
@@ -324,12 +214,10 @@ def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequenc
 
 
 def axioms(v: Any) -> None:
-    """Pooling per (batch, channel) plane; LRN per batch item; BatchNormalization per channel."""
+    """Pooling per (batch, channel) plane."""
     import z3  # the verifier's vocabulary is z3's; the engine never calls this
 
-    T, x, b, w, d, i, n, k, al, be, eps, mom, dil, ks, pads, st, ap, ch, FA = v.symbols(
-        "T x b w d i n k al be eps mom dil ks pads st ap ch FA"
-    )
+    x, d, i, n, dil, ks, pads, st, ap, ch, FA = v.symbols("x d i n dil ks pads st ap ch FA")
     cm, so_, cip = z3.Int("cm"), z3.Int("so_"), z3.Int("cip")
     mp, avp = v.op("MaxPool"), v.op("AveragePool")
     for name, fn_, extra in (
@@ -350,96 +238,34 @@ def axioms(v: Any) -> None:
                 patterns=[fn_(ch(x, d, i, n))],
             ),
         )
-    lrn = v.op("LRN")
-    bi = z3.Real("bi")
-    v.add(
-        "LRN",
-        FA(
-            [x, al, be, bi, k, i, n],
-            lrn(ch(x, 0, i, n), al, be, bi, k) == ch(lrn(x, al, be, bi, k), 0, i, n),
-            patterns=[lrn(ch(x, 0, i, n), al, be, bi, k)],
-        ),
-    )
-    bn = v.op("BatchNormalization")
-    m_, v_ = z3.Const("m", T), z3.Const("v", T)
-    v.add(
-        "BatchNormalization",
-        FA(
-            [x, w, b, m_, v_, eps, mom, i, n],
-            bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0) == ch(bn(x, w, b, m_, v_, eps, mom, 0), 0, i, n),
-            patterns=[bn(ch(x, 0, i, n), w, b, m_, v_, eps, mom, 0)],
-        ),
-    )
-    v.add(
-        "BatchNormalization",
-        FA(
-            [x, w, b, m_, v_, eps, mom, i, n],
-            bn(
-                ch(x, 1, i, n),
-                ch(w, 0, i, n),
-                ch(b, 0, i, n),
-                ch(m_, 0, i, n),
-                ch(v_, 0, i, n),
-                eps,
-                mom,
-                0,
-            )
-            == ch(bn(x, w, b, m_, v_, eps, mom, 0), 1, i, n),
-            patterns=[
-                bn(
-                    ch(x, 1, i, n),
-                    ch(w, 0, i, n),
-                    ch(b, 0, i, n),
-                    ch(m_, 0, i, n),
-                    ch(v_, 0, i, n),
-                    eps,
-                    mom,
-                    0,
-                )
-            ],
-        ),
-    )
 
 
 def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
     """MaxPool and AveragePool: strides, dilations and pads written out (a kernel shape is required, and
     ``SAME`` padding with dilations is not modeled: onnxruntime pads for the undilated kernel there, not as
-    ONNX says). BatchNormalization in training mode is not modeled."""
+    ONNX says)."""
     if op in ("MaxPool", "AveragePool"):
         if not v["kernel_shape"]:
             raise NotModeled
         if str(v["auto_pad"]).startswith("SAME") and any(int(d) != 1 for d in v["dilations"] or ()):
             raise NotModeled
         v.update(window_defaults(v, len(v["kernel_shape"])))
-    elif op == "BatchNormalization" and int(v["training_mode"]):
-        raise NotModeled
     return v
 
 
 def saved(op: str) -> Saved:
     """The max poolings keep their input and the argmax (counted as their output's size); the average poolings
-    their input (PyTorch keeps it for its shape); LRN its input and output; BatchNormalization its input and
-    scale (the per-channel statistics are small)."""
-    if op in ("MaxPool", "GlobalMaxPool", "LRN"):
+    their input (PyTorch keeps it for its shape)."""
+    if op in ("MaxPool", "GlobalMaxPool"):
         return Saved(inputs=("X",), output=True)
-    if op == "BatchNormalization":
-        return Saved(inputs=("X", "scale"))
     return Saved(inputs=("X",))
 
 
 def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work | None:
     """The poolings scatter the output's gradient back over their windows: read it (MaxPool also re-reads the
-    saved argmax, the input's size), write the input's gradient. BatchNormalization's is LayerNormalization's
-    (the input's gradient, then the scale's and bias's sums re-reading the gradient and the input). LRN: not
-    modelled (the flat price)."""
+    saved argmax, the input's size), write the input's gradient."""
     n_out = math.prod(out_shape)
     n_in = math.prod(in_shapes[0]) if in_shapes and in_shapes[0] is not None else n_out
-    kind = _KIND[op]
-    if kind is Family.BATCHNORM:
-        params = sum(math.prod(s) for s in in_shapes[1:] if s is not None)
-        return Work(8.0 * n_out, 4.0 * n_out + params, float(n_out + params), kernels=2.0)
-    if kind is Family.LRN:
-        return None
     reads_input = op in ("MaxPool", "GlobalMaxPool")
     return Work(float(max(n_in, n_out)), float(n_out + (n_in if reads_input else 0)), float(n_in))
 
@@ -448,20 +274,12 @@ POOLING = OpFamily(
     name="pooling",
     specs=SPECS,
     rule_file="parallel/conv.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "MaxPool and AveragePool: every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every"
         " auto_pad and every pair of pads below the kernel, 2-D windows whose axes differ and 2-D kernels equal to"
         " their strides, times ceil_mode"
         " and count_include_pad, on (N, C) = (1, 1) and (2, 3); every (N, C) with dims 1-4 with a few windows;"
-        " the global poolings over 1-3 planes (3-D ones: rank 5), LRN with sizes 1-3, BatchNormalization of rank 2-4"
-        " with training_mode 0 and 1"
+        " the global poolings over 1-3 planes (3-D ones: rank 5)"
     ),
-    axioms=axioms,
-    normalize=normalize,
-    saved=saved,
-    backward_work=backward_work,
+    **OpFamily.hooks_in(globals()),
 )

@@ -201,15 +201,7 @@ REDUCE = OpFamily(
     name="reduce",
     specs=SPECS,
     rule_file="parallel/layout.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges="every shape of rank 1-4 (rank 4 over {1, 2, 4}), every set of axes (empty included), keepdims 0 and 1, "
     "noop_with_empty_axes 0 and 1",
-    axioms=axioms,
-    normalize=normalize,
-    guard_facts=guard_facts,
-    saved=saved,
-    backward_work=backward_work,
+    **OpFamily.hooks_in(globals()),
 )

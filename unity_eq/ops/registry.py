@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from unity_eq.ops.attention import ATTENTION
+from unity_eq.ops.channel_norm import CHANNEL_NORM
 from unity_eq.ops.conv import CONV
 from unity_eq.ops.elementwise import ELEMENTWISE
 from unity_eq.ops.family import OpFamily
@@ -26,7 +27,17 @@ from unity_eq.ops.spec import Family, OpSpec
 __all__ = ["FAMILIES", "OPS", "PLUGINS", "check_plugin_kinds", "family_for", "plugin_for", "rule_file_for", "spec_for"]
 
 #: The families that ship with unity-eq (their rule files are in rulefile.manifest.CORE_RULE_FILES).
-BUILTINS: tuple[OpFamily, ...] = (ELEMENTWISE, MATMUL, NORMALIZATION, CONV, POOLING, RESHAPE, SLICING, REDUCE)
+BUILTINS: tuple[OpFamily, ...] = (
+    ELEMENTWISE,
+    MATMUL,
+    NORMALIZATION,
+    CONV,
+    POOLING,
+    CHANNEL_NORM,
+    RESHAPE,
+    SLICING,
+    REDUCE,
+)
 
 #: The families added as plug-ins, in load order of their rule files.
 PLUGINS: tuple[OpFamily, ...] = (SPACE_TO_DEPTH, ATTENTION)

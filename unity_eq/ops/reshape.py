@@ -210,11 +210,8 @@ def _expand_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     """Reshape and its kin on shapes of rank 1 to ``other_rank``, Transpose up to ``max_rank``, Expand of
     inputs of rank 0 to ``other_rank`` (docs/verify.md's table)."""
-    if spec.family is Family.TRANSPOSE:
-        return _transpose_cases(spec, ranges)
-    if spec.family is Family.EXPAND:
-        return _expand_cases(spec, ranges)
-    return _reshape_cases(spec, ranges)
+    cases = {Family.TRANSPOSE: _transpose_cases, Family.EXPAND: _expand_cases}.get(spec.family, _reshape_cases)
+    return cases(spec, ranges)
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
@@ -387,10 +384,6 @@ RESHAPE = OpFamily(
     name="reshape",
     specs=SPECS,
     rule_file="parallel/layout.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
         " number of elements (ranks 1-2: also spelled with 0, -1 and allowzero 1), Flatten at every axis,"
@@ -399,11 +392,6 @@ RESHAPE = OpFamily(
         " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size,"
         " or two of sizes 1-3)"
     ),
-    axioms=axioms,
-    normalize=normalize,
-    guard_facts=guard_facts,
-    saved=saved,
-    forward_work=forward_work,
-    backward_work=backward_work,
     compute_class="layout",
+    **OpFamily.hooks_in(globals()),
 )

@@ -27,6 +27,7 @@ from unity_eq.ops.family import (
     ShapeError,
     Work,
 )
+from unity_eq.ops.slicing_axioms import axioms
 from unity_eq.ops.spec import Arg, Family, OpSpec, int_attr, static, tensor
 from unity_eq.ops.tensors import Shape, check_axis, need, norm_axis
 
@@ -265,13 +266,8 @@ def _gather_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     """Concat and Split up to ``max_rank``, Slice and Gather up to ``other_rank`` (docs/verify.md's table)."""
-    if spec.family is Family.CONCAT:
-        return _concat_cases(spec, ranges)
-    if spec.family is Family.SPLIT:
-        return _split_cases(spec, ranges)
-    if spec.family is Family.SLICE:
-        return _slice_cases(spec, ranges)
-    return _gather_cases(spec, ranges)
+    by_family = {Family.CONCAT: _concat_cases, Family.SPLIT: _split_cases, Family.SLICE: _slice_cases}
+    return by_family.get(spec.family, _gather_cases)(spec, ranges)
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
@@ -279,110 +275,6 @@ def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequenc
     if op == "Gather":
         return float(math.prod(out_shape))
     return 0.0
-
-
-def axioms(v: Any) -> None:
-    """Concat, Split and Slice commute with chunks of a dim they do not cut or join (a list's chunk is the list
-    of its items' chunks); Gather with chunks of the indices and of the data's dims other than ``axis``."""
-    import z3  # the verifier's vocabulary is z3's; the engine never calls this
-
-    x, idx, d, i, n, k, axis, s, s2, axes, lst, ch, rel, FA = v.symbols("x idx d i n k axis s s2 axes lst ch rel FA")
-    # a negative axis counts from the end (ONNX): dim d is not the axis iff d != axis and d != axis + rank
-    # (issue 21: `d != axis` alone let a rule split the dim that axis -1 cuts); a list has no rank here, so
-    # Concat's axiom holds for axes written non-negative (the bounded cases spell them negative too)
-    rank = v.vlen(v.shape(x))
-    cc = v.op("Concat")
-    v.add(
-        "Concat",
-        FA(
-            [lst, d, axis, i, n],
-            z3.Implies(
-                z3.And(axis >= 0, d != axis, v.list_div(lst, d, n)),
-                cc(v.chunkl(lst, d, i, n), axis) == ch(cc(lst, axis), d, i, n),
-            ),
-            patterns=[cc(v.chunkl(lst, d, i, n), axis)],
-        ),
-    )
-    v.add(
-        "lists",
-        FA(
-            [x, lst, d, i, n],
-            v.chunkl(v.cons(x, lst), d, i, n) == v.cons(ch(x, d, i, n), v.chunkl(lst, d, i, n)),
-            patterns=[v.chunkl(v.cons(x, lst), d, i, n)],
-        ),
-    )
-    v.add(
-        "lists",
-        FA(
-            [d, i, n],
-            v.chunkl(v.nil, d, i, n) == v.nil,
-            patterns=[v.chunkl(v.nil, d, i, n)],
-        ),
-    )
-    v.add(
-        "lists",
-        FA(
-            [x, lst, d, n],
-            v.list_div(v.cons(x, lst), d, n) == z3.And(v.div(x, d, n), v.list_div(lst, d, n)),
-            patterns=[v.list_div(v.cons(x, lst), d, n)],
-        ),
-    )
-    sp = v.op("Split")
-    v.add(
-        "Split",
-        FA(
-            [x, s, axis, k, d, i, n],
-            z3.Implies(
-                z3.And(d >= 0, d != axis, d != axis + rank),
-                sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n),
-            ),
-            patterns=[sp(ch(x, d, i, n), s, axis, k)],
-        ),
-    )
-    sl = v.op("Slice")
-    s3 = z3.Const("s3", v.V)
-    v.add(
-        "Slice",
-        FA(
-            [x, s, s2, axes, s3, d, i, n],
-            z3.Implies(
-                z3.And(d >= 0, z3.Not(rel["vec-contains"](axes, d)), z3.Not(rel["vec-contains"](axes, d - rank))),
-                sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
-            ),
-            patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
-        ),
-    )
-    ga = v.op("Gather")
-    v.add(
-        "Gather",
-        FA(
-            [x, idx, axis, d, i, n],
-            z3.Implies(axis >= 0, ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n)),
-            patterns=[ga(x, ch(idx, d, i, n), axis)],
-        ),
-    )
-    v.add(
-        "Gather",
-        FA(
-            [x, idx, axis, d, i, n],
-            z3.Implies(
-                z3.And(d >= 0, d < z3.If(axis < 0, axis + rank, axis)),
-                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n),
-            ),
-            patterns=[ga(ch(x, d, i, n), idx, axis)],
-        ),
-    )
-    v.add(
-        "Gather",
-        FA(
-            [x, idx, axis, d, i, n],
-            z3.Implies(
-                z3.And(d < rank, d > z3.If(axis < 0, axis + rank, axis)),
-                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d + v.vlen(v.shape(idx)) - 1, i, n),
-            ),
-            patterns=[ga(ch(x, d, i, n), idx, axis)],
-        ),
-    )
 
 
 def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
@@ -464,10 +356,6 @@ SLICING = OpFamily(
     name="slicing",
     specs=SPECS,
     rule_file="parallel/layout.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "Concat: rank 1-4, every axis, 1-3 operands (three beyond rank 2: sizes 1-2), every size of every operand"
         " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts (ranks 1-2:"
@@ -476,12 +364,9 @@ SLICING = OpFamily(
         " steps 1-3), two-axis slices of rank-2 tensors, dims 5-12 sliced with steps 1-4; Gather: data rank 1-3,"
         " every axis, indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
     ),
-    axioms=axioms,
-    normalize=normalize,
     implied_attrs={"Split": frozenset({"num_outputs"})},
-    saved=saved,
-    forward_work=forward_work,
-    backward_work=backward_work,
     compute_class="layout",
     compute_classes={"Gather": "memory"},
+    axioms=axioms,
+    **OpFamily.hooks_in(globals()),
 )

@@ -95,14 +95,10 @@ SPACE_TO_DEPTH = OpFamily(
     name="space-to-depth",
     specs=SPECS,
     rule_file="parallel/space_to_depth.egg",
-    infer_shape=infer_shape,
-    evaluate=evaluate,
-    instances=instances,
-    flops=flops,
     ranges=(
         "every rank-4 input with dims 1-4 and every blocksize 1-4 that divides its height and width; heights and"
         " widths 6, 12 and 20 (blocksizes 2-4) where a split's pieces are not multiples of the blocksize"
     ),
-    saved=saved,
     torch=torch_semantics,
+    **OpFamily.hooks_in(globals()),
 )

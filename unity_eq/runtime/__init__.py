@@ -39,6 +39,8 @@ mpi               the MPI backend (mpi4py, under ``mpiexec``): running a plan; i
 mpi_supervisor    its process plumbing: loading mpi4py, the supervisor forked before MPI starts
 mpi_status        its status rounds: the ranks agree on one error, the others end quietly
 mpi_communicator  its Communicator over MPI sub-communicators (``open_communicator`` for your own code)
+draws             ``check``'s random inputs: ``InputDraw``, ``default_draws``, ``random_inputs``
+comparison        a plan's outputs against the original's, within a tolerance: ``compare_outputs``, ``CheckResult``
 checker           ``check``: original vs plan on the same random inputs
 ================  ==========================================================================================
 """
@@ -46,19 +48,7 @@ checker           ``check``: original vs plan on the same random inputs
 from __future__ import annotations
 
 from unity_eq.lower.onnxrt import make_session
-from unity_eq.runtime.checker import (
-    CheckResult,
-    InputDraw,
-    OutputComparison,
-    assert_check,
-    check,
-    check_plan_is_of,
-    compare_outputs,
-    default_draws,
-    default_int_ranges,
-    random_inputs,
-    run_original,
-)
+from unity_eq.runtime.checker import assert_check, check, check_plan_is_of, default_int_ranges, run_original
 from unity_eq.runtime.collectives import (
     Board,
     Communicator,
@@ -71,6 +61,7 @@ from unity_eq.runtime.collectives import (
     split_chunks,
     sum_pieces,
 )
+from unity_eq.runtime.comparison import CheckResult, OutputComparison, compare_outputs
 from unity_eq.runtime.devices import (
     DeviceChoice,
     available_cores,
@@ -83,6 +74,7 @@ from unity_eq.runtime.devices import (
     device_notes,
     threads_per_rank,
 )
+from unity_eq.runtime.draws import InputDraw, default_draws, random_inputs
 from unity_eq.runtime.execute import COLLECTIVE_TIMEOUT_S, RankTimes, execute_local, execute_rank, run_plan
 from unity_eq.runtime.plandir import (
     PlanDir,

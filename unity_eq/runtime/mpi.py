@@ -61,7 +61,6 @@ import numpy as np
 
 from unity_eq.errors import OptionError, RuntimeBackendError
 from unity_eq.progress import Tracker
-from unity_eq.runtime.checker import random_inputs
 from unity_eq.runtime.devices import (
     DeviceChoice,
     available_cores,
@@ -70,6 +69,7 @@ from unity_eq.runtime.devices import (
     device_notes,
     threads_per_rank,
 )
+from unity_eq.runtime.draws import random_inputs
 from unity_eq.runtime.execute import COLLECTIVE_TIMEOUT_S, RankTimes, execute_rank
 from unity_eq.runtime.mpi_communicator import MPICommunicator, open_communicator
 from unity_eq.runtime.mpi_pipeline import PipelineRank, pipeline_groupings, pipeline_rank, run_pipeline_rank

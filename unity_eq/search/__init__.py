@@ -60,7 +60,7 @@ from unity_eq.profile_table import ProfileTable
 from unity_eq.progress import LineTracker, Tracker
 from unity_eq.rulefile.manifest import RuleFile
 from unity_eq.search.baselines import Baseline, one_device_trial, price_baselines
-from unity_eq.search.choose import SearchResult, baseline_ceiling, choose_trial, infeasible_message, skip_deeper
+from unity_eq.search.choose import SearchResult, baseline_ceiling, choose_trial, no_plan_fits, skip_deeper
 from unity_eq.search.meshes import candidate_meshes, device_groups
 from unity_eq.search.runner import MeshRunner
 from unity_eq.search.trial import MeshTrial, Say, TrialStatus
@@ -154,7 +154,7 @@ def search(
         failed = [t for t in trials if t.status == TrialStatus.FAILED]
         if failed and not any(t.status == TrialStatus.INFEASIBLE for t in trials):
             raise ExtractionError(f"no mesh produced a plan: {failed[0].label}: {failed[0].reason}")
-        raise InfeasiblePlanError(infeasible_message(trials, machine))
+        raise InfeasiblePlanError(no_plan_fits(trials, machine))
     tracker.start("baselines", "pricing one device, data parallel, tensor parallel")
     baselines = price_baselines(trials, runner, machine, one_trial)
     tracker.finish("baselines", ", ".join(f"{name} {b.cost.total * 1e3:.3f} ms" for name, b in baselines.items()))

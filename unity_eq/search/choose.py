@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from unity_eq.cost import TIE_TOLERANCE, within
 from unity_eq.extract import Extractor
 from unity_eq.extract.blocks import BlockExtractor
 from unity_eq.machine import Machine
+from unity_eq.memory import infeasible_message
 from unity_eq.plan import Plan
 from unity_eq.planfile import (
     CheaperBaselineRecord,
@@ -25,10 +27,8 @@ from unity_eq.planfile import (
 from unity_eq.report import parallelism
 from unity_eq.search.baselines import Baseline, uses_axes
 from unity_eq.search.runner import THREE_AXIS_NODE_BUDGET
-from unity_eq.search.trial import MeshTrial, TrialStatus, gib
+from unity_eq.search.trial import MeshTrial, TrialStatus
 from unity_eq.split import BlockSplit
-
-TIE_TOLERANCE = 0.01  # plans within 1% of the cheapest are ties: the model cannot tell them apart
 
 
 @dataclass
@@ -110,8 +110,11 @@ def choose_trial(candidates: list[MeshTrial], ceiling: float = math.inf) -> tupl
     never one that costs more than ``ceiling``: a plan reported next to a cheaper baseline would be a lie."""
     options = [(t, e, m) for t in candidates for e, m in t.extractions if m.fits]
     cheapest = min(options, key=lambda o: (o[1].plan.cost.total, len(o[0].mesh.axes)))
-    limit = min(cheapest[1].plan.cost.total * (1 + TIE_TOLERANCE), max(ceiling, cheapest[1].plan.cost.total))
-    ties = [o for o in options if o[1].plan.cost.total <= limit]
+    least = cheapest[1].plan.cost.total
+    ceiling = max(ceiling, least)
+    ties = [
+        o for o in options if within(o[1].plan.cost.total, least, TIE_TOLERANCE) and o[1].plan.cost.total <= ceiling
+    ]
     # exact ties go to a mesh over all devices (as on a homogeneous machine), then to the fewest devices
     trial, extraction, memory = min(
         ties,
@@ -204,16 +207,11 @@ def skip_deeper(trials: list[MeshTrial]) -> str | None:
     return None
 
 
-def infeasible_message(trials: list[MeshTrial], machine: Machine) -> str:
+def no_plan_fits(trials: list[MeshTrial], machine: Machine) -> str:
+    """The mesh search's infeasibility: the smallest plan of any candidate mesh, in ``memory``'s one wording."""
     tried = [t for t in trials if t.min_memory is not None and t.candidate]
     if not tried:
         return "no plan fits in device memory"
     best = min(tried, key=lambda t: t.min_memory.total if t.min_memory else math.inf)
-    mem = best.min_memory
-    assert mem is not None
-    return (
-        f"no plan fits in device memory: the smallest plan found (mesh {best.label}) needs "
-        f"{gib(mem.total)} per device ({gib(mem.weights)} weights, {gib(mem.weight_state)} gradients and "
-        f"optimizer state, {gib(mem.activations)} activations); the devices of {machine.name} have "
-        f"{gib(mem.capacity)} usable. Use more devices (`--nodes`), devices with more memory, or a smaller batch."
-    )
+    assert best.min_memory is not None
+    return infeasible_message("plan", f"mesh {best.label}", best.min_memory, machine.name, machine.device_count)

@@ -14,11 +14,11 @@ from unity_eq.extract.blocks import BlockExtractor
 from unity_eq.files import raise_if_stopped
 from unity_eq.ir import Graph
 from unity_eq.machine import Machine
-from unity_eq.memory import MemoryUsage, plan_memory
+from unity_eq.memory import MemoryUsage, gib, plan_memory
 from unity_eq.profile_table import ProfileTable
 from unity_eq.progress import Tracker
 from unity_eq.rulefile.manifest import RuleFile
-from unity_eq.search.trial import MeshTrial, Say, TrialStatus, gib, trial_row
+from unity_eq.search.trial import MeshTrial, Say, TrialStatus, trial_row
 from unity_eq.split import BlockSplit
 
 PENALTY_ROUNDS = 6

@@ -92,12 +92,6 @@ def mesh_label(mesh: Mesh) -> str:
     return ",".join(f"{a}={n}" for a, n in zip(mesh.axes, mesh.sizes, strict=True))
 
 
-def gib(nbytes: float) -> str:
-    """Bytes as GiB with enough digits to tell small amounts apart."""
-    value = nbytes / 2**30
-    return f"{value:.2f} GiB" if value >= 1 else f"{value:.3f} GiB"
-
-
 def trial_row(trial: MeshTrial) -> str:
     """The progress row of a mesh (``mesh x=2,y=4``)."""
     return f"mesh {trial.label}"

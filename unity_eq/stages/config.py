@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from unity_eq.machine import Machine
+from unity_eq.memory import ZERO_LEVELS
 from unity_eq.stages.arithmetic import shapes
 from unity_eq.stages.pieces import PieceTable
 from unity_eq.stages.schedule import SCHEDULES
-from unity_eq.stages.state import ZERO_STAGES
 
 __all__ = [
     "ORDERS",
@@ -129,7 +129,7 @@ def configurations(
         stages, data = shape.stages, shape.data
         choices = itertools.product(
             RECOMPUTE if training else ("none",),
-            (ZERO_STAGES if training else (0, 3)) if data > 1 else (0,),
+            (ZERO_LEVELS if training else (0, 3)) if data > 1 else (0,),
             SCHEDULES if training and stages > 1 else ("1f1b",),
             ORDERS if stages > 1 and data > 1 else ("pdt",),
             POLICIES,

@@ -1,7 +1,9 @@
 """Pricing one configuration of the stage search (:func:`evaluate`): cut the pieces into pipeline stages that
 fit in memory, and price the step (module docstring of :mod:`unity_eq.stages.search`). A stage's bytes per
 device are a :class:`unity_eq.memory.MemoryUsage`, the record the SPMD search keeps too; what a device keeps of
-its weights' state under ZeRO is :func:`unity_eq.stages.state.resident_bytes`.
+its weights' state under ZeRO is :func:`unity_eq.memory.resident_bytes`; the ZeRO traffic and the
+optimizer's update are the cost model's terms (``CostModel.zero_step_traffic``, ``zero_microbatch_traffic``,
+``optimizer_update``).
 """
 
 from __future__ import annotations
@@ -13,20 +15,13 @@ from typing import Any
 from unity_eq.cost import CostModel, Objective
 from unity_eq.ir import Mesh
 from unity_eq.machine import Machine
-from unity_eq.memory import MemoryUsage
+from unity_eq.memory import MemoryUsage, resident_bytes, shard_factors
 from unity_eq.search.meshes import device_groups
 from unity_eq.split import Piece
 from unity_eq.stages.config import StageConfig
 from unity_eq.stages.partition import StageCuts, StageFunctions, partition
 from unity_eq.stages.pieces import PieceCost, PieceTable
 from unity_eq.stages.schedule import bubble_fraction, in_flight, pipeline_seconds
-from unity_eq.stages.state import (
-    microbatch_traffic_s,
-    optimizer_update_s,
-    resident_bytes,
-    shard_factors,
-    step_traffic_s,
-)
 
 __all__ = ["StagePlan", "evaluate", "pick", "side_receives"]
 
@@ -104,7 +99,6 @@ class _Group:
     keep: StageFunctions  # per piece: seconds, resident bytes, bytes per microbatch held, keeping activations
     redo: StageFunctions  # the same with full recomputation (each piece keeps its input, runs its forward again)
     capacity: float
-    bandwidth: float
 
 
 def _group(
@@ -114,7 +108,7 @@ def _group(
     stages = len(devices) // (config.data * config.tensor)
     model = CostModel(machine, _group_mesh(config, stages, devices), objective)
     pieces = [pick(o, config.policy) for o in table.costs(config.tensor, config.microbatch, index)]
-    zero_s = [microbatch_traffic_s(config.zero, c.weight_bytes, config.data, model, training) for c in pieces]
+    zero_s = [model.zero_microbatch_traffic(config.zero, c.weight_bytes, config.data) for c in pieces]
     seconds = [c.step_s + z for c, z in zip(pieces, zero_s, strict=True)]
     fixed = [resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data) for c in pieces]
     # inference keeps nothing per microbatch: a stage's peak is its largest piece's (``largest_activation``)
@@ -124,9 +118,7 @@ def _group(
         [t + c.forward_s for t, c in zip(seconds, pieces, strict=True)], fixed, [c.input_bytes for c in pieces],
         _none, _none, _one,
     )  # fmt: skip
-    device = machine.devices[devices[0]]
-    bandwidth = device.memory_bandwidth * machine.efficiency
-    return _Group(index, devices, stages, model, pieces, keep, redo, model.memory_capacity(), bandwidth)
+    return _Group(index, devices, stages, model, pieces, keep, redo, model.memory_capacity())
 
 
 def _sends(
@@ -297,8 +289,8 @@ def evaluate(
         devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
         redone.append(recomputes(s, i, j))
         own = sum(c.gradient_s for c in group.pieces[i:j])
-        update = optimizer_update_s(resident, group.bandwidth) if training else 0.0
-        sync = max(sync, step_traffic_s(config.zero, weights, config.data, group.model, training) + own + update)
+        update = group.model.optimizer_update(resident) if training else 0.0
+        sync = max(sync, group.model.zero_step_traffic(config.zero, weights, config.data) + own + update)
     return StagePlan(
         config,
         tuple(cuts),

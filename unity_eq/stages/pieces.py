@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from unity_eq.blocks import saturate_pieces
-from unity_eq.cost import CostModel, Objective
+from unity_eq.cost import CostModel, Objective, cheaper
 from unity_eq.egraph import Limits
 from unity_eq.errors import OptionError
 from unity_eq.extract import Extractor, Restriction, candidate_restrictions, extract_variants
@@ -97,7 +97,7 @@ def _extractions(extractor: Extractor, method: str = "greedy") -> list[tuple[str
     found = [(e.restriction.name, e.plan) for e in extract_variants(extractor, restrictions)]
     if method != "greedy":
         plan = extractor.extract(Restriction(), method="differentiable").plan
-        if plan.cost.total < found[0][1].cost.total * (1 - 1e-12) and plan_memory(plan).fits:
+        if cheaper(plan.cost.total, found[0][1].cost.total) and plan_memory(plan).fits:
             found.append(("differentiable", plan))
     return found
 

@@ -7,7 +7,7 @@ what saturation and extraction already find. This module is the inter-op level (
 two-level search): for every way to lay ``N = p · d · t`` devices out (tensor groups inside a node, ranks
 ordered so ``t`` is fastest, then ``d`` and ``p`` or ``p`` and ``d``: the costs pick which crosses nodes), every
 microbatch size, schedule (:mod:`.schedule`), recomputation (none: keep every activation for the backward;
-full: keep each piece's input and run its forward again) and ZeRO level (:mod:`.state`), the pieces are cut
+full: keep each piece's input and run its forward again) and ZeRO level (:mod:`unity_eq.memory`), the pieces are cut
 into ``p`` stages (:mod:`.partition`) and the step is priced:
 
     step = Σ_s τ_s + (m − 1) · max_s τ_s + max_s (gradient sync_s + optimizer_s)
@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from unity_eq.cost import Objective
+from unity_eq.cost import Objective, cheaper
 from unity_eq.errors import InfeasiblePlanError, OptionError
 from unity_eq.machine import Machine
+from unity_eq.memory import MemoryUsage, infeasible_message, resident_bytes, shard_factors
 from unity_eq.search.meshes import device_groups
 from unity_eq.stages.config import (
     StageConfig,
@@ -40,7 +41,6 @@ from unity_eq.stages.config import (
 from unity_eq.stages.evaluate import StagePlan, evaluate, pick, side_receives
 from unity_eq.stages.pieces import PieceTable
 from unity_eq.stages.schedule import in_flight
-from unity_eq.stages.state import resident_bytes
 
 __all__ = [
     "StageConfig",
@@ -56,10 +56,17 @@ __all__ = [
 ]
 
 
-def _rank(plan: StagePlan) -> tuple[float, int, int, int]:
-    """Cheapest first; on a tie the simpler: no recomputation, less weight-state sharding, fewer stages."""
+def _simplicity(plan: StagePlan) -> tuple[int, int, int]:
+    """What breaks a tie: no recomputation, less weight-state sharding, fewer stages (the simpler first)."""
     c = plan.config
-    return (round(plan.step_s, 12), int(c.recompute != "none"), c.zero, c.stages)
+    return (int(c.recompute != "none"), c.zero, c.stages)
+
+
+def _better(plan: StagePlan, than: StagePlan | None) -> bool:
+    """The tie rule (``cost.cheaper``): cheaper by more than rounding noise, or a tie and simpler."""
+    if than is None or cheaper(plan.step_s, than.step_s):
+        return True
+    return not cheaper(than.step_s, plan.step_s) and _simplicity(plan) < _simplicity(than)
 
 
 @dataclass
@@ -89,10 +96,11 @@ def stage_search(
     that many stages (2: the training search, whose one-stage case is the SPMD search's); ``best_flat`` is
     still the best one-stage configuration priced."""
     groups = device_groups(machine)
+    capacity = min(machine.usable_memory(d) for d in range(machine.device_count))
     memo: dict[Any, Any] = {}
     best: StagePlan | None = None
     flat: StagePlan | None = None
-    smallest: tuple[float, StageConfig] | None = None
+    smallest: tuple[MemoryUsage, StageConfig] | None = None
     evaluated = fitting = 0
     for config in configurations(table, groups, batch, micro_sizes, objective.training):
         if only is not None and not only.admits(config):
@@ -102,14 +110,14 @@ def stage_search(
         if plan is None:
             if config.stages < min_stages:
                 continue
-            footprint = _footprint(config, table, objective)
-            if smallest is None or footprint < smallest[0]:
+            footprint = _footprint(config, table, objective, capacity)
+            if smallest is None or footprint.total < smallest[0].total:
                 smallest = (footprint, config)
             continue
         fitting += 1
-        if config.stages >= min_stages and (best is None or _rank(plan) < _rank(best)):
+        if config.stages >= min_stages and _better(plan, best):
             best = plan
-        if config.stages == 1 and (flat is None or _rank(plan) < _rank(flat)):
+        if config.stages == 1 and _better(plan, flat):
             flat = plan
     static = f" ({static_batch_note(static_batch)})" if static_batch is not None else ""
     if only is not None and evaluated == 0:
@@ -128,28 +136,28 @@ def stage_search(
     return StageSearch(best, flat, evaluated, fitting)
 
 
-def _footprint(config: StageConfig, table: PieceTable, objective: Objective) -> float:
+def _footprint(config: StageConfig, table: PieceTable, objective: Objective, capacity: float) -> MemoryUsage:
     """Bytes per device with every piece spread evenly over the stages (a lower bound of the real cut)."""
     if (config.tensor, config.microbatch, config.groups[0]) not in table.options:
-        return math.inf
+        return MemoryUsage(math.inf, 0.0, 0.0, capacity)
     pieces = [pick(o, "smallest") for o in table.costs(config.tensor, config.microbatch, config.groups[0])]
     resident = sum(resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data) for c in pieces)
+    weights = sum(c.weight_bytes for c in pieces) * shard_factors(config.zero, config.data)[0]
     recompute = objective.training and config.recompute != "none"
     held = sum(c.input_bytes if recompute else c.activation_bytes for c in pieces)
     copies = in_flight(config.schedule, 0, config.stages, config.microbatches, objective.training)
-    return (resident + copies * held) / config.stages
+    return MemoryUsage(
+        weights / config.stages, (resident - weights) / config.stages, copies * held / config.stages, capacity
+    )
 
 
-def _infeasible(smallest: tuple[float, StageConfig] | None, machine: Machine, static_batch: int | None = None) -> str:
-    capacity = min(machine.usable_memory(d) for d in range(machine.device_count))
+def _infeasible(
+    smallest: tuple[MemoryUsage, StageConfig] | None, machine: Machine, static_batch: int | None = None
+) -> str:
     if smallest is None and static_batch is not None:
         return f"no stage configuration fits the devices: {static_batch_note(static_batch)}."
     if smallest is None:
         return "no stage configuration divides the batch and the devices; pass a batch the devices divide."
-    need, config = smallest
-    factor = need / capacity
-    return (
-        f"no stage configuration fits: the smallest ({config.describe()}) needs about {need / 2**30:.1f} GiB per "
-        f"device of {capacity / 2**30:.1f} GiB ({factor:.1f}×); use about {math.ceil(factor) * machine.device_count} "
-        "devices, a smaller batch, or devices with more memory."
-    )
+    usage, config = smallest
+    what = f"{config.describe()}; a lower bound, its pieces spread evenly over the stages"
+    return infeasible_message("stage configuration", what, usage, machine.name, machine.device_count)

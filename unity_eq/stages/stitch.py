@@ -33,23 +33,7 @@ from unity_eq.report import cost_breakdown
 from unity_eq.split import Piece
 from unity_eq.stages.pieces import PieceCost
 
-__all__ = ["instance_names", "stitch_stage"]
-
-
-def instance_names(rep: Piece, copy: Piece) -> dict[str, str]:
-    """Tensor (and weight) names of the representative piece → the same tensors of a copy (same signature)."""
-    mapping: dict[str, str] = {}
-    if rep.stream_in is not None and copy.stream_in is not None:
-        mapping[rep.stream_in] = copy.stream_in
-    mapping.update(zip(rep.side_in, copy.side_in, strict=True))
-    for a, b in zip(rep.nodes, copy.nodes, strict=True):
-        for x, y in zip(a.inputs, b.inputs, strict=True):
-            if x and y and x not in mapping:
-                mapping[x] = y
-        for x, y in zip(a.outputs, b.outputs, strict=True):
-            if x and y:
-                mapping[x] = y
-    return mapping
+__all__ = ["stitch_stage"]
 
 
 class _StagePlan:
@@ -66,7 +50,7 @@ class _StagePlan:
 
     def add(self, piece: Piece, rep: Piece, plan: Plan) -> None:
         """Append ``plan`` (of ``rep``, the representative of ``piece``'s signature) as ``piece``."""
-        names = instance_names(rep, piece)
+        names = rep.instance_names(piece)
         rename: dict[str, str] = {}
 
         def name_of(tid: str) -> str:

@@ -272,7 +272,7 @@ def predicted_collectives(
     carries no gradient at run time (priced, not needed).
 
     ``zero``: ZeRO over ``zero_axis`` replaces the weights' gradient all-reduces on that axis by its own
-    collectives on the same bytes (unity_eq.train.zero.zero_collectives, as unity_eq.stages.state prices them);
+    collectives on the same bytes (unity_eq.train.zero.zero_collectives, as the cost model prices them);
     ``recompute``: the forward's collectives again, in phase ``recompute`` (a recomputed forward repeats them, as
     the stage search prices it)."""
     from unity_eq.train.rank import depends_on_inputs
@@ -443,7 +443,8 @@ def check_training(
     """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring).
     ``zero``, ``zero_axis``, ``recompute``: the ranks train with ZeRO over that mesh axis and recomputation
     (unity_eq.train.session.load_rank), compared with the same one-device training."""
-    from unity_eq.runtime.checker import check_plan_is_of, random_inputs
+    from unity_eq.runtime.checker import check_plan_is_of
+    from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
     from unity_eq.train.pipeline import refuse_unbuilt

@@ -1,5 +1,5 @@
 """ZeRO over a data-parallel group (Rajbhandari et al., 2020): the weight state sharded across the replicas,
-with the collectives the stage search prices for it (unity_eq.stages.state), and the same weights after every
+with the collectives the stage search prices for it (CostModel.zero_*_traffic), and the same weights after every
 step as plain data-parallel training (the gradients all-reduced, every replica stepping the whole model).
 
 Stage-agnostic: every class takes the parameters (or a module), the data-parallel group as an
@@ -65,7 +65,7 @@ def check_level(level: int) -> int:
 
 def zero_collectives(level: int, axis: str, bucket_bytes: Sequence[int], microbatches: int = 1) -> dict[Key, list[int]]:
     """What ZeRO ``level`` issues in one step on ``axis`` for weights of ``bucket_bytes`` (one entry per dtype):
-    (kind, axis, phase) -> [count, bytes], as unity_eq.stages.state prices it (level 1: one reduce-scatter and
+    (kind, axis, phase) -> [count, bytes], as CostModel.zero_*_traffic prices it (level 1: one reduce-scatter and
     one all-gather per step; 2: a reduce-scatter per microbatch, an all-gather per step; 3: per microbatch an
     all-gather for the forward, one for the backward and a reduce-scatter)."""
     n, total = len(bucket_bytes), int(sum(bucket_bytes))

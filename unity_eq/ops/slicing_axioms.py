@@ -1,0 +1,114 @@
+"""The slicing family's axioms for the shape-generic prover (verify/_generic.py's vocabulary): Concat, Split,
+Slice and Gather commute with chunks of the dims they do not cut or join. Only the prover calls :func:`axioms`
+(through ``SLICING.axioms``); the engine never imports z3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["axioms"]
+
+
+def axioms(v: Any) -> None:
+    """Concat, Split and Slice commute with chunks of a dim they do not cut or join (a list's chunk is the list
+    of its items' chunks); Gather with chunks of the indices and of the data's dims other than ``axis``."""
+    import z3  # the verifier's vocabulary is z3's; the engine never calls this
+
+    x, idx, d, i, n, k, axis, s, s2, axes, lst, ch, rel, FA = v.symbols("x idx d i n k axis s s2 axes lst ch rel FA")
+    # a negative axis counts from the end (ONNX): dim d is not the axis iff d != axis and d != axis + rank
+    # (issue 21: `d != axis` alone let a rule split the dim that axis -1 cuts); a list has no rank here, so
+    # Concat's axiom holds for axes written non-negative (the bounded cases spell them negative too)
+    rank = v.vlen(v.shape(x))
+    cc = v.op("Concat")
+    v.add(
+        "Concat",
+        FA(
+            [lst, d, axis, i, n],
+            z3.Implies(
+                z3.And(axis >= 0, d != axis, v.list_div(lst, d, n)),
+                cc(v.chunkl(lst, d, i, n), axis) == ch(cc(lst, axis), d, i, n),
+            ),
+            patterns=[cc(v.chunkl(lst, d, i, n), axis)],
+        ),
+    )
+    v.add(
+        "lists",
+        FA(
+            [x, lst, d, i, n],
+            v.chunkl(v.cons(x, lst), d, i, n) == v.cons(ch(x, d, i, n), v.chunkl(lst, d, i, n)),
+            patterns=[v.chunkl(v.cons(x, lst), d, i, n)],
+        ),
+    )
+    v.add(
+        "lists",
+        FA(
+            [d, i, n],
+            v.chunkl(v.nil, d, i, n) == v.nil,
+            patterns=[v.chunkl(v.nil, d, i, n)],
+        ),
+    )
+    v.add(
+        "lists",
+        FA(
+            [x, lst, d, n],
+            v.list_div(v.cons(x, lst), d, n) == z3.And(v.div(x, d, n), v.list_div(lst, d, n)),
+            patterns=[v.list_div(v.cons(x, lst), d, n)],
+        ),
+    )
+    sp = v.op("Split")
+    v.add(
+        "Split",
+        FA(
+            [x, s, axis, k, d, i, n],
+            z3.Implies(
+                z3.And(d >= 0, d != axis, d != axis + rank),
+                sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n),
+            ),
+            patterns=[sp(ch(x, d, i, n), s, axis, k)],
+        ),
+    )
+    sl = v.op("Slice")
+    s3 = z3.Const("s3", v.V)
+    v.add(
+        "Slice",
+        FA(
+            [x, s, s2, axes, s3, d, i, n],
+            z3.Implies(
+                z3.And(d >= 0, z3.Not(rel["vec-contains"](axes, d)), z3.Not(rel["vec-contains"](axes, d - rank))),
+                sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
+            ),
+            patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
+        ),
+    )
+    ga = v.op("Gather")
+    v.add(
+        "Gather",
+        FA(
+            [x, idx, axis, d, i, n],
+            z3.Implies(axis >= 0, ga(x, ch(idx, d, i, n), axis) == ch(ga(x, idx, axis), axis + d, i, n)),
+            patterns=[ga(x, ch(idx, d, i, n), axis)],
+        ),
+    )
+    v.add(
+        "Gather",
+        FA(
+            [x, idx, axis, d, i, n],
+            z3.Implies(
+                z3.And(d >= 0, d < z3.If(axis < 0, axis + rank, axis)),
+                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n),
+            ),
+            patterns=[ga(ch(x, d, i, n), idx, axis)],
+        ),
+    )
+    v.add(
+        "Gather",
+        FA(
+            [x, idx, axis, d, i, n],
+            z3.Implies(
+                z3.And(d < rank, d > z3.If(axis < 0, axis + rank, axis)),
+                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d + v.vlen(v.shape(idx)) - 1, i, n),
+            ),
+            patterns=[ga(ch(x, d, i, n), idx, axis)],
+        ),
+    )
