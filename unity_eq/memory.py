@@ -4,8 +4,12 @@
 part               bytes per device
 =================  ===============================================================================================
 weights            the local pieces of the weights the device's ops read (a sliced weight counts its slice only)
-weight state       training only: a gradient of the same size, and Adam's two fp32 moments (plus an fp32 master
-                   copy when the weight is 16-bit): ``(s + 8 + 4·[s < 4]) / s`` × the weight bytes, s = itemsize
+weight state       training only, trainable weights only (``ir.WeightOrigin``; a constant — a folded mask, a
+                   scalar, an integer table — has none): a gradient of the same size, and Adam's two fp32
+                   moments (plus an fp32 master copy when the weight is 16-bit): ``(s + 8 + 4·[s < 4]) / s`` ×
+                   the weight bytes, s = itemsize; once per source parameter (a tied weight, or a weight stored
+                   whole and transposed, counts its largest piece once; a weight folded from several
+                   parameters shares its bytes among them evenly)
 activations        inference: the peak of the tensors alive at once, running the steps in order; training: the
                    activations some op's backward pass needs (below), each storage counted once, and the plan's
                    outputs (the loss reads them)
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 from typing_extensions import assert_never
 
+from unity_eq.ir import WeightOrigin
 from unity_eq.ops.registry import family_for, spec_for
 from unity_eq.plan import (
     CollectiveStep,
@@ -52,7 +57,10 @@ from unity_eq.plan import (
 )
 from unity_eq.planfile import MemoryUsageRecord
 
-__all__ = ["MemoryUsage", "plan_memory", "tensor_kinds", "weight_state_factor"]
+__all__ = ["WEIGHT_KINDS", "MemoryUsage", "plan_memory", "tensor_kinds", "weight_state_factor"]
+
+#: the kinds of weight tensors (``tensor_kinds``): trainable ones and constants; both are stored, not activations
+WEIGHT_KINDS = ("weight", "constant")
 
 
 def weight_state_factor(itemsize: int) -> float:
@@ -69,6 +77,14 @@ class MemoryUsage:
     weight_state: float
     activations: float
     capacity: float
+    #: training: the bytes of the gradients (the trainable weights, each source parameter once); None when
+    #: not counted (inference, or a usage assembled elsewhere: then every weight byte is taken as trainable)
+    gradients: float | None = None
+
+    @property
+    def trainable(self) -> float:
+        """The bytes of trainable weights: what the gradient collectives and ZeRO's sharding move."""
+        return self.weights if self.gradients is None else self.gradients
 
     @property
     def total(self) -> float:
@@ -87,16 +103,18 @@ class MemoryUsage:
             total_bytes=self.total,
             capacity_bytes=self.capacity,
             fits=self.fits,
+            gradient_bytes=self.gradients,
         )
 
 
 def tensor_kinds(plan: Plan) -> dict[str, str]:
-    """'weight', 'input' or 'activation' for every tensor; parallel ops keep their source's kind."""
+    """'weight' (trainable), 'constant' (a weight that is not: ``Plan.origin``), 'input' or 'activation' for
+    every tensor; parallel ops keep their source's kind."""
     kinds: dict[str, str] = {}
     for step in plan.steps:
         match step:
             case LoadWeight(out=out):
-                kinds[out] = "weight"
+                kinds[out] = "weight" if plan.origin(step).trainable else "constant"
             case LoadInput(out=out):
                 kinds[out] = "input"
             case CollectiveStep(out=out, src=src):
@@ -136,31 +154,53 @@ def plan_memory(plan: Plan, capacity: float | None = None, keep_outputs: bool = 
             continue
         for name in step_inputs(step):
             name = alias.get(name, name)
-            if kinds.get(name) == "weight":
+            if kinds.get(name) in WEIGHT_KINDS:
                 stored.add(name)
     for name in plan.outputs.values():
         name = alias.get(name, name)
-        if kinds.get(name) == "weight":
+        if kinds.get(name) in WEIGHT_KINDS:
             stored.add(name)
+    origins = _weight_origins(plan)
     weights = 0.0
-    state = 0.0
+    shares: dict[str, tuple[float, float]] = {}  # source parameter -> (its largest piece's bytes, state factor)
     for name in stored:
         t = plan.tensors[name]
         nbytes = float(t.local_bytes(mesh))
         weights += nbytes
-        if plan.objective.training and t.dtype != "none":
-            state += nbytes * weight_state_factor(np.dtype(t.dtype).itemsize)
+        if plan.objective.training and t.dtype != "none" and kinds[name] == "weight":
+            factor = weight_state_factor(np.dtype(t.dtype).itemsize)
+            sources = origins[name].sources
+            share = nbytes if len(sources) == 1 else nbytes / len(sources)
+            for source in sources:
+                if share > shares.get(source, (-1.0, 0.0))[0]:
+                    shares[source] = (share, factor)
+    state = 0.0
+    gradients = 0.0
+    for share, factor in shares.values():
+        state += share * factor
+        gradients += share
 
     activations = (
         _stored_activations(plan, kinds, keep_outputs) if plan.objective.training else _peak_live(plan, kinds, alias)
     )
-    return MemoryUsage(weights, state, activations, capacity)
+    return MemoryUsage(weights, state, activations, capacity, gradients if plan.objective.training else None)
+
+
+def _weight_origins(plan: Plan) -> dict[str, WeightOrigin]:
+    """The origin of every tensor that is a weight or a slice or replica of one (``Plan.origin``)."""
+    found: dict[str, WeightOrigin] = {}
+    for step in plan.steps:
+        if isinstance(step, LoadWeight):
+            found[step.out] = plan.origin(step)
+        elif isinstance(step, CollectiveStep) and step.kind.local and step.src in found:
+            found[step.out] = found[step.src]
+    return found
 
 
 def _is_activation_output(step: object, kinds: dict[str, str], name: str) -> bool:
     if isinstance(step, LoadWeight) or (isinstance(step, CollectiveStep) and step.kind.lowering == "alias"):
         return False
-    return kinds.get(name) != "weight"
+    return kinds.get(name) not in WEIGHT_KINDS
 
 
 def _kept_by(step: Compute) -> tuple[str, ...]:
@@ -205,7 +245,7 @@ def _weight_like(plan: Plan, kinds: dict[str, str]) -> set[str]:
     """Weights, and what data layout makes of weights alone (a Concat of the q, k and v weights: an initializer
     once lowered, ``OpSpec.foldable``) or a collective gathers of them (the backward gathers again, as ZeRO-3
     and FSDP do): none of them is an activation the backward keeps."""
-    like = {name for name, kind in kinds.items() if kind == "weight"}
+    like = {name for name, kind in kinds.items() if kind in WEIGHT_KINDS}
     for step in plan.steps:
         match step:
             case Compute(op_type=op, domain=domain):

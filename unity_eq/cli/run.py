@@ -120,6 +120,9 @@ def check(
     loss: str = typer.Option(None, "--loss", help="With --training: sum or mean of the first output."),
     optimizer: str = typer.Option("sgd", "--optimizer", help="With --training: sgd or adamw."),
     lr: float = typer.Option(1e-2, "--lr", help="With --training: learning rate."),
+    shared: list[str] = typer.Option(
+        [], "--shared", help="With --training: a weight the source model shares, which looks merged (repeatable)."
+    ),
 ) -> None:
     """Run the original model and the plan on the same inputs (without --inputs: several seeds, scales and
     distributions); exit 0 when every output matches, 1 on a mismatch, 2 on bad input. With --training:
@@ -129,7 +132,7 @@ def check(
 
         print_training_check(
             model, plan_dir, inputs, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance,
-            seed=seed, quiet=quiet,
+            seed=seed, quiet=quiet, shared=shared,
         )  # fmt: skip
         return
     feeds = read_npz(inputs) if inputs is not None else None

@@ -4,6 +4,7 @@ one-device training). Both import torch only when they run (unity_eq.train)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ def train(
     model: Path = typer.Option(None, "--model", help="The source ONNX model (default: plan.json's model.source)."),
     device: str = typer.Option("cpu", "--device", help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random batch used without --inputs."),
+    shared: list[str] = typer.Option(
+        [], "--shared", help="A weight the source model shares, which looks merged by the exporter (repeatable)."
+    ),
 ) -> None:
     """Train with a plan, one process per rank: `torchrun --nproc_per_node N -m unity_eq train PLAN/`."""
     import os
@@ -63,7 +67,7 @@ def train(
         rank = dist.get_rank()
         plan = load_plan_dir(plan_dir, check_files=False)
         feeds = check_inputs(plan, read_npz(inputs) if inputs is not None else random_inputs(plan.input_specs, seed))
-        trainer = load_rank(plan_dir, model, device=device)
+        trainer = load_rank(plan_dir, model, device=device, shared=shared)
         if load is not None:
             trainer.load(load)
         opt = make_optimizer(optimizer, trainer.module.parameters(), lr)
@@ -127,6 +131,7 @@ def print_training_check(
     tolerance: float,
     seed: int,
     quiet: bool,
+    shared: Sequence[str] = (),
 ) -> None:
     """``check --training``: print every comparison, then raise CheckFailed on the first mismatch."""
     from unity_eq.train.check import assert_training_check, check_training
@@ -137,8 +142,9 @@ def print_training_check(
     if not quiet:
         err.print(f"[dim]… training {plan_dir} for {steps} step(s) on its ranks and {model} on one device[/dim]")
     result = check_training(
-        model, plan_dir, feeds, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance, seed=seed
-    )
+        model, plan_dir, feeds, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance, seed=seed,
+        shared=shared,
+    )  # fmt: skip
     for ok, text in result.lines:
         mark = "[green]ok[/green]" if ok else "[red]MISMATCH[/red]"
         out.print(f"{mark} {escape(text)}")

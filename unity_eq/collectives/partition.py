@@ -26,9 +26,9 @@ class Slice(CollectiveStep):
 
 
 def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
-    """Free for weights and inputs (sliced when loaded); a local copy of an activation, and in training the
+    """Free for weights, constants and inputs (sliced when loaded); a local copy of an activation, and in training the
     all-gather of its gradient."""
-    if source in ("weight", "input"):
+    if source in ("weight", "constant", "input"):
         return ZERO
     cost = model.local_copy(src_bytes / model.mesh.axis_size(axis))
     if model.objective.training:

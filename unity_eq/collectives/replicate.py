@@ -25,9 +25,9 @@ class Replicated(CollectiveStep):
 
 
 def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
-    """Free for inference and for inputs; in training the gradient all-reduce (a weight's shares its bucket's
-    latency)."""
-    if not model.objective.training or source == "input":
+    """Free for inference, for inputs and for constants (no gradient: ``ir.WeightOrigin``); in training the
+    gradient all-reduce (a weight's shares its bucket's latency)."""
+    if not model.objective.training or source in ("input", "constant"):
         return ZERO
     if source == "weight":
         return Cost(comm=model.gradient_all_reduce(axis, src_bytes))

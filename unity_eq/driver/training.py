@@ -75,7 +75,8 @@ def spmd_step_s(plan: Plan, machine: Machine, passes: int = 1) -> float:
     memory = plan.report.memory
     assert memory is not None  # the search records it
     bandwidth = min(machine.devices[d].memory_bandwidth for d in plan.mesh.devices) * machine.efficiency
-    update = optimizer_update_s(memory.weight_bytes + memory.weight_state_bytes, bandwidth)
+    trainable = memory.weight_bytes if memory.gradient_bytes is None else memory.gradient_bytes  # constants: no update
+    update = optimizer_update_s(trainable + memory.weight_state_bytes, bandwidth)
     return passes * (plan.cost.total - gradient) + gradient + update
 
 

@@ -10,6 +10,22 @@ from unity_eq.planfile.codec import Record
 
 
 @dataclass(frozen=True, kw_only=True)
+class WeightRecord(Record):
+    """``weights.<name>``: where a weight the plan loads comes from (``ir.WeightOrigin``). ``how``:
+    ``parameter`` (the source model's own parameter, ``sources`` its name), ``folded`` (computed by the
+    frontend from ``sources`` through ``ops``: a transpose or cast of a weight it made an initializer), or
+    ``constant`` (nothing trainable flows in: a mask, a shape, a scalar; no gradient, no optimizer state).
+    ``ambiguous``: why this weight may be several source parameters merged into one (a torch dynamo export
+    merges parameters with equal values): ``train`` refuses it unless told it is one."""
+
+    trainable: bool
+    how: str
+    sources: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    ambiguous: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelInputRecord(Record):
     shape: tuple[int, ...]
     dtype: str

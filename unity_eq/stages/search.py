@@ -133,7 +133,9 @@ def _footprint(config: StageConfig, table: PieceTable, objective: Objective) -> 
     if (config.tensor, config.microbatch, config.groups[0]) not in table.options:
         return math.inf
     pieces = [pick(o, "smallest") for o in table.costs(config.tensor, config.microbatch, config.groups[0])]
-    resident = sum(resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data) for c in pieces)
+    resident = sum(
+        resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data, c.trainable_bytes) for c in pieces
+    )
     recompute = objective.training and config.recompute != "none"
     held = sum(c.input_bytes if recompute else c.activation_bytes for c in pieces)
     copies = in_flight(config.schedule, 0, config.stages, config.microbatches, objective.training)

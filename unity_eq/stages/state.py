@@ -48,18 +48,23 @@ def shard_factors(zero: int, dp: int) -> tuple[float, float, float]:
     return ((1.0, 1.0, 1.0), (1.0, 1.0, part), (1.0, part, part), (part, part, part))[zero]
 
 
-def resident_bytes(weights: float, state: float, zero: int, dp: int) -> float:
+def resident_bytes(weights: float, state: float, zero: int, dp: int, trainable: float | None = None) -> float:
     """Bytes a device keeps of a piece's ``weights`` and their ``state`` under ZeRO level ``zero`` over ``dp``
-    replicas: the state's first ``weights`` bytes are the gradient, the rest the optimizer's (the table above).
-    One formula for cutting stages and for the footprint an infeasible search reports."""
+    replicas: the state's first ``trainable`` bytes are the gradient, the rest the optimizer's (the table above).
+    ``trainable``: the bytes of the weights that are parameters (``memory.MemoryUsage.trainable``; None: all of
+    them); the rest are constants (a folded mask, a scalar), which no level shards: like FSDP's buffers, every
+    replica keeps them whole. One formula for cutting stages and for the footprint an infeasible search reports."""
     weight_f, gradient_f, optimizer_f = shard_factors(zero, dp)
-    return weights * weight_f + min(state, weights) * gradient_f + max(0.0, state - weights) * optimizer_f
+    sharded = weights if trainable is None else trainable
+    constants = weights - sharded
+    return constants + sharded * weight_f + min(state, sharded) * gradient_f + max(0.0, state - sharded) * optimizer_f
 
 
 def step_traffic_s(zero: int, weights: float, dp: int, model: CostModel, training: bool, axis: str = "d") -> float:
     """Once per step: the gradients' all-reduce (level 0), or reduce-scatter + all-gather of the updated
     weights (level 1: the same volume, priced as one all-reduce), or the all-gather alone (level 2, whose
-    gradients were reduce-scattered microbatch by microbatch); level 3 synchronizes per microbatch."""
+    gradients were reduce-scattered microbatch by microbatch); level 3 synchronizes per microbatch.
+    ``weights``: the bytes of the trainable weights (a constant has no gradient and never changes)."""
     if not training or dp == 1 or zero == 3:
         return 0.0
     if zero == 2:
@@ -71,7 +76,8 @@ def microbatch_traffic_s(
     zero: int, weights: float, dp: int, model: CostModel, training: bool, axis: str = "d"
 ) -> float:
     """Per microbatch: level 2 reduce-scatters the gradients (a device keeps only its shard, so it cannot
-    accumulate the others'); level 3 also all-gathers the weights for the forward and again for the backward."""
+    accumulate the others'); level 3 also all-gathers the weights for the forward and again for the backward.
+    ``weights``: the bytes of the trainable weights (constants are not sharded, so never gathered)."""
     if dp == 1 or zero < 2:
         return 0.0
     scatter = model.reduce_scatter(axis, weights) if training else 0.0

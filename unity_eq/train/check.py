@@ -57,6 +57,7 @@ class TrainJob:
     lr: float
     loss: str | None
     out_dir: str
+    shared: tuple[str, ...] = ()
 
 
 def make_optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
@@ -90,7 +91,7 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
         init_rank(rank, world, port)
         from unity_eq.train.session import load_rank, loss_of
 
-        trainer = load_rank(job.plan_dir, job.model)
+        trainer = load_rank(job.plan_dir, job.model, shared=job.shared)
         opt = make_optimizer(job.optimizer, trainer.module.parameters(), job.lr)
         feeds = trainer.inputs(job.inputs)
         losses, grads, ledger = [], [], []
@@ -325,11 +326,12 @@ def check_training(
     loss: str | None = None,
     tolerance: float = 1e-4,
     seed: int = 0,
+    shared: Sequence[str] = (),
 ) -> TrainingCheck:
     """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring)."""
     from unity_eq.runtime.checker import check_plan_is_of, random_inputs
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
-    from unity_eq.train.session import read_training_plan
+    from unity_eq.train.session import read_training_plan, refuse_merged
 
     if steps < 1:
         raise OptionError(f"`--steps` must be at least 1, got {steps}.")
@@ -338,10 +340,11 @@ def check_training(
     record = read_training_plan(plan_dir)
     plan = load_plan_dir(plan_dir, check_files=False)
     check_plan_is_of(model, plan)  # another model's plan: exit 2, as `check` says it
+    refuse_merged(record, shared, model)
     feeds = check_inputs(plan, inputs if inputs is not None else random_inputs(plan.input_specs, seed))
     make_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], lr)  # the option checked before any rank
     with tempfile.TemporaryDirectory(prefix="unity-eq-train-") as tmp:
-        job = TrainJob(str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp)
+        job = TrainJob(str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp, tuple(shared))
         reference = reference_training(job)  # first: a model that cannot train fails before any rank starts
         ranks = spawn_ranks(len(record.mesh.ranks), job)
     result = TrainingCheck(tolerance)

@@ -14,6 +14,7 @@ import torch
 from onnx import numpy_helper
 
 from unity_eq.errors import ModelError
+from unity_eq.ir import is_parameter_type
 from unity_eq.train.torch_ops import refuse_unknown, run_op
 
 __all__ = ["OnnxModule", "node_attrs", "trainable_names"]
@@ -35,16 +36,16 @@ def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 
 def trainable_names(model: onnx.ModelProto) -> set[str]:
-    """The model's parameters: its float initializers of rank 1 or more. Integer ones are shapes and indices;
+    """The model's parameters: its float initializers of rank 1 or more (``ir.is_parameter_type``, the rule the
+    frontend's ``Graph.origins`` and so the cost and memory models use). Integer ones are shapes and indices;
     a scalar is an exporter's constant (GELU's 0.5 and 0.044715, a Pow's exponent 3, a mask's fill value
     -3.4e38: torch's dynamo exporter writes them as initializers), never a module's parameter. The values are
     not read (external data stays where it is)."""
-    out = set()
-    for tensor in model.graph.initializer:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        if np.issubdtype(dtype, np.floating) and len(tensor.dims) >= 1:
-            out.add(tensor.name)
-    return out
+    return {
+        tensor.name
+        for tensor in model.graph.initializer
+        if is_parameter_type(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type), len(tensor.dims))
+    }
 
 
 class OnnxModule(torch.nn.Module):

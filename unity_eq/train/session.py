@@ -10,7 +10,7 @@ the whole model in the source model's parameter names.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from unity_eq.collectives import torch_autograd as coll
-from unity_eq.errors import OptionError, PlanError
+from unity_eq.errors import ModelError, OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, WeightStepRecord, read_explain_record
 from unity_eq.train.rank import RankModule, Region
 
@@ -72,24 +72,43 @@ def make_groups(record: ExplainRecord, rank: int, ledger: coll.Ledger, ordered_s
     return out
 
 
-def source_weights(model: str | Path, record: ExplainRecord) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
+def refuse_merged(record: ExplainRecord, shared: Collection[str], model: str | Path) -> None:
+    """One error line for a weight plan.json marks as maybe several source parameters merged into one by the
+    exporter (``weights[].ambiguous``: ``Graph.ambiguous_weights``), unless ``shared`` says it is one
+    parameter: training it as one would silently tie parameters the source model trains apart."""
+    for name, weight in record.weights.items():
+        if weight.ambiguous and name not in shared:
+            raise ModelError(
+                f"{model}: weight {name!r} is {weight.ambiguous}: torch's dynamo exporter merges parameters with "
+                "equal values into one initializer, and training it would tie them. Re-export the model with "
+                f"those parameters made distinct, or pass `--shared {name}` if the source model shares it."
+            )
+
+
+def source_weights(
+    model: str | Path, record: ExplainRecord, shared: Collection[str] = ()
+) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
     """The source model's weights as the plan names them (the frontend's initializers at the plan's input
-    shapes), the names that are trainable (unity_eq.train.reference.trainable_names) and the weights the
-    frontend folded from trainable ones (a ``Transpose(W)`` it made an initializer ``Wt``): those the ranks
-    compute again from the parameters (:class:`Derivation`), so their gradients reach the source weights."""
+    shapes), the source parameters (the frontend's ``Graph.origins``: the one definition of trainable that
+    the cost and memory models price) and the weights the frontend folded from parameters (a ``Transpose(W)``
+    it made an initializer ``Wt``): those the ranks compute again from the parameters (:class:`Derivation`),
+    so their gradients reach the source weights. A weight that may be merged parameters
+    (``Graph.ambiguous_weights``) is refused unless ``shared`` names it (the user says it is one)."""
     import onnx
 
     from unity_eq.frontends.onnx import load_onnx
-    from unity_eq.train.reference import trainable_names
     from unity_eq.weightfile import value_of
 
     shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
     graph = load_onnx(model, shapes)
+    refuse_merged(record, shared, model)
     proto = onnx.load(str(model))
-    trainable = trainable_names(proto)
+    origins = graph.weight_origins()
+    trainable = {source for origin in origins.values() if origin.trainable for source in origin.sources}
     weights = {name: value_of(v) for name, v in graph.initializers.items()}
     loaded = {s.name for s in record.steps if isinstance(s, WeightStepRecord)}
-    derived = derivations(proto, loaded - {t.name for t in proto.graph.initializer}, trainable)
+    folded = {name for name in loaded if name in origins and origins[name].how == "folded"}
+    derived = derivations(proto, folded, trainable)
     for d in derived.values():
         for name in d.sources:
             if name not in weights:  # pruned by the frontend: only the fold read it
@@ -252,10 +271,12 @@ def load_rank(
     device: str = "cpu",
     rank: int | None = None,
     ordered_sum: bool | None = None,
+    shared: Collection[str] = (),
 ) -> RankTrainer:
     """This process's rank of ``plan_dir`` (torch.distributed must be initialized, with the plan's number of
     ranks). ``model``: the source ONNX model whose weights start training (default: plan.json's
-    ``model.source``)."""
+    ``model.source``). ``shared``: weights the source model really shares, which look merged by the exporter
+    (:func:`refuse_merged`)."""
     if not dist.is_initialized():
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
@@ -273,7 +294,7 @@ def load_rank(
             f"{source}: the model the plan was made from is not there; its weights start training. Pass the model "
             "(`--model`) or a checkpoint (`--load`)."
         )
-    weights, trainable, derived = source_weights(source, record)
+    weights, trainable, derived = source_weights(source, record, shared)
     ledger = coll.Ledger()
     torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
