@@ -19,10 +19,11 @@ The short form is the one used in ``.egg`` rules, ``plan.json``, logs and error 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,9 @@ class WeightOrigin:
     how: str = "parameter"
     sources: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
+    #: the source model's parameters this one initializer stands for, when a parameter map says it is several
+    #: (``Graph.with_parameters``): the exporter merged them; no plan can train them apart
+    merged: tuple[str, ...] = ()
 
     @property
     def trainable(self) -> bool:
@@ -224,6 +228,36 @@ class Graph:
     #: where each initializer comes from (the frontend fills it; a weight missing here is described by
     #: :func:`default_origin`): which are trainable, and the source parameters they are made of
     origins: dict[str, WeightOrigin] = field(default_factory=dict)
+    #: True when the user said which initializers are parameters (``with_parameters``): then nothing is
+    #: guessed, and ``ambiguous_weights`` is empty
+    declared: bool = False
+
+    def with_parameters(self, parameters: Mapping[str, Sequence[str]]) -> Graph:
+        """This graph with its parameters as the user declares them (``optimize --parameters``): ``parameters``
+        maps an initializer of the source file to the source model's parameter(s) it holds (one: it is that
+        parameter; several: the exporter merged them, ``WeightOrigin.merged``). Every other initializer is a
+        constant (a float buffer the exporter wrote, such as a rotary table), and a weight the frontend folded
+        keeps only the declared parameters among its sources."""
+        origins: dict[str, WeightOrigin] = {}
+        for name in self.initializers:
+            old = self.origin(name)
+            if name in parameters:
+                names = tuple(parameters[name])
+                array = self.initializers[name]
+                if not np.issubdtype(array.dtype, np.floating):
+                    raise OptionError(
+                        f"`--parameters`: {name!r} is a {array.dtype.name} tensor, not a float one; it cannot be a "
+                        "parameter."
+                    )
+                origins[name] = WeightOrigin("parameter", (name,), (), names if len(names) > 1 else ())
+            elif old.how == "folded":
+                sources = tuple(s for s in old.sources if s in parameters)
+                merged = tuple(n for s in sources for n in parameters[s] if len(parameters[s]) > 1)
+                folded = WeightOrigin("folded", sources, old.ops, merged)
+                origins[name] = folded if sources else WeightOrigin.constant(old.ops)
+            else:
+                origins[name] = WeightOrigin.constant(old.ops)
+        return dataclasses.replace(self, origins=origins, declared=True)
 
     def origin(self, name: str) -> WeightOrigin:
         """The origin of initializer ``name`` (:class:`WeightOrigin`)."""
@@ -249,7 +283,10 @@ class Graph:
         LayerNormalization reads. The ONNX file cannot tell that from a weight the source model really shares
         (ALBERT's layers), so what is flagged is the pattern: one parameter read by two or more nodes of the
         same op at the same input position. A tied embedding (a Gather and a MatMul of its transpose) is not
-        flagged; a merge whose copies are read by different ops is not detected (docs/training.md)."""
+        flagged; a merge whose copies are read by different ops is not detected (docs/training.md). Empty when
+        the user declared the parameters (``with_parameters``)."""
+        if self.declared:
+            return {}
         uses: dict[tuple[str, str, int], list[str]] = {}
         for node in self.nodes:
             for position, name in enumerate(node.inputs):

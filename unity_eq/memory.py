@@ -169,8 +169,9 @@ def plan_memory(plan: Plan, capacity: float | None = None, keep_outputs: bool = 
         weights += nbytes
         if plan.objective.training and t.dtype != "none" and kinds[name] == "weight":
             factor = weight_state_factor(np.dtype(t.dtype).itemsize)
-            sources = origins[name].sources
-            share = nbytes if len(sources) == 1 else nbytes / len(sources)
+            origin = origins[name]
+            sources = origin.merged or origin.sources  # merged parameters: each its own gradient and state
+            share = nbytes if len(sources) == 1 or origin.merged else nbytes / len(sources)
             for source in sources:
                 if share > shares.get(source, (-1.0, 0.0))[0]:
                     shares[source] = (share, factor)

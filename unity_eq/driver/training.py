@@ -138,8 +138,9 @@ def _load(path: Path, request: OptimizeRequest, notes: list[str]) -> tuple[Graph
         notes.append(f"pipelines not considered: {blocker}")
         from unity_eq.frontends.onnx import load_onnx
 
-        return load_onnx(path, request.input_shapes), None
-    batched = graph_at_batch(path, request.input_shapes, request.batch)
+        graph = load_onnx(path, request.input_shapes)
+        return (graph if request.parameters is None else graph.with_parameters(request.parameters)), None
+    batched = graph_at_batch(path, request.input_shapes, request.batch, request.parameters)
     return batched.graph_at(batched.static_batch or batched.batch), batched  # the whole batch, or the static one
 
 

@@ -219,6 +219,7 @@ def weight_records(plan: Plan, graph: Graph) -> dict[str, WeightRecord]:
                 how=origin.how,
                 sources=origin.sources,
                 ops=origin.ops,
+                merged=origin.merged,
                 ambiguous=ambiguous.get(step.name, ""),
             )
     return out

@@ -15,13 +15,16 @@ class WeightRecord(Record):
     ``parameter`` (the source model's own parameter, ``sources`` its name), ``folded`` (computed by the
     frontend from ``sources`` through ``ops``: a transpose or cast of a weight it made an initializer), or
     ``constant`` (nothing trainable flows in: a mask, a shape, a scalar; no gradient, no optimizer state).
-    ``ambiguous``: why this weight may be several source parameters merged into one (a torch dynamo export
-    merges parameters with equal values): ``train`` refuses it unless told it is one."""
+    ``merged``: the source parameters the user's ``--parameters`` map says it holds (the exporter merged
+    them: ``train`` refuses it). ``ambiguous``: without a map, why this weight may be several source
+    parameters merged into one (a torch dynamo export merges parameters with equal values): ``train``
+    refuses it unless told it is one (``--shared``)."""
 
     trainable: bool
     how: str
     sources: tuple[str, ...] = ()
     ops: tuple[str, ...] = ()
+    merged: tuple[str, ...] = ()  # the source parameters it holds, merged by the exporter (``--parameters``)
     ambiguous: str = ""
 
 

@@ -58,6 +58,9 @@ class TrainJob:
     loss: str | None
     out_dir: str
     shared: tuple[str, ...] = ()
+    #: the source parameters plan.json trains (``weights``), which the one-device reference trains too (None:
+    #: a plan without the section, ``reference.trainable_names``)
+    trainable: frozenset[str] | None = None
 
 
 def make_optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
@@ -161,7 +164,7 @@ def reference_training(job: TrainJob) -> dict[str, Any]:
     from unity_eq.train.reference import OnnxModule
     from unity_eq.train.session import loss_of
 
-    module = OnnxModule(job.model)
+    module = OnnxModule(job.model, trainable=job.trainable)
     opt = make_optimizer(job.optimizer, module.parameters(), job.lr)
     feeds = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in job.inputs.items()}
     losses, grads = [], {}
@@ -344,7 +347,10 @@ def check_training(
     feeds = check_inputs(plan, inputs if inputs is not None else random_inputs(plan.input_specs, seed))
     make_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], lr)  # the option checked before any rank
     with tempfile.TemporaryDirectory(prefix="unity-eq-train-") as tmp:
-        job = TrainJob(str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp, tuple(shared))
+        trainable = (
+            frozenset(s for w in record.weights.values() if w.trainable for s in w.sources) if record.weights else None
+        )
+        job = TrainJob(str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp, tuple(shared), trainable)
         reference = reference_training(job)  # first: a model that cannot train fails before any rank starts
         ranks = spawn_ranks(len(record.mesh.ranks), job)
     result = TrainingCheck(tolerance)

@@ -4,7 +4,7 @@ float initializers as parameters (the source model's names), so both sides train
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +52,19 @@ class OnnxModule(torch.nn.Module):
     """An ONNX model as a module: ``forward(inputs)`` returns its outputs by name; ``parameters_by_name`` its
     float initializers."""
 
-    def __init__(self, path: str | Path | onnx.ModelProto, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        path: str | Path | onnx.ModelProto,
+        device: torch.device | str = "cpu",
+        trainable: Collection[str] | None = None,
+    ) -> None:
+        """``trainable``: the initializers to train (a plan's, plan.json ``weights``); default
+        :func:`trainable_names`."""
         super().__init__()
         model = path if isinstance(path, onnx.ModelProto) else onnx.load(str(path))
         self.graph = model.graph
         refuse_unknown(((n.op_type, n.domain, n.name) for n in self.graph.node), str(path))
-        train = trainable_names(model)
+        train = trainable_names(model) if trainable is None else set(trainable)
         self.names: list[str] = []
         self.params = torch.nn.ParameterList()
         self.consts: dict[str, torch.Tensor] = {}

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import ModelError, OptionError, PlanError
+from unity_eq.ir import WeightOrigin
 from unity_eq.planfile import ExplainRecord, WeightStepRecord, read_explain_record
 from unity_eq.train.rank import RankModule, Region
 
@@ -77,6 +78,12 @@ def refuse_merged(record: ExplainRecord, shared: Collection[str], model: str | P
     exporter (``weights[].ambiguous``: ``Graph.ambiguous_weights``), unless ``shared`` says it is one
     parameter: training it as one would silently tie parameters the source model trains apart."""
     for name, weight in record.weights.items():
+        if weight.merged:
+            raise ModelError(
+                f"{model}: weight {name!r} holds the source parameters {', '.join(weight.merged)} (the exporter "
+                "merged them; `--parameters` says so): one weight cannot train them apart. Re-export the model "
+                "with those parameters made distinct."
+            )
         if weight.ambiguous and name not in shared:
             raise ModelError(
                 f"{model}: weight {name!r} is {weight.ambiguous}: torch's dynamo exporter merges parameters with "
@@ -103,7 +110,7 @@ def source_weights(
     graph = load_onnx(model, shapes)
     refuse_merged(record, shared, model)
     proto = onnx.load(str(model))
-    origins = graph.weight_origins()
+    origins = weight_origins(record, graph)
     trainable = {source for origin in origins.values() if origin.trainable for source in origin.sources}
     weights = {name: value_of(v) for name, v in graph.initializers.items()}
     loaded = {s.name for s in record.steps if isinstance(s, WeightStepRecord)}
@@ -115,6 +122,17 @@ def source_weights(
                 init = next(t for t in proto.graph.initializer if t.name == name)
                 weights[name] = onnx.numpy_helper.to_array(init)
     return weights, trainable, derived
+
+
+def weight_origins(record: ExplainRecord, graph: Any) -> dict[str, WeightOrigin]:
+    """Every weight's origin as plan.json records it (``weights``: what the plan was priced with, the user's
+    ``--parameters`` map included); a plan written before the section, the frontend's again."""
+    if not record.weights:
+        return dict(graph.weight_origins())
+    return {
+        name: WeightOrigin(w.how, w.sources, w.ops, w.merged) if w.trainable else WeightOrigin.constant(w.ops)
+        for name, w in record.weights.items()
+    }
 
 
 @dataclass(frozen=True)
