@@ -84,12 +84,16 @@ def refuse_merged(record: ExplainRecord, shared: Collection[str], model: str | P
                 "merged them; `--parameters` says so): one weight cannot train them apart. Re-export the model "
                 "with those parameters made distinct."
             )
-        if weight.ambiguous and name not in shared:
-            raise ModelError(
-                f"{model}: weight {name!r} is {weight.ambiguous}: torch's dynamo exporter merges parameters with "
-                "equal values into one initializer, and training it would tie them. Re-export the model with "
-                f"those parameters made distinct, or pass `--shared {name}` if the source model shares it."
-            )
+    flagged = sorted(name for name, w in record.weights.items() if w.ambiguous and name not in shared)
+    if flagged:
+        first = flagged[0]
+        also = f" ({', '.join(repr(n) for n in flagged[1:])} likewise)" if flagged[1:] else ""
+        flags = " ".join(f"--shared {n}" for n in flagged)
+        raise ModelError(
+            f"{model}: weight {first!r} is {record.weights[first].ambiguous}{also}: torch's dynamo exporter merges "
+            "parameters with equal values into one initializer, and training it would tie them. Re-export the model "
+            f"with those parameters made distinct, or pass `{flags}` if the source model shares them."
+        )
 
 
 def source_weights(
