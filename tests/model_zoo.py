@@ -133,12 +133,22 @@ def export_torch_transformer(
 
 
 def export_masked_transformer(
-    kind: str, path: str | Path, *, layers: int = 2, hidden: int = 64, heads: int = 2, seq: int = 16, vocab: int = 256
+    kind: str,
+    path: str | Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 2,
+    seq: int = 16,
+    vocab: int = 256,
+    distinct: bool = False,
 ) -> Path:
     """Export a transformers GPT-2, BERT or LLaMA (``kind``: gpt2, bert, llama) built from a small config with
     random weights, as released models are: ``input_ids`` and ``attention_mask`` inputs, a dynamic batch, the
     dynamo exporter. Nothing is downloaded (HF_HUB_OFFLINE=1). The extended mask every layer reads is a side
-    tensor of the split (docs/scale.md)."""
+    tensor of the split (docs/scale.md). ``distinct``: the norms' weights and biases perturbed first, so the
+    exporter merges no two of them into one initializer (freshly initialized, all layers' are equal: training
+    then refuses the merged weight, docs/training.md)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -174,6 +184,12 @@ def export_masked_transformer(
         raise ValueError(f"unknown transformers model kind {kind!r}")
     config.use_cache = False
     model.eval()
+    if distinct:
+        with torch.no_grad():
+            for module in model.modules():
+                if "Norm" in type(module).__name__:
+                    for param in module.parameters():
+                        param.add_(0.1 * torch.randn_like(param))
     ids = torch.randint(0, vocab, (2, seq))
     mask = torch.ones(2, seq, dtype=torch.int64)
     batch = torch.export.Dim("batch")

@@ -108,8 +108,9 @@ class MemoryUsage:
 
 
 def tensor_kinds(plan: Plan) -> dict[str, str]:
-    """'weight' (trainable), 'constant' (a weight that is not: ``Plan.origin``), 'input' or 'activation' for
-    every tensor; parallel ops keep their source's kind."""
+    """'weight' (trainable), 'constant' (a weight that is not: ``Plan.origin``), 'input', 'activation' or
+    'nograd' (an integer or bool activation: no gradient) for every tensor; parallel ops keep their source's
+    kind (the local ones; what a collective makes is an activation)."""
     kinds: dict[str, str] = {}
     for step in plan.steps:
         match step:
@@ -122,7 +123,9 @@ def tensor_kinds(plan: Plan) -> dict[str, str]:
             case Compute(outputs=outputs):
                 for name in outputs:
                     if name:
-                        kinds[name] = "activation"
+                        dtype = plan.tensors[name].dtype
+                        floating = dtype == "none" or np.issubdtype(np.dtype(dtype), np.floating)
+                        kinds[name] = "activation" if floating else "nograd"  # no gradient flows through it
             case _:
                 assert_never(step)
     return kinds

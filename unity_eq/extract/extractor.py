@@ -25,6 +25,7 @@ from unity_eq.extract.pricing import (
     WEIGHT_KINDS,
     class_bytes,
     derives_from,
+    floating_dtype,
     itemsize,
     local_shape,
     node_costs,
@@ -74,7 +75,8 @@ class Extractor:
             stream = data.tensor_class.get(encoding.tensor_ids[name])
             for cid, kind in list(self.kinds.items()):
                 if kind == "input" and (cid == stream or derives_from(data, cid, stream)):
-                    self.kinds[cid] = "activation"
+                    floating = floating_dtype(data.classes[cid].dtype)
+                    self.kinds[cid] = "activation" if floating else "nograd"
         self.costs = node_costs(data, model, self.locals, self.kinds)
         self.roots = output_classes(data, encoding, graph)
         self._memory: dict[str, float] | None = None

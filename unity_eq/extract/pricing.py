@@ -65,8 +65,9 @@ WEIGHT_KINDS = ("weight", "constant")
 def source_kinds(data: EGraphData, constants: Collection[str] = frozenset()) -> dict[str, str]:
     """'input', 'weight' (trainable) or 'constant' (a weight of ``constants``: ``Graph.constants()``) for
     e-classes that are a model input or weight, maybe sliced or replicated, or data layout of weights alone;
-    'activation' for the rest. Training prices gradients by it: a constant has none (no gradient all-reduce,
-    no optimizer state)."""
+    'nograd' for an integer or bool activation, 'activation' for the rest. Training prices gradients by it:
+    a constant has none (no gradient all-reduce, no optimizer state), nor has a 'nograd' activation (no
+    gradient collective)."""
     kinds: dict[str, str] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
@@ -93,7 +94,15 @@ def source_kinds(data: EGraphData, constants: Collection[str] = frozenset()) -> 
                     kinds[cls.id] = "weight" if any(kinds.get(m) == "weight" for m in members) else "constant"
                     changed = True
                     break
+    for cls in data.classes.values():  # what no gradient flows through: an integer or bool activation
+        if cls.id not in kinds and cls.sort == "T" and not floating_dtype(cls.dtype):
+            kinds[cls.id] = "nograd"
     return kinds
+
+
+def floating_dtype(dtype: str | None) -> bool:
+    """Whether a tensor of ``dtype`` can carry a gradient (unknown or absent: assumed so)."""
+    return dtype in (None, "none") or bool(np.issubdtype(np.dtype(dtype), np.floating))
 
 
 def foldable(op: str) -> bool:
