@@ -128,7 +128,7 @@ def _members(node: ENode, data: EGraphData) -> list[str] | None:
 
 def _all_weights(node: ENode, data: EGraphData, kinds: dict[str, str]) -> bool:
     members = _members(node, data)
-    return bool(members) and all(kinds.get(m) in WEIGHT_KINDS for m in members)
+    return members is not None and bool(members) and all(kinds.get(m) in WEIGHT_KINDS for m in members)
 
 
 def as_costs(totals: Mapping[str, float]) -> dict[str, Cost]:
