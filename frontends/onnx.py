@@ -39,7 +39,7 @@ from unity_eq.frontends.onnx_fold import fold_to_fixpoint, unique_name, used_nam
 from unity_eq.frontends.onnx_inputs import fix_input_shapes, parse_input_shape
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, run_checker, upgrade
 from unity_eq.frontends.onnx_read import model_fingerprint, read_model, shape_only
-from unity_eq.ir import Graph, Node, TensorType
+from unity_eq.ir import Graph, Node, TensorType, default_origin
 
 __all__ = ["MIN_OPSET", "load_onnx", "parse_input_shape"]
 
@@ -83,6 +83,7 @@ def load_onnx(
     fingerprint = model_fingerprint(read.model)
     work = Work.from_model(read.model, where, read.external, read.missing, consume=not in_memory)
     del read  # the proto's weights are freed here (a file's; an in-memory model stays the caller's)
+    work.origins = {name: default_origin(name, a.dtype.name, a.ndim) for name, a in work.consts.items()}
     run_checker(work, where)
     upgrade(work)
     work.inputs = fix_input_shapes(work.inputs, input_shapes or {}, where)
@@ -93,6 +94,7 @@ def load_onnx(
     graph = _build_graph(work, types, "" if in_memory else path)
     graph.fingerprint = fingerprint
     graph.missing_weights = {name: why for name, why in work.missing.items() if name in graph.initializers}
+    graph.origins = {name: work.origins[name] for name in graph.initializers if name in work.origins}
     return graph
 
 
@@ -108,6 +110,7 @@ def _inputs_as_weights(work: Work, names: Sequence[str]) -> None:
         dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
         work.consts[name] = shape_only(np.dtype(dtype), tuple(d.dim_value for d in tensor.shape.dim))
         work.missing[name] = "a model input declared a weight by `--weight-input`: its values come at run time"
+        work.origins[name] = default_origin(name, work.consts[name].dtype.name, work.consts[name].ndim)
     work.inputs = [i for i in work.inputs if i.name not in set(names)]
 
 

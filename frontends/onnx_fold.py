@@ -19,7 +19,7 @@ from onnx.reference import ReferenceEvaluator
 from unity_eq.errors import ModelError
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, static_type
 from unity_eq.frontends.onnx_read import one_line, shape_only
-from unity_eq.ir import TensorType
+from unity_eq.ir import TensorType, WeightOrigin
 
 __all__ = ["fold_to_fixpoint", "unique_name", "used_names"]
 
@@ -88,9 +88,22 @@ def _fold_constants(work: Work, types: Mapping[str, TensorType]) -> bool:
         for name, value in zip(node.output, values, strict=False):
             if name:
                 work.consts[name] = value
+                work.origins[name] = folded_origin(node, work.origins, value)
     changed = len(kept) != len(work.nodes)
     work.nodes = kept
     return changed
+
+
+def folded_origin(node: onnx.NodeProto, origins: Mapping[str, WeightOrigin], value: np.ndarray) -> WeightOrigin:
+    """The origin of an output of ``node`` folded into an initializer: made of the parameters its inputs are
+    made of (``folded``, the ops on the way recorded), or a constant when none flows in or the value is not a
+    float tensor (an index, a shape, a mask): no gradient reaches a parameter through it."""
+    inputs = [origins.get(name, WeightOrigin.constant()) for name in node.input if name]
+    ops = (*dict.fromkeys(op for o in inputs for op in o.ops), node.op_type)
+    sources = tuple(sorted({s for o in inputs if o.trainable for s in o.sources}))
+    if not sources or not np.issubdtype(value.dtype, np.floating):
+        return WeightOrigin.constant(ops)
+    return WeightOrigin("folded", sources, ops)
 
 
 def _constant_outputs(

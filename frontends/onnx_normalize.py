@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from unity_eq.errors import ModelError
 from unity_eq.frontends.onnx_read import one_line
-from unity_eq.ir import TensorType
+from unity_eq.ir import TensorType, WeightOrigin
 
 __all__ = ["MIN_OPSET", "Work", "run_checker", "static_type", "upgrade"]
 
@@ -51,6 +51,9 @@ class Work:
     #: constants known by dtype and shape only (shape-only arrays, see ``onnx_read.shape_only``), and why:
     #: their values are never shown to onnx's tools, and what is folded from them is shape-only too
     missing: dict[str, str] = field(default_factory=dict)
+    #: where each constant comes from: a parameter of the source file, folded from parameters, or a constant
+    #: (``ir.WeightOrigin``); filled when the weights are split from the inputs, extended as nodes fold
+    origins: dict[str, WeightOrigin] = field(default_factory=dict)
 
     @classmethod
     def from_model(

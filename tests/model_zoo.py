@@ -144,6 +144,7 @@ def export_masked_transformer(
     kv_heads: int = 1,
     attention: str = "sdpa",
     dynamo: bool = True,
+    distinct: bool = False,
 ) -> Path:
     """Export a transformers GPT-2, BERT or LLaMA (``kind``: gpt2, bert, llama) built from a small config with
     random weights, as released models are: ``input_ids`` and ``attention_mask`` inputs, a dynamic batch, the
@@ -151,7 +152,9 @@ def export_masked_transformer(
     tensor of the split (docs/scale.md). ``kv_heads``: LLaMA's key/value heads (grouped-query attention when
     fewer than ``heads``); ``attention``: transformers' ``attn_implementation`` ("sdpa", its default:
     ``scaled_dot_product_attention``; "eager": the scores scaled and masked by hand); ``dynamo=False``: the
-    TorchScript exporter (static shapes, opset 17), each spelling as exported models ship."""
+    TorchScript exporter (static shapes, opset 17), each spelling as exported models ship. ``distinct``: the
+    norms' weights and biases perturbed first, so the exporter merges no two of them into one initializer
+    (freshly initialized, all layers' are equal: training then refuses the merged weight, docs/training.md)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -188,6 +191,12 @@ def export_masked_transformer(
     config.use_cache = False
     config._attn_implementation = attention
     model.eval()
+    if distinct:
+        with torch.no_grad():
+            for module in model.modules():
+                if "Norm" in type(module).__name__:
+                    for param in module.parameters():
+                        param.add_(0.1 * torch.randn_like(param))
     ids = torch.randint(0, vocab, (2, seq))
     mask = torch.ones(2, seq, dtype=torch.int64)
     if not dynamo:

@@ -228,10 +228,11 @@ def test_checkpoint_errors_are_one_line(tmp_path: Path) -> None:
 def test_check_training_data_parallel_gpt2(tmp_path: Path) -> None:
     """A transformers GPT-2 (2 layers, random weights, attention mask) exported by torch's dynamo exporter,
     planned data parallel on 2 devices: every parameter's gradient matches one device; the exporter's scalar
-    constants (GELU's, the mask's fill value) are not trained, and the check says plan.json prices them."""
+    constants (GELU's, the mask's fill value) and the causal mask are not trained and plan.json prices them no
+    gradient all-reduce (it did, and the check said so in a note)."""
     from model_zoo import export_masked_transformer, masked_inputs
 
-    model = export_masked_transformer("gpt2", tmp_path / "gpt2.onnx")
+    model = export_masked_transformer("gpt2", tmp_path / "gpt2.onnx", distinct=True)
     shapes = ["--input-shape", "input_ids=16x16", "--input-shape", "attention_mask=16x16"]
     made = run_cli("optimize", str(model), "--devices", "2", "--mesh", "2", "--objective", "training", *shapes,
                    "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
@@ -243,7 +244,10 @@ def test_check_training_data_parallel_gpt2(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok gradient of 'wte.weight'" in result.stdout
     assert "ok gradient of 'h.1.attn.c_attn.weight'" in result.stdout
-    assert "no gradient flows: replicate" in result.stderr
+    assert "no gradient flows" not in result.stderr
+    weights = json.loads((tmp_path / "plan" / "plan.json").read_text())["weights"]
+    assert weights["bitwise_and"] == {"trainable": False, "how": "constant"}  # the causal mask (bool)
+    assert not any(w.get("ambiguous") for w in weights.values())
 
 
 def test_an_op_family_brings_its_own_torch_semantics(tmp_path: Path) -> None:

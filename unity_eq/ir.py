@@ -19,10 +19,11 @@ The short form is the one used in ``.egg`` rules, ``plan.json``, logs and error 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,9 @@ __all__ = [
     "Replicate",
     "Shard",
     "TensorType",
+    "WeightOrigin",
     "divisors",
+    "is_parameter_type",
     "parse_placement",
 ]
 
@@ -148,6 +151,55 @@ class Node:
     domain: str = ""
 
 
+def is_parameter_type(dtype: str | np.dtype[Any], rank: int) -> bool:
+    """Whether an initializer of the source file with this dtype and rank is one of the model's parameters: a
+    float tensor of rank 1 or more. Integer and bool ones are shapes, indices and masks; a float scalar is an
+    exporter's constant (GELU's 0.5, a Pow's exponent, sqrt(d), a mask's fill value: torch's dynamo exporter
+    writes them as initializers), never a module's parameter. The one rule the frontend, the cost model, the
+    memory model and the torch backend share (docs/training.md, "What is trainable")."""
+    return rank >= 1 and np.issubdtype(np.dtype(dtype), np.floating)
+
+
+#: how a weight of the graph comes from the source model's parameters (plan.json ``weights[].how``)
+ORIGIN_KINDS = ("parameter", "folded", "constant")
+
+
+@dataclass(frozen=True)
+class WeightOrigin:
+    """Where a weight of the graph (an initializer, as the frontend left it) comes from.
+
+    ``how``: ``parameter`` — an initializer of the source file that is a parameter (:func:`is_parameter_type`),
+    ``sources`` its own name; ``folded`` — a tensor the frontend computed from initializers (``ops``, e.g. a
+    ``Transpose`` of a weight it made an initializer), of which ``sources`` are the parameters; ``constant`` —
+    no parameter flows into it (a causal mask folded from ``Trilu``/``ConstantOfShape``, a shape, a scalar, an
+    integer table), or it is not a float tensor. Only a parameter or a folded float weight is trainable: it gets
+    a gradient, its gradient is all-reduced, its sources carry optimizer state (once per source parameter,
+    however many weights are made of it: a tied weight is counted once)."""
+
+    how: str = "parameter"
+    sources: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    #: the source model's parameters this one initializer stands for, when a parameter map says it is several
+    #: (``Graph.with_parameters``): the exporter merged them; no plan can train them apart
+    merged: tuple[str, ...] = ()
+
+    @property
+    def trainable(self) -> bool:
+        return self.how != "constant" and bool(self.sources)
+
+    @staticmethod
+    def constant(ops: tuple[str, ...] = ()) -> WeightOrigin:
+        return WeightOrigin("constant", (), ops)
+
+
+def default_origin(name: str, dtype: str, rank: int) -> WeightOrigin:
+    """The origin of a weight no frontend described (a graph or plan made in memory): a parameter of its own
+    name when :func:`is_parameter_type`, else a constant."""
+    if dtype != "none" and is_parameter_type(dtype, rank):
+        return WeightOrigin("parameter", (name,))
+    return WeightOrigin.constant()
+
+
 @dataclass
 class Graph:
     """A whole model with static shapes, ready to be encoded.
@@ -173,6 +225,79 @@ class Graph:
     #: initializers known by dtype and shape only (their external data is absent: the arrays are zero-stride
     #: stand-ins), each with why; the search plans with them, lowering refuses them (see ``lower.lower``)
     missing_weights: dict[str, str] = field(default_factory=dict)
+    #: where each initializer comes from (the frontend fills it; a weight missing here is described by
+    #: :func:`default_origin`): which are trainable, and the source parameters they are made of
+    origins: dict[str, WeightOrigin] = field(default_factory=dict)
+    #: True when the user said which initializers are parameters (``with_parameters``): then nothing is
+    #: guessed, and ``ambiguous_weights`` is empty
+    declared: bool = False
+
+    def with_parameters(self, parameters: Mapping[str, Sequence[str]]) -> Graph:
+        """This graph with its parameters as the user declares them (``optimize --parameters``): ``parameters``
+        maps an initializer of the source file to the source model's parameter(s) it holds (one: it is that
+        parameter; several: the exporter merged them, ``WeightOrigin.merged``). Every other initializer is a
+        constant (a float buffer the exporter wrote, such as a rotary table), and a weight the frontend folded
+        keeps only the declared parameters among its sources."""
+        origins: dict[str, WeightOrigin] = {}
+        for name in self.initializers:
+            old = self.origin(name)
+            if name in parameters:
+                names = tuple(parameters[name])
+                array = self.initializers[name]
+                if not np.issubdtype(array.dtype, np.floating):
+                    raise OptionError(
+                        f"`--parameters`: {name!r} is a {array.dtype.name} tensor, not a float one; it cannot be a "
+                        "parameter."
+                    )
+                origins[name] = WeightOrigin("parameter", (name,), (), names if len(names) > 1 else ())
+            elif old.how == "folded":
+                sources = tuple(s for s in old.sources if s in parameters)
+                merged = tuple(n for s in sources for n in parameters[s] if len(parameters[s]) > 1)
+                folded = WeightOrigin("folded", sources, old.ops, merged)
+                origins[name] = folded if sources else WeightOrigin.constant(old.ops)
+            else:
+                origins[name] = WeightOrigin.constant(old.ops)
+        return dataclasses.replace(self, origins=origins, declared=True)
+
+    def origin(self, name: str) -> WeightOrigin:
+        """The origin of initializer ``name`` (:class:`WeightOrigin`)."""
+        found = self.origins.get(name)
+        if found is not None:
+            return found
+        array = self.initializers[name]
+        return default_origin(name, array.dtype.name, array.ndim)
+
+    def constants(self) -> frozenset[str]:
+        """The initializers that are not trainable: no gradient, no gradient collective, no optimizer state."""
+        return frozenset(name for name in self.initializers if not self.origin(name).trainable)
+
+    def weight_origins(self) -> dict[str, WeightOrigin]:
+        """Every initializer's origin, in the graph's order."""
+        return {name: self.origin(name) for name in self.initializers}
+
+    def ambiguous_weights(self) -> dict[str, str]:
+        """Trainable weights that may be several source parameters merged into one, each with why.
+
+        torch's dynamo exporter (its default ``optimize``) merges initializers with equal values: the freshly
+        initialized LayerNorm scales of every layer become one initializer that every layer's
+        LayerNormalization reads. The ONNX file cannot tell that from a weight the source model really shares
+        (ALBERT's layers), so what is flagged is the pattern: one parameter read by two or more nodes of the
+        same op at the same input position. A tied embedding (a Gather and a MatMul of its transpose) is not
+        flagged; a merge whose copies are read by different ops is not detected (docs/training.md). Empty when
+        the user declared the parameters (``with_parameters``)."""
+        if self.declared:
+            return {}
+        uses: dict[tuple[str, str, int], list[str]] = {}
+        for node in self.nodes:
+            for position, name in enumerate(node.inputs):
+                if name in self.initializers and self.origin(name).trainable:
+                    uses.setdefault((name, node.op_type, position), []).append(node.name)
+        found: dict[str, str] = {}
+        for (name, op, position), nodes in uses.items():
+            if len(nodes) > 1 and name not in found:
+                shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+                found[name] = f"read as input {position} of {len(nodes)} {op} nodes ({shown})"
+        return found
 
     def producers(self) -> dict[str, Node]:
         """Map each tensor name to the node that produces it."""

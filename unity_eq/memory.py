@@ -4,8 +4,12 @@
 part               bytes per device
 =================  ===============================================================================================
 weights            the local pieces of the weights the device's ops read (a sliced weight counts its slice only)
-weight state       training only: a gradient of the same size, and Adam's two fp32 moments (plus an fp32 master
-                   copy when the weight is 16-bit): ``(s + 8 + 4·[s < 4]) / s`` × the weight bytes, s = itemsize
+weight state       training only, trainable weights only (``ir.WeightOrigin``; a constant — a folded mask, a
+                   scalar, an integer table — has none): a gradient of the same size, and Adam's two fp32
+                   moments (plus an fp32 master copy when the weight is 16-bit): ``(s + 8 + 4·[s < 4]) / s`` ×
+                   the weight bytes, s = itemsize; once per source parameter (a tied weight, or a weight stored
+                   whole and transposed, counts its largest piece once; a weight folded from several
+                   parameters shares its bytes among them evenly)
 activations        inference: the peak of the tensors alive at once, running the steps in order; training: the
                    activations some op's backward pass needs (below), each storage counted once, and the plan's
                    outputs (the loss reads them)
@@ -71,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 from typing_extensions import assert_never
 
+from unity_eq.ir import WeightOrigin
 from unity_eq.ops.registry import family_for, spec_for
 from unity_eq.plan import (
     CollectiveStep,
@@ -84,6 +89,7 @@ from unity_eq.plan import (
 from unity_eq.planfile import MemoryUsageRecord
 
 __all__ = [
+    "WEIGHT_KINDS",
     "ZERO_LEVELS",
     "MemoryUsage",
     "gib",
@@ -97,6 +103,9 @@ __all__ = [
 ]
 
 ZERO_LEVELS = (0, 1, 2, 3)
+
+#: the kinds of weight tensors (``tensor_kinds``): trainable ones and constants; both are stored, not activations
+WEIGHT_KINDS = ("weight", "constant")
 
 
 def weight_state_factor(itemsize: int) -> float:
@@ -113,12 +122,16 @@ def shard_factors(zero: int, dp: int) -> tuple[float, float, float]:
     return ((1.0, 1.0, 1.0), (1.0, 1.0, part), (1.0, part, part), (part, part, part))[zero]
 
 
-def resident_bytes(weights: float, state: float, zero: int, dp: int) -> float:
+def resident_bytes(weights: float, state: float, zero: int, dp: int, trainable: float | None = None) -> float:
     """Bytes a device keeps of a piece's ``weights`` and their ``state`` under ZeRO level ``zero`` over ``dp``
-    replicas: the state's first ``weights`` bytes are the gradient, the rest the optimizer's (the table above).
-    One formula for cutting stages and for the footprint an infeasible search reports."""
+    replicas: the state's first ``trainable`` bytes are the gradient, the rest the optimizer's (the table above).
+    ``trainable``: the bytes of the weights that are parameters (``MemoryUsage.trainable``; None: all of
+    them); the rest are constants (a folded mask, a scalar), which no level shards: like FSDP's buffers, every
+    replica keeps them whole. One formula for cutting stages and for the footprint an infeasible search reports."""
     weight_f, gradient_f, optimizer_f = shard_factors(zero, dp)
-    return weights * weight_f + min(state, weights) * gradient_f + max(0.0, state - weights) * optimizer_f
+    sharded = weights if trainable is None else trainable
+    constants = weights - sharded
+    return constants + sharded * weight_f + min(state, sharded) * gradient_f + max(0.0, state - sharded) * optimizer_f
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,14 @@ class MemoryUsage:
     weight_state: float
     activations: float
     capacity: float
+    #: training: the bytes of the gradients (the trainable weights, each source parameter once); None when
+    #: not counted (inference, or a usage assembled elsewhere: then every weight byte is taken as trainable)
+    gradients: float | None = None
+
+    @property
+    def trainable(self) -> float:
+        """The bytes of trainable weights: what the gradient collectives and ZeRO's sharding move."""
+        return self.weights if self.gradients is None else self.gradients
 
     @property
     def total(self) -> float:
@@ -147,6 +168,7 @@ class MemoryUsage:
             total_bytes=self.total,
             capacity_bytes=self.capacity,
             fits=self.fits,
+            gradient_bytes=self.gradients,
         )
 
 
@@ -171,12 +193,14 @@ def infeasible_message(what: str, smallest: str, usage: MemoryUsage, machine: st
 
 
 def tensor_kinds(plan: Plan) -> dict[str, str]:
-    """'weight', 'input' or 'activation' for every tensor; parallel ops keep their source's kind."""
+    """'weight' (trainable), 'constant' (a weight that is not: ``Plan.origin``), 'input', 'activation' or
+    'nograd' (an integer or bool activation: no gradient) for every tensor; parallel ops keep their source's
+    kind (the local ones; what a collective makes is an activation)."""
     kinds: dict[str, str] = {}
     for step in plan.steps:
         match step:
             case LoadWeight(out=out):
-                kinds[out] = "weight"
+                kinds[out] = "weight" if plan.origin(step).trainable else "constant"
             case LoadInput(out=out):
                 kinds[out] = "input"
             case CollectiveStep(out=out, src=src):
@@ -184,7 +208,9 @@ def tensor_kinds(plan: Plan) -> dict[str, str]:
             case Compute(outputs=outputs):
                 for name in outputs:
                     if name:
-                        kinds[name] = "activation"
+                        dtype = plan.tensors[name].dtype
+                        floating = dtype == "none" or np.issubdtype(np.dtype(dtype), np.floating)
+                        kinds[name] = "activation" if floating else "nograd"  # no gradient flows through it
             case _:
                 assert_never(step)
     return kinds
@@ -219,33 +245,56 @@ def plan_memory(
             continue
         for name in step_inputs(step):
             name = alias.get(name, name)
-            if kinds.get(name) == "weight":
+            if kinds.get(name) in WEIGHT_KINDS:
                 stored.add(name)
     for name in plan.outputs.values():
         name = alias.get(name, name)
-        if kinds.get(name) == "weight":
+        if kinds.get(name) in WEIGHT_KINDS:
             stored.add(name)
+    origins = _weight_origins(plan)
     weights = 0.0
-    state = 0.0
+    shares: dict[str, tuple[float, float]] = {}  # source parameter -> (its largest piece's bytes, state factor)
     for name in stored:
         t = plan.tensors[name]
         nbytes = float(t.local_bytes(mesh))
         weights += nbytes
-        if plan.objective.training and t.dtype != "none":
-            state += nbytes * weight_state_factor(np.dtype(t.dtype).itemsize)
+        if plan.objective.training and t.dtype != "none" and kinds[name] == "weight":
+            factor = weight_state_factor(np.dtype(t.dtype).itemsize)
+            origin = origins[name]
+            sources = origin.merged or origin.sources  # merged parameters: each its own gradient and state
+            share = nbytes if len(sources) == 1 or origin.merged else nbytes / len(sources)
+            for source in sources:
+                if share > shares.get(source, (-1.0, 0.0))[0]:
+                    shares[source] = (share, factor)
+    state = 0.0
+    gradients = 0.0
+    for share, factor in shares.values():
+        state += share * factor
+        gradients += share
 
     activations = (
         _stored_activations(plan, kinds, keep_outputs, held_apart)
         if plan.objective.training
         else _peak_live(plan, kinds, alias)
     )
-    return MemoryUsage(weights, state, activations, capacity)
+    return MemoryUsage(weights, state, activations, capacity, gradients if plan.objective.training else None)
+
+
+def _weight_origins(plan: Plan) -> dict[str, WeightOrigin]:
+    """The origin of every tensor that is a weight or a slice or replica of one (``Plan.origin``)."""
+    found: dict[str, WeightOrigin] = {}
+    for step in plan.steps:
+        if isinstance(step, LoadWeight):
+            found[step.out] = plan.origin(step)
+        elif isinstance(step, CollectiveStep) and step.kind.local and step.src in found:
+            found[step.out] = found[step.src]
+    return found
 
 
 def _is_activation_output(step: object, kinds: dict[str, str], name: str) -> bool:
     if isinstance(step, LoadWeight) or (isinstance(step, CollectiveStep) and step.kind.lowering == "alias"):
         return False
-    return kinds.get(name) != "weight"
+    return kinds.get(name) not in WEIGHT_KINDS
 
 
 def _kept_by(step: Compute) -> tuple[str, ...]:
@@ -290,7 +339,7 @@ def _weight_like(plan: Plan, kinds: dict[str, str]) -> set[str]:
     """Weights, and what data layout makes of weights alone (a Concat of the q, k and v weights: an initializer
     once lowered, ``OpSpec.foldable``) or a collective gathers of them (the backward gathers again, as ZeRO-3
     and FSDP do): none of them is an activation the backward keeps."""
-    like = {name for name, kind in kinds.items() if kind == "weight"}
+    like = {name for name, kind in kinds.items() if kind in WEIGHT_KINDS}
     for step in plan.steps:
         match step:
             case Compute(op_type=op, domain=domain):

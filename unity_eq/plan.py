@@ -31,7 +31,7 @@ from typing_extensions import assert_never
 
 from unity_eq.collectives import AllGather, AllReduce, CollectiveStep, Replicated, Slice
 from unity_eq.cost import Cost, Objective
-from unity_eq.ir import Mesh, Placement, Replicate, Shard
+from unity_eq.ir import Mesh, Placement, Replicate, Shard, WeightOrigin, default_origin
 from unity_eq.machine import Machine
 from unity_eq.planfile import PlanReport, StatsRecord
 
@@ -183,9 +183,20 @@ class Plan:
     # What the search found besides the plan, as plan.json fields: the memory per device, the meshes tried,
     # the baselines and how extraction handled memory (see unity_eq.search and docs/plan-format.md).
     report: PlanReport = field(default_factory=PlanReport)
+    #: where each weight it loads comes from (``Graph.weight_origins``): which are trainable, of which source
+    #: parameters; a weight missing here is judged by its dtype and rank (``ir.default_origin``)
+    weight_origins: Mapping[str, WeightOrigin] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.objective = Objective.parse(self.objective)  # a name is accepted (hand-made plans in tests)
+
+    def origin(self, step: LoadWeight) -> WeightOrigin:
+        """Where the weight ``step`` loads comes from (trainable or a constant; its source parameters)."""
+        found = self.weight_origins.get(step.name)
+        if found is not None:
+            return found
+        tensor = self.tensors[step.out]
+        return default_origin(step.name, tensor.dtype, len(tensor.shape))
 
     # ------------------------------------------------------------------------------------------------
     def collectives(self) -> list[CollectiveStep]:

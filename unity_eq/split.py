@@ -324,4 +324,5 @@ def piece_graph(graph: Graph, piece: Piece) -> Graph:
         graph.extra_opsets,
         graph.ir_version,
         graph.source,
+        origins={name: graph.origin(name) for name in initializers},
     )

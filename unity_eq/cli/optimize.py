@@ -90,6 +90,12 @@ def optimize(
     weight_input: list[str] = typer.Option(
         [], "--weight-input", help="A model input that is a weight (parameters exported as inputs; repeatable)."
     ),
+    parameters: Path = typer.Option(
+        None,
+        "--parameters",
+        help="JSON: the source model's parameter names, or initializer -> parameter name(s); the other "
+        "initializers are constants (docs/training.md).",
+    ),
 ) -> None:
     """Find a parallel plan for MODEL and write it as a plan directory (device_<rank>.onnx + plan.json)."""
     from unity_eq.driver import Planner, build_request
@@ -128,6 +134,7 @@ def optimize(
         ilp_time_limit=ilp_time_limit,
         plan_only=plan_only,
         weight_inputs=weight_input,
+        parameters=parameters,
         batch=batch,
         stages=stages,
         tensor=tensor,

@@ -123,6 +123,9 @@ def check(
     zero: int = typer.Option(0, "--zero", help="With --training: ZeRO level 1-3 over the data axis (0: none)."),
     zero_axis: str = typer.Option(None, "--zero-axis", help="With --zero: the mesh axis (default: the only one)."),
     recompute: bool = typer.Option(False, "--recompute", help="With --training: recompute the forward."),
+    shared: list[str] = typer.Option(
+        [], "--shared", help="With --training: a weight the source model shares, which looks merged (repeatable)."
+    ),
 ) -> None:
     """Run the original model and the plan on the same inputs (without --inputs: several seeds, scales and
     distributions); exit 0 when every output matches, 1 on a mismatch, 2 on bad input. With --training:
@@ -132,7 +135,7 @@ def check(
 
         print_training_check(
             model, plan_dir, inputs, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance,
-            seed=seed, quiet=quiet, zero=zero, zero_axis=zero_axis, recompute=recompute,
+            seed=seed, quiet=quiet, zero=zero, zero_axis=zero_axis, recompute=recompute, shared=shared,
         )  # fmt: skip
         return
     feeds = read_npz(inputs) if inputs is not None else None

@@ -4,6 +4,7 @@ one-device training). Both import torch only when they run (unity_eq.train)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ def train(
     zero: int = typer.Option(0, "--zero", help="ZeRO level 1-3 over the data axis (0: none; docs/training.md)."),
     zero_axis: str = typer.Option(None, "--zero-axis", help="With --zero: the mesh axis (default: the only one)."),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute the forward in the backward pass."),
+    shared: list[str] = typer.Option(
+        [], "--shared", help="A weight the source model shares, which looks merged by the exporter (repeatable)."
+    ),
 ) -> None:
     """Train with a plan, one process per rank: `torchrun --nproc_per_node N -m unity_eq train PLAN/`."""
     import os
@@ -65,8 +69,9 @@ def train(
         rank = dist.get_rank()
         feeds = check_inputs(plan, read_npz(inputs) if inputs is not None else random_inputs(plan.input_specs, seed))
         trainer = load_rank(
-            plan_dir, model, device=device, zero=zero, zero_axis=zero_axis, recompute=recompute, loss=loss
-        )
+            plan_dir, model, device=device, zero=zero, zero_axis=zero_axis, recompute=recompute, loss=loss,
+            shared=shared,
+        )  # fmt: skip
         if load is not None:
             trainer.load(load)
         opt = trainer.optimizer(lambda params: make_optimizer(optimizer, params, lr))
@@ -149,6 +154,7 @@ def print_training_check(
     zero: int = 0,
     zero_axis: str | None = None,
     recompute: bool = False,
+    shared: Sequence[str] = (),
 ) -> None:
     """``check --training``: print every comparison, then raise CheckFailed on the first mismatch."""
     from unity_eq.train.check import assert_training_check, check_training
@@ -160,7 +166,7 @@ def print_training_check(
         err.print(f"[dim]… training {plan_dir} for {steps} step(s) on its ranks and {model} on one device[/dim]")
     result = check_training(
         model, plan_dir, feeds, steps=steps, optimizer=optimizer, lr=lr, loss=loss, tolerance=tolerance, seed=seed,
-        zero=zero, zero_axis=zero_axis, recompute=recompute,
+        zero=zero, zero_axis=zero_axis, recompute=recompute, shared=shared,
     )  # fmt: skip
     for ok, text in result.lines:
         mark = "[green]ok[/green]" if ok else "[red]MISMATCH[/red]"

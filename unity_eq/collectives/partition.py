@@ -17,12 +17,12 @@ class Slice(DimStep):
 
 
 def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
-    """Free for weights and inputs (sliced when loaded); a local copy of an activation, and in training the
-    all-gather of its gradient."""
-    if source in ("weight", "input"):
+    """Free for weights, constants and inputs (sliced when loaded); a local copy of an activation, and in training the
+    all-gather of its gradient (none for an integer or bool one: ``nograd``)."""
+    if source in ("weight", "constant", "input"):
         return ZERO
     cost = model.local_copy(src_bytes / model.mesh.axis_size(axis))
-    if model.objective.training:
+    if model.objective.training and source != "nograd":  # an integer or bool activation has no gradient
         cost = cost + Cost(comm=model.all_gather(axis, src_bytes))
     return cost
 

@@ -17,9 +17,9 @@ class Replicated(AxisStep):
 
 
 def price(model: Prices, axis: str, src_bytes: float, out_bytes: float, source: str) -> Cost:
-    """Free for inference and for inputs; in training the gradient all-reduce (a weight's shares its bucket's
-    latency)."""
-    if not model.objective.training or source == "input":
+    """Free for inference, for inputs, constants (``ir.WeightOrigin``) and integer or bool activations
+    (``nograd``): no gradient; in training the gradient all-reduce (a weight's shares its bucket's latency)."""
+    if not model.objective.training or source in ("input", "constant", "nograd"):
         return ZERO
     if source == "weight":
         return Cost(comm=model.gradient_all_reduce(axis, src_bytes))

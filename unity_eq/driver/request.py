@@ -6,6 +6,7 @@ happens here, before any work starts, so the stages of the driver take a valid r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -57,6 +58,9 @@ class OptimizeRequest:
     extractor: ExtractionMethod = ExtractionMethod.GREEDY
     ilp_time_limit: float = 60.0
     weight_inputs: tuple[str, ...] = ()
+    #: ``--parameters``: initializer -> the source model's parameter(s) it holds (``Graph.with_parameters``);
+    #: None: judged by dtype and rank (``ir.is_parameter_type``)
+    parameters: Mapping[str, tuple[str, ...]] | None = None
     batch: int | None = None  # samples per step (training search, stage search)
     only: StageFilter | None = None  # the stage search's forced stages, tensor group, microbatches
 
@@ -88,6 +92,7 @@ def build_request(
     ilp_time_limit: float = 60.0,
     plan_only: bool = False,
     weight_inputs: Sequence[str] = (),
+    parameters: str | Path | Mapping[str, Sequence[str]] | None = None,
     batch: int | None = None,
     stages: int | None = None,
     tensor: int | None = None,
@@ -144,8 +149,48 @@ def build_request(
         extractor=method,
         ilp_time_limit=ilp_time_limit,
         weight_inputs=tuple(weight_inputs),
+        parameters=parameter_map(parameters),
         batch=batch,
         only=only,
+    )
+
+
+def parameter_map(given: str | Path | Mapping[str, Sequence[str]] | None) -> Mapping[str, tuple[str, ...]] | None:
+    """``--parameters``: a JSON file holding either the source model's parameter names (a list, e.g.
+    ``[n for n, _ in model.named_parameters()]``: each initializer of that name is that parameter) or an object
+    from initializer to the parameter name(s) it holds (several: the exporter merged them); a mapping is taken
+    as the object. None stays None."""
+    if given is None:
+        return None
+    raw: object = given
+    if isinstance(given, str | Path):
+        try:
+            raw = json.loads(Path(given).read_text())
+        except OSError as exc:
+            raise OptionError(f"`--parameters` {given}: cannot read it ({exc.strerror}).") from None
+        except ValueError as exc:
+            raise OptionError(f"`--parameters` {given}: not JSON ({exc}).") from None
+    if isinstance(raw, list) and all(isinstance(n, str) for n in raw):
+        return MappingProxyType({n: (n,) for n in raw})
+    if isinstance(raw, Mapping):
+        out: dict[str, tuple[str, ...]] = {}
+        for key, value in raw.items():
+            names = (value,) if isinstance(value, str) else value
+            if (
+                not isinstance(key, str)
+                or not isinstance(names, list | tuple)
+                or not names
+                or not all(isinstance(n, str) for n in names)
+            ):
+                break
+            out[key] = tuple(names)
+        else:
+            return MappingProxyType(out)
+    where = given if isinstance(given, str | Path) else "(a mapping)"
+    raise OptionError(
+        f"`--parameters` {where}: expected a JSON list of parameter "
+        'names or an object from initializer name to parameter name(s), e.g. {"ln.weight": ["h.0.ln.weight", '
+        '"h.1.ln.weight"]}.'
     )
 
 

@@ -181,6 +181,8 @@ def load_graph(model: str | Path | Graph | onnx.ModelProto, request: OptimizeReq
 
         say(f"loading {model if isinstance(model, str | Path) else 'the model (in memory)'}")
         graph = load_onnx(model, request.input_shapes, request.weight_inputs)
+    if request.parameters is not None:
+        graph = graph.with_parameters(request.parameters)
     if request.lowers:
         refuse_missing_weights(graph)
     return graph

@@ -28,7 +28,7 @@ def optimize_pipeline(model: str | Path, request: OptimizeRequest, say: Progress
     configurations with that many stages, devices per tensor group or microbatches per step."""
     rules = load_rules(request)
     say(f"loading {model}")
-    batched = graph_at_batch(Path(model), request.input_shapes, request.batch)
+    batched = graph_at_batch(Path(model), request.input_shapes, request.batch, request.parameters)
     if request.lowers:  # before the search: lowering would refuse it, minutes later
         refuse_missing_weights(batched.graph_at(batched.micro_sizes[0]))
     say(f"machine {request.machine.describe()}; batch {batched.batch} per step")

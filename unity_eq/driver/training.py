@@ -74,9 +74,8 @@ def spmd_step_s(plan: Plan, machine: Machine, passes: int = 1) -> float:
     gradient = sum(t.gradient_s for t in (breakdown.communication_by_axis or {}).values())
     memory = plan.report.memory
     assert memory is not None  # the search records it
-    update = CostModel(machine, plan.mesh, plan.objective).optimizer_update(
-        memory.weight_bytes + memory.weight_state_bytes
-    )
+    trainable = memory.weight_bytes if memory.gradient_bytes is None else memory.gradient_bytes  # constants: no update
+    update = CostModel(machine, plan.mesh, plan.objective).optimizer_update(trainable + memory.weight_state_bytes)
     return passes * (plan.cost.total - gradient) + gradient + update
 
 
@@ -142,8 +141,9 @@ def _load(path: Path, request: OptimizeRequest, notes: list[str]) -> tuple[Graph
         notes.append(f"pipelines not considered: {blocker}")
         from unity_eq.frontends.onnx import load_onnx
 
-        return load_onnx(path, request.input_shapes), None
-    batched = graph_at_batch(path, request.input_shapes, request.batch)
+        graph = load_onnx(path, request.input_shapes)
+        return (graph if request.parameters is None else graph.with_parameters(request.parameters)), None
+    batched = graph_at_batch(path, request.input_shapes, request.batch, request.parameters)
     return batched.graph_at(batched.static_batch or batched.batch), batched  # the whole batch, or the static one
 
 

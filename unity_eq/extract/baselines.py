@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from unity_eq.egraph import EClass, ENode
-from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS
+from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS, WEIGHT_KINDS
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Restriction:
         if node.op not in PARALLEL_OPS:
             if not self.shard_all or node.op in LEAVES or cls.sort != "T":
                 return True
-            if all(kinds.get(c) == "weight" for c in node.children):
+            if all(kinds.get(c) in WEIGHT_KINDS for c in node.children):
                 return True  # preparing a weight (a Transpose of it…) is not work on data
             return all(cls.state(axis) not in ("R", "D") for axis in cls.placement)
         if not self.parallel:
@@ -58,9 +58,9 @@ class Restriction:
             return False
         if node.op == "Partition":
             kind = kinds.get(node.children[0], "activation")
-            if kind == "weight" and not self.shard_weights:
+            if kind in WEIGHT_KINDS and not self.shard_weights:
                 return False
-            if kind != "weight" and not self.shard_activations:
+            if kind not in WEIGHT_KINDS and not self.shard_activations:
                 return False
         return True
 

@@ -378,4 +378,5 @@ class _Stitcher:
             outputs=self.outputs,
             cost=total,
             step_costs=self.step_costs,
+            weight_origins=self.graph.weight_origins(),
         )

@@ -278,4 +278,5 @@ def build_plan(
         outputs=outputs,
         cost=total,
         step_costs=builder.step_costs,
+        weight_origins=graph.weight_origins(),
     )

@@ -22,8 +22,10 @@ from unity_eq.extract.pricing import (
     INF,
     LEAVES,
     PARALLEL_OPS,
+    WEIGHT_KINDS,
     class_bytes,
     derives_from,
+    floating_dtype,
     itemsize,
     local_shape,
     node_costs,
@@ -68,12 +70,13 @@ class Extractor:
         self.model = model
         self.activation_inputs = activation_inputs
         self.locals = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
-        self.kinds = source_kinds(data)
+        self.kinds = source_kinds(data, graph.constants())
         for name in activation_inputs:
             stream = data.tensor_class.get(encoding.tensor_ids[name])
             for cid, kind in list(self.kinds.items()):
                 if kind == "input" and (cid == stream or derives_from(data, cid, stream)):
-                    self.kinds[cid] = "activation"
+                    floating = floating_dtype(data.classes[cid].dtype)
+                    self.kinds[cid] = "activation" if floating else "nograd"
         self.costs = node_costs(data, model, self.locals, self.kinds)
         self.roots = output_classes(data, encoding, graph)
         self._memory: dict[str, float] | None = None
@@ -98,14 +101,14 @@ class Extractor:
                     continue
                 kind = self.kinds.get(node.children[0], "activation") if node.children else "activation"
                 if node.op in PARALLEL_OPS:
-                    memory[node.id] = 0.0 if kind == "weight" else out
+                    memory[node.id] = 0.0 if kind in WEIGHT_KINDS else out
                     continue
                 total = out
                 for child in node.children:
-                    if self.kinds.get(child) == "weight":
+                    if self.kinds.get(child) in WEIGHT_KINDS:
                         nbytes = class_bytes(child, self.data, self.locals)
                         factor = 1.0
-                        if training:
+                        if training and self.kinds.get(child) == "weight":  # a constant has no state
                             factor += weight_state_factor(max(1, itemsize(self.data.classes[child].dtype)))
                         total += nbytes * factor
                 memory[node.id] = total

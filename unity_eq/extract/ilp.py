@@ -40,7 +40,7 @@ from unity_eq.egraph import EGraphData, Encoding, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.build import build_plan, check_invariants, output_classes
 from unity_eq.extract.greedy import break_cycles, chosen_closure, dag_cost, find_cycle, greedy_dag
-from unity_eq.extract.pricing import INF, node_costs, reachable
+from unity_eq.extract.pricing import INF, node_costs, reachable, source_kinds
 from unity_eq.ir import Graph
 from unity_eq.plan import Plan
 from unity_eq.planfile import IlpProgramRecord
@@ -355,7 +355,7 @@ def extract_ilp(
 ) -> tuple[Plan, IlpReport]:
     """Exact extraction (within the time limit), seeded with the greedy plan."""
     check_invariants(data)
-    costs = node_costs(data, model)
+    costs = node_costs(data, model, kinds=source_kinds(data, graph.constants()))
     roots = output_classes(data, encoding, graph)
     greedy = break_cycles(data, greedy_dag(data, costs), costs, roots)
     choice, report = ilp_choice(data, costs, roots, greedy, time_limit_s)

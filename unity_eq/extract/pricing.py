@@ -7,7 +7,7 @@ a model input or an activation), and the names of the values they hold.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 
@@ -73,16 +73,26 @@ def itemsize(dtype: str | None) -> int:
     return int(np.dtype(dtype).itemsize)
 
 
-def source_kinds(data: EGraphData) -> dict[str, str]:
-    """'input' or 'weight' for e-classes that are a model input or weight, maybe sliced or replicated;
-    'activation' for the rest. Training prices gradients by it."""
+#: the kinds of stored tensors that are not activations: a trainable weight, a constant (a weight that is not
+#: trainable: ``ir.WeightOrigin``), a model input
+WEIGHT_KINDS = ("weight", "constant")
+
+
+def source_kinds(data: EGraphData, constants: Collection[str] = frozenset()) -> dict[str, str]:
+    """'input', 'weight' (trainable) or 'constant' (a weight of ``constants``: ``Graph.constants()``) for
+    e-classes that are a model input or weight, maybe sliced or replicated, or data layout of weights alone;
+    'nograd' for an integer or bool activation, 'activation' for the rest. Training prices gradients by it:
+    a constant has none (no gradient all-reduce, no optimizer state), nor has a 'nograd' activation (no
+    gradient collective)."""
     kinds: dict[str, str] = {}
     for cls in data.classes.values():
         for node in cls.nodes:
             if node.op == "Input":
                 kinds[cls.id] = "input"
-            elif node.op in ("Weight", "NoneT"):
+            elif node.op == "NoneT" or (node.op == "Weight" and str(node.args[0]) not in constants):
                 kinds[cls.id] = "weight"
+            elif node.op == "Weight":
+                kinds[cls.id] = "constant"
     changed = True
     while changed:
         changed = False
@@ -95,10 +105,20 @@ def source_kinds(data: EGraphData) -> dict[str, str]:
                     changed = True
                     break
                 if foldable(node.op) and _all_weights(node, data, kinds):
-                    kinds[cls.id] = "weight"  # data movement over weights only: folded at lowering
+                    # data movement over weights only: folded at lowering; trainable when a weight is in it
+                    members = _members(node, data) or []
+                    kinds[cls.id] = "weight" if any(kinds.get(m) == "weight" for m in members) else "constant"
                     changed = True
                     break
+    for cls in data.classes.values():  # what no gradient flows through: an integer or bool activation
+        if cls.id not in kinds and cls.sort == "T" and not floating_dtype(cls.dtype):
+            kinds[cls.id] = "nograd"
     return kinds
+
+
+def floating_dtype(dtype: str | None) -> bool:
+    """Whether a tensor of ``dtype`` can carry a gradient (unknown or absent: assumed so)."""
+    return dtype in (None, "none") or bool(np.issubdtype(np.dtype(dtype), np.floating))
 
 
 def foldable(op: str) -> bool:
@@ -108,17 +128,23 @@ def foldable(op: str) -> bool:
     return spec is not None and spec.foldable
 
 
-def _all_weights(node: ENode, data: EGraphData, kinds: dict[str, str]) -> bool:
+def _members(node: ENode, data: EGraphData) -> list[str] | None:
+    """The tensor classes ``node`` reads, its list operands' members included (None: a list without members)."""
     members: list[str] = []
     for child in node.children:
         if data.classes[child].sort == "TList":
             items = list_members(child, data)
             if items is None:
-                return False
+                return None
             members.extend(items)
         else:
             members.append(child)
-    return bool(members) and all(kinds.get(m) == "weight" for m in members)
+    return members
+
+
+def _all_weights(node: ENode, data: EGraphData, kinds: dict[str, str]) -> bool:
+    members = _members(node, data)
+    return members is not None and bool(members) and all(kinds.get(m) in WEIGHT_KINDS for m in members)
 
 
 def as_costs(totals: Mapping[str, float]) -> dict[str, Cost]:
@@ -220,7 +246,7 @@ def _price(
         return infinite
     if node.op in LEAVES:
         return ZERO
-    if foldable(node.op) and kinds.get(cls.id) == "weight" and _all_weights(node, data, kinds):
+    if foldable(node.op) and kinds.get(cls.id) in WEIGHT_KINDS and _all_weights(node, data, kinds):
         return ZERO  # folded into an initializer at lowering time
     kind = by_term(node.op)
     if kind is not None:  # a collective: its kind prices it on its source's and result's local bytes

@@ -35,6 +35,7 @@ from unity_eq.planfile import (
     RankRecord,
     StepRecord,
     TensorRecord,
+    WeightRecord,
     WeightStepRecord,
     json_default,
 )
@@ -201,7 +202,27 @@ def plan_record(lowered: LoweredPlan, device_collectives: list[dict[str, Any]], 
         plan_hash=lowered.plan_hash,
         memory=PlanMemoryRecord(usage=report.memory, weight_bytes_per_rank=tuple(weight_bytes)),
         training_search=report.training_search,
+        weights=weight_records(plan, graph),
     )
+
+
+def weight_records(plan: Plan, graph: Graph) -> dict[str, WeightRecord]:
+    """plan.json's ``weights``: every weight the plan loads, trainable or a constant, the source parameters it
+    is made of and how (``Plan.origin``), and why it may be merged parameters (``Graph.ambiguous_weights``)."""
+    ambiguous = graph.ambiguous_weights()
+    out: dict[str, WeightRecord] = {}
+    for step in plan.steps:
+        if isinstance(step, LoadWeight) and step.name not in out:
+            origin = plan.origin(step)
+            out[step.name] = WeightRecord(
+                trainable=origin.trainable,
+                how=origin.how,
+                sources=origin.sources,
+                ops=origin.ops,
+                merged=origin.merged,
+                ambiguous=ambiguous.get(step.name, ""),
+            )
+    return out
 
 
 def _costs(plan: Plan) -> list[Cost | None]:

@@ -73,6 +73,7 @@ from unity_eq.planfile.sections import (
     OverlapRecord,
     RankRecord,
     TensorRecord,
+    WeightRecord,
 )
 from unity_eq.planfile.steps import (
     BY_KIND as STEP_RECORDS,
@@ -144,6 +145,7 @@ __all__ = [
     "TrainingSearchRecord",
     "TrialSecondsRecord",
     "TriedRecord",
+    "WeightRecord",
     "WeightStepRecord",
     "json_default",
     "read_explain_record",

@@ -27,7 +27,14 @@ from unity_eq.planfile.search import (
     StatsRecord,
     TrainingSearchRecord,
 )
-from unity_eq.planfile.sections import CostRecord, MachineRecord, MeshRecord, ModelRecord, TensorRecord
+from unity_eq.planfile.sections import (
+    CostRecord,
+    MachineRecord,
+    MeshRecord,
+    ModelRecord,
+    TensorRecord,
+    WeightRecord,
+)
 from unity_eq.planfile.steps import (
     CollectiveStepRecord,
     ComputeStepRecord,
@@ -83,6 +90,8 @@ class PlanRecord(Record):
     plan_hash: str
     memory: PlanMemoryRecord
     training_search: TrainingSearchRecord | None = None
+    #: every weight the plan loads: trainable or a constant, and the source parameters it is made of
+    weights: Mapping[str, WeightRecord] = field(default_factory=dict)
     #: every file the plan wrote, relative to its folder (plan.json included): what a later ``optimize`` into
     #: the folder replaces (the user's other files stay), and what ``run --outputs`` may not overwrite
     written: tuple[str, ...] = ()
@@ -107,6 +116,7 @@ class ExplainRecord(Record):
     parallelism: ParallelismRecord | None = None
     memory: PlanMemoryRecord | None = None
     training_search: TrainingSearchRecord | None = None
+    weights: Mapping[str, WeightRecord] = field(default_factory=dict)
 
     @property
     def training(self) -> bool:

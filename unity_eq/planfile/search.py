@@ -215,6 +215,8 @@ class MemoryUsageRecord(Record):
     total_bytes: float
     capacity_bytes: float
     fits: bool
+    #: training: the bytes of the gradients (trainable weights only, each source parameter once: docs/training.md)
+    gradient_bytes: float | None = None
 
 
 _USAGE_KEYS = tuple(f.name for f in dataclasses.fields(MemoryUsageRecord))

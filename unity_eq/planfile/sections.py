@@ -10,6 +10,25 @@ from unity_eq.planfile.codec import Record
 
 
 @dataclass(frozen=True, kw_only=True)
+class WeightRecord(Record):
+    """``weights.<name>``: where a weight the plan loads comes from (``ir.WeightOrigin``). ``how``:
+    ``parameter`` (the source model's own parameter, ``sources`` its name), ``folded`` (computed by the
+    frontend from ``sources`` through ``ops``: a transpose or cast of a weight it made an initializer), or
+    ``constant`` (nothing trainable flows in: a mask, a shape, a scalar; no gradient, no optimizer state).
+    ``merged``: the source parameters the user's ``--parameters`` map says it holds (the exporter merged
+    them: ``train`` refuses it). ``ambiguous``: without a map, why this weight may be several source
+    parameters merged into one (a torch dynamo export merges parameters with equal values): ``train``
+    refuses it unless told it is one (``--shared``)."""
+
+    trainable: bool
+    how: str
+    sources: tuple[str, ...] = ()
+    ops: tuple[str, ...] = ()
+    merged: tuple[str, ...] = ()  # the source parameters it holds, merged by the exporter (``--parameters``)
+    ambiguous: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelInputRecord(Record):
     shape: tuple[int, ...]
     dtype: str

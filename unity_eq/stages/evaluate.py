@@ -108,9 +108,9 @@ def _group(
     stages = len(devices) // (config.data * config.tensor)
     model = CostModel(machine, _group_mesh(config, stages, devices), objective)
     pieces = [pick(o, config.policy) for o in table.costs(config.tensor, config.microbatch, index)]
-    zero_s = [model.zero_microbatch_traffic(config.zero, c.weight_bytes, config.data) for c in pieces]
+    zero_s = [model.zero_microbatch_traffic(config.zero, c.trainable_bytes, config.data) for c in pieces]
     seconds = [c.step_s + z for c, z in zip(pieces, zero_s, strict=True)]
-    fixed = [resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data) for c in pieces]
+    fixed = [resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data, c.trainable_bytes) for c in pieces]
     # inference keeps nothing per microbatch: a stage's peak is its largest piece's (``largest_activation``)
     held = [c.activation_bytes for c in pieces] if training else [0.0] * len(pieces)
     keep = StageFunctions(seconds, fixed, held, _none, _none, _one)
@@ -234,7 +234,7 @@ def evaluate(
         # while cutting, stage 0 pays a send of every side tensor to every later stage (the cut is not known
         # yet, and this keeps stage 0's time independent of the later stages); the plan's figures are exact
         side_bound = _side_seconds(links, sizes, [tuple(sizes)] * config.stages)
-    largest_weights = max(c.weight_bytes for g in layout for c in g.pieces)
+    largest_weights = max(c.trainable_bytes for g in layout for c in g.pieces)  # ZeRO-3 gathers these
     largest_activation = max(c.activation_bytes for g in layout for c in g.pieces)
     capacities = [g.capacity for g in stage_group]
 
@@ -281,15 +281,17 @@ def evaluate(
     for s, (i, j) in enumerate(cuts):
         group = stage_group[s]
         resident = group.keep.fixed[j] - group.keep.fixed[i]
-        weights = sum(c.weight_bytes for c in group.pieces[i:j])
+        weights = sum(c.trainable_bytes for c in group.pieces[i:j])
+        constants = sum(c.weight_bytes - c.trainable_bytes for c in group.pieces[i:j])  # kept whole, no state
         held = nbytes(s, i, j) - resident
-        memory.append(MemoryUsage(weights * weight_f, resident - weights * weight_f, held, capacities[s]))
+        stored = constants + weights * weight_f
+        memory.append(MemoryUsage(stored, resident - stored, held, capacities[s]))
         stage_s.append(seconds(s, i, j, side_exact))
         chosen.extend(group.pieces[i:j])
         devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
         redone.append(recomputes(s, i, j))
         own = sum(c.gradient_s for c in group.pieces[i:j])
-        update = group.model.optimizer_update(resident) if training else 0.0
+        update = group.model.optimizer_update(resident - constants) if training else 0.0
         sync = max(sync, group.model.zero_step_traffic(config.zero, weights, config.data) + own + update)
     return StagePlan(
         config,

@@ -49,6 +49,7 @@ class PieceCost:
     forward_s: float  # the forward pass alone (compute + its collectives): what recomputation repeats
     weight_bytes: float
     state_bytes: float  # gradients and optimizer state (training)
+    trainable_bytes: float  # of weight_bytes, the trainable weights' (the rest are constants: no gradient)
     activation_bytes: float  # kept for the backward pass (training; side tensors apart) or the peak alive (inference)
     input_bytes: float  # the incoming activation, whole: what full recomputation keeps per microbatch
     output_bytes: float  # the outgoing activation, whole: what a stage boundary sends
@@ -133,6 +134,7 @@ def _piece_cost(name: str, plan: Plan, graph: Graph, piece: Piece, objective: Ob
         forward_s=forward,
         weight_bytes=memory.weights,
         state_bytes=memory.weight_state,
+        trainable_bytes=memory.trainable,
         activation_bytes=memory.activations,
         input_bytes=float(graph.types[piece.stream_in].nbytes) if piece.stream_in else 0.0,
         output_bytes=float(graph.types[piece.stream_out].nbytes) if piece.stream_out else 0.0,

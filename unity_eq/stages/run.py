@@ -90,12 +90,21 @@ def batch_blocker(path: Path) -> str | None:
     return None
 
 
-def graph_at_batch(path: Path, input_shapes: Mapping[str, Sequence[int]] | None, batch: int | None) -> BatchedModel:
+def graph_at_batch(
+    path: Path,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    batch: int | None,
+    parameters: Mapping[str, Sequence[str]] | None = None,
+) -> BatchedModel:
     """The model at a given microbatch size, the batch per step, and the microbatch sizes to try: with a dynamic
     batch, every divisor of the batch (those that divide a replica's batch are priced); with a static one, the
     model's own batch. OptionError when dimension 0 is not a batch (:func:`batch_blocker`), when a dynamic
     batch is given no size, or when ``batch`` is not a multiple of a static one."""
-    from unity_eq.frontends.onnx import load_onnx
+    from unity_eq.frontends.onnx import load_onnx as load_model
+
+    def load_onnx(where: Path, shapes: Mapping[str, Sequence[int]]) -> Graph:
+        graph = load_model(where, shapes)
+        return graph if parameters is None else graph.with_parameters(parameters)  # optimize --parameters
 
     blocker = batch_blocker(path)
     if blocker is not None:

@@ -141,7 +141,9 @@ def _footprint(config: StageConfig, table: PieceTable, objective: Objective, cap
     if (config.tensor, config.microbatch, config.groups[0]) not in table.options:
         return MemoryUsage(math.inf, 0.0, 0.0, capacity)
     pieces = [pick(o, "smallest") for o in table.costs(config.tensor, config.microbatch, config.groups[0])]
-    resident = sum(resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data) for c in pieces)
+    resident = sum(
+        resident_bytes(c.weight_bytes, c.state_bytes, config.zero, config.data, c.trainable_bytes) for c in pieces
+    )
     weights = sum(c.weight_bytes for c in pieces) * shard_factors(config.zero, config.data)[0]
     recompute = objective.training and config.recompute != "none"
     held = sum(c.input_bytes if recompute else c.activation_bytes for c in pieces)

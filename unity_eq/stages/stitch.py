@@ -130,6 +130,7 @@ def stitch_stage(
         outputs={name: stage.outputs[name] for name in graph.outputs},
         cost=total,
         step_costs=stage.step_costs,
+        weight_origins=graph.weight_origins(),
     )
     plan.report = PlanReport(memory=plan_memory(plan).to_record(), cost=cost_breakdown(plan))
     return plan

@@ -60,6 +60,10 @@ class TrainJob:
     zero: int = 0  # ZeRO level over ``zero_axis`` (unity_eq.train.zero)
     zero_axis: str | None = None
     recompute: bool = False  # the forward checkpointed (unity_eq.train.recompute)
+    shared: tuple[str, ...] = ()
+    #: the source parameters plan.json trains (``weights``), which the one-device reference trains too (None:
+    #: a plan without the section, ``reference.trainable_names``)
+    trainable: frozenset[str] | None = None
 
 
 def make_optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
@@ -94,8 +98,9 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
         from unity_eq.train.session import load_rank
 
         trainer = load_rank(
-            job.plan_dir, job.model, zero=job.zero, zero_axis=job.zero_axis, recompute=job.recompute, loss=job.loss
-        )
+            job.plan_dir, job.model, zero=job.zero, zero_axis=job.zero_axis, recompute=job.recompute, loss=job.loss,
+            shared=job.shared,
+        )  # fmt: skip
         opt = trainer.optimizer(lambda params: make_optimizer(job.optimizer, params, job.lr))
         feeds = trainer.inputs(job.inputs)
         losses, grads, ledger = [], [], []
@@ -224,7 +229,7 @@ def reference_training(job: TrainJob) -> dict[str, Any]:
     from unity_eq.train.reference import OnnxModule
     from unity_eq.train.session import loss_of
 
-    module = OnnxModule(job.model)
+    module = OnnxModule(job.model, trainable=job.trainable)
     opt = make_optimizer(job.optimizer, module.parameters(), job.lr)
     feeds = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in job.inputs.items()}
     batch = len(next(iter(feeds.values())))
@@ -439,6 +444,7 @@ def check_training(
     zero: int = 0,
     zero_axis: str | None = None,
     recompute: bool = False,
+    shared: Sequence[str] = (),
 ) -> TrainingCheck:
     """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring).
     ``zero``, ``zero_axis``, ``recompute``: the ranks train with ZeRO over that mesh axis and recomputation
@@ -448,7 +454,7 @@ def check_training(
     from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
     from unity_eq.train.pipeline import refuse_unbuilt
-    from unity_eq.train.session import read_training_plan, zero_data_axis
+    from unity_eq.train.session import read_training_plan, refuse_merged, zero_data_axis
     from unity_eq.train.zero import check_level
 
     if steps < 1:
@@ -470,10 +476,19 @@ def check_training(
         zero_axis = zero_data_axis(record, check_level(zero), zero_axis)
         plan, world = load_plan_dir(plan_dir, check_files=False), len(record.mesh.ranks)
     check_plan_is_of(model, plan)  # another model's plan: exit 2, as `check` says it
+    refuse_merged(record, shared, model)
     feeds = check_inputs(plan, inputs if inputs is not None else random_inputs(plan.input_specs, seed))
     make_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], lr)  # the option checked before any rank
     with tempfile.TemporaryDirectory(prefix="unity-eq-train-") as tmp:
-        job = TrainJob(str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp, zero, zero_axis, recompute)
+        trainable = (
+            frozenset(s for w in record.weights.values() if w.trainable for s in w.sources)
+            if record is not None and record.weights
+            else None
+        )
+        job = TrainJob(
+            str(plan_dir), str(model), feeds, steps, optimizer, lr, loss, tmp, zero, zero_axis, recompute,
+            tuple(shared), trainable,
+        )  # fmt: skip
         reference = reference_training(job)  # first: a model that cannot train fails before any rank starts
         ranks = spawn_ranks(world, job)
     result = TrainingCheck(tolerance)

@@ -30,7 +30,7 @@ for SPMD plans, the data-axis gradient all-reduce (axis ``data``), and every poi
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,14 @@ from unity_eq.planfile import ExplainRecord, ReplicateStepRecord, read_explain_r
 from unity_eq.runtime.pipeline import PipelinePlan, load_pipeline_dir
 from unity_eq.train.rank import RankModule, Region
 from unity_eq.train.recompute import Recomputed
-from unity_eq.train.session import RankTrainer, assemble, mesh_groups, pick_device, source_weights
+from unity_eq.train.session import (
+    RankTrainer,
+    assemble,
+    mesh_groups,
+    pick_device,
+    refuse_ambiguous,
+    source_weights,
+)
 
 __all__ = [
     "DATA_AXIS",
@@ -381,6 +388,17 @@ def _shared_weights(
     return out
 
 
+def refuse_ambiguous_pipeline(
+    model: str | Path, shapes: Mapping[str, tuple[int, ...]], shared: Collection[str] = ()
+) -> None:
+    """The whole model's weights that may be merged parameters (``Graph.ambiguous_weights``), refused unless
+    ``shared`` names them: a stage sees only its own reads, so the dynamo exporter's one LayerNorm weight for
+    every layer looks like a weight several stages train, and would silently tie the layers' parameters."""
+    from unity_eq.frontends.onnx import load_onnx
+
+    refuse_ambiguous(load_onnx(model, dict(shapes)).ambiguous_weights(), shared, model)
+
+
 def load_pipeline_rank(
     plan_dir: str | Path,
     model: str | Path | None = None,
@@ -389,6 +407,7 @@ def load_pipeline_rank(
     rank: int | None = None,
     ordered_sum: bool | None = None,
     loss: str | None = None,
+    shared: Collection[str] = (),
 ) -> PipelineTrainer:
     """This process's rank of the pipeline plan in ``plan_dir`` (torch.distributed initialized with the plan's
     number of ranks). ``loss``: how the model's first output becomes the loss (``loss_of``), which sets how
@@ -412,7 +431,8 @@ def load_pipeline_rank(
     stage, replica, tensor = plan.place_of(rank)
     record = records[stage]
     shapes = {name: tuple(spec.shape) for name, spec in records[0].model.inputs.items()}  # the microbatch
-    weights, trainable, derived = source_weights(source, record, shapes)
+    refuse_ambiguous_pipeline(source, shapes, shared)
+    weights, trainable, derived = source_weights(source, record, shapes, shared)
     ledger = coll.Ledger()
     torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum

@@ -4,7 +4,7 @@ float initializers as parameters (the source model's names), so both sides train
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 from onnx import numpy_helper
 
 from unity_eq.errors import ModelError
+from unity_eq.ir import is_parameter_type
 from unity_eq.train.torch_ops import refuse_unknown, run_op
 
 __all__ = ["OnnxModule", "node_attrs", "trainable_names"]
@@ -35,28 +36,35 @@ def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 
 def trainable_names(model: onnx.ModelProto) -> set[str]:
-    """The model's parameters: its float initializers of rank 1 or more. Integer ones are shapes and indices;
+    """The model's parameters: its float initializers of rank 1 or more (``ir.is_parameter_type``, the rule the
+    frontend's ``Graph.origins`` and so the cost and memory models use). Integer ones are shapes and indices;
     a scalar is an exporter's constant (GELU's 0.5 and 0.044715, a Pow's exponent 3, a mask's fill value
     -3.4e38: torch's dynamo exporter writes them as initializers), never a module's parameter. The values are
     not read (external data stays where it is)."""
-    out = set()
-    for tensor in model.graph.initializer:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        if np.issubdtype(dtype, np.floating) and len(tensor.dims) >= 1:
-            out.add(tensor.name)
-    return out
+    return {
+        tensor.name
+        for tensor in model.graph.initializer
+        if is_parameter_type(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type), len(tensor.dims))
+    }
 
 
 class OnnxModule(torch.nn.Module):
     """An ONNX model as a module: ``forward(inputs)`` returns its outputs by name; ``parameters_by_name`` its
     float initializers."""
 
-    def __init__(self, path: str | Path | onnx.ModelProto, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        path: str | Path | onnx.ModelProto,
+        device: torch.device | str = "cpu",
+        trainable: Collection[str] | None = None,
+    ) -> None:
+        """``trainable``: the initializers to train (a plan's, plan.json ``weights``); default
+        :func:`trainable_names`."""
         super().__init__()
         model = path if isinstance(path, onnx.ModelProto) else onnx.load(str(path))
         self.graph = model.graph
         refuse_unknown(((n.op_type, n.domain, n.name) for n in self.graph.node), str(path))
-        train = trainable_names(model)
+        train = trainable_names(model) if trainable is None else set(trainable)
         self.names: list[str] = []
         self.params = torch.nn.ParameterList()
         self.consts: dict[str, torch.Tensor] = {}

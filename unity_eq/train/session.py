@@ -10,7 +10,7 @@ the whole model in the source model's parameter names.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from unity_eq.collectives import torch_autograd as coll
-from unity_eq.errors import OptionError, PlanError
+from unity_eq.errors import ModelError, OptionError, PlanError
+from unity_eq.ir import WeightOrigin
 from unity_eq.planfile import ExplainRecord, WeightStepRecord, read_explain_record
 from unity_eq.train.rank import RankModule, Region
 from unity_eq.train.recompute import Recomputed
@@ -74,34 +75,82 @@ def make_groups(record: ExplainRecord, rank: int, ledger: coll.Ledger, ordered_s
     return out
 
 
+def refuse_merged(record: ExplainRecord, shared: Collection[str], model: str | Path) -> None:
+    """One error line for a weight plan.json marks as maybe several source parameters merged into one by the
+    exporter (``weights[].ambiguous``: ``Graph.ambiguous_weights``), unless ``shared`` says it is one
+    parameter: training it as one would silently tie parameters the source model trains apart."""
+    for name, weight in record.weights.items():
+        if weight.merged:
+            raise ModelError(
+                f"{model}: weight {name!r} holds the source parameters {', '.join(weight.merged)} (the exporter "
+                "merged them; `--parameters` says so): one weight cannot train them apart. Re-export the model "
+                "with those parameters made distinct."
+            )
+    refuse_ambiguous({name: w.ambiguous for name, w in record.weights.items() if w.ambiguous}, shared, model)
+
+
+def refuse_ambiguous(why: Mapping[str, str], shared: Collection[str], model: str | Path) -> None:
+    """One error line for the weights of ``why`` (name -> why it may be merged parameters) that ``shared``
+    does not name: plan.json's flags for one plan, or the whole model's (``Graph.ambiguous_weights``) for a
+    pipeline, whose stages each see only their own reads of a weight."""
+    flagged = sorted(name for name in why if name not in shared)
+    if flagged:
+        first = flagged[0]
+        also = f" ({', '.join(repr(n) for n in flagged[1:])} likewise)" if flagged[1:] else ""
+        flags = " ".join(f"--shared {n}" for n in flagged)
+        raise ModelError(
+            f"{model}: weight {first!r} is {why[first]}{also}: torch's dynamo exporter merges "
+            "parameters with equal values into one initializer, and training it would tie them. Re-export the model "
+            f"with those parameters made distinct, or pass `{flags}` if the source model shares them."
+        )
+
+
 def source_weights(
-    model: str | Path, record: ExplainRecord, shapes: Mapping[str, tuple[int, ...]] | None = None
+    model: str | Path,
+    record: ExplainRecord,
+    shapes: Mapping[str, tuple[int, ...]] | None = None,
+    shared: Collection[str] = (),
 ) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
     """The source model's weights as the plan names them (the frontend's initializers at the plan's input
     shapes, or at ``shapes``: a pipeline stage's plan has the stage's inputs, the model's are stage 0's), the
-    names that are trainable (unity_eq.train.reference.trainable_names) and the weights the
-    frontend folded from trainable ones (a ``Transpose(W)`` it made an initializer ``Wt``): those the ranks
-    compute again from the parameters (:class:`Derivation`), so their gradients reach the source weights."""
+    source parameters (the frontend's ``Graph.origins``: the one definition of trainable that the cost and
+    memory models price) and the weights the frontend folded from parameters (a ``Transpose(W)``
+    it made an initializer ``Wt``): those the ranks compute again from the parameters (:class:`Derivation`),
+    so their gradients reach the source weights. A weight that may be merged parameters
+    (``Graph.ambiguous_weights``) is refused unless ``shared`` names it (the user says it is one)."""
     import onnx
 
     from unity_eq.frontends.onnx import load_onnx
-    from unity_eq.train.reference import trainable_names
     from unity_eq.weightfile import value_of
 
     if shapes is None:
         shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
     graph = load_onnx(model, dict(shapes))
+    refuse_merged(record, shared, model)
     proto = onnx.load(str(model))
-    trainable = trainable_names(proto)
+    origins = weight_origins(record, graph)
+    trainable = {source for origin in origins.values() if origin.trainable for source in origin.sources}
     weights = {name: value_of(v) for name, v in graph.initializers.items()}
     loaded = {s.name for s in record.steps if isinstance(s, WeightStepRecord)}
-    derived = derivations(proto, loaded - {t.name for t in proto.graph.initializer}, trainable, shapes)
+    folded = {name for name in loaded if name in origins and origins[name].how == "folded"}
+    derived = derivations(proto, folded, trainable, shapes)
     for d in derived.values():
         for name in d.sources:
             if name not in weights:  # pruned by the frontend: only the fold read it
                 init = next(t for t in proto.graph.initializer if t.name == name)
                 weights[name] = onnx.numpy_helper.to_array(init)
     return weights, trainable, derived
+
+
+def weight_origins(record: ExplainRecord, graph: Any) -> dict[str, WeightOrigin]:
+    """Every weight's origin as plan.json records it (``weights``: what the plan was priced with, the user's
+    ``--parameters`` map included); a plan written before the section, the frontend's again."""
+    if not record.weights:
+        return dict(graph.weight_origins())
+    return {
+        name: WeightOrigin(w.how, w.sources, w.ops, w.merged) if w.trainable else WeightOrigin.constant(w.ops)
+        for name, w in record.weights.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -339,6 +388,7 @@ def load_rank(
     zero_axis: str | None = None,
     recompute: bool = False,
     loss: str | None = None,
+    shared: Collection[str] = (),
 ) -> RankTrainer:
     """This process's rank of ``plan_dir`` (torch.distributed must be initialized, with the plan's number of
     ranks). ``model``: the source ONNX model whose weights start training (default: plan.json's
@@ -347,7 +397,8 @@ def load_rank(
     ``recompute``: the forward checkpointed (its activations recomputed in the backward). On an SPMD plan both
     are set by the caller (docs/training.md); a pipeline plan carries its own choice (plan.json ``chosen``).
     A pipeline plan gives a :class:`~unity_eq.train.pipeline.PipelineTrainer`, whose microbatch losses
-    ``loss`` (``sum``/``mean``, as for :func:`loss_of`) decides how to scale."""
+    ``loss`` (``sum``/``mean``, as for :func:`loss_of`) decides how to scale. ``shared``: weights the source
+    model really shares, which look merged by the exporter (:func:`refuse_merged`)."""
     if not dist.is_initialized():
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
@@ -361,7 +412,9 @@ def load_rank(
                 f"{plan_dir} is a pipeline plan: its ZeRO level and recomputation are plan.json's choice "
                 "(`chosen.zero`, `chosen.recompute`); `--zero`/`--recompute` apply to SPMD plans only."
             )
-        return load_pipeline_rank(plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss)
+        return load_pipeline_rank(
+            plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss, shared=shared
+        )
     record = read_training_plan(plan_dir)
     world = len(record.mesh.ranks)
     if dist.get_world_size() != world:
@@ -377,7 +430,7 @@ def load_rank(
             f"{source}: the model the plan was made from is not there; its weights start training. Pass the model "
             "(`--model`) or a checkpoint (`--load`)."
         )
-    weights, trainable, derived = source_weights(source, record)
+    weights, trainable, derived = source_weights(source, record, shared=shared)
     ledger = coll.Ledger()
     torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
