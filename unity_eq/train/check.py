@@ -453,7 +453,7 @@ def check_training(
     from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
-    from unity_eq.train.pipeline import refuse_unbuilt
+    from unity_eq.train.pipeline import refuse_ambiguous_pipeline, refuse_unbuilt
     from unity_eq.train.session import read_training_plan, refuse_merged, zero_data_axis
     from unity_eq.train.zero import check_level
 
@@ -471,12 +471,15 @@ def check_training(
         pipeline = load_pipeline_dir(plan_dir)
         refuse_unbuilt(pipeline)  # before any rank starts
         plan, world = pipeline.whole, pipeline.world_size
+        shapes = {name: tuple(spec.shape) for name, spec in plan.input_specs.items()}
+        refuse_ambiguous_pipeline(model, shapes, shared)
     else:
         record = read_training_plan(plan_dir)
         zero_axis = zero_data_axis(record, check_level(zero), zero_axis)
         plan, world = load_plan_dir(plan_dir, check_files=False), len(record.mesh.ranks)
     check_plan_is_of(model, plan)  # another model's plan: exit 2, as `check` says it
-    refuse_merged(record, shared, model)
+    if record is not None:
+        refuse_merged(record, shared, model)
     feeds = check_inputs(plan, inputs if inputs is not None else random_inputs(plan.input_specs, seed))
     make_optimizer(optimizer, [torch.zeros(1, requires_grad=True)], lr)  # the option checked before any rank
     with tempfile.TemporaryDirectory(prefix="unity-eq-train-") as tmp:

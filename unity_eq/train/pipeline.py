@@ -438,7 +438,7 @@ def load_pipeline_rank(
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
     groups, data = _make_groups(plan, records, rank, ledger, ordered)
     module = RankModule(record, tensor, weights, trainable, groups, torch_device, derived, defer_weight_sync=True)
-    shared = _shared_weights(plan, module, (stage, replica, tensor), rank, ledger, ordered)
+    tied = _shared_weights(plan, module, (stage, replica, tensor), rank, ledger, ordered)
     scale = microbatch_scale(source, loss, plan.replicas * plan.microbatches)
     level = zero_level(plan)
     runner: torch.nn.Module = Recomputed(module, ledger) if recomputes(plan, stage) else module
@@ -458,7 +458,7 @@ def load_pipeline_rank(
         scale=scale,
         stage_records=records,
         data_group=data,
-        shared=shared,
+        shared=tied,
     )
 
 
