@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -235,8 +236,17 @@ def test_bert_with_its_attention_mask_trains_in_two_stages(tmp_path: Path) -> No
     stages = json.loads((plan / "plan.json").read_text())["stages"]
     assert stages[0]["side_sends"] and stages[1]["side_receives"] == stages[0]["side_sends"]
     np.savez(tmp_path / "batch.npz", **masked_inputs(4))
-    result = run_cli("check", str(model), str(plan), "--training", "--loss", "sum", "--steps", "2",
-                     "--inputs", str(tmp_path / "batch.npz"))  # fmt: skip
+    args = ("check", str(model), str(plan), "--training", "--loss", "sum", "--steps", "2",
+            "--inputs", str(tmp_path / "batch.npz"))  # fmt: skip
+    # the exporter made one initializer of the layers' equal LayerNorm weights: each stage reads it once, the
+    # whole model twice, so it is refused (judged on the whole model) until the user says it is shared
+    refused = run_cli(*args)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "embeddings.LayerNorm.weight" in errors[0], refused.stderr
+    flags = re.findall(r"--shared (\S+?)[` ]", errors[0])
+    assert "embeddings.LayerNorm.weight" in flags
+    result = run_cli(*args, *(arg for name in flags for arg in ("--shared", name)))
     assert result.returncode == 0, result.stdout + result.stderr
     for name in ("embeddings.word_embeddings.weight", "embeddings.token_type_embeddings.weight",
                  "embeddings.LayerNorm.weight", "pooler.dense.weight"):  # fmt: skip
