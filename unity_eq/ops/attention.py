@@ -314,6 +314,43 @@ def _lower_composition(
     return nodes
 
 
+def torch_semantics(op: str, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> list[Any]:
+    """The op in PyTorch for the torch training backend (unity_eq/train): the composition :func:`evaluate`
+    defines, on ``Q``, ``KT`` (keys already transposed), ``V`` and the optional mask and fill. Without a fill,
+    torch's ``scaled_dot_product_attention`` (the flash/memory-efficient kernel where the device has one; its
+    ``scale`` is the op's, 1 unless a rule moved a factor into it); with a fill (the exporters' NaN guard of
+    a fully masked row), the composition itself, since that kernel gives such a row NaN."""
+    import torch
+
+    q, kt, v = inputs[0], inputs[1], inputs[2]
+    mask = inputs[3] if len(inputs) > 3 else None
+    fill = inputs[4] if len(inputs) > 4 else None
+    scale = float(attrs.get("scale", 1.0))
+    causal = bool(int(attrs.get("causal", 0)))
+    if fill is None:
+        attn_mask = mask
+        if causal:
+            s_q, s_kv = q.shape[-2], kt.shape[-1]
+            hidden = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device).triu(1)
+            blocked = torch.zeros(s_q, s_kv, dtype=q.dtype, device=q.device).masked_fill(hidden, float("-inf"))
+            attn_mask = blocked if mask is None else mask + blocked
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, kt.transpose(-2, -1), v, attn_mask=attn_mask, scale=scale
+        )
+        return [out]
+    scores = torch.matmul(q, kt)
+    if scale != 1.0:
+        scores = scores * scale
+    if mask is not None:
+        scores = scores + mask
+    if causal:
+        hidden = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.where(torch.isnan(probs), fill.to(probs.dtype), probs)
+    return [torch.matmul(probs, v)]
+
+
 ATTENTION = OpFamily(
     name="attention",
     specs=SPECS,
@@ -331,4 +368,5 @@ ATTENTION = OpFamily(
     saved=saved,
     lower=lower,
     opset=ONNX_ATTENTION_OPSET,
+    torch=torch_semantics,
 )

@@ -471,8 +471,8 @@ def check_training(
         pipeline = load_pipeline_dir(plan_dir)
         refuse_unbuilt(pipeline)  # before any rank starts
         plan, world = pipeline.whole, pipeline.world_size
-        shapes = {name: tuple(spec.shape) for name, spec in plan.input_specs.items()}
-        refuse_ambiguous_pipeline(model, shapes, shared)
+        first = pipeline.stages[0].input_specs  # the microbatch: a static-batch export's own batch
+        refuse_ambiguous_pipeline(model, {name: tuple(spec.shape) for name, spec in first.items()}, shared)
     else:
         record = read_training_plan(plan_dir)
         zero_axis = zero_data_axis(record, check_level(zero), zero_axis)
