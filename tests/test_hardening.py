@@ -527,8 +527,13 @@ def test_sigterm_stops_verify_and_its_worker_processes() -> None:
         start_new_session=True,
     )
     try:
-        time.sleep(4)  # the workers are proving (all rules take minutes)
+        # wait until the workers are proving (all rules take minutes): loading the rules takes seconds, more
+        # on a loaded machine, so poll instead of sleeping a fixed time
+        deadline = time.monotonic() + 90
+        while len(_session_processes(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
         assert len(_session_processes(proc.pid)) >= 2
+        time.sleep(1)  # the workers have started proving
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
