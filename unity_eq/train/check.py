@@ -39,6 +39,8 @@ from unity_eq.planfile import (
     ReplicateStepRecord,
     WeightStepRecord,
 )
+from unity_eq.runtime.pipeline import PipelinePlan
+from unity_eq.train.pipeline import DATA_AXIS, PIPELINE_AXIS, STAGES_AXIS, recomputes
 
 __all__ = ["TrainingCheck", "check_training", "make_optimizer", "predicted_collectives"]
 
@@ -95,7 +97,7 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
     out = Path(job.out_dir)
     try:
         init_rank(rank, world, port)
-        from unity_eq.train.session import load_rank
+        from unity_eq.train.pipeline import load_rank
 
         trainer = load_rank(
             job.plan_dir, job.model, zero=job.zero, zero_axis=job.zero_axis, recompute=job.recompute, loss=job.loss,
@@ -135,7 +137,7 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
 def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
     """A pipeline rank's collectives and sends as plan.json predicts them (None for an SPMD rank: the parent
     predicts those from plan.json alone)."""
-    from unity_eq.train.pipeline import PipelineTrainer, predicted_pipeline
+    from unity_eq.train.pipeline import PipelineTrainer
 
     if not isinstance(trainer, PipelineTrainer):
         return None
@@ -515,3 +517,104 @@ def assert_training_check(result: TrainingCheck) -> None:
     failure = result.first_failure()
     if failure is not None:
         raise CheckFailed(f"training does not match one device: {failure}")
+
+
+# --- what plan.json predicts a pipeline rank issues ------------------------------------------------------------
+def _nbytes(shape: Sequence[int], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _output_spec(record: ExplainRecord, name: str) -> tuple[tuple[int, ...], str]:
+    out = record.model.outputs[name]
+    return tuple(out.shape), out.dtype
+
+
+def predicted_p2p(plan: PipelinePlan, records: Sequence[ExplainRecord], stage: int) -> dict[Key, list[int]]:
+    """The sends and receives of one step on a rank of ``stage``, from plan.json: per microbatch, the activation
+    to the next stage and its gradient back, from the previous stage likewise, and stage 0's side tensors to
+    every later stage that reads them."""
+    m = plan.microbatches
+    out: dict[Key, list[int]] = {}
+
+    def add(kind: str, phase: str, nbytes: int) -> None:
+        entry = out.setdefault((kind, PIPELINE_AXIS, phase), [0, 0])
+        entry[0] += m
+        entry[1] += m * nbytes
+
+    stages = plan.record.stages
+    here = stages[stage]
+    if here.sends is not None:
+        shape, dtype = _output_spec(records[stage], here.sends)
+        add("send", "forward", _nbytes(shape, dtype))
+        if np.issubdtype(np.dtype(dtype), np.floating):
+            add("recv", "backward", _nbytes(shape, dtype))
+    if here.receives is not None:
+        spec = records[stage].model.inputs[here.receives]
+        add("recv", "forward", _nbytes(spec.shape, spec.dtype))
+        if np.issubdtype(np.dtype(spec.dtype), np.floating):
+            add("send", "backward", _nbytes(spec.shape, spec.dtype))
+    for name in here.side_receives:
+        spec = records[stage].model.inputs[name]
+        add("recv", "side", _nbytes(spec.shape, spec.dtype))
+    if stage == 0:
+        for later in stages[1:]:
+            for name in later.side_receives:
+                shape, dtype = _output_spec(records[0], name)
+                add("send", "side", _nbytes(shape, dtype))
+    return out
+
+
+def predicted_pipeline(
+    plan: PipelinePlan,
+    records: Sequence[ExplainRecord],
+    stage: int,
+    gradless: set[str],
+    deferred: Mapping[str, str],
+    params: Sequence[tuple[str, int]],
+    shared: Sequence[tuple[str, int]] = (),
+    zero: int = 0,
+    dtype_bytes: Sequence[int] = (),
+) -> dict[Key, list[int]]:
+    """What one step on a rank of ``stage`` issues, as plan.json prices it: the stage plan's collectives
+    (:func:`~unity_eq.train.check.predicted_collectives`) once per microbatch, except its weight-gradient
+    all-reduces (``deferred``: replicate step → axis), once per step; the data-axis all-reduce of every
+    parameter (``params``: name, bytes; plan.json prices its time, ``sync_s``, not a count) with more than one
+    replica; the sum over the stages of each weight several stages train (``shared``: name, bytes of the whole
+    weight; plan.json does not price it: ``check --training`` notes it); the point-to-point traffic
+    (:func:`predicted_p2p`). A recomputing stage (:func:`recomputes`) issues its forward's collectives again
+    (phase ``recompute``); under ZeRO-1 (``zero``) the data-axis all-reduces are one reduce-scatter and one
+    all-gather per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
+    :func:`unity_eq.train.zero.zero_collectives` prices them."""
+    from unity_eq.train.zero import zero_collectives
+
+    record = records[stage]
+    m = plan.microbatches
+    again = recomputes(plan, stage)
+    issued = predicted_collectives(record, gradless | set(deferred), recompute=again)
+    out = {k: [c * m, b * m] for k, (c, b) in issued.items()}
+    sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
+    for step in record.steps:
+        if not isinstance(step, ReplicateStepRecord) or not (step.communication_s or 0) > 0:
+            continue
+        if step.out in deferred and sizes[step.axis] > 1:
+            t = record.tensors[step.src]
+            entry = out.setdefault(("all_reduce", step.axis, "gradient"), [0, 0])
+            entry[0] += 1
+            entry[1] += _nbytes(t.local_shape, t.dtype)
+    if plan.replicas > 1 and zero:
+        for key, (count, nbytes) in zero_collectives(zero, DATA_AXIS, dtype_bytes, m).items():
+            entry = out.setdefault(key, [0, 0])
+            entry[0] += count
+            entry[1] += nbytes
+    elif plan.replicas > 1:
+        for _, nbytes in params:
+            entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])
+            entry[0] += 1
+            entry[1] += nbytes
+    for _, nbytes in shared:
+        entry = out.setdefault(("all_reduce", STAGES_AXIS, "gradient"), [0, 0])
+        entry[0] += 1
+        entry[1] += nbytes
+    for key, value in predicted_p2p(plan, records, stage).items():
+        out[key] = value
+    return out

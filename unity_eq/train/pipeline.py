@@ -41,13 +41,14 @@ import torch.distributed as dist
 
 from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import OptionError, PlanError
-from unity_eq.planfile import ExplainRecord, ReplicateStepRecord, read_explain_record
+from unity_eq.planfile import ExplainRecord, read_explain_record
 from unity_eq.runtime.pipeline import PipelinePlan, load_pipeline_dir
 from unity_eq.train.rank import RankModule, Region
 from unity_eq.train.recompute import Recomputed
 from unity_eq.train.session import (
     RankTrainer,
     assemble,
+    load_spmd_rank,
     mesh_groups,
     pick_device,
     refuse_ambiguous,
@@ -59,8 +60,8 @@ __all__ = [
     "PIPELINE_AXIS",
     "PipelineTrainer",
     "load_pipeline_rank",
+    "load_rank",
     "microbatch_scale",
-    "predicted_pipeline",
     "refuse_unbuilt",
     "schedule_order",
 ]
@@ -462,103 +463,35 @@ def load_pipeline_rank(
     )
 
 
-# --- what plan.json predicts ---------------------------------------------------------------------------------------
-def _nbytes(shape: Sequence[int], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-def _output_spec(record: ExplainRecord, name: str) -> tuple[tuple[int, ...], str]:
-    out = record.model.outputs[name]
-    return tuple(out.shape), out.dtype
-
-
-def predicted_p2p(plan: PipelinePlan, records: Sequence[ExplainRecord], stage: int) -> dict[Key, list[int]]:
-    """The sends and receives of one step on a rank of ``stage``, from plan.json: per microbatch, the activation
-    to the next stage and its gradient back, from the previous stage likewise, and stage 0's side tensors to
-    every later stage that reads them."""
-    m = plan.microbatches
-    out: dict[Key, list[int]] = {}
-
-    def add(kind: str, phase: str, nbytes: int) -> None:
-        entry = out.setdefault((kind, PIPELINE_AXIS, phase), [0, 0])
-        entry[0] += m
-        entry[1] += m * nbytes
-
-    stages = plan.record.stages
-    here = stages[stage]
-    if here.sends is not None:
-        shape, dtype = _output_spec(records[stage], here.sends)
-        add("send", "forward", _nbytes(shape, dtype))
-        if _float(dtype):
-            add("recv", "backward", _nbytes(shape, dtype))
-    if here.receives is not None:
-        spec = records[stage].model.inputs[here.receives]
-        add("recv", "forward", _nbytes(spec.shape, spec.dtype))
-        if _float(spec.dtype):
-            add("send", "backward", _nbytes(spec.shape, spec.dtype))
-    for name in here.side_receives:
-        spec = records[stage].model.inputs[name]
-        add("recv", "side", _nbytes(spec.shape, spec.dtype))
-    if stage == 0:
-        for later in stages[1:]:
-            for name in later.side_receives:
-                shape, dtype = _output_spec(records[0], name)
-                add("send", "side", _nbytes(shape, dtype))
-    return out
-
-
-def predicted_pipeline(
-    plan: PipelinePlan,
-    records: Sequence[ExplainRecord],
-    stage: int,
-    gradless: set[str],
-    deferred: Mapping[str, str],
-    params: Sequence[tuple[str, int]],
-    shared: Sequence[tuple[str, int]] = (),
+def load_rank(
+    plan_dir: str | Path,
+    model: str | Path | None = None,
+    *,
+    device: str = "cpu",
+    rank: int | None = None,
+    ordered_sum: bool | None = None,
     zero: int = 0,
-    dtype_bytes: Sequence[int] = (),
-) -> dict[Key, list[int]]:
-    """What one step on a rank of ``stage`` issues, as plan.json prices it: the stage plan's collectives
-    (:func:`~unity_eq.train.check.predicted_collectives`) once per microbatch, except its weight-gradient
-    all-reduces (``deferred``: replicate step → axis), once per step; the data-axis all-reduce of every
-    parameter (``params``: name, bytes; plan.json prices its time, ``sync_s``, not a count) with more than one
-    replica; the sum over the stages of each weight several stages train (``shared``: name, bytes of the whole
-    weight; plan.json does not price it: ``check --training`` notes it); the point-to-point traffic
-    (:func:`predicted_p2p`). A recomputing stage (:func:`recomputes`) issues its forward's collectives again
-    (phase ``recompute``); under ZeRO-1 (``zero``) the data-axis all-reduces are one reduce-scatter and one
-    all-gather per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
-    :func:`unity_eq.train.zero.zero_collectives` prices them."""
-    from unity_eq.train.check import predicted_collectives
-    from unity_eq.train.zero import zero_collectives
+    zero_axis: str | None = None,
+    recompute: bool = False,
+    loss: str | None = None,
+    shared: Collection[str] = (),
+) -> RankTrainer:
+    """This process's rank of ``plan_dir``, either kind of plan (``unity_eq.train.load_rank``): a pipeline
+    plan's :class:`PipelineTrainer` (its ZeRO level and recomputation are plan.json's choice), or an SPMD
+    plan's :class:`~unity_eq.train.session.RankTrainer` (:func:`~unity_eq.train.session.load_spmd_rank`,
+    where ``zero``, ``zero_axis`` and ``recompute`` are the caller's)."""
+    from unity_eq.runtime.pipeline import is_pipeline_dir
 
-    record = records[stage]
-    m = plan.microbatches
-    again = recomputes(plan, stage)
-    issued = predicted_collectives(record, gradless | set(deferred), recompute=again)
-    out = {k: [c * m, b * m] for k, (c, b) in issued.items()}
-    sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
-    for step in record.steps:
-        if not isinstance(step, ReplicateStepRecord) or not (step.communication_s or 0) > 0:
-            continue
-        if step.out in deferred and sizes[step.axis] > 1:
-            t = record.tensors[step.src]
-            entry = out.setdefault(("all_reduce", step.axis, "gradient"), [0, 0])
-            entry[0] += 1
-            entry[1] += _nbytes(t.local_shape, t.dtype)
-    if plan.replicas > 1 and zero:
-        for key, (count, nbytes) in zero_collectives(zero, DATA_AXIS, dtype_bytes, m).items():
-            entry = out.setdefault(key, [0, 0])
-            entry[0] += count
-            entry[1] += nbytes
-    elif plan.replicas > 1:
-        for _, nbytes in params:
-            entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])
-            entry[0] += 1
-            entry[1] += nbytes
-    for _, nbytes in shared:
-        entry = out.setdefault(("all_reduce", STAGES_AXIS, "gradient"), [0, 0])
-        entry[0] += 1
-        entry[1] += nbytes
-    for key, value in predicted_p2p(plan, records, stage).items():
-        out[key] = value
-    return out
+    if not is_pipeline_dir(plan_dir):
+        return load_spmd_rank(
+            plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, zero=zero, zero_axis=zero_axis,
+            recompute=recompute, loss=loss, shared=shared,
+        )  # fmt: skip
+    if zero or recompute:
+        raise OptionError(
+            f"{plan_dir} is a pipeline plan: its ZeRO level and recomputation are plan.json's choice "
+            "(`chosen.zero`, `chosen.recompute`); `--zero`/`--recompute` apply to SPMD plans only."
+        )
+    return load_pipeline_rank(
+        plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss, shared=shared
+    )

@@ -27,7 +27,7 @@ from unity_eq.train.rank import RankModule, Region
 from unity_eq.train.recompute import Recomputed
 from unity_eq.train.zero import Zero3Module, ZeroOptimizer, check_level
 
-__all__ = ["RankTrainer", "load_rank", "loss_of", "mesh_groups", "read_training_plan"]
+__all__ = ["RankTrainer", "load_spmd_rank", "loss_of", "mesh_groups", "read_training_plan"]
 
 
 def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
@@ -377,7 +377,7 @@ def assemble(pieces: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> di
     return out
 
 
-def load_rank(
+def load_spmd_rank(
     plan_dir: str | Path,
     model: str | Path | None = None,
     *,
@@ -402,19 +402,6 @@ def load_rank(
     if not dist.is_initialized():
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
-    from unity_eq.runtime.pipeline import is_pipeline_dir
-
-    if is_pipeline_dir(plan_dir):
-        from unity_eq.train.pipeline import load_pipeline_rank
-
-        if zero or recompute:
-            raise OptionError(
-                f"{plan_dir} is a pipeline plan: its ZeRO level and recomputation are plan.json's choice "
-                "(`chosen.zero`, `chosen.recompute`); `--zero`/`--recompute` apply to SPMD plans only."
-            )
-        return load_pipeline_rank(
-            plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss, shared=shared
-        )
     record = read_training_plan(plan_dir)
     world = len(record.mesh.ranks)
     if dist.get_world_size() != world:
