@@ -91,14 +91,19 @@ def test_every_collective_is_a_marked_edge_with_kind_axis_bytes_and_time(
     edges = _edges(pcg_dot(plan))
     forward = [attrs for _, _, attrs in edges if f'color="{FORWARD}"' in attrs]
     steps = [s for s in meta["steps"] if s["kind"] in ("combine", "reduce")]
-    assert len(steps) == len(meta["collectives"]) >= 3
+    # at least two forward collectives, so the check below is not vacuous (with attention fused the layer's
+    # plan has two: the MLP's all-reduce on y and the output's all-gather on z)
+    assert len(steps) == len(meta["collectives"]) >= 2
     for step in steps:
         kind = "all-gather" if step["kind"] == "combine" else "all-reduce"
         size = tensor_bytes(plan.tensors[step["out"]]) / 2**20
         label = f"{kind} on {step['axis']}\\n{size:.2f} MiB, {step['communication_s'] * 1e6:.1f} µs"
         assert any(label in attrs for attrs in forward), (label, forward)
     backward = [attrs for _, _, attrs in edges if f'color="{BACKWARD}"' in attrs]
-    assert backward and all("gradient all-reduce on y" in attrs and "style=dashed" in attrs for attrs in backward)
+    axes = plan.mesh.axes  # the plan's weight gradients are all-reduced on its mesh axes (y and, fused, z)
+    assert backward and all(
+        any(f"gradient all-reduce on {a}" in attrs for a in axes) and "style=dashed" in attrs for attrs in backward
+    )
 
 
 def test_edges_follow_the_plan_from_input_to_output(meta: dict[str, Any], plan: ExplainRecord) -> None:
