@@ -150,12 +150,13 @@ def test_only_the_listed_files_enumerate_the_collective_kinds() -> None:
 
 def test_the_reduce_collective_is_named_in_fewer_files_than_before_the_plug_ins() -> None:
     """28 Python files named the reduce collective before the plug-ins (by this count; issue 22 counted 30 by
-    grep); the names left are its backends' methods, the prover, the ``Reduce`` op family's own ``reduce``
+    grep); the names left are its backends' methods, the prover (its float32 pass, issue 21, among them: it
+    must know Reduce sums pieces in floating point), the ``Reduce`` op family's own ``reduce``
     strings, and the enumerating files above (the torch backend's two among them). A new file naming it
     should dispatch through the registry."""
     files = naming(ROOT, "all_reduce")
     python = [f for f in files if f.endswith(".py")]
-    assert len(python) <= 11, python
+    assert len(python) <= 12, python
 
 
 def test_the_registry_is_the_schema_and_the_records() -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["AxisGroup", "Ledger", "all_gather", "all_reduce", "all_reduce_gradient", "partition", "replicate"]
+__all__ = ["AxisGroup", "Ledger", "all_gather", "all_reduce", "all_reduce_gradient", "partition", "replicate", "world_sum"]
 
 FORWARD, BACKWARD, GRADIENT = "forward", "backward", "gradient"
 
@@ -107,6 +107,13 @@ def _sum(x: torch.Tensor, g: AxisGroup, phase: str) -> torch.Tensor:
     for piece in pieces[1:]:
         total += piece
     return total
+
+
+def world_sum(value: torch.Tensor) -> torch.Tensor:
+    """``value`` summed over every rank of the default group, in place, outside the ledger: for reporting (a
+    pipeline step's loss, which only the last stage computes), not a collective of the plan."""
+    dist.all_reduce(value)
+    return value
 
 
 def _chunk(x: torch.Tensor, g: AxisGroup, dim: int) -> torch.Tensor:

@@ -267,11 +267,11 @@ def _lower_fused(
 
     q, kt, v, mask, _fill = inputs
     k = ctx.fresh(f"{outputs[0]}.keys")
-    perm = helper.make_node("Transpose", [kt], [k], name=k, perm=[0, 1, 3, 2])
+    perm = helper.make_node("Transpose", [kt], [k], name=ctx.fresh(f"{outputs[0]}/Transpose"), perm=[0, 1, 3, 2])
     q_shape, kt_shape = ctx.shape(0), ctx.shape(1)
     assert q_shape is not None and kt_shape is not None
     fused = helper.make_node(
-        "Attention", [q, k, v, mask] if mask else [q, k, v], [outputs[0]], name=ctx.fresh(f"{outputs[0]}.attention"),
+        "Attention", [q, k, v, mask] if mask else [q, k, v], [outputs[0]], name=ctx.fresh(f"{outputs[0]}/Attention"),
         scale=float(attrs.get("scale", 1.0)), is_causal=int(attrs.get("causal", 0)),
         q_num_heads=int(q_shape[1]), kv_num_heads=int(kt_shape[1]),
     )  # fmt: skip
@@ -292,7 +292,7 @@ def _lower_composition(
 
     def step(op_type: str, args: list[str], what: str, **kw: Any) -> str:
         out = ctx.fresh(f"{outputs[0]}.{what}")
-        nodes.append(helper.make_node(op_type, args, [out], name=out, **kw))
+        nodes.append(helper.make_node(op_type, args, [out], name=ctx.fresh(f"{outputs[0]}/{op_type}"), **kw))
         return out
 
     scores = step("MatMul", [q, kt], "scores")
@@ -310,7 +310,7 @@ def _lower_composition(
     if fill:
         nan = step("IsNaN", [probs], "nan")
         probs = step("Where", [nan, fill, probs], "filled")
-    nodes.append(helper.make_node("MatMul", [probs, v], [outputs[0]], name=ctx.fresh(f"{outputs[0]}.out")))
+    nodes.append(helper.make_node("MatMul", [probs, v], [outputs[0]], name=ctx.fresh(f"{outputs[0]}/MatMul")))
     return nodes
 
 

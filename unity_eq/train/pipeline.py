@@ -272,7 +272,7 @@ class PipelineTrainer(RankTrainer):
             work.wait()
         self.pending.clear()
         self.sync_gradients()
-        dist.all_reduce(mine)  # the loss to every rank (not a collective of the plan: not in the ledger)
+        coll.world_sum(mine)  # the loss to every rank
         return mine.to(torch.float32).cpu()
 
     def sync_gradients(self) -> None:
