@@ -144,9 +144,8 @@ def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
     module = trainer.plan_module
     params = [(n, p.numel() * p.element_size()) for n, p in zip(module.param_names, module.param_list, strict=True)]
     shared = [(s.name, int(np.prod(s.shape)) * module.param_list[s.index].element_size()) for s in trainer.shared]
-    dtype_bytes: dict[torch.dtype, int] = {}
-    for p in module.param_list:
-        dtype_bytes[p.dtype] = dtype_bytes.get(p.dtype, 0) + p.numel() * p.element_size()
+    from unity_eq.train.pipeline_zero import priced_zero_bytes, zero_bucket_bytes
+
     return predicted_pipeline(
         trainer.plan,
         trainer.stage_records,
@@ -156,7 +155,7 @@ def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
         params,
         shared,
         trainer.zero,
-        list(dtype_bytes.values()),
+        priced_zero_bytes(trainer.record, zero_bucket_bytes(trainer.module, trainer.zero_optimizer)),
     )
 
 
@@ -582,9 +581,12 @@ def predicted_pipeline(
     replica; the sum over the stages of each weight several stages train (``shared``: name, bytes of the whole
     weight; plan.json does not price it: ``check --training`` notes it); the point-to-point traffic
     (:func:`predicted_p2p`). A recomputing stage (:func:`recomputes`) issues its forward's collectives again
-    (phase ``recompute``); under ZeRO-1 (``zero``) the data-axis all-reduces are one reduce-scatter and one
-    all-gather per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
-    :func:`unity_eq.train.zero.zero_collectives` prices them."""
+    (phase ``recompute``); under ZeRO (``zero``) the data-axis all-reduces are ZeRO's reduce-scatters and
+    all-gathers per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
+    :func:`unity_eq.train.zero.zero_collectives` prices them for ``m`` microbatches (level 1: one of each per
+    step; 2: a reduce-scatter per microbatch, an all-gather per step; 3: per microbatch a forward and a
+    backward all-gather and a reduce-scatter). Under ZeRO-2 and 3 the stage plan's weight-gradient
+    all-reduces run per microbatch (``deferred`` is empty: unity_eq.train.pipeline_zero)."""
     from unity_eq.train.zero import zero_collectives
 
     record = records[stage]
