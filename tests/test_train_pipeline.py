@@ -271,7 +271,7 @@ def test_zero2_of_a_weight_two_stages_train_is_refused_before_any_rank_starts(pl
     extra = WeightStepRecord(out="tied", name="attn.q.weight")
     records[1] = dataclasses.replace(records[1], steps=(*records[1].steps, extra))
     refuse_zero_shared(plan, 1, 2, records)  # ZeRO-1 keeps whole gradients: it runs
-    with pytest.raises(PlanError, match="weight 'attn.q.weight' is trained by stages 0 and 1.*ZeRO-2"):
+    with pytest.raises(PlanError, match=r"weight 'attn\.q\.weight' is trained by stages 0 and 1.*ZeRO-2"):
         refuse_zero_shared(plan, 2, 2, records)
 
 

@@ -119,4 +119,4 @@ def priced_zero_bytes(record: ExplainRecord, buckets: Sequence[int]) -> list[int
     }
     if usage is None or usage.gradient_bytes is None or len(dtypes) != 1 or len(buckets) != 1:
         return list(buckets)
-    return [int(round(usage.gradient_bytes))]
+    return [round(usage.gradient_bytes)]
