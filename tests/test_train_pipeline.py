@@ -134,8 +134,8 @@ def test_gpipe_with_two_replicas_per_stage_trains_like_one_device(plans: dict[st
     assert _chosen(plans["gpipe_d2"])["schedule"] == "gpipe"
     result = _check(plans["gpipe_d2"], "--steps", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    for rank in range(4):
-        assert f"ok collectives all_reduce on axis data (gradient), rank {rank}: issued" in result.stdout
+    for rank in range(4):  # the stage's gradients (1 or 2 MiB) in one 25 MiB bucket: one all-reduce per step
+        assert f"ok collectives all_reduce on axis data (gradient), rank {rank}: issued 1 (" in result.stdout
     assert "(rank 3)" in result.stdout  # replica 1 of the last stage compared too
 
 
@@ -160,9 +160,47 @@ def test_a_dropped_gradient_all_reduce_in_a_stage_fails(plans: dict[str, Path], 
     assert "MISMATCH gradient of 'ffn.down.weight'" in result.stdout
     assert "ok gradient of 'attn.q.weight'" in result.stdout
     assert "ok loss of step 1" in result.stdout  # the forward is the same
-    # 10 weight-gradient all-reduces on stage 0 (q, k, v, o weights and biases, ln1's two) priced, 9 now
+    # stage 0's 10 weight gradients (q, k, v, o weights and biases, ln1's two) go in one bucket: plan.json now
+    # prices 9 of them, 256 KiB fewer than the bucket the ranks all-reduce
     lines = [line for line in result.stdout.splitlines() if "all_reduce on axis x (gradient), rank 0" in line]
     assert len(lines) == 1 and lines[0].startswith("MISMATCH"), result.stdout
+    assert "issued 1 (1054720 bytes), plan.json prices 1 (792576 bytes)" in lines[0], lines[0]
+
+
+def test_weight_gradients_are_all_reduced_in_the_cost_models_buckets(
+    plans: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tensor groups of 2 whose stage 0 plan all-reduces its 10 whole weights' gradients over axis x once per
+    step: with buckets of 300 KiB (the cost model's are 25 MiB, larger than the whole stage), packed in the
+    weights' sorted order — [attn.k.bias, attn.k.weight, attn.o.bias], [attn.o.weight, attn.q.bias],
+    [attn.q.weight, attn.v.bias], [attn.v.weight, ln1.bias, ln1.scale] (each weight 256 KiB, each vector
+    1 KiB) — 4 all-reduces carry the 1054720 bytes; stage 1's 5 carry its 2104320; the training still matches
+    one device."""
+    from unity_eq.train import buckets
+    from unity_eq.train.check import check_training
+
+    monkeypatch.setattr(buckets, "bucket_size", lambda: 300 * 1024)
+    result = check_training(MODEL, plans["1f1b_t2"], None, steps=1, loss="mean", tolerance=float(TOLERANCE))
+    assert result.passed, result.first_failure()
+    texts = [text for _, text in result.lines]
+    # stage 1 (ranks 2, 3): [ffn.down.bias], [ffn.down.weight], [ffn.up.bias], [ffn.up.weight] (1 MiB each, alone),
+    # [ln2.bias, ln2.scale]
+    for rank, count, nbytes in ((0, 4, 1054720), (1, 4, 1054720), (2, 5, 2104320), (3, 5, 2104320)):
+        want = (
+            f"collectives all_reduce on axis x (gradient), rank {rank}: issued {count} ({nbytes} bytes), plan.json "
+            f"prices {count} ({nbytes} bytes)"
+        )
+        assert want in texts, [t for t in texts if "axis x (gradient)" in t]
+
+
+def test_pack_keeps_one_dtype_per_bucket_and_a_large_weight_alone() -> None:
+    from unity_eq.train.buckets import pack
+
+    """Buckets of 100 bytes: two float32 gradients that fit share one, a 200-byte one is alone, the next float32
+    opens a new bucket, the float16 ones share theirs; buckets in the order they close, then the open ones."""
+    entries = [("float32", 40), ("float16", 10), ("float32", 50), ("float32", 200), ("float16", 80), ("float32", 30)]
+    assert pack(entries, 100) == [[0, 2], [3], [5], [1, 4]]
+    assert pack(entries, 0) == [[0], [2], [1], [3], [5], [4]]  # no bucketing: one all-reduce per gradient
 
 
 def test_zero1_with_recomputation_trains_like_one_device(plans: dict[str, Path]) -> None:

@@ -44,6 +44,7 @@ from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, read_explain_record
 from unity_eq.runtime.pipeline import PipelinePlan, load_pipeline_dir
+from unity_eq.train.buckets import all_reduce_in_buckets
 from unity_eq.train.pipeline_zero import defers_weight_sync, refuse_zero_shared, stage_runner
 from unity_eq.train.rank import RankModule, Region
 from unity_eq.train.session import (
@@ -273,13 +274,16 @@ class PipelineTrainer(RankTrainer):
 
     def sync_gradients(self) -> None:
         """After the last microbatch: the stage plan's deferred weight-gradient all-reduces, then the sum over
-        the replicas (ZeRO-0), then the sum over the stages of a weight several of them train."""
+        the replicas (ZeRO-0), both in buckets (unity_eq.train.buckets), then the sum over the stages of a weight
+        several of them train (one all-reduce per weight)."""
         self.plan_module.sync_deferred()
         if self.data_group is not None and self.data_group.size > 1 and self.zero == 0:
+            grads = []
             for param in self.plan_module.param_list:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
-                param.grad.copy_(coll.all_reduce_gradient(param.grad, self.data_group))
+                grads.append(param.grad)
+            all_reduce_in_buckets(grads, self.data_group)
         for shared in self.shared:
             param = self.plan_module.param_list[shared.index]
             grad = param.grad if param.grad is not None else torch.zeros_like(param)
