@@ -14,9 +14,10 @@ the backward pass each stage receives the gradient of the activation it sent and
 the one it received. The last stage's loss per microbatch is scaled so the microbatches add up to the loss of
 the whole batch (:func:`microbatch_scale`). After the last microbatch: the stage plan's weight-gradient
 all-reduces over its tensor axes (once per step, as the stage search prices them, ``gradient_s``), then each
-weight's gradient summed over the ``d`` replicas (ZeRO-0's all-reduce, ``sync_s``); the caller steps the
-optimizer. ZeRO 1-3 over the replicas run as plan.json chose them (unity_eq.train.pipeline_zero), and each
-stage's recomputation as plan.json says (:func:`recomputes`).
+weight's gradient summed over the ``d`` replicas (ZeRO-0's all-reduce, ``sync_s``), both in the cost model's
+gradient buckets (unity_eq.train.buckets); the caller steps the optimizer. ZeRO 1-3 over the replicas run as
+plan.json chose them (unity_eq.train.pipeline_zero), and each stage's recomputation as plan.json says
+(:func:`recomputes`).
 
 **Schedules** (unity_eq.stages.schedule): ``gpipe`` runs every microbatch's forward, then every backward;
 ``1f1b`` runs ``p - s - 1`` forwards, then alternates one forward and one backward, then drains. Sends are
