@@ -306,11 +306,19 @@ def test_zero2_of_a_weight_two_stages_train_is_refused_before_any_rank_starts(pl
     plan = plans["zero2_d2"]
     records = [read_explain_record(plan / f"stage{s}" / "plan.json") for s in range(2)]
     refuse_zero_shared(plan, 2, 2, records)  # the plan as made: no weight in both stages
-    extra = WeightStepRecord(out="tied", name="attn.q.weight")
-    records[1] = dataclasses.replace(records[1], steps=(*records[1].steps, extra))
+    step = next(s for s in records[0].steps if isinstance(s, WeightStepRecord) and s.name == "attn.q.weight")
+    records[1] = dataclasses.replace(
+        records[1],
+        steps=(*records[1].steps, step),
+        tensors={**records[1].tensors, step.out: records[0].tensors[step.out]},
+        weights={**records[1].weights, step.name: records[0].weights[step.name]},
+    )
     refuse_zero_shared(plan, 1, 2, records)  # ZeRO-1 keeps whole gradients: it runs
     with pytest.raises(PlanError, match=r"weight 'attn\.q\.weight' is trained by stages 0 and 1.*ZeRO-2"):
         refuse_zero_shared(plan, 2, 2, records)
+    bare = [dataclasses.replace(r, weights={}) for r in records]  # a plan written before plan.json's `weights`
+    with pytest.raises(PlanError, match=r"weight 'attn\.q\.weight' is trained by stages 0 and 1"):
+        refuse_zero_shared(plan, 3, 2, bare)
 
 
 def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from unity_eq.collectives import torch_autograd as coll
@@ -61,16 +62,18 @@ def stage_runner(
 
 
 def stage_sources(record: ExplainRecord) -> set[str]:
-    """The source parameters a stage's plan trains: its loaded weights' ``sources`` (plan.json ``weights``),
-    a weight's own name where the plan has no such section."""
+    """The source parameters a stage's plan trains: its loaded weights' ``sources`` (plan.json ``weights``);
+    where the plan has no such section, each float weight of rank 1 or more by its own name."""
     out: set[str] = set()
     for step in record.steps:
         if isinstance(step, WeightStepRecord):
             weight = record.weights.get(step.name) if record.weights else None
-            if weight is None:
+            if weight is not None:
+                out.update(weight.sources if weight.trainable else ())
+                continue
+            t = record.tensors[step.out]  # a plan without the section: the frontend's rule (docs/training.md)
+            if np.issubdtype(np.dtype(t.dtype), np.floating) and len(t.shape) > 0:
                 out.add(step.name)
-            elif weight.trainable:
-                out.update(weight.sources)
     return out
 
 
