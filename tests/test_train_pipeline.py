@@ -51,7 +51,7 @@ def _lower(table, graph_at, machine, config, out: Path) -> Path:  # type: ignore
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """On 4 devices: 2 stages × 2 replicas (GPipe, ZeRO-0; and ZeRO-1), 2 stages × tensor groups of 2 (1F1B),
+    """On 4 devices: 2 stages × 2 replicas (GPipe, ZeRO-0; ZeRO-1, 2 and 3), 2 stages × tensor groups of 2 (1F1B),
     2 microbatches each; and the search's own choice on 2 devices for a batch of 16 (1F1B, 1 replica)."""
     from unity_eq.cost import OBJECTIVES
     from unity_eq.machine import default_machine
@@ -73,6 +73,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             stages=2, data=2, tensor=1, microbatch=8, microbatches=2, zero=1, recompute="full", schedule="gpipe"
         ),
         "zero2_d2": StageConfig(stages=2, data=2, tensor=1, microbatch=8, microbatches=2, zero=2),
+        "zero3_d2": StageConfig(stages=2, data=2, tensor=1, microbatch=8, microbatches=2, zero=3, schedule="gpipe"),
         "1f1b_t2": StageConfig(stages=2, data=1, tensor=2, microbatch=8, microbatches=2, schedule="1f1b"),
     }.items():
         made[name] = _lower(table, graph_at, machine, config, out / name)
@@ -133,8 +134,8 @@ def test_gpipe_with_two_replicas_per_stage_trains_like_one_device(plans: dict[st
     assert _chosen(plans["gpipe_d2"])["schedule"] == "gpipe"
     result = _check(plans["gpipe_d2"], "--steps", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    for rank in range(4):
-        assert f"ok collectives all_reduce on axis data (gradient), rank {rank}: issued" in result.stdout
+    for rank in range(4):  # the stage's gradients (1 or 2 MiB) in one 25 MiB bucket: one all-reduce per step
+        assert f"ok collectives all_reduce on axis data (gradient), rank {rank}: issued 1 (" in result.stdout
     assert "(rank 3)" in result.stdout  # replica 1 of the last stage compared too
 
 
@@ -159,9 +160,47 @@ def test_a_dropped_gradient_all_reduce_in_a_stage_fails(plans: dict[str, Path], 
     assert "MISMATCH gradient of 'ffn.down.weight'" in result.stdout
     assert "ok gradient of 'attn.q.weight'" in result.stdout
     assert "ok loss of step 1" in result.stdout  # the forward is the same
-    # 10 weight-gradient all-reduces on stage 0 (q, k, v, o weights and biases, ln1's two) priced, 9 now
+    # stage 0's 10 weight gradients (q, k, v, o weights and biases, ln1's two) go in one bucket: plan.json now
+    # prices 9 of them, 256 KiB fewer than the bucket the ranks all-reduce
     lines = [line for line in result.stdout.splitlines() if "all_reduce on axis x (gradient), rank 0" in line]
     assert len(lines) == 1 and lines[0].startswith("MISMATCH"), result.stdout
+    assert "issued 1 (1054720 bytes), plan.json prices 1 (792576 bytes)" in lines[0], lines[0]
+
+
+def test_weight_gradients_are_all_reduced_in_the_cost_models_buckets(
+    plans: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tensor groups of 2 whose stage 0 plan all-reduces its 10 whole weights' gradients over axis x once per
+    step: with buckets of 300 KiB (the cost model's are 25 MiB, larger than the whole stage), packed in the
+    weights' sorted order — [attn.k.bias, attn.k.weight, attn.o.bias], [attn.o.weight, attn.q.bias],
+    [attn.q.weight, attn.v.bias], [attn.v.weight, ln1.bias, ln1.scale] (each weight 256 KiB, each vector
+    1 KiB) — 4 all-reduces carry the 1054720 bytes; stage 1's 5 carry its 2104320; the training still matches
+    one device."""
+    from unity_eq.train import buckets
+    from unity_eq.train.check import check_training
+
+    monkeypatch.setattr(buckets, "bucket_size", lambda: 300 * 1024)
+    result = check_training(MODEL, plans["1f1b_t2"], None, steps=1, loss="mean", tolerance=float(TOLERANCE))
+    assert result.passed, result.first_failure()
+    texts = [text for _, text in result.lines]
+    # stage 1 (ranks 2, 3): [ffn.down.bias], [ffn.down.weight], [ffn.up.bias], [ffn.up.weight] (1 MiB each, alone),
+    # [ln2.bias, ln2.scale]
+    for rank, count, nbytes in ((0, 4, 1054720), (1, 4, 1054720), (2, 5, 2104320), (3, 5, 2104320)):
+        want = (
+            f"collectives all_reduce on axis x (gradient), rank {rank}: issued {count} ({nbytes} bytes), plan.json "
+            f"prices {count} ({nbytes} bytes)"
+        )
+        assert want in texts, [t for t in texts if "axis x (gradient)" in t]
+
+
+def test_pack_keeps_one_dtype_per_bucket_and_a_large_weight_alone() -> None:
+    from unity_eq.train.buckets import pack
+
+    """Buckets of 100 bytes: two float32 gradients that fit share one, a 200-byte one is alone, the next float32
+    opens a new bucket, the float16 ones share theirs; buckets in the order they close, then the open ones."""
+    entries = [("float32", 40), ("float16", 10), ("float32", 50), ("float32", 200), ("float16", 80), ("float32", 30)]
+    assert pack(entries, 100) == [[0, 2], [3], [5], [1, 4]]
+    assert pack(entries, 0) == [[0], [2], [1], [3], [5], [4]]  # no bucketing: one all-reduce per gradient
 
 
 def test_zero1_with_recomputation_trains_like_one_device(plans: dict[str, Path]) -> None:
@@ -179,11 +218,107 @@ def test_zero1_with_recomputation_trains_like_one_device(plans: dict[str, Path])
     assert "ok weight after 2 sgd step(s) of 'ffn.down.weight'" in result.stdout
 
 
-def test_unbuilt_zero2_is_refused_in_one_line_before_any_rank_starts(plans: dict[str, Path]) -> None:
-    result = _check(plans["zero2_d2"])
-    assert result.returncode == 2, result.stdout + result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "ZeRO-2 over its 2 replicas" in errors[0] and "Traceback" not in result.stderr
+def _zero_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if "on axis data" in line]
+
+
+def test_zero2_trains_like_one_device(plans: dict[str, Path]) -> None:
+    """ZeRO-2 over each stage's 2 replicas (1F1B, 2 microbatches): a reduce-scatter of the stage's gradients
+    after each microbatch's backward and one all-gather of the weights in the step, as
+    CostModel.zero_microbatch_traffic and zero_step_traffic price them; each of the stage's float32 weight
+    bytes carried once per collective (no all-reduce on the data axis)."""
+    chosen = _chosen(plans["zero2_d2"])
+    assert (chosen["zero"], chosen["data"], chosen["microbatches"]) == (2, 2, 2)
+    result = _check(plans["zero2_d2"], "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(4):
+        assert f"ok collectives reduce_scatter on axis data (gradient), rank {rank}: issued 2" in result.stdout
+        assert f"ok collectives all_gather on axis data (gradient), rank {rank}: issued 1" in result.stdout
+    assert len(_zero_lines(result.stdout)) == 8, result.stdout  # nothing else on the data axis
+    for stage, rank in ((0, 0), (1, 3)):  # each reduce-scatter carries the stage's priced gradient bytes
+        memory = json.loads((plans["zero2_d2"] / f"stage{stage}" / "plan.json").read_text())["memory"]
+        line = f"reduce_scatter on axis data (gradient), rank {rank}: issued 2 ({2 * int(memory['gradient_bytes'])} "
+        assert line in result.stdout, result.stdout
+    assert "ok weight after 2 sgd step(s) of 'ffn.down.weight'" in result.stdout
+
+
+def test_zero3_trains_like_one_device(plans: dict[str, Path]) -> None:
+    """ZeRO-3 (GPipe, 2 microbatches): per microbatch the stage's weights all-gathered for the forward and
+    again for the backward, and their gradients reduce-scattered; nothing once per step."""
+    chosen = _chosen(plans["zero3_d2"])
+    assert (chosen["zero"], chosen["data"], chosen["schedule"]) == (3, 2, "gpipe")
+    result = _check(plans["zero3_d2"], "--steps", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(4):
+        for kind, phase in (("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "gradient")):
+            assert f"ok collectives {kind} on axis data ({phase}), rank {rank}: issued 2" in result.stdout
+    assert len(_zero_lines(result.stdout)) == 12, result.stdout
+    assert "ok gradient of 'attn.q.weight'" in result.stdout and "(rank 3)" in result.stdout
+
+
+def _check_in_process(plan: Path) -> str:
+    """``check --training`` in this process: its ranks are forked from it, so a fault patched in here runs
+    there."""
+    from unity_eq.train.check import check_training
+
+    result = check_training(MODEL, plan, None, steps=1, loss="mean", tolerance=float(TOLERANCE))
+    assert not result.passed
+    return str(result.first_failure())
+
+
+def test_zero2_run_as_zero1_fails_on_the_count(plans: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ZeRO-2 that keeps the microbatches' gradients and reduce-scatters them once in the step (ZeRO-1's
+    collectives): the gradients and weights still match, the reduce-scatters per step do not."""
+    from unity_eq.train.zero import ZeroOptimizer
+
+    monkeypatch.setattr(ZeroOptimizer, "_after_gradient", lambda self, param: None)
+    failure = _check_in_process(plans["zero2_d2"])
+    assert "reduce_scatter on axis data (gradient)" in failure and "issued 1" in failure, failure
+    assert "plan.json prices 2" in failure, failure
+
+
+def test_zero3_without_the_sum_over_replicas_fails(plans: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """ZeRO-3 whose reduce-scatter keeps this replica's chunk of its own gradient (the other replica's half of
+    the batch dropped): a gradient mismatch."""
+    from unity_eq.train import zero
+
+    monkeypatch.setattr(zero, "reduce_scatter", _own_chunk)
+    failure = _check_in_process(plans["zero3_d2"])
+    assert failure.startswith("gradient of "), failure
+
+
+def _own_chunk(flat, g, phase, nbytes):  # type: ignore[no-untyped-def]
+    """A wrong reduce-scatter: counted as the real one, but no sum over the group."""
+    g.ledger.record("reduce_scatter", g.axis, phase, nbytes)
+    size = flat.numel() // g.size
+    return flat[g.index * size : (g.index + 1) * size].clone()
+
+
+def test_zero2_of_a_weight_two_stages_train_is_refused_before_any_rank_starts(plans: dict[str, Path]) -> None:
+    """A weight that two stages train (stage 1's plan also loads stage 0's attn.q.weight) under ZeRO-2: its sum
+    over the stages needs the whole gradient, which ZeRO-2 does not keep: one PlanError naming it."""
+    import dataclasses
+
+    from unity_eq.errors import PlanError
+    from unity_eq.planfile import WeightStepRecord, read_explain_record
+    from unity_eq.train.pipeline_zero import refuse_zero_shared
+
+    plan = plans["zero2_d2"]
+    records = [read_explain_record(plan / f"stage{s}" / "plan.json") for s in range(2)]
+    refuse_zero_shared(plan, 2, 2, records)  # the plan as made: no weight in both stages
+    step = next(s for s in records[0].steps if isinstance(s, WeightStepRecord) and s.name == "attn.q.weight")
+    records[1] = dataclasses.replace(
+        records[1],
+        steps=(*records[1].steps, step),
+        tensors={**records[1].tensors, step.out: records[0].tensors[step.out]},
+        weights={**records[1].weights, step.name: records[0].weights[step.name]},
+    )
+    refuse_zero_shared(plan, 1, 2, records)  # ZeRO-1 keeps whole gradients: it runs
+    with pytest.raises(PlanError, match=r"weight 'attn\.q\.weight' is trained by stages 0 and 1.*ZeRO-2"):
+        refuse_zero_shared(plan, 2, 2, records)
+    bare = [dataclasses.replace(r, weights={}) for r in records]  # a plan written before plan.json's `weights`
+    with pytest.raises(PlanError, match=r"weight 'attn\.q\.weight' is trained by stages 0 and 1"):
+        refuse_zero_shared(plan, 3, 2, bare)
 
 
 def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:

@@ -66,6 +66,11 @@ def _itemsize(op: OpInstance) -> float:
     return op.out_bytes / count if count and op.out_bytes else 4.0
 
 
+#: the gradient bucket the cost model prices by default (PyTorch DDP's); the torch backend's pipeline syncs
+#: all-reduce weight gradients in buckets of this size (unity_eq.train.buckets)
+GRADIENT_BUCKET_BYTES = 25 * 2**20
+
+
 @dataclass
 class CostModel(MeshTopology):
     """Prices steps for one machine, mesh and objective (``inference`` or ``training``)."""
@@ -75,7 +80,7 @@ class CostModel(MeshTopology):
     profile: ProfileTable | None = None  # measured op times (`unity-eq profile`); the roofline prices the rest
     # Data-parallel frameworks all-reduce gradients in buckets (PyTorch DDP: 25 MiB), so a gradient of S bytes
     # pays min(1, S / bucket) of a collective's latency; 0 disables bucketing.
-    gradient_bucket_bytes: float = 25 * 2**20
+    gradient_bucket_bytes: float = GRADIENT_BUCKET_BYTES
     _slowest: DeviceSpec | None = field(default=None, repr=False)
     _capacity: float | None = field(default=None, repr=False)
 

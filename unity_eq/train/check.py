@@ -142,11 +142,13 @@ def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
     if not isinstance(trainer, PipelineTrainer):
         return None
     module = trainer.plan_module
-    params = [(n, p.numel() * p.element_size()) for n, p in zip(module.param_names, module.param_list, strict=True)]
+    params = [
+        (n, p.numel() * p.element_size(), str(p.dtype).removeprefix("torch."))
+        for n, p in zip(module.param_names, module.param_list, strict=True)
+    ]
     shared = [(s.name, int(np.prod(s.shape)) * module.param_list[s.index].element_size()) for s in trainer.shared]
-    dtype_bytes: dict[torch.dtype, int] = {}
-    for p in module.param_list:
-        dtype_bytes[p.dtype] = dtype_bytes.get(p.dtype, 0) + p.numel() * p.element_size()
+    from unity_eq.train.pipeline_zero import priced_zero_bytes, zero_bucket_bytes
+
     return predicted_pipeline(
         trainer.plan,
         trainer.stage_records,
@@ -156,7 +158,7 @@ def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
         params,
         shared,
         trainer.zero,
-        list(dtype_bytes.values()),
+        priced_zero_bytes(trainer.record, zero_bucket_bytes(trainer.module, trainer.zero_optimizer)),
     )
 
 
@@ -570,21 +572,27 @@ def predicted_pipeline(
     stage: int,
     gradless: set[str],
     deferred: Mapping[str, str],
-    params: Sequence[tuple[str, int]],
+    params: Sequence[tuple[str, int, str]],
     shared: Sequence[tuple[str, int]] = (),
     zero: int = 0,
     dtype_bytes: Sequence[int] = (),
 ) -> dict[Key, list[int]]:
     """What one step on a rank of ``stage`` issues, as plan.json prices it: the stage plan's collectives
     (:func:`~unity_eq.train.check.predicted_collectives`) once per microbatch, except its weight-gradient
-    all-reduces (``deferred``: replicate step → axis), once per step; the data-axis all-reduce of every
-    parameter (``params``: name, bytes; plan.json prices its time, ``sync_s``, not a count) with more than one
-    replica; the sum over the stages of each weight several stages train (``shared``: name, bytes of the whole
-    weight; plan.json does not price it: ``check --training`` notes it); the point-to-point traffic
+    all-reduces (``deferred``: replicate step → axis), once per step in buckets
+    (:func:`unity_eq.train.buckets.deferred_collectives`); the data-axis all-reduce of the parameters
+    (``params``: name, bytes, dtype, in the stage's parameter order; plan.json prices its time, ``sync_s``, not
+    a count) in buckets, with more than one replica; the sum over the stages of each weight several stages
+    train (``shared``: name, bytes of the whole weight; plan.json does not price it: ``check --training`` notes
+    it); the point-to-point traffic
     (:func:`predicted_p2p`). A recomputing stage (:func:`recomputes`) issues its forward's collectives again
-    (phase ``recompute``); under ZeRO-1 (``zero``) the data-axis all-reduces are one reduce-scatter and one
-    all-gather per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
-    :func:`unity_eq.train.zero.zero_collectives` prices them."""
+    (phase ``recompute``); under ZeRO (``zero``) the data-axis all-reduces are ZeRO's reduce-scatters and
+    all-gathers per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
+    :func:`unity_eq.train.zero.zero_collectives` prices them for ``m`` microbatches (level 1: one of each per
+    step; 2: a reduce-scatter per microbatch, an all-gather per step; 3: per microbatch a forward and a
+    backward all-gather and a reduce-scatter). Under ZeRO-2 and 3 the stage plan's weight-gradient
+    all-reduces run per microbatch (``deferred`` is empty: unity_eq.train.pipeline_zero)."""
+    from unity_eq.train.buckets import bucket_collectives, deferred_collectives
     from unity_eq.train.zero import zero_collectives
 
     record = records[stage]
@@ -592,25 +600,20 @@ def predicted_pipeline(
     again = recomputes(plan, stage)
     issued = predicted_collectives(record, gradless | set(deferred), recompute=again)
     out = {k: [c * m, b * m] for k, (c, b) in issued.items()}
-    sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
-    for step in record.steps:
-        if not isinstance(step, ReplicateStepRecord) or not (step.communication_s or 0) > 0:
-            continue
-        if step.out in deferred and sizes[step.axis] > 1:
-            t = record.tensors[step.src]
-            entry = out.setdefault(("all_reduce", step.axis, "gradient"), [0, 0])
-            entry[0] += 1
-            entry[1] += _nbytes(t.local_shape, t.dtype)
+    for axis, (count, nbytes) in deferred_collectives(record, deferred).items():
+        entry = out.setdefault(("all_reduce", axis, "gradient"), [0, 0])
+        entry[0] += count
+        entry[1] += nbytes
     if plan.replicas > 1 and zero:
         for key, (count, nbytes) in zero_collectives(zero, DATA_AXIS, dtype_bytes, m).items():
             entry = out.setdefault(key, [0, 0])
             entry[0] += count
             entry[1] += nbytes
-    elif plan.replicas > 1:
-        for _, nbytes in params:
-            entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])
-            entry[0] += 1
-            entry[1] += nbytes
+    elif plan.replicas > 1 and params:
+        entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])
+        count, nbytes = bucket_collectives([(dtype, nbytes) for _, nbytes, dtype in params])
+        entry[0] += count
+        entry[1] += nbytes
     for _, nbytes in shared:
         entry = out.setdefault(("all_reduce", STAGES_AXIS, "gradient"), [0, 0])
         entry[0] += 1

@@ -14,8 +14,10 @@ the backward pass each stage receives the gradient of the activation it sent and
 the one it received. The last stage's loss per microbatch is scaled so the microbatches add up to the loss of
 the whole batch (:func:`microbatch_scale`). After the last microbatch: the stage plan's weight-gradient
 all-reduces over its tensor axes (once per step, as the stage search prices them, ``gradient_s``), then each
-weight's gradient summed over the ``d`` replicas (ZeRO-0's all-reduce, ``sync_s``); the caller steps the
-optimizer. ZeRO 1-3 and recomputation are refused for now (:func:`refuse_unbuilt`).
+weight's gradient summed over the ``d`` replicas (ZeRO-0's all-reduce, ``sync_s``), both in the cost model's
+gradient buckets (unity_eq.train.buckets); the caller steps the optimizer. ZeRO 1-3 over the replicas run as
+plan.json chose them (unity_eq.train.pipeline_zero), and each stage's recomputation as plan.json says
+(:func:`recomputes`).
 
 **Schedules** (unity_eq.stages.schedule): ``gpipe`` runs every microbatch's forward, then every backward;
 ``1f1b`` runs ``p - s - 1`` forwards, then alternates one forward and one backward, then drains. Sends are
@@ -43,8 +45,9 @@ from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, read_explain_record
 from unity_eq.runtime.pipeline import PipelinePlan, load_pipeline_dir
+from unity_eq.train.buckets import all_reduce_in_buckets
+from unity_eq.train.pipeline_zero import defers_weight_sync, refuse_zero_shared, stage_runner
 from unity_eq.train.rank import RankModule, Region
-from unity_eq.train.recompute import Recomputed
 from unity_eq.train.session import (
     RankTrainer,
     assemble,
@@ -76,17 +79,12 @@ Key = tuple[str, str, str]
 
 
 def refuse_unbuilt(plan: PipelinePlan) -> None:
-    """What the torch backend does not run yet for a pipeline plan: ZeRO 2 and 3 over the replicas (ZeRO-2
-    reduce-scatters each microbatch's gradients before the stage's deferred weight-gradient all-reduces could
-    run on them; ZeRO-3 would wrap a module whose weights those all-reduces read). One PlanError naming it,
-    before any process group exists. ZeRO-1 (:func:`zero_level`) and recomputation (:func:`recomputes`) run."""
-    chosen = plan.record.chosen
-    if chosen.zero > 1 and chosen.data > 1:
-        raise PlanError(
-            f"{plan.path}: the plan shards gradients with ZeRO-{chosen.zero} over its {chosen.data} replicas, "
-            "which pipeline training in the torch backend does not run yet (ZeRO-0 and ZeRO-1 do). Re-plan with "
-            "`--zero 1` or `--zero 0`, or train it as an SPMD plan."
-        )
+    """What the torch backend does not run yet for a pipeline plan, as one PlanError before any process group
+    exists: a weight several stages train under ZeRO-2 or ZeRO-3 over more than one replica
+    (unity_eq.train.pipeline_zero.refuse_zero_shared). ZeRO 0-3 (:func:`zero_level`) and recomputation
+    (:func:`recomputes`) run."""
+    records = [read_explain_record(directory.path / "plan.json") for directory in plan.stages]
+    refuse_zero_shared(plan.path, zero_level(plan), plan.replicas, records)
 
 
 def zero_level(plan: PipelinePlan) -> int:
@@ -277,13 +275,16 @@ class PipelineTrainer(RankTrainer):
 
     def sync_gradients(self) -> None:
         """After the last microbatch: the stage plan's deferred weight-gradient all-reduces, then the sum over
-        the replicas (ZeRO-0), then the sum over the stages of a weight several of them train."""
+        the replicas (ZeRO-0), both in buckets (unity_eq.train.buckets), then the sum over the stages of a weight
+        several of them train (one all-reduce per weight)."""
         self.plan_module.sync_deferred()
         if self.data_group is not None and self.data_group.size > 1 and self.zero == 0:
+            grads = []
             for param in self.plan_module.param_list:
                 if param.grad is None:
                     param.grad = torch.zeros_like(param)
-                param.grad.copy_(coll.all_reduce_gradient(param.grad, self.data_group))
+                grads.append(param.grad)
+            all_reduce_in_buckets(grads, self.data_group)
         for shared in self.shared:
             param = self.plan_module.param_list[shared.index]
             grad = param.grad if param.grad is not None else torch.zeros_like(param)
@@ -295,11 +296,10 @@ class PipelineTrainer(RankTrainer):
     def gather_full(self, what: str = "weights") -> dict[str, np.ndarray] | None:
         """As :meth:`RankTrainer.gather_full`, over every stage (each rank sends its weights' source shapes)."""
         mine = []
-        for name, region, param in self.shards():
-            value = param.detach() if what == "weights" else param.grad
+        for name, region, value in self.pieces(what):  # under ZeRO gathered from the replicas' shards
             if value is None:
-                value = torch.zeros_like(param)
-            mine.append((name, region.box, value.cpu().numpy(), self.plan_module.source_shapes[name]))
+                value = torch.zeros(tuple(n for _, n in region.box))
+            mine.append((name, region.box, value.detach().cpu().numpy(), self.plan_module.source_shapes[name]))
         pieces: list[Any] = [None] * self.world_size
         dist.all_gather_object(pieces, mine)
         if self.rank != 0:
@@ -438,11 +438,12 @@ def load_pipeline_rank(
     torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
     ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
     groups, data = _make_groups(plan, records, rank, ledger, ordered)
-    module = RankModule(record, tensor, weights, trainable, groups, torch_device, derived, defer_weight_sync=True)
+    level = zero_level(plan)
+    defer = defers_weight_sync(level)
+    module = RankModule(record, tensor, weights, trainable, groups, torch_device, derived, defer_weight_sync=defer)
     tied = _shared_weights(plan, module, (stage, replica, tensor), rank, ledger, ordered)
     scale = microbatch_scale(source, loss, plan.replicas * plan.microbatches)
-    level = zero_level(plan)
-    runner: torch.nn.Module = Recomputed(module, ledger) if recomputes(plan, stage) else module
+    runner = stage_runner(module, level, data, recomputes(plan, stage), ledger)
     return PipelineTrainer(
         record,
         rank,

@@ -250,13 +250,19 @@ class RankModule(torch.nn.Module):
         return value
 
     def sync_deferred(self) -> None:
-        """The deferred gradient all-reduces (``defer_weight_sync``), on the gradients accumulated so far."""
+        """The deferred gradient all-reduces (``defer_weight_sync``), on the gradients accumulated so far: per
+        mesh axis, the gradients in parameter order, one all-reduce per bucket (unity_eq.train.buckets)."""
+        from unity_eq.train.buckets import all_reduce_in_buckets
+
+        by_axis: dict[str, list[torch.Tensor]] = {}
         for index, axes in sorted(self._deferred_axes.items()):
             param = self.param_list[index]
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             for axis in axes:
-                param.grad.copy_(coll.all_reduce_gradient(param.grad, self.groups[axis]))
+                by_axis.setdefault(axis, []).append(param.grad)
+        for axis, grads in by_axis.items():
+            all_reduce_in_buckets(grads, self.groups[axis])
 
     def _base(self, name: str) -> tuple[torch.Tensor, Parts]:
         """A source weight as this rank holds it (its parameter and the chunk it is, or a constant), or a
