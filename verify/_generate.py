@@ -812,9 +812,7 @@ def _classify(
     root = rules_dir()
     base = [(root / name).read_text(encoding="utf-8") for name in BASE_FILES]
     core_texts = [(root / name).read_text(encoding="utf-8") for name in CORE_RULE_FILES]
-    pruner = Pruner(
-        [*zip(base, BASE_FILES, strict=True), *zip(core_texts, CORE_RULE_FILES, strict=True)], inputs
-    )
+    pruner = Pruner([*zip(base, BASE_FILES, strict=True), *zip(core_texts, CORE_RULE_FILES, strict=True)], inputs)
     pruner.accepted = 1  # the core rules count as accepted
     for cand, rule in accepted:
         rule.core_derivable = bool(rule.rediscovers) or pruner.derivable(cand.lhs, cand.rhs)
