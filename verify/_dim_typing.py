@@ -1,4 +1,5 @@
-"""Dim equalities that an operator's typing implies between its operands and its output (level 2 drafts omit them)."""
+"""Dim equalities an operator's typing implies between its operands and its output (a level-2 draft guards
+only the equalities of the concrete case these do not imply)."""
 
 from __future__ import annotations
 

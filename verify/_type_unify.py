@@ -1,6 +1,6 @@
 """Unifying the type variables of a rule's op applications: dtype classes as a union-find over type slots.
 
-Step 1 and 2 of :func:`unity_eq.verify._types.check_types` (the method is stated there)."""
+Steps 1 and 2 of :func:`unity_eq.verify._types.check_types` (the method is stated there)."""
 
 from __future__ import annotations
 
