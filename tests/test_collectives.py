@@ -131,8 +131,11 @@ def enumerating(root: Path) -> list[str]:
 ENUMERATING = {
     "unity_eq/ops/schema.py": "declares the constructors in rules/schema.egg (it imports no collectives: ops "
     "-> collectives -> cost -> ops would be a package cycle)",
-    "verify/_semantics.py": "the prover's semantics of each parallel constructor (placements, gradients, pieces)",
-    "verify/_enumerate.py": "the rule enumerator's placement checks per constructor",
+    # the prover's modules, split to stay under 400 lines (issue 22): one module became two, not a new list
+    "verify/_case.py": "the prover's semantics of each parallel constructor's pieces (its placements are in "
+    "_placement, its gradients in _gradient, which name three of the four)",
+    "verify/_enumerate.py": "the rule enumerator's candidate terms per constructor",
+    "verify/_fingerprint.py": "the rule enumerator's placement checks per constructor",
     "unity_eq/planfile/steps.py": "one plan.json step record per kind (planfile is the only code writing plan.json)",
     # The torch backend (issue 23) runs a kind through its torch_op slot, but still matches the step records:
     "unity_eq/train/rank.py": "a weight's partition and replicate steps are folded into the rank's parameter "
@@ -156,7 +159,9 @@ def test_the_reduce_collective_is_named_in_fewer_files_than_before_the_plug_ins(
     should dispatch through the registry."""
     files = naming(ROOT, "all_reduce")
     python = [f for f in files if f.endswith(".py")]
-    assert len(python) <= 12, python
+    # 13: 12 until the rule enumerator was split in two modules (issue 22's 400-line limit) that both name it:
+    # _enumerate builds the Reduce candidates, _fingerprint evaluates them
+    assert len(python) <= 13, python
 
 
 def test_the_registry_is_the_schema_and_the_records() -> None:

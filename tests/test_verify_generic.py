@@ -133,8 +133,8 @@ def test_a_bounded_case_witnesses_the_premises_of_a_generic_proof(tmp_path: Path
 # axioms consistent; unsat under any seed is a contradiction. Each seed is tried in turn until one answers.
 _AXIOMS_SAT = """
 import z3
-from unity_eq.verify._generic import _vocab
-axioms = [a for group in _vocab().axioms.values() for a in group]
+from unity_eq.verify._vocab import vocab
+axioms = [a for group in vocab().axioms.values() for a in group]
 answers = []
 for seed in range(8):
     z3.set_param("smt.random_seed", seed)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +38,12 @@ from unity_eq.ir import Mesh
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.checks import Checker
 from unity_eq.rulefile.env import Env
-from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var, walk
-from unity_eq.verify._bounded import Case, bounded_token, rule_meshes, solve_equations
+from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var
+from unity_eq.verify._analysis_query import CHECKED_RELATIONS, CannotEnumerate, is_root, rooted_cases
+from unity_eq.verify._bounded import Case, rule_meshes, solve_equations
 from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
 from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, guard_value, solve_guards
 from unity_eq.verify._semantics import (
-    PARALLEL,
     EvalFailure,
     Placements,
     State,
@@ -56,29 +56,8 @@ from unity_eq.verify._semantics import (
 )
 from unity_eq.verify._tensor import Z3Backend
 
+# How a query becomes cases (and the checked relations) is in _analysis_query.
 __all__ = ["CHECKED_RELATIONS", "AnalysisOutcome", "check_analysis_decl", "checked_claims"]
-
-#: relations with a meaning the guards rely on (a Python mirror in _guards.py): a declaration deriving one
-#: is checked. ``placed``, ``shape`` and ``dtype`` facts of ops are the encoder's and the engine's
-#: bookkeeping, and ``bcast-operand``-like relations are defined by their declarations.
-CHECKED_RELATIONS = frozenset(
-    {
-        "can-split",
-        "can-split-opt",
-        "splittable-size",
-        "list-can-split",
-        "shards-not",
-        "bc-dim",
-        "bc-bcast",
-        "mm-row",
-        "mm-batch",
-        "mm-col",
-        "mm-k",
-        "perm-map",
-        "reshape-map",
-        "reduce-map",
-    }
-)
 
 
 @dataclass
@@ -126,9 +105,9 @@ def placement_claims(decl: AnalysisDecl) -> list[App]:
 
 
 def _root(decl: AnalysisDecl) -> tuple[str, App] | None:
-    """The query's root ``(= e (Op ...))`` when it is a regular op (the one :func:`_rooted` enumerates)."""
+    """The query's root ``(= e (Op ...))`` when it is a regular op (the one :func:`rooted_cases` enumerates)."""
     for fact in decl.query:
-        if _is_root(fact):
+        if is_root(fact):
             assert isinstance(fact, App)
             name, pattern = fact.args
             assert isinstance(name, Var) and isinstance(pattern, App)
@@ -190,10 +169,10 @@ def check_analysis_decl(
     claims = checked_claims(decl)
     outcome = AnalysisOutcome("proven", 0)
     try:
-        for lhs, guards, actions in _rooted(decl, claims, facts):
+        for lhs, guards, actions in rooted_cases(decl, claims, facts):
             if _check_one(decl, env, facts, sizes, lhs, guards, actions, outcome):
                 break
-    except _CannotEnumerate as exc:
+    except CannotEnumerate as exc:
         outcome = AnalysisOutcome("unknown", outcome.checked, str(exc))
     except GuardError as exc:
         outcome = AnalysisOutcome("unknown", outcome.checked, f"a fact cannot be evaluated: {exc}")
@@ -203,10 +182,6 @@ def check_analysis_decl(
         outcome = AnalysisOutcome("unknown", 0, "no case of the ranges satisfies the query")
     outcome.seconds = time.perf_counter() - start
     return outcome
-
-
-class _CannotEnumerate(Exception):
-    """The query has no root the instance generators can enumerate."""
 
 
 def _check_one(
@@ -230,7 +205,7 @@ def _check_one(
         if only_placing and mesh.size == 1:
             continue  # on one device every placement's pieces are the value itself: nothing to check
         if placing and len(axes) != 1:
-            raise _CannotEnumerate(
+            raise CannotEnumerate(
                 f"a placement derived on a query over {len(axes)} mesh axes is not checked (one axis only)"
             )
         for inst in generate_lhs(lhs, sorts, axes, cfg, required_ranks(guards)):
@@ -353,110 +328,3 @@ def _placement_fails(
         f"derives {claim} where it does not hold: {cex.message} (inputs: {inputs}; got {cex.got}, want {cex.want})"
         + (f"; functions: {cex.functions}" if cex.functions else "")
     )
-
-
-def _rooted(
-    decl: AnalysisDecl, claims: list[App], facts: DerivedFacts
-) -> Iterator[tuple[Term, tuple[Term, ...], list[Term]]]:
-    """(root pattern, the other query facts, the claims), the root's variable replaced by its pattern."""
-    query = list(decl.query)
-    for i, fact in enumerate(query):
-        if _is_root(fact):
-            assert isinstance(fact, App)
-            name = fact.args[0]
-            assert isinstance(name, Var)
-            names = {name.name: fact.args[1]}
-            rest = query[:i] + query[i + 1 :]
-            yield fact.args[1], tuple(_subst(f, names) for f in rest), [_subst(c, names) for c in claims]
-            return
-    first = query[0] if query else None
-    if isinstance(first, App) and first.head in facts.relations and first.head not in CHECKED_RELATIONS:
-        yield from _joined(first, query[1:], claims, facts)
-        return
-    tensors = _tensor_vars(decl)
-    if len(tensors) > 1:
-        raise _CannotEnumerate(
-            f"the query has no (= e (Op ...)) root and {len(tensors)} tensors ({', '.join(tensors)}): its cases "
-            "cannot be enumerated"
-        )
-    lhs: Term = Var(tensors[0]) if tensors else App("NoneT")
-    yield lhs, tuple(query), list(claims)
-
-
-def _joined(
-    first: App, rest: list[Term], claims: list[App], facts: DerivedFacts
-) -> Iterator[tuple[Term, tuple[Term, ...], list[Term]]]:
-    """The query joined with every declaration that derives ``first``'s relation by matching, once per
-    layout of ops (ops of one bounded token share their instances and their meaning here)."""
-    seen: set[str] = set()
-    for head, entries in sorted(facts.by_head.items()):
-        for var, pattern, actions in entries:
-            for action in actions:
-                if not (isinstance(action, App) and action.head == first.head and action.args[:1] == (Var(var),)):
-                    continue
-                if len(action.args) != len(first.args):
-                    continue
-                renamed = _rename(pattern, "m_")
-                names: dict[str, Term] = {}
-                for mine, theirs in zip(first.args, action.args, strict=True):
-                    value = renamed if theirs == Var(var) else _rename(theirs, "m_")
-                    if isinstance(mine, Var):
-                        names[mine.name] = value
-                key = f"{bounded_token(head)}|{_rename_head(renamed, head)}|{first}|{action}"
-                if key in seen:
-                    continue
-                seen.add(key)
-                yield renamed, tuple(_subst(f, names) for f in rest), [_subst(c, names) for c in claims]
-
-
-def _is_root(fact: Term) -> bool:
-    """``(= e (Op ...))`` with ``Op`` a constructor (not ``shape``, ``vec-get``…)."""
-    return (
-        isinstance(fact, App)
-        and fact.head == "="
-        and len(fact.args) == 2
-        and isinstance(fact.args[0], Var)
-        and isinstance(fact.args[1], App)
-        and (fact.args[1].head in OPS or fact.args[1].head in _LIST_HEADS or fact.args[1].head in PARALLEL)
-    )
-
-
-_LIST_HEADS = ("TCons", "TNil", "NoneT", "PList")
-
-
-_TENSOR_FIRST = ("placed", "can-split", "splittable-size", "can-split-opt")
-
-
-def _tensor_vars(decl: AnalysisDecl) -> list[str]:
-    """Variables of the query in a tensor position of a relation (the first argument of ``placed``,
-    ``can-split``…), in order."""
-    out: dict[str, None] = {}
-    for fact in decl.query:
-        first = fact.args[0] if isinstance(fact, App) and fact.args else None
-        if isinstance(fact, App) and fact.head in _TENSOR_FIRST and isinstance(first, Var):
-            out.setdefault(first.name, None)
-        if isinstance(fact, App):
-            for t in walk(fact):
-                if isinstance(t, App) and t.head in ("shape", "dtype") and t.args and isinstance(t.args[0], Var):
-                    out.setdefault(t.args[0].name, None)
-    return list(out)
-
-
-def _subst(term: Term, names: dict[str, Term]) -> Term:
-    if isinstance(term, Var):
-        return names.get(term.name, term)
-    if isinstance(term, App):
-        return App(term.head, tuple(_subst(a, names) for a in term.args))
-    return term
-
-
-def _rename(term: Term, prefix: str) -> Term:
-    if isinstance(term, Var):
-        return Var(prefix + term.name)
-    if isinstance(term, App):
-        return App(term.head, tuple(_rename(a, prefix) for a in term.args))
-    return term
-
-
-def _rename_head(term: Term, head: str) -> str:
-    return str(term).replace(f"({head} ", "(#op ")

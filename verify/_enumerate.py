@@ -25,147 +25,54 @@ global value): two terms with equal fingerprints are one e-class.
 from __future__ import annotations
 
 import itertools
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
-import numpy as np
-
-from unity_eq.collectives import TERMS
-from unity_eq.ir import Mesh
+from unity_eq.errors import OptionError
 from unity_eq.rulefile.terms import App, Lit, Term, Var
-from unity_eq.verify._semantics import State, chunk_of
-from unity_eq.verify._tensor import NumpyBackend, ShapeError, evaluate, infer_shape
+from unity_eq.verify._fingerprint import (
+    AXIS,
+    AXIS_SIZE,
+    DEFAULT_INPUTS,
+    PARALLEL_OPS,
+    Evaluator,
+    ExactBackend,
+    InputSpec,
+    TermInfo,
+    axis_lit,
+    is_variant,
+    ivec,
+    list_items,
+    lit_int,
+    tlist,
+)
+from unity_eq.verify._placement import P, R
+from unity_eq.verify._tensor import ShapeError, infer_shape
 
+# The inputs and the fingerprints live in _fingerprint; the generator's other modules import them from here.
 __all__ = [
+    "AXIS",
+    "AXIS_SIZE",
     "DEFAULT_INPUTS",
     "DEFAULT_OPS",
     "PARALLEL_OPS",
+    "SUPPORTED_OPS",
     "Enumeration",
+    "Evaluator",
     "ExactBackend",
     "InputSpec",
     "TermInfo",
+    "check_ops",
     "enumerate_terms",
+    "is_variant",
+    "list_items",
+    "tlist",
 ]
 
-AXIS = "x"
-AXIS_SIZE = 2
-MESH = Mesh((AXIS,), (AXIS_SIZE,))
-PARALLEL_OPS = TERMS  # the collective kinds' constructors, in registry order (unity_eq.collectives)
 #: the operators of issue #5's example run
 DEFAULT_OPS = ("MatMul", "Add", "Relu", "Concat", "Split", "Transpose", *PARALLEL_OPS)
 SUPPORTED_OPS = (*DEFAULT_OPS, "Gemm", "Reshape")
-
-R: State = ("R", -1)
-D: State = ("D", -1)
-P: State = ("P", -1)
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """An input tensor of the enumeration: ``kind`` R (replicated; Partition and Replicate of it are free
-    leaves), S (any value sharded along ``dim``) or P (any pending sum)."""
-
-    name: str
-    shape: tuple[int, ...]
-    kind: str = "R"
-    dim: int = -1
-
-    @property
-    def state(self) -> State:
-        return ("S", self.dim) if self.kind == "S" else (self.kind, -1)
-
-
-#: x @ w and x @ v type-check (and h @ w, h a batch of x), w and v concatenate along their columns (the MatMul
-#: merge), y and z have the
-#: shape of x @ w (Add), b broadcasts over it (a bias); s and t are sharded values and p, q pending sums of
-#: that shape. The dims are distinct where the ops allow it, so that an equal dim in a rule is a real constraint.
-DEFAULT_INPUTS = (
-    InputSpec("x", (4, 6)),
-    InputSpec("h", (2, 4, 6)),
-    InputSpec("w", (6, 8)),
-    InputSpec("v", (6, 10)),
-    InputSpec("y", (4, 8)),
-    InputSpec("z", (4, 8)),
-    InputSpec("b", (8,)),
-    InputSpec("s", (4, 8), "S", 0),
-    InputSpec("t", (4, 8), "S", 1),
-    InputSpec("p", (4, 8), "P"),
-    InputSpec("q", (4, 8), "P"),
-)
-
-
-class ExactBackend(NumpyBackend):
-    """Exact evaluation for fingerprints: object arrays of Python integers (and fractions, where a division
-    makes one); every uninterpreted function is a random oracle on exact values."""
-
-    name = "exact"
-    exact = True
-
-    def __init__(self, seed: int = 0) -> None:
-        super().__init__(np.random.default_rng(seed))
-        self._rand = random.Random(seed)
-        self._oracle: dict[tuple[str, tuple[Any, ...]], int] = {}
-
-    def _draw(self) -> int:
-        return self._rand.randint(-(10**6), 10**6)
-
-    def symbols(self, prefix: str, shape: tuple[int, ...], integer: bool = False, high: int = 0) -> np.ndarray:
-        out = np.empty(shape, dtype=object)
-        flat = out.reshape(-1)
-        for i in range(flat.size):
-            flat[i] = self._rand.randint(-high, high - 1) if integer and high else self._draw()
-        return out
-
-    def scalar(self, name: str) -> Any:
-        return Fraction(self._draw(), 1)
-
-    def apply(self, name: str, *args: Any) -> Any:
-        arrays = np.broadcast_arrays(*[np.asarray(a, dtype=object) for a in args])
-        out = np.empty(arrays[0].shape, dtype=object)
-        flat = out.reshape(-1)
-        columns = [a.reshape(-1) for a in arrays]
-        for i in range(flat.size):
-            key = (name, tuple(c[i] for c in columns))
-            value = self._oracle.get(key)
-            if value is None:
-                value = self._oracle[key] = self._draw()
-            flat[i] = value
-        return out
-
-    def div(self, a: Any, b: Any) -> Any:
-        return np.frompyfunc(lambda x, y: Fraction(x) / y if y else Fraction(0), 2, 1)(a, b)
-
-    def truth(self, cond: Any) -> Any:
-        return np.frompyfunc(lambda c: 1 if c else 0, 1, 1)(cond)
-
-    def sum_pieces(self, pieces: Sequence[np.ndarray]) -> np.ndarray:
-        out = np.asarray(pieces[0], dtype=object)
-        for piece in pieces[1:]:
-            out = out + piece
-        return np.asarray(out, dtype=object)
-
-
-@dataclass
-class TermInfo:
-    """What the enumeration knows about one term."""
-
-    term: Term
-    shape: tuple[int, ...]
-    state: State
-    glob: np.ndarray
-    pieces: list[np.ndarray]
-    core: bool  # a regular op whose placement comes from its pieces (it needs a parallel op around it)
-    nodes: frozenset[Term]  # the counted operator subterms (its DAG)
-    vars: frozenset[str]
-    fingerprint: tuple[Any, ...] = ()
-    index: int = 0  # order of creation (representatives only)
-
-    @property
-    def size(self) -> int:
-        return len(self.nodes)
 
 
 @dataclass
@@ -182,221 +89,6 @@ class Enumeration:
     invalid: int = 0
     by_size: dict[int, int] = field(default_factory=dict)
     evaluator: Evaluator | None = None
-
-
-class _Invalid(Exception):
-    """The term is not a term of a sound e-graph (a placement conflict, pieces that fit no placement)."""
-
-
-def _lit_int(value: int) -> Lit:
-    return Lit(value, "i64")
-
-
-def _axis_lit() -> Lit:
-    return Lit(AXIS, "String")
-
-
-def _ivec(values: Sequence[int]) -> Lit:
-    return Lit(tuple(int(v) for v in values), "IVec")
-
-
-def tlist(items: Sequence[Term]) -> Term:
-    out: Term = App("TNil")
-    for item in reversed(items):
-        out = App("TCons", (item, out))
-    return out
-
-
-def list_items(term: Term) -> list[Term]:
-    items: list[Term] = []
-    while isinstance(term, App) and term.head == "TCons":
-        items.append(term.args[0])
-        term = term.args[1]
-    return items
-
-
-def is_variant(term: Term) -> bool:
-    """``Partition(x, d, ax)`` or ``Replicate(x, ax)`` of an input: a free leaf."""
-    return isinstance(term, App) and term.head in ("Partition", "Replicate") and isinstance(term.args[0], Var)
-
-
-class Evaluator:
-    """Evaluates terms globally and on every device of the mesh, with caches shared by all terms."""
-
-    def __init__(self, inputs: Sequence[InputSpec], seed: int = 0) -> None:
-        self.bk = ExactBackend(seed)
-        self.inputs = {spec.name: spec for spec in inputs}
-        self.infos: dict[Term, TermInfo | None] = {}
-
-    def _leaf(self, spec: InputSpec) -> TermInfo:
-        glob = self.bk.symbols(spec.name, spec.shape)
-        if spec.kind == "R":
-            pieces = [glob] * MESH.size
-        elif spec.kind == "S":
-            pieces = [chunk_of(glob, spec.dim, r, AXIS_SIZE) for r in range(MESH.size)]
-        else:  # P: random pieces that sum to the value
-            first = self.bk.symbols(spec.name + ".0", spec.shape)
-            pieces = [first, glob - first]
-        info = TermInfo(
-            Var(spec.name), spec.shape, spec.state, glob, pieces, False, frozenset(), frozenset({spec.name})
-        )
-        info.fingerprint = _fingerprint(info)
-        return info
-
-    def info(self, term: Term) -> TermInfo | None:
-        """The term's info, or None when it is invalid (shapes do not fit, placements conflict)."""
-        if term in self.infos:
-            return self.infos[term]
-        if isinstance(term, Var):
-            got: TermInfo | None = self._leaf(self.inputs[term.name])
-            self.infos[term] = got
-            return got
-        try:
-            got = self._eval(term)
-        except (_Invalid, ShapeError, ValueError, IndexError, KeyError, ZeroDivisionError):
-            got = None
-        self.infos[term] = got
-        return got
-
-    def _need(self, term: Term) -> TermInfo:
-        got = self.info(term)
-        if got is None:
-            raise _Invalid(str(term))
-        return got
-
-    def _eval(self, term: Term) -> TermInfo:
-        assert isinstance(term, App), term
-        head, args = term.head, term.args
-        if head in PARALLEL_OPS:
-            return self._parallel(term)
-        operands: list[TermInfo] = []
-        values: list[Any] = []
-        for arg in args:
-            if isinstance(arg, App) and arg.head in ("TCons", "TNil"):
-                items = [self._need(t) for t in list_items(arg)]
-                operands.extend(items)
-                values.append(items)
-            elif isinstance(arg, App) and arg.head == "NoneT":
-                values.append(None)
-            elif isinstance(arg, Var | App):
-                item = self._need(arg)
-                operands.append(item)
-                values.append(item)
-            else:
-                values.append(_exact(arg.value))
-        if any(o.core for o in operands):
-            raise _Invalid("a core inside a core: its placement cannot be inferred")
-        glob = evaluate(head, [_glob(v) for v in values], self.bk)
-        nodes = frozenset({term}).union(*(o.nodes for o in operands))
-        names = frozenset().union(*(o.vars for o in operands))
-        if all(o.state == R for o in operands):
-            info = TermInfo(term, tuple(glob.shape), R, glob, [glob] * MESH.size, False, nodes, names)
-        else:
-            if any(o.state == R for o in operands):
-                # sharded work reads a replicated value through Replicate (which carries its gradient)
-                raise _Invalid("an R operand of sharded work without Replicate")
-            if head == "Reshape":
-                state, pieces = self._reshape_core(values, glob)
-            else:
-                pieces = [evaluate(head, [_piece(v, r) for v in values], self.bk) for r in range(MESH.size)]
-                state = self._core_state(glob, pieces)
-            info = TermInfo(term, tuple(glob.shape), state, glob, pieces, True, nodes, names)
-        info.fingerprint = _fingerprint(info)
-        return info
-
-    def _reshape_core(self, values: list[Any], glob: np.ndarray) -> tuple[State, list[np.ndarray]]:
-        for d, n in enumerate(glob.shape):  # the pieces' target shape depends on the placement: try each
-            if n % AXIS_SIZE:
-                continue
-            local = list(glob.shape)
-            local[d] //= AXIS_SIZE
-            try:
-                pieces = [
-                    evaluate("Reshape", [_piece(values[0], r), tuple(local), values[2]], self.bk)
-                    for r in range(MESH.size)
-                ]
-            except (ShapeError, ValueError):
-                continue
-            if self._consistent(glob, pieces, ("S", d)):
-                return ("S", d), pieces
-        raise _Invalid("Reshape pieces fit no placement")
-
-    def _consistent(self, glob: np.ndarray, pieces: list[np.ndarray], state: State) -> bool:
-        if state[0] == "P":
-            return _equal(self.bk.sum_pieces(pieces), glob)
-        if state[0] == "S":
-            d = state[1]
-            if d >= glob.ndim or glob.shape[d] % AXIS_SIZE:
-                return False
-            return all(_equal(p, chunk_of(glob, d, r, AXIS_SIZE)) for r, p in enumerate(pieces))
-        return all(_equal(p, glob) for p in pieces)
-
-    def _core_state(self, glob: np.ndarray, pieces: list[np.ndarray]) -> State:
-        if self._consistent(glob, pieces, R):
-            raise _Invalid("a regular op of replicated-for-sharding operands: no sharded consumer")
-        found = [st for st in [("S", d) for d in range(glob.ndim)] + [P] if self._consistent(glob, pieces, st)]
-        if len(found) != 1:
-            raise _Invalid(f"pieces fit {len(found)} placements")
-        return found[0]
-
-    def _parallel(self, term: App) -> TermInfo:
-        head, x = term.head, self._need(term.args[0])
-        if x.core and head not in ("Combine", "Reduce"):
-            raise _Invalid(f"{head} of a core")
-        free = is_variant(term)
-        nodes = x.nodes if free else x.nodes | {term}
-        if head == "Partition":
-            d = int(term.args[1].value)
-            if x.state != R:
-                raise _Invalid("Partition of a value that is not R")
-            pieces = [chunk_of(x.glob, d, r, AXIS_SIZE) for r in range(MESH.size)]
-            state: State = ("S", d)
-        elif head == "Replicate":
-            if x.state != R:
-                raise _Invalid("Replicate of a value that is not R")
-            pieces, state = list(x.pieces), D
-        elif head == "Combine":
-            d = int(term.args[1].value)
-            if x.state != ("S", d):
-                raise _Invalid("Combine of a value that is not S(d)")
-            whole = np.concatenate(x.pieces, axis=d)
-            pieces, state = [whole] * MESH.size, R
-        else:
-            if x.state != P:
-                raise _Invalid("Reduce of a value that is not P")
-            whole = self.bk.sum_pieces(x.pieces)
-            pieces, state = [whole] * MESH.size, R
-        info = TermInfo(term, x.shape, state, x.glob, pieces, False, nodes, x.vars)
-        info.fingerprint = _fingerprint(info)
-        return info
-
-
-def _exact(value: Any) -> Any:
-    return Fraction(value) if isinstance(value, float) else value
-
-
-def _glob(value: Any) -> Any:
-    if isinstance(value, TermInfo):
-        return value.glob
-    if isinstance(value, list):
-        return [v.glob for v in value]
-    return value
-
-
-def _piece(value: Any, rank: int) -> Any:
-    if isinstance(value, TermInfo):
-        return value.pieces[rank]
-    if isinstance(value, list):
-        return [v.pieces[rank] for v in value]
-    return value
-
-
-def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and bool(np.all(a == b))
-
-
-def _fingerprint(info: TermInfo) -> tuple[Any, ...]:
-    return (info.shape, info.state, hash(tuple(info.glob.reshape(-1).tolist())))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -453,31 +145,31 @@ class _Builder:
         t, shape = rep.term, rep.shape
         if rep.core:  # a core only under the collective that ends it
             if rep.state[0] == "S" and "Combine" in self.ops:
-                yield App("Combine", (t, _lit_int(rep.state[1]), _axis_lit()))
+                yield App("Combine", (t, lit_int(rep.state[1]), axis_lit()))
             if rep.state == P and "Reduce" in self.ops:
-                yield App("Reduce", (t, _axis_lit()))
+                yield App("Reduce", (t, axis_lit()))
             return
         if "Relu" in self.ops:
             yield App("Relu", (t,))
         if "Transpose" in self.ops:
             for perm in _transpose_perms(len(shape)):
-                yield App("Transpose", (t, _ivec(perm)))
+                yield App("Transpose", (t, ivec(perm)))
         if "Split" in self.ops:
             for sizes, axis in _split_options(shape, self.dims, self.boundaries):
                 for index in range(len(sizes)):
-                    yield App("Split", (t, _ivec(sizes), _lit_int(axis), _lit_int(index)))
+                    yield App("Split", (t, ivec(sizes), lit_int(axis), lit_int(index)))
         if "Reshape" in self.ops:
             for target in _reshape_targets(shape):
-                yield App("Reshape", (t, _ivec(target), _lit_int(0)))
+                yield App("Reshape", (t, ivec(target), lit_int(0)))
         leaf = isinstance(t, Var) or is_variant(t)  # Partition/Replicate of an input are leaves already
         if "Partition" in self.ops and rep.state == R and not leaf:
             for d, n in enumerate(shape):
                 if n % AXIS_SIZE == 0:
-                    yield App("Partition", (t, _lit_int(d), _axis_lit()))
+                    yield App("Partition", (t, lit_int(d), axis_lit()))
         if "Combine" in self.ops and rep.state[0] == "S":
-            yield App("Combine", (t, _lit_int(rep.state[1]), _axis_lit()))
+            yield App("Combine", (t, lit_int(rep.state[1]), axis_lit()))
         if "Reduce" in self.ops and rep.state == P:
-            yield App("Reduce", (t, _axis_lit()))
+            yield App("Reduce", (t, axis_lit()))
 
     def binary(self, a: TermInfo, b: TermInfo) -> Iterator[Term]:
         if a.core or b.core:
@@ -490,12 +182,12 @@ class _Builder:
         if "Concat" in self.ops and len(sa) == len(sb) and sa:
             for axis in range(len(sa)):
                 if all(x == y for i, (x, y) in enumerate(zip(sa, sb, strict=True)) if i != axis):
-                    yield App("Concat", (tlist([ta, tb]), _lit_int(axis)))
+                    yield App("Concat", (tlist([ta, tb]), lit_int(axis)))
         if "Gemm" in self.ops and len(sa) == 2 and len(sb) == 2 and sa[1] == sb[0]:
             one = Lit(1.0, "f64")
-            yield App("Gemm", (ta, tb, App("NoneT"), one, one, _lit_int(0), _lit_int(0)))
+            yield App("Gemm", (ta, tb, App("NoneT"), one, one, lit_int(0), lit_int(0)))
             for bias in self.biases:
-                yield App("Gemm", (ta, tb, bias, one, one, _lit_int(0), _lit_int(0)))
+                yield App("Gemm", (ta, tb, bias, one, one, lit_int(0), lit_int(0)))
 
 
 def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -516,9 +208,9 @@ def _leaves(inputs: Sequence[InputSpec], ops: Sequence[str]) -> list[Term]:
         if "Partition" in ops:
             for d, n in enumerate(spec.shape):
                 if n % AXIS_SIZE == 0:
-                    out.append(App("Partition", (v, _lit_int(d), _axis_lit())))
+                    out.append(App("Partition", (v, lit_int(d), axis_lit())))
         if "Replicate" in ops:
-            out.append(App("Replicate", (v, _axis_lit())))
+            out.append(App("Replicate", (v, axis_lit())))
     return out
 
 
@@ -572,3 +264,23 @@ def enumerate_terms(
         if progress:
             progress(k, len(enum.reps) - before, enum.evaluated)
     return enum
+
+
+def check_ops(text: str | Sequence[str]) -> list[str]:
+    """The operator names of ``--ops`` (comma-separated), or an :class:`OptionError` naming the unknown ones."""
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [n.strip() for n in text]
+    names = [n for n in names if n]
+    if not names:
+        raise OptionError(f"`--ops`: expected a comma-separated list of operators, got {text!r}.")
+    known = {op.lower(): op for op in SUPPORTED_OPS}
+    unknown = [n for n in names if n not in SUPPORTED_OPS and n.lower() not in known]
+    if unknown:
+        raise OptionError(
+            f"`--ops`: unknown operator(s) {', '.join(unknown)}; the generator knows {', '.join(SUPPORTED_OPS)}."
+        )
+    out: list[str] = []
+    for n in names:
+        op = n if n in SUPPORTED_OPS else known[n.lower()]
+        if op not in out:
+            out.append(op)
+    return out

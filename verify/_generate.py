@@ -29,12 +29,11 @@ must have fewer collectives (then fewer parallel ops, then fewer ops); the rever
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 from typing import Any
@@ -43,379 +42,33 @@ from unity_eq.errors import OptionError
 from unity_eq.files import worker_pool
 from unity_eq.rulefile.manifest import BASE_FILES, CORE_RULE_FILES, rules_dir
 from unity_eq.rulefile.parse import Program, RuleSource, parse_program
-from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var
+from unity_eq.rulefile.terms import Rule
 from unity_eq.verify._bounded import BoundedResult, prove_bounded
+from unity_eq.verify._candidates import build_candidates
 from unity_eq.verify._enumerate import (
     DEFAULT_INPUTS,
     DEFAULT_OPS,
-    PARALLEL_OPS,
-    SUPPORTED_OPS,
-    Enumeration,
-    Evaluator,
     InputSpec,
-    TermInfo,
+    check_ops,
     enumerate_terms,
-    is_variant,
-    list_items,
 )
-from unity_eq.verify._generalize import ATTEMPTS, RuleCandidate, draft, rule_name
+from unity_eq.verify._generalize import RuleCandidate, rule_name
+from unity_eq.verify._generate_report import (
+    OUTPUT_FILES,
+    GeneratedRule,
+    GenerateReport,
+    render_report,
+    write_report,
+    write_rules,
+)
 from unity_eq.verify._generic import prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import check_numeric
 from unity_eq.verify._prune import Pruner
+from unity_eq.verify._rediscover import constructors, rediscoveries
 from unity_eq.verify._verify import Options, decide_rule
 
 __all__ = ["GenerateReport", "GeneratedRule", "check_ops", "generate_rules", "render_report"]
-
-#: the files ``generate-rules`` writes; ``optimize`` loads ``shrinking.egg`` by default (see
-#: unity_eq.rulefile.manifest.GENERATED_DEFAULT_FILES), ``unity-eq verify`` checks them all
-OUTPUT_FILES = {
-    "shrinking": "shrinking.egg",
-    "algebra": "algebra.egg",
-    "parallel": "parallel.egg",
-    "merge": "merge.egg",
-    "core-equivalent": "core-equivalent.egg",
-    "growing": "growing.egg",
-}
-
-
-@dataclass
-class GeneratedRule:
-    name: str
-    kind: str  # algebra | strategy | redistribution | multi
-    ruleset: str
-    size: int
-    text: str
-    level: int
-    mode: str
-    file: str = ""
-    ops: list[str] = field(default_factory=list)
-    rediscovers: list[str] = field(default_factory=list)  # core rules it equals or specializes
-    core_derivable: bool = False
-    seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "file": self.file,
-            "kind": self.kind,
-            "ruleset": self.ruleset,
-            "size": self.size,
-            "ops": self.ops,
-            "guard_level": self.level,
-            "generality": self.mode,
-            "rediscovers": self.rediscovers,
-            "derivable_from_core": self.core_derivable,
-            "prove_seconds": round(self.seconds, 3),
-            "text": self.text,
-        }
-
-
-@dataclass
-class GenerateReport:
-    ops: list[str]
-    max_size: int
-    jobs: int
-    inputs: list[dict[str, Any]]
-    counts: dict[str, Any] = field(default_factory=dict)
-    pruned: dict[str, int] = field(default_factory=dict)
-    phases: dict[str, float] = field(default_factory=dict)
-    rules: list[GeneratedRule] = field(default_factory=list)
-    refuted: list[dict[str, str]] = field(default_factory=list)
-    rediscovered: dict[str, str] = field(default_factory=dict)  # core rule -> generated rule
-    not_rediscovered: list[str] = field(default_factory=list)
-    files: dict[str, int] = field(default_factory=dict)
-
-    def rules_per_operator(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for rule in self.rules:
-            for op in rule.ops:
-                out[op] = out.get(op, 0) + 1
-        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
-
-    def to_json(self) -> dict[str, Any]:
-        kinds: dict[str, int] = {}
-        for rule in self.rules:
-            kinds[rule.kind] = kinds.get(rule.kind, 0) + 1
-        return {
-            "ops": self.ops,
-            "max_size": self.max_size,
-            "jobs": self.jobs,
-            "inputs": self.inputs,
-            "counts": self.counts,
-            "pruned": self.pruned,
-            "phases_seconds": {k: round(v, 3) for k, v in self.phases.items()},
-            "rules_per_operator": self.rules_per_operator(),
-            "rules_per_kind": kinds,
-            "files": self.files,
-            "rediscovered": self.rediscovered,
-            "not_rediscovered": self.not_rediscovered,
-            "rules": [r.to_json() for r in self.rules],
-            "refuted": self.refuted,
-        }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Candidates
-
-
-def _walk(term: Term) -> Any:
-    yield term
-    if isinstance(term, App):
-        for a in term.args:
-            yield from _walk(a)
-
-
-def _parallel_count(term: Term) -> int:
-    return sum(1 for t in _walk(term) if isinstance(t, App) and t.head in PARALLEL_OPS)
-
-
-def _collectives(term: Term) -> int:
-    return sum(1 for t in _walk(term) if isinstance(t, App) and t.head in ("Combine", "Reduce"))
-
-
-def _potential(term: Term, size: int) -> tuple[int, int, int, int]:
-    """What a redistribution rule decreases: collectives, then their depth (collectives move toward the
-    outputs, where the next Partition cancels them), then parallel ops, then operators."""
-    depth = 0
-    stack: list[tuple[Term, int]] = [(term, 0)]
-    while stack:
-        t, level = stack.pop()
-        if isinstance(t, App):
-            if t.head in ("Combine", "Reduce"):
-                depth += level
-            stack.extend((a, level + 1) for a in t.args)
-    return (_collectives(term), depth, _parallel_count(term), size)
-
-
-def _op_heads(term: Term) -> list[str]:
-    return [
-        t.head
-        for t in _walk(term)
-        if isinstance(t, App) and t.head not in ("TCons", "TNil", "NoneT") and not is_variant(t)
-    ]
-
-
-def _leaves(term: Term) -> list[str]:
-    return sorted(t.name for t in _walk(term) if isinstance(t, Var))
-
-
-def _is_reordering(a: Term, b: Term) -> bool:
-    """Both sides one operator only, over the same inputs: commutativity or associativity."""
-    heads = set(_op_heads(a)) | set(_op_heads(b))
-    return len(heads) == 1 and _leaves(a) == _leaves(b) and sorted(_op_heads(a)) == sorted(_op_heads(b))
-
-
-def _has_sharded_input(term: Term, inputs: dict[str, InputSpec]) -> bool:
-    return any(isinstance(t, Var) and inputs[t.name].kind != "R" for t in _walk(term))
-
-
-def _reverse_strategy(a: Term, b: Term, inputs: dict[str, InputSpec]) -> bool:
-    """``a`` is a strategy's right-hand side for ``b`` (a collective over a core of input slices)."""
-    if _parallel_count(b) or _has_sharded_input(a, inputs):
-        return False
-    if not (isinstance(a, App) and a.head in ("Combine", "Reduce")):
-        return False
-    inner = [t for t in _walk(a) if isinstance(t, App) and t.head in PARALLEL_OPS and t is not a]
-    return all(is_variant(t) for t in inner)
-
-
-def _orient(a: TermInfo, b: TermInfo, inputs: dict[str, InputSpec], skipped: dict[str, int]) -> RuleCandidate | None:
-    """The candidate ``a → b``, or None (counted in ``skipped`` by reason)."""
-    if a.size == 0 or a.core:
-        return None
-    if not b.vars <= a.vars:
-        skipped["unbound right-hand side"] = skipped.get("unbound right-hand side", 0) + 1
-        return None
-    ta, tb = a.term, b.term
-    pa, pb = _parallel_count(ta), _parallel_count(tb)
-    size = a.size + b.size
-    if pa == 0 and pb == 0:
-        if _is_reordering(ta, tb):
-            skipped["reordering"] = skipped.get("reordering", 0) + 1
-            return None
-        return RuleCandidate((ta,), (tb,), "algebra", size, lhs_size=a.size, rhs_size=b.size)
-    if pa == 0:
-        if isinstance(tb, App) and tb.head in ("Combine", "Reduce") and _collectives(tb) == 1:
-            return RuleCandidate((ta,), (tb,), "strategy", size, lhs_size=a.size, rhs_size=b.size)
-        skipped["direction"] = skipped.get("direction", 0) + 1
-        return None
-    if _potential(tb, b.size) < _potential(ta, a.size) and not _reverse_strategy(ta, tb, inputs):
-        return RuleCandidate((ta,), (tb,), "redistribution", size, lhs_size=a.size, rhs_size=b.size)
-    skipped["direction"] = skipped.get("direction", 0) + 1
-    return None
-
-
-def _multi(enum: Enumeration, t: TermInfo, rep: TermInfo) -> RuleCandidate | None:
-    """Both outputs of ``t = Split(M, sizes, axis, i)`` against the representatives they equal."""
-    term = t.term
-    if not (isinstance(term, App) and term.head == "Split") or t.vars <= rep.vars:
-        return None
-    ev = enum.evaluator
-    assert ev is not None
-    sizes = term.args[1].value
-    index = int(term.args[3].value)
-    if len(sizes) != 2:
-        return None
-    sibling = App("Split", (*term.args[:3], Lit(1 - index, "i64")))
-    info = ev.info(sibling)
-    if info is None:
-        return None
-    other = enum.classes.get(info.fingerprint)
-    if other is None or other is rep or other.core or rep.core or rep.size == 0 or other.size == 0:
-        return None
-    if not (t.vars | info.vars) <= (rep.vars | other.vars) or not rep.vars & other.vars:
-        return None
-    lhs_nodes = rep.nodes | other.nodes
-    if len(lhs_nodes) > enum.max_size:
-        return None
-    roots = [(rep, t), (other, info)]
-    if index == 1:
-        roots.reverse()
-    return RuleCandidate(
-        tuple(r.term for r, _ in roots),
-        tuple(s.term for _, s in roots),
-        "multi",
-        len(lhs_nodes) + t.size,
-        lhs_size=len(lhs_nodes),
-        rhs_size=t.size,
-    )
-
-
-def _strategies(enum: Enumeration, inputs: dict[str, InputSpec]) -> dict[Term, list[Term]]:
-    """Operator over inputs → the strategy terms (one collective over a core of input slices) it equals."""
-    out: dict[Term, list[Term]] = {}
-    for t, rep in enum.equations:
-        cand = _orient(rep, t, inputs, {})
-        if cand is not None and cand.kind == "strategy":
-            out.setdefault(rep.term, []).append(t.term)
-    return out
-
-
-def _parallel_forms(enum: Enumeration, multi: RuleCandidate, strategies: dict[Term, list[Term]]) -> list[RuleCandidate]:
-    """The merge ``op(x, w), op(x, v) → Split(op(x, Concat(w, v)))`` under each parallel strategy of ``op``:
-    both roots and the merged op take the same strategy (rows, columns, the contracted dim: one collective
-    for both outputs where the roots need two). A form whose pieces do not divide is not valid and skipped;
-    one whose roots and outputs do not fingerprint equal is not kept."""
-    ev = enum.evaluator
-    assert ev is not None
-    r0, r1 = multi.lhs
-    s0 = multi.rhs[0]
-    if not (isinstance(r0, App) and isinstance(r1, App) and isinstance(s0, App) and s0.head == "Split"):
-        return []
-    merged = s0.args[0]
-    if not (isinstance(merged, App) and merged.head == r0.head == r1.head and len(r0.args) == 2):
-        return []
-    if r0.args[0] != r1.args[0] or merged.args[0] != r0.args[0]:
-        return []  # only the merge over a shared first operand
-    w, v, c = r0.args[1], r1.args[1], merged.args[1]
-    if not (isinstance(w, Var) and isinstance(v, Var)):
-        return []
-    out = []
-    for strategy in strategies.get(r0, []):
-        lhs = (strategy, _replace(strategy, w, v))
-        inner = _replace(strategy, w, c)
-        rhs = tuple(App("Split", (inner, *s.args[1:])) for s in multi.rhs if isinstance(s, App))
-        infos = [ev.info(t) for t in (*lhs, *rhs)]
-        if any(i is None for i in infos):
-            continue
-        l0, l1, o0, o1 = infos
-        assert l0 is not None and l1 is not None and o0 is not None and o1 is not None
-        if l0.fingerprint != o0.fingerprint or l1.fingerprint != o1.fingerprint:
-            continue
-        lhs_size, rhs_size = len(l0.nodes | l1.nodes), len(o0.nodes | o1.nodes)
-        out.append(RuleCandidate(lhs, rhs, "multi", lhs_size + rhs_size, lhs_size=lhs_size, rhs_size=rhs_size))
-    return out
-
-
-def build_candidates(enum: Enumeration, skipped: dict[str, int]) -> list[RuleCandidate]:
-    inputs = {spec.name: spec for spec in enum.inputs}
-    ev = enum.evaluator
-    assert ev is not None
-    out: list[RuleCandidate] = []
-    strategies = _strategies(enum, inputs)
-    for t, rep in enum.equations:
-        for a, b in ((t, rep), (rep, t)):
-            cand = _orient(a, b, inputs, skipped)
-            if cand is not None:
-                out.append(cand)
-        multi = _multi(enum, t, rep)
-        if multi is not None:
-            out.append(multi)
-            out.extend(_parallel_forms(enum, multi, strategies))
-    kept = []
-    for cand in out:
-        forms = [(cand.lhs, cand.rhs)]
-        if len(cand.lhs) == 1:
-            general = _abstract_opaque(cand.lhs, cand.rhs, ev, inputs)
-            if general is not None:
-                if len(general[0]) == 1 and _is_reordering(general[0][0], general[1][0]):
-                    skipped["reordering"] = skipped.get("reordering", 0) + 1
-                    continue
-                forms.insert(0, general)
-        for lhs, rhs in forms:
-            for mode, level in ATTEMPTS:
-                d = draft(lhs, rhs, ev, inputs, level, mode)
-                if d is not None and all(d.key != x.key for x in cand.drafts):
-                    cand.drafts.append(d)
-        if cand.drafts:
-            kept.append(cand)
-    return kept
-
-
-def _occurrences(roots: Sequence[Term], target: Term) -> int:
-    return sum(1 for root in roots for t in _walk(root) if t == target)
-
-
-def _replace(term: Term, target: Term, by: Term) -> Term:
-    if term == target:
-        return by
-    if isinstance(term, App):
-        return App(term.head, tuple(_replace(a, target, by) for a in term.args))
-    return term
-
-
-def _abstract_opaque(
-    lhs: tuple[Term, ...], rhs: tuple[Term, ...], ev: Evaluator, inputs: dict[str, InputSpec]
-) -> tuple[tuple[Term, ...], tuple[Term, ...]] | None:
-    """The rule with every *opaque* subterm of its left-hand side replaced by a fresh input, or None when
-    there is none. A subterm is opaque when, replaced on both sides, the right-hand side still only uses
-    inputs the left-hand side binds: the rule does not look into it. ``Concat(Concat(a, MatMul(b, c)), d)``
-    is then the associativity of Concat, not a new rule; a generalization that does not hold is refuted, and
-    the concrete drafts follow it."""
-    new_lhs, new_rhs = list(lhs), list(rhs)
-    changed = False
-
-    def bound(left: list[Term], right: list[Term]) -> bool:
-        have = {t.name for root in left for t in _walk(root) if isinstance(t, Var)}
-        return all(t.name in have for root in right for t in _walk(root) if isinstance(t, Var))
-
-    def candidates(term: Term, top: bool) -> list[Term]:
-        if not isinstance(term, App):
-            return []
-        own = [] if top or term.head in ("TCons", "TNil", "NoneT") or is_variant(term) else [term]
-        return own + [c for a in term.args for c in candidates(a, False)]
-
-    for term in [c for root in lhs for c in candidates(root, True)]:
-        if not any(term == t for root in new_lhs for t in _walk(root)):
-            continue  # inside a subterm abstracted already
-        info = ev.info(term)
-        if info is None or info.core:
-            continue
-        name = f"u{len(inputs)}"
-        left = [_replace(t, term, Var(name)) for t in new_lhs]
-        right = [_replace(t, term, Var(name)) for t in new_rhs]
-        if not bound(left, right):
-            continue
-        inputs[name] = InputSpec(name, info.shape, info.state[0] if info.state[0] in ("S", "P") else "R", info.state[1])
-        ev.infos[Var(name)] = TermInfo(
-            Var(name), info.shape, info.state, info.glob, info.pieces, False, frozenset(), frozenset({name})
-        )
-        new_lhs, new_rhs, changed = left, right, True
-    if not changed:
-        return None
-    return tuple(new_lhs), tuple(new_rhs)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Proving (in worker processes)
@@ -561,82 +214,6 @@ def _prove_all(
         return results
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Rediscovery
-
-
-def _match(pattern: Term, term: Term, subst: dict[str, Term]) -> bool:
-    if isinstance(pattern, Var):
-        got = subst.get(pattern.name)
-        if got is None:
-            subst[pattern.name] = term
-            return True
-        return got == term
-    if isinstance(pattern, Lit):
-        return isinstance(term, Lit) and _lit_eq(pattern, term)
-    return (
-        isinstance(term, App)
-        and term.head == pattern.head
-        and len(term.args) == len(pattern.args)
-        and all(_match(p, t, subst) for p, t in zip(pattern.args, term.args, strict=True))
-    )
-
-
-def _lit_eq(a: Lit, b: Lit) -> bool:
-    return a.value == b.value or (a.sort == "f64" and b.sort == "f64" and float(a.value) == float(b.value))
-
-
-def _match_rhs(pattern: Term, term: Term, subst: dict[str, Term]) -> bool:
-    """``_match``, where ``(PList l d ax)`` matches the list of ``(Partition item d ax)``."""
-    if isinstance(pattern, App) and pattern.head == "PList":
-        items, parts = list_items(term), []
-        for item in items:
-            if not (isinstance(item, App) and item.head == "Partition"):
-                return False
-            parts.append(item)
-        if not parts and not (isinstance(term, App) and term.head == "TNil"):
-            return False
-        inner = App("TNil")
-        for part in reversed(parts):
-            inner = App("TCons", (part.args[0], inner))
-        return all(
-            _match(pattern.args[1], p.args[1], subst) and _match(pattern.args[2], p.args[2], subst) for p in parts
-        ) and _match(pattern.args[0], inner, subst)
-    if isinstance(pattern, App) and isinstance(term, App):
-        return (
-            term.head == pattern.head
-            and len(term.args) == len(pattern.args)
-            and all(_match_rhs(p, t, subst) for p, t in zip(pattern.args, term.args, strict=True))
-        )
-    return _match(pattern, term, subst)
-
-
-def _same_rule(general: Rule, special: Rule) -> bool:
-    """``special`` is ``general`` with its variables instantiated (equal when both ways): the same rewrite,
-    maybe with literal dims where ``general`` has guarded variables."""
-    subst: dict[str, Term] = {}
-    return _match(general.lhs, special.lhs, subst) and _match_rhs(general.rhs, special.rhs, subst)
-
-
-def rediscoveries(generated: Sequence[tuple[str, Rule]], core: Sequence[Rule]) -> dict[str, list[str]]:
-    """Core rule name -> generated rules that equal it, specialize it or generalize it."""
-    out: dict[str, list[str]] = {}
-    for c in core:
-        for name, g in generated:
-            if _same_rule(c, g) or _same_rule(g, c):
-                out.setdefault(c.name, []).append(name)
-    return out
-
-
-def _constructors(rule: Rule) -> set[str]:
-    return {
-        t.head
-        for side in (rule.lhs, rule.rhs)
-        for t in _walk(side)
-        if isinstance(t, App) and t.head[:1].isupper() and t.head not in ("R", "D", "P", "S")
-    }
-
-
 def core_rules() -> list[Rule]:
     """The hand-written rewrites of the manifest (what the generator should rediscover)."""
     base = _base()
@@ -645,26 +222,6 @@ def core_rules() -> list[Rule]:
 
 # ----------------------------------------------------------------------------------------------------------
 # The generator
-
-
-def check_ops(text: str | Sequence[str]) -> list[str]:
-    """The operator names of ``--ops`` (comma-separated), or an :class:`OptionError` naming the unknown ones."""
-    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else [n.strip() for n in text]
-    names = [n for n in names if n]
-    if not names:
-        raise OptionError(f"`--ops`: expected a comma-separated list of operators, got {text!r}.")
-    known = {op.lower(): op for op in SUPPORTED_OPS}
-    unknown = [n for n in names if n not in SUPPORTED_OPS and n.lower() not in known]
-    if unknown:
-        raise OptionError(
-            f"`--ops`: unknown operator(s) {', '.join(unknown)}; the generator knows {', '.join(SUPPORTED_OPS)}."
-        )
-    out: list[str] = []
-    for n in names:
-        op = n if n in SUPPORTED_OPS else known[n.lower()]
-        if op not in out:
-            out.append(op)
-    return out
 
 
 def generate_rules(
@@ -806,15 +363,13 @@ def _classify(
         for name in names:
             by_name[name].rediscovers.append(core_name)
     allowed = set(report.ops) | {"TCons", "TNil", "PList", "NoneT"}
-    relevant = [c for c in core if _constructors(c) <= allowed]
+    relevant = [c for c in core if constructors(c) <= allowed]
     report.counts["core_rules_over_ops"] = len(relevant)
     report.not_rediscovered = [c.name for c in relevant if c.name not in found]
     root = rules_dir()
     base = [(root / name).read_text(encoding="utf-8") for name in BASE_FILES]
     core_texts = [(root / name).read_text(encoding="utf-8") for name in CORE_RULE_FILES]
-    pruner = Pruner(
-        [*zip(base, BASE_FILES, strict=True), *zip(core_texts, CORE_RULE_FILES, strict=True)], inputs
-    )
+    pruner = Pruner([*zip(base, BASE_FILES, strict=True), *zip(core_texts, CORE_RULE_FILES, strict=True)], inputs)
     pruner.accepted = 1  # the core rules count as accepted
     for cand, rule in accepted:
         rule.core_derivable = bool(rule.rediscovers) or pruner.derivable(cand.lhs, cand.rhs)
@@ -829,79 +384,3 @@ def _classify(
             pruner.accept(rule.text)
             rule.file = OUTPUT_FILES["merge" if cand.kind == "multi" else rule.ruleset]
         report.rules.append(rule)
-
-
-_HEADER = """\
-; GENERATED by `unity-eq generate-rules --ops {ops} --max-size {size}`: do not edit; regenerate.
-; {what}
-; Every rule was found by enumeration and exact fingerprints, proven by the verifier (`unity-eq verify`), and
-; kept only if smaller rules do not already derive it. See docs/generate.md.
-"""
-
-_WHAT = {
-    "shrinking.egg": "Algebraic rules whose right-hand side has fewer operators: loaded by `optimize` by default "
-    "(`--no-generated-rules` turns them off).",
-    "algebra.egg": "Other algebraic rules (no parallel ops, as many operators on both sides): verified in CI, not "
-    "loaded by default (pass them with `--rules`).",
-    "parallel.egg": "Parallelization and redistribution rules (`parallel` ruleset): verified in CI, not loaded by "
-    "default (pass them with `--rules`).",
-    "merge.egg": "Multi-output rules: two terms sharing an input become both outputs of one Split. Loaded by "
-    "`optimize`: each concatenates model-weight spans in initializer order only (`merge-operand`), so a merged "
-    "MatMul never merges with its own parts again.",
-    "core-equivalent.egg": "Rules the hand-written core rules already derive (rediscovered): verified in CI, "
-    "not loaded by `optimize`.",
-    "growing.egg": "Algebraic rules whose right-hand side has more operators (expansions): verified in CI, not "
-    "loaded by `optimize` (each application grows the e-graph).",
-}
-
-
-def write_rules(report: GenerateReport, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    by_file: dict[str, list[GeneratedRule]] = {name: [] for name in OUTPUT_FILES.values()}
-    for rule in report.rules:
-        by_file[rule.file].append(rule)
-    for name, rules in by_file.items():
-        lines = [_HEADER.format(ops=",".join(report.ops), size=report.max_size, what=_WHAT[name])]
-        for rule in sorted(rules, key=lambda r: (r.size, r.name)):
-            note = f"; {rule.kind}, size {rule.size}"
-            if rule.rediscovers:
-                note += f"; rediscovers {', '.join(rule.rediscovers)}"
-            lines.append(f"{note}\n{rule.text}\n")
-        (out_dir / name).write_text("\n".join(lines), encoding="utf-8")
-        report.files[name] = len(rules)
-
-
-def write_report(report: GenerateReport, out_dir: Path) -> None:
-    (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
-    (out_dir / "report.md").write_text(render_report(report) + "\n", encoding="utf-8")
-
-
-def render_report(report: GenerateReport) -> str:
-    """The readable report (Markdown)."""
-    c, p = report.counts, report.pruned
-    lines = [
-        f"# generate-rules: --ops {','.join(report.ops)} --max-size {report.max_size} (jobs {report.jobs})",
-        "",
-        "| phase | seconds |",
-        "|---|---:|",
-        *(f"| {k} | {v:.1f} |" for k, v in report.phases.items()),
-        "",
-        f"- terms evaluated: {c.get('terms_evaluated', 0)} ({c.get('terms_invalid', 0)} invalid), "
-        f"fingerprint classes: {c.get('classes', 0)}, equations: {c.get('equations', 0)}",
-        f"- candidate rules: {c.get('candidates', 0)}; pruned: " + ", ".join(f"{n} {k}" for k, n in p.items()),
-        f"- proven: {c.get('proven', 0)}, refuted: {c.get('refuted', 0)}, unknown: {c.get('unknown', 0)}",
-        "- written: " + ", ".join(f"{n} in {f}" for f, n in report.files.items()),
-        "",
-        "Rules per operator: " + ", ".join(f"{op} {n}" for op, n in report.rules_per_operator().items()),
-        "",
-        "## Rediscovered core rules",
-        "",
-        *(f"- {core} = {gen}" for core, gen in sorted(report.rediscovered.items())),
-        "",
-        f"Not rediscovered ({len(report.not_rediscovered)}): {', '.join(report.not_rediscovered)}",
-        "",
-        "## Multi-output rules",
-        "",
-        *(f"- {r.name} ({r.file})" for r in report.rules if r.kind == "multi"),
-    ]
-    return "\n".join(lines)

@@ -23,172 +23,15 @@ its classes that allow both, with at least one integer (a class that is integer 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from unity_eq.collectives import TERMS
 from unity_eq.ops.dtypes import FLOAT_DTYPES, INTEGER_DTYPES, INTEGER_SENSITIVE, is_integer, onnx_dtype_name, op_types
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
+from unity_eq.verify._type_unify import PARALLEL, UNIVERSE, TypeProblem, Typer, dtype_guards, side_roots
 
 __all__ = ["TypeCheck", "TypeProblem", "check_types", "integer_assignments", "term_dtypes"]
-
-PARALLEL = set(TERMS)  # the collective kinds' constructors (unity_eq.collectives): dtype-preserving
-_UNIVERSE = frozenset(FLOAT_DTYPES | INTEGER_DTYPES | {"bool"})
-
-
-class TypeProblem(Exception):
-    """A term is ill-typed for a concrete assignment of dtypes (the message says which op and operands)."""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Unification
-
-
-class _Slots:
-    """Union-find over type slots, each with the set of dtypes it may take."""
-
-    def __init__(self) -> None:
-        self.parent: list[int] = []
-        self.allowed: list[frozenset[str]] = []
-
-    def new(self, allowed: Iterable[str] = _UNIVERSE) -> int:
-        self.parent.append(len(self.parent))
-        self.allowed.append(frozenset(allowed))
-        return len(self.parent) - 1
-
-    def find(self, s: int) -> int:
-        while self.parent[s] != s:
-            self.parent[s] = self.parent[self.parent[s]]
-            s = self.parent[s]
-        return s
-
-    def union(self, a: int, b: int) -> int:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[rb] = ra
-            self.allowed[ra] = self.allowed[ra] & self.allowed[rb]
-        return ra
-
-    def narrow(self, s: int, allowed: Iterable[str]) -> None:
-        r = self.find(s)
-        self.allowed[r] = self.allowed[r] & frozenset(allowed)
-
-    def of(self, s: int) -> frozenset[str]:
-        return self.allowed[self.find(s)]
-
-
-@dataclass
-class _Typer:
-    """Gives every tensor term of a rule a slot, unifying as the ops' type constraints say."""
-
-    slots: _Slots = field(default_factory=_Slots)
-    memo: dict[Term, int | None] = field(default_factory=dict)
-    var_slot: dict[str, int] = field(default_factory=dict)
-    sorts: dict[str, str] = field(default_factory=dict)
-
-    def var(self, name: str) -> int:
-        if name not in self.var_slot:
-            self.var_slot[name] = self.slots.new()
-        return self.var_slot[name]
-
-    def list_slots(self, term: Term) -> list[int]:
-        if isinstance(term, Var):
-            return [self.var(term.name)]
-        if isinstance(term, App) and term.head == "TCons":
-            head = self.slot(term.args[0])
-            return ([] if head is None else [head]) + self.list_slots(term.args[1])
-        if isinstance(term, App) and term.head == "PList" and term.args:
-            return self.list_slots(term.args[0])
-        return []
-
-    def slot(self, term: Term) -> int | None:
-        if term in self.memo:
-            return self.memo[term]
-        got = self._slot(term)
-        self.memo[term] = got
-        return got
-
-    def _slot(self, term: Term) -> int | None:
-        if isinstance(term, Var):
-            return self.var(term.name) if self.sorts.get(term.name, "T") in ("T", "TList") else None
-        if not isinstance(term, App) or term.head in ("NoneT", "TNil"):
-            return None
-        if term.head in PARALLEL:
-            return self.slot(term.args[0])
-        spec = OPS.get(term.head)
-        if spec is None:
-            return self.slots.new()  # a leaf (Input, Weight, Opaque…): any dtype
-        types = op_types(term.head)
-        tvars: dict[str, int] = {}
-        first: int | None = None
-        for arg, value in zip(spec.args, term.args, strict=False):
-            if arg.sort not in ("T", "TList"):
-                continue
-            got = self.list_slots(value) if arg.sort == "TList" else [s for s in [self.slot(value)] if s is not None]
-            for s in got:
-                first = s if first is None else first
-                if types is None:
-                    continue
-                tv = types.inputs.get(arg.name)
-                if tv is None:
-                    continue
-                if tv not in tvars:
-                    tvars[tv] = self.slots.new(types.allowed[tv])
-                self.slots.union(tvars[tv], s)
-        if types is None:
-            return first if first is not None else self.slots.new()
-        if types.output == "=bool":
-            return self.slots.new({"bool"})
-        if types.output == "=to":
-            to = term.args[spec.arg_index("to")]
-            name = onnx_dtype_name(int(to.value)) if isinstance(to, Lit) else None
-            return self.slots.new({name} if name else ()) if isinstance(to, Lit) else self.slots.new()
-        if types.output not in tvars:
-            tvars[types.output] = self.slots.new(types.allowed[types.output])
-        return tvars[types.output]
-
-
-def _roots(term: Term) -> list[Term]:
-    items: list[Term] = []
-    t = term
-    while isinstance(t, App) and t.head == "TCons":
-        items.append(t.args[0])
-        t = t.args[1]
-    return items if isinstance(t, App) and t.head == "TNil" and items else [term]
-
-
-def _dtype_guards(typer: _Typer, guards: Iterable[Term]) -> None:
-    """Narrow the classes by the guards that name dtypes (others are left out: that only widens them)."""
-    alias: dict[str, Term] = {}
-    for g in guards:
-        if isinstance(g, App) and g.head == "=" and len(g.args) == 2:
-            for a, b in (g.args, g.args[::-1]):
-                if isinstance(a, Var) and isinstance(b, App) and b.head == "dtype":
-                    alias[a.name] = b.args[0]
-
-    def slot_of(t: Term) -> int | None:
-        if isinstance(t, App) and t.head == "dtype" and t.args:
-            return typer.slot(t.args[0])
-        if isinstance(t, Var) and t.name in alias:
-            return typer.slot(alias[t.name])
-        return None
-
-    for g in guards:
-        if not isinstance(g, App):
-            continue
-        if g.head == "float-dtype" and len(g.args) == 1:
-            s = slot_of(g.args[0])
-            if s is not None:
-                typer.slots.narrow(s, FLOAT_DTYPES)
-        elif g.head in ("=", "!=") and len(g.args) == 2:
-            for a, b in (g.args, g.args[::-1]):
-                s = slot_of(a)
-                if s is not None and isinstance(b, Lit) and b.sort == "String":
-                    keep = {str(b.value)} if g.head == "=" else _UNIVERSE - {str(b.value)}
-                    typer.slots.narrow(s, keep)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Concrete checking
@@ -276,7 +119,7 @@ def _op_dtype(term: App, var_dtypes: dict[str, str], out: dict[Term, str]) -> st
 
 
 def _show(dtypes: frozenset[str]) -> str:
-    if dtypes == _UNIVERSE:
+    if dtypes == UNIVERSE:
         return "every dtype"
     if dtypes >= FLOAT_DTYPES and dtypes - FLOAT_DTYPES:
         return "floats and " + ", ".join(sorted(dtypes - FLOAT_DTYPES))
@@ -303,13 +146,13 @@ class TypeCheck:
 def check_types(rule: Rule) -> TypeCheck:
     """Type-check ``rule`` (module docstring)."""
     sorts = rule.var_sorts
-    typer = _Typer(sorts=dict(sorts))
-    lhs_roots = _roots(rule.lhs)
+    typer = Typer(sorts=dict(sorts))
+    lhs_roots = side_roots(rule.lhs)
     left = [typer.slot(r) for r in lhs_roots]
     lhs_vars = [t.name for t in walk(rule.lhs) if isinstance(t, Var) and sorts.get(t.name) in ("T", "TList")]
     for name in lhs_vars:
         typer.var(name)
-    _dtype_guards(typer, rule.guards)
+    dtype_guards(typer, rule.guards)
     slots = typer.slots
     result = TypeCheck()
     before = {name: (slots.find(typer.var_slot[name]), slots.of(typer.var_slot[name])) for name in lhs_vars}
@@ -319,7 +162,7 @@ def check_types(rule: Rule) -> TypeCheck:
         return result
     result.class_of = {name: rep for name, (rep, _a) in before.items()}
     result.classes = {rep: allowed for rep, allowed in before.values()}
-    right = [typer.slot(r) for r in _roots(rule.rhs)]
+    right = [typer.slot(r) for r in side_roots(rule.rhs)]
     for a, b in zip(left, right, strict=False):
         if a is not None and b is not None:
             slots.union(a, b)
@@ -369,7 +212,7 @@ def _explain(rule: Rule, lhs_roots: list[Term], dtypes: dict[str, str]) -> str:
         right = term_dtypes(rule.rhs, dtypes)
     except TypeProblem as exc:
         return f"the right-hand side is ill-typed with dtypes {shown} (the left-hand side accepts them): {exc}"
-    for lroot, rroot in zip(lhs_roots, _roots(rule.rhs), strict=False):
+    for lroot, rroot in zip(lhs_roots, side_roots(rule.rhs), strict=False):
         a, b = left.get(lroot), right.get(rroot)
         if a is not None and b is not None and a != b:
             return f"with dtypes {shown} the left-hand side is {a} and the right-hand side {b}: {rroot}"
