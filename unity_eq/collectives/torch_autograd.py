@@ -34,7 +34,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["AxisGroup", "Ledger", "all_gather", "all_reduce", "all_reduce_gradient", "partition", "replicate", "world_sum"]
+__all__ = [
+    "AxisGroup",
+    "Ledger",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_gradient",
+    "partition",
+    "replicate",
+    "world_sum",
+]
 
 FORWARD, BACKWARD, GRADIENT = "forward", "backward", "gradient"
 
