@@ -4,17 +4,8 @@ A :class:`Graph` is what a frontend produces and what the e-graph encoder consum
 list of :class:`Node` (one ONNX operator application each), the :class:`TensorType` of every tensor, the
 model's inputs and outputs, and its initializers (weights and constants) as numpy arrays.
 
-Placements say how one tensor is laid out over one axis of the device mesh (DTensor's vocabulary):
-
-====================  =======  =====================================================================
-type                  short    meaning on one mesh axis of size n
-====================  =======  =====================================================================
-``Replicate()``       ``R``    every device on the axis holds the whole value
-``Shard(dim=d)``      ``S(d)`` device i holds the i-th of n equal contiguous chunks along dimension d
-``Partial()``         ``P``    every device holds a piece; the value is the sum of the n pieces
-====================  =======  =====================================================================
-
-The short form is the one used in ``.egg`` rules, ``plan.json``, logs and error messages.
+Placements (``Replicate``, ``Shard``, ``Partial``: how a tensor lies over one mesh axis) are
+:mod:`unity_eq.placement`'s, re-exported here.
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.errors import OptionError
+from unity_eq.placement import Partial, Placement, Replicate, Shard, parse_placement
 
 __all__ = [
     "Graph",
@@ -45,67 +37,6 @@ __all__ = [
     "is_parameter_type",
     "parse_placement",
 ]
-
-
-@dataclass(frozen=True)
-class Placement:
-    """How a tensor is laid out over one mesh axis. Use the subclasses."""
-
-    def is_shard(self, dim: int | None = None) -> bool:
-        return False
-
-    def is_replicate(self) -> bool:
-        return False
-
-    def is_partial(self) -> bool:
-        return False
-
-
-@dataclass(frozen=True)
-class Shard(Placement):
-    """Chunked along ``dim`` over the axis: device i holds chunk i (``S(dim)``)."""
-
-    dim: int
-
-    def is_shard(self, dim: int | None = None) -> bool:
-        return dim is None or dim == self.dim
-
-    def __str__(self) -> str:
-        return f"S({self.dim})"
-
-
-@dataclass(frozen=True)
-class Replicate(Placement):
-    """A full copy on every device of the axis (``R``)."""
-
-    def is_replicate(self) -> bool:
-        return True
-
-    def __str__(self) -> str:
-        return "R"
-
-
-@dataclass(frozen=True)
-class Partial(Placement):
-    """Pending sum: the value is the sum of the pieces held by the devices of the axis (``P``)."""
-
-    def is_partial(self) -> bool:
-        return True
-
-    def __str__(self) -> str:
-        return "P"
-
-
-def parse_placement(text: str) -> Placement:
-    """Parse the short form (``R``, ``P``, ``S(1)``) back into a placement."""
-    text = text.strip()
-    if text == "R":
-        return Replicate()
-    if text == "P":
-        return Partial()
-    if text.startswith("S(") and text.endswith(")") and text[2:-1].strip().lstrip("-").isdigit():
-        return Shard(int(text[2:-1]))
-    raise ValueError(f"placement: expected R, P or S(<dim>), got {text!r}")
 
 
 @dataclass(frozen=True)

@@ -110,29 +110,22 @@ class ProfileTable:
         attrs: Mapping[str, Any] | None = None,
         *,
         count: bool = True,
+        backward: bool = False,
     ) -> float | None:
         """Measured forward seconds of one op on these local shapes, or None (then the roofline prices it).
-        ``count``: add the answer to ``hits`` / ``misses`` (the statistics ``optimize`` reports)."""
+        ``count``: add the answer to ``hits`` / ``misses`` (the statistics ``optimize`` reports). ``backward``:
+        its backward seconds instead (the entry's ``backward_s``: forward + backward measured in torch, less its
+        forward), or None when the table has no backward for it; never counted."""
         found = self._found(op_type, in_shapes, out_shape, dtype, attrs)
+        if backward:
+            found = [e for e in found if e.get("backward_s") is not None]
+            return max(float(e["backward_s"]) for e in found) if found else None
         if count:
             if found:
                 self.hits += 1
             else:
                 self.misses += 1
         return max(float(e["median_s"]) for e in found) if found else None
-
-    def lookup_backward(
-        self,
-        op_type: str,
-        in_shapes: Sequence[Sequence[int] | None],
-        out_shape: Sequence[int],
-        dtype: str,
-        attrs: Mapping[str, Any] | None = None,
-    ) -> float | None:
-        """Measured backward seconds of one op (the entry's ``backward_s``: forward + backward measured in
-        torch, less its forward), or None when the table has no backward for it."""
-        found = [e for e in self._found(op_type, in_shapes, out_shape, dtype, attrs) if e.get("backward_s") is not None]
-        return max(float(e["backward_s"]) for e in found) if found else None
 
     def _found(
         self,

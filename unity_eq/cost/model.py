@@ -142,7 +142,7 @@ class CostModel(MeshTopology):
         forward = self.forward(op) if forward is None else forward
         work = backward_work(op)
         if self.profile is not None:
-            measured = self.profile.lookup_backward(op.op_type, op.in_shapes, op.out_shape, op.dtype)
+            measured = self.profile.lookup(op.op_type, op.in_shapes, op.out_shape, op.dtype, backward=True)
             if measured is not None:
                 return measured
             if self.profile.lookup(op.op_type, op.in_shapes, op.out_shape, op.dtype, count=False) is not None:

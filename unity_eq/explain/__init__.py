@@ -16,8 +16,8 @@ from unity_eq.explain.build import BASELINE_ORDER as BASELINE_ORDER
 from unity_eq.explain.build import explain, load_plan, reading_plan, report_of
 from unity_eq.explain.build import plan_json_path as plan_json_path
 from unity_eq.explain.explanation import Explanation, OpInput, OpRow, TrafficRow
+from unity_eq.explain.pcg import comm_us, named, tensor_bytes
 from unity_eq.explain.pcg import pcg_lines as pcg_lines
-from unity_eq.explain.pcg import tensor_bytes
 from unity_eq.explain.text import render
 
 __all__ = [
@@ -25,8 +25,10 @@ __all__ = [
     "OpInput",
     "OpRow",
     "TrafficRow",
+    "comm_us",
     "explain",
     "load_plan",
+    "named",
     "reading_plan",
     "render",
     "report_of",

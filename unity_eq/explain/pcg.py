@@ -119,7 +119,8 @@ def _mib(t: TensorRecord) -> str:
     return f"{tensor_bytes(t) / 2**20:.2f} MiB"
 
 
-def _us(step: StepRecord | CollectiveStepRecord) -> str:
+def comm_us(step: StepRecord | CollectiveStepRecord) -> str:
+    """A step's predicted communication time in µs, as the text and the picture label collectives."""
     return f"{(step.communication_s or 0.0) * 1e6:.1f} µs"
 
 
@@ -137,11 +138,13 @@ def _collective_line(
     kind = BY_RECORD_KIND[step.KIND]
     dims = "".join(f" {name.replace('_', ' ')} {getattr(step, name)}" for name in kind.dims)
     if kind.communicates:
-        return [f"=> {kind.label:<12}{label(step.out)}{dims} on {step.axis} ({_mib(tensors[step.out])}, {_us(step)})"]
+        return [
+            f"=> {kind.label:<12}{label(step.out)}{dims} on {step.axis} ({_mib(tensors[step.out])}, {comm_us(step)})"
+        ]
     if not kind.weight_gradient:  # a local slice: its backward gathers an activation's gradient
         if kinds.get(step.src) != "activation":
             return []
-        back = f", backward {kind.backward_op} {_us(step)}" if training and kind.backward_op else ""
+        back = f", backward {kind.backward_op} {comm_us(step)}" if training and kind.backward_op else ""
         return [f"  {kind.label:<13}{label(step.src)}{dims} on {step.axis}{back}"]
     if not (training and (step.communication_s or 0) > 0):
         return []
@@ -154,5 +157,5 @@ def _collective_line(
         return []
     return [
         f"<= {kind.backward_op:<12}activation gradient of {label(step.src)} on {step.axis} "
-        f"({_mib(tensors[step.src])}, {_us(step)})"
+        f"({_mib(tensors[step.src])}, {comm_us(step)})"
     ]

@@ -19,7 +19,16 @@ import numpy as np
 from unity_eq.ops.cases import AUTO_PADS, oa16, square_windows, window_pairs, window_product
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
-from unity_eq.ops.tensors import Shape, need, out_dtype, pool_out, window_attrs, window_defaults, window_positions
+from unity_eq.ops.tensors import (
+    Shape,
+    need,
+    out_dtype,
+    pool_out,
+    product_backward,
+    window_attrs,
+    window_defaults,
+    window_positions,
+)
 
 __all__ = ["CONV"]
 
@@ -226,13 +235,8 @@ def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape:
     """Two convolutions of the forward's FLOPs each (the input's gradient, a transposed convolution; the
     weight's, a correlation of the input with the gradient), each reading the gradient and the other operand;
     a bias adds a sum of the gradient per channel."""
-    n = math.prod(out_shape)
-    x, w = (math.prod(s) if s is not None else 0 for s in in_shapes[:2])
-    work = Work(2.0 * flops(op, in_shapes, out_shape), 2.0 * n + x + w, float(x + w), kernels=2.0)
     bias = in_shapes[2] if len(in_shapes) > 2 else None
-    if bias is not None:
-        work = work + Work(float(n), float(n), float(math.prod(bias)))
-    return work
+    return product_backward(flops(op, in_shapes, out_shape), in_shapes, out_shape, bias)
 
 
 CONV = OpFamily(

@@ -19,7 +19,7 @@ import numpy as np
 from unity_eq.ops.cases import broadcast_positions
 from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
-from unity_eq.ops.tensors import Shape, bcast, need
+from unity_eq.ops.tensors import Shape, bcast, need, product_backward
 
 __all__ = ["MATMUL"]
 
@@ -328,13 +328,9 @@ def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape:
     """Two GEMMs of the forward's FLOPs each: ``dA = dY · Bᵀ`` (reads the gradient and B, writes A's size) and
     ``dB = Aᵀ · dY`` (reads A and the gradient, writes B's; a B broadcast over A's batch is summed inside the
     GEMM); Gemm's bias C adds a sum of the gradient over its broadcast dims."""
-    n = math.prod(out_shape)
-    a, b = (math.prod(s) if s is not None else 0 for s in in_shapes[:2])
-    work = Work(2.0 * flops(op, in_shapes, out_shape), 2.0 * n + a + b, float(a + b), kernels=2.0)
     c = in_shapes[2] if len(in_shapes) > 2 else None
-    if c is not None and math.prod(c) > 1:
-        work = work + Work(float(n), float(n), float(math.prod(c)))
-    return work
+    bias = c if c is not None and math.prod(c) > 1 else None
+    return product_backward(flops(op, in_shapes, out_shape), in_shapes, out_shape, bias)
 
 
 MATMUL = OpFamily(

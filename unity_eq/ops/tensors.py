@@ -1,5 +1,6 @@
 """What the families' shape inference and semantics share: shapes that must be present, broadcasting, axes
-in range, reductions over the elements of an array, the element type a backend's arrays hold.
+in range, reductions over the elements of an array, the element type a backend's arrays hold, and the backward
+work of a product of two operands (MatMul, Gemm, Conv).
 
 Values are numpy arrays: ``dtype=object`` arrays of z3 expressions for proofs, of exact numbers for the rule
 generator's fingerprints, float64 arrays for the numeric back-up (verify/_tensor.py's backends).
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.family import NotModeled, ShapeError
+from unity_eq.ops.family import NotModeled, ShapeError, Work
 
 __all__ = [
     "Shape",
@@ -25,6 +26,7 @@ __all__ = [
     "obj",
     "out_dtype",
     "pool_out",
+    "product_backward",
     "reduce_elements",
     "window_attrs",
     "window_defaults",
@@ -181,3 +183,20 @@ def window_defaults(v: dict[str, Any], spatial: int) -> dict[str, Any]:
     if v.get("auto_pad", "NOTSET") == "NOTSET":
         out["pads"] = tuple(v["pads"]) or (0,) * (2 * spatial)
     return out
+
+
+def product_backward(
+    forward_flops: float,
+    in_shapes: Sequence[Sequence[int] | None],
+    out_shape: Sequence[int],
+    bias: Sequence[int] | None,
+) -> Work:
+    """The backward pass of a product of two operands (MatMul, Gemm, Conv): two products of the forward's
+    ``forward_flops`` each, one per operand's gradient, each reading the output's gradient and the other operand
+    and writing its operand's size; a ``bias`` (the caller says which counts) adds a sum of the gradient."""
+    n = math.prod(out_shape)
+    a, b = (math.prod(s) if s is not None else 0 for s in in_shapes[:2])
+    work = Work(2.0 * forward_flops, 2.0 * n + a + b, float(a + b), kernels=2.0)
+    if bias is not None:
+        work = work + Work(float(n), float(n), float(math.prod(bias)))
+    return work

@@ -13,7 +13,7 @@ import graphviz
 from typing_extensions import assert_never
 
 from unity_eq.collectives import BY_RECORD_KIND
-from unity_eq.explain import OpRow, report_of, tensor_bytes
+from unity_eq.explain import OpRow, comm_us, named, report_of, tensor_bytes
 from unity_eq.picture.mesh import mesh_cluster
 from unity_eq.picture.style import BACKWARD, FORWARD, PALETTE, REPLICATED, ms
 from unity_eq.planfile import (
@@ -21,7 +21,6 @@ from unity_eq.planfile import (
     ComputeStepRecord,
     ExplainRecord,
     InputStepRecord,
-    StepRecord,
     TensorRecord,
     WeightStepRecord,
 )
@@ -63,17 +62,8 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.2f} MiB" if nbytes >= 2**16 else f"{nbytes / 2**10:.1f} KiB"
 
 
-def _us(step: StepRecord | CollectiveStepRecord) -> str:
-    return f"{(step.communication_s or 0.0) * 1e6:.1f} µs"
-
-
 def _collective_label(kind: str, step: _Move, tensor: TensorRecord) -> str:
-    return f"{kind} on {step.axis}\\n{_mib(tensor_bytes(tensor))}, {_us(step)}"
-
-
-def _tensor_name(tensors: Mapping[str, TensorRecord], tid: str) -> str:
-    t = tensors.get(tid)
-    return str((t.value or t.source if t else None) or tid)
+    return f"{kind} on {step.axis}\\n{_mib(tensor_bytes(tensor))}, {comm_us(step)}"
 
 
 def _group_of(name: str) -> str | None:
@@ -135,7 +125,7 @@ def _op_label(op: OpRow, step: ComputeStepRecord, tensors: Mapping[str, TensorRe
         lines.append("local [" + ",".join(str(d) for d in op.local_shape) + "]")
     used = [i for i in step.inputs if isinstance(i, str) and i in weights]
     if used:
-        shown = [f"{_tensor_name(tensors, w)} {{{','.join(tensors[w].placement)}}}" for w in used[:2]]
+        shown = [f"{named(tensors.get(w)) or w} {{{','.join(tensors[w].placement)}}}" for w in used[:2]]
         more = f" +{len(used) - 2}" if len(used) > 2 else ""
         lines.append(graphviz.escape(", ".join(shown)) + more)
     return "\\n".join(lines)

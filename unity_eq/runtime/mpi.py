@@ -80,11 +80,8 @@ from unity_eq.runtime.mpi_status import (
     MPIRunError,
     Poller,
     RankStatus,
-    agree,
-    conclude,
     fail_together,
-    failure,
-    interrupted,
+    status_round,
 )
 from unity_eq.runtime.mpi_supervisor import import_mpi, supervise, tell_supervisor
 from unity_eq.runtime.pipeline import PipelinePlan, read_plan
@@ -210,7 +207,9 @@ def run_plan_mpi(
     start = time.perf_counter()
     tracker = tracker if tracker is not None and rank == 0 else Tracker()
     tracker.start("run", f"loading {world.size} device files, one per process")
-    try:
+
+    def load() -> dict[str, Any]:
+        nonlocal setup
         if requested is not None and requested <= 0:
             raise OptionError(f"`--timeout` must be positive, got {requested:g}.")
         if repeat < 1:
@@ -219,14 +218,9 @@ def run_plan_mpi(
             check_outputs()
         setup = _setup(plan_dir, inputs, seed, device, world, local)
         choice = setup.choice
-        info = {"host": host, "device": choice.description, "note": choice.note, "local_rank": local.rank}
-        status = RankStatus(rank, SETUP, True, info=info)
-    except KeyboardInterrupt:
-        interrupted(rank)
-    except BaseException as exc:  # reported to every rank, raised on one
-        status = failure(rank, SETUP, exc)
-    statuses, missing = agree(control, status, timeout)
-    conclude(control, statuses, missing, timeout)
+        return {"host": host, "device": choice.description, "note": choice.note, "local_rank": local.rank}
+
+    statuses = status_round(control, SETUP, timeout, load)
     assert setup is not None
     setup_s = time.perf_counter() - start
     tracker.update("run", f"{world.size} device files loaded")
@@ -253,7 +247,9 @@ def run_plan_mpi(
     def stage(done: int, total: int) -> None:
         tracker.count("run", done, total, "stages run (rank 0)")
 
-    try:
+    def run() -> dict[str, Any]:
+        nonlocal outputs
+        assert setup is not None
         for _ in range(repeat):
             times = RankTimes()
             begin = time.perf_counter()
@@ -269,14 +265,9 @@ def run_plan_mpi(
                 }
             )
         assert outputs is not None
-        info = {"digests": _digest(outputs), "runs": runs, "host": host, "device": setup.choice.description}
-        status = RankStatus(rank, FINAL, True, info=info)
-    except KeyboardInterrupt:
-        interrupted(rank)
-    except BaseException as exc:  # reported to every rank, raised on one
-        status = failure(rank, FINAL, exc)
-    statuses, missing = agree(control, status, timeout)
-    conclude(control, statuses, missing, timeout)
+        return {"digests": _digest(outputs), "runs": runs, "host": host, "device": setup.choice.description}
+
+    statuses = status_round(control, FINAL, timeout, run)
     try:
         return _finish(mpi, control, comm, statuses, setup, outputs, stats, tracker, setup_s, ours)
     except KeyboardInterrupt:

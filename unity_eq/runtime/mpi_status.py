@@ -37,6 +37,7 @@ __all__ = [
     "failure",
     "interrupted",
     "outcome",
+    "status_round",
 ]
 
 STATUS_TAG = 7301
@@ -271,3 +272,22 @@ def conclude(control: Control, statuses: Mapping[int, RankStatus], missing: Sequ
     if error is not None:
         # The lowest rank that answered reports (this rank always has its own status).
         fail_together(control, error, min(statuses), not missing)
+
+
+def status_round(
+    control: Control, round_: int, timeout: float, work: Callable[[], dict[str, Any]]
+) -> dict[int, RankStatus]:
+    """Run this rank's ``work`` for round ``round_`` (what it returns is the status's ``info``), then agree on the
+    round with every rank: each rank's status, once all answered or the deadline passed; a failure anywhere
+    (``work`` raising here included) ends every rank with one error (:func:`conclude`). Ctrl-C holds no round
+    (:func:`interrupted`)."""
+    rank = control.rank
+    try:
+        status = RankStatus(rank, round_, True, info=work())
+    except KeyboardInterrupt:
+        interrupted(rank)
+    except BaseException as exc:  # reported to every rank, raised on one
+        status = failure(rank, round_, exc)
+    statuses, missing = agree(control, status, timeout)
+    conclude(control, statuses, missing, timeout)
+    return statuses

@@ -1,7 +1,8 @@
 """``check --training``: train a plan for K steps on its ranks and compare with training the original model on one
 device, with the same inputs and optimizer.
 
-The ranks are processes started here (``torch.multiprocessing``, gloo on the CPU; no torchrun). Compared:
+The ranks are processes started here (``torch.multiprocessing``, gloo on the CPU; no torchrun:
+:mod:`unity_eq.train.spawn`). Compared:
 
 - the loss of every step;
 - every weight's gradient of the first step, every rank's piece against the same region of the one-device
@@ -9,17 +10,14 @@ The ranks are processes started here (``torch.multiprocessing``, gloo on the CPU
   gathered back to the source shape covers every trained weight;
 - the weights after K optimizer steps, the same way;
 - the collectives the ranks issued in one step (forward, backward, gradient sync) per kind and mesh axis,
-  count and bytes, against what plan.json priced (:func:`predicted_collectives`).
+  count and bytes, against what plan.json priced (:func:`unity_eq.train.predict.predicted_collectives`).
 
 Relative error is ``max |plan - reference| / max |reference|`` per weight, as ``check`` measures outputs.
 """
 
 from __future__ import annotations
 
-import os
-import socket
 import tempfile
-import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,189 +26,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from unity_eq.errors import CheckFailed, OptionError, RuntimeBackendError, UnityEqError
-from unity_eq.planfile import (
-    CombineStepRecord,
-    ComputeStepRecord,
-    ExplainRecord,
-    InputStepRecord,
-    PartitionStepRecord,
-    ReduceStepRecord,
-    ReplicateStepRecord,
-    WeightStepRecord,
-)
-from unity_eq.runtime.pipeline import PipelinePlan
-from unity_eq.train.pipeline import DATA_AXIS, PIPELINE_AXIS, STAGES_AXIS, recomputes
+from unity_eq.errors import CheckFailed, OptionError
+from unity_eq.planfile import ExplainRecord
+from unity_eq.train.predict import Key, predicted_collectives, priced_gradless
+from unity_eq.train.spawn import TrainJob, free_port, init_rank, make_optimizer, spawn_ranks
 
-__all__ = ["TrainingCheck", "check_training", "make_optimizer", "predicted_collectives"]
-
-Key = tuple[str, str, str]  # (kind, axis, phase)
-
-
-@dataclass(frozen=True)
-class TrainJob:
-    """What every rank of a check runs (picklable: it crosses to the spawned processes)."""
-
-    plan_dir: str
-    model: str
-    inputs: Mapping[str, np.ndarray]
-    steps: int
-    optimizer: str
-    lr: float
-    loss: str | None
-    out_dir: str
-    zero: int = 0  # ZeRO level over ``zero_axis`` (unity_eq.train.zero)
-    zero_axis: str | None = None
-    recompute: bool = False  # the forward checkpointed (unity_eq.train.recompute)
-    shared: tuple[str, ...] = ()
-    #: the source parameters plan.json trains (``weights``), which the one-device reference trains too (None:
-    #: a plan without the section, ``reference.trainable_names``)
-    trainable: frozenset[str] | None = None
-
-
-def make_optimizer(name: str, params: Any, lr: float) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise OptionError(f"`--optimizer`: expected sgd or adamw, got {name!r}.")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_rank(rank: int, world: int, port: int) -> None:
-    """Join the ranks' gloo group on this machine; the CPU's cores shared among the ranks."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-
-
-def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
-    """One rank of ``check --training``: K steps, its pieces and ledger written to ``job.out_dir``."""
-    import torch.distributed as dist
-
-    out = Path(job.out_dir)
-    try:
-        init_rank(rank, world, port)
-        from unity_eq.train.pipeline import load_rank
-
-        trainer = load_rank(
-            job.plan_dir, job.model, zero=job.zero, zero_axis=job.zero_axis, recompute=job.recompute, loss=job.loss,
-            shared=job.shared,
-        )  # fmt: skip
-        opt = trainer.optimizer(lambda params: make_optimizer(job.optimizer, params, job.lr))
-        feeds = trainer.inputs(job.inputs)
-        losses, grads, ledger = [], [], []
-        for k in range(job.steps):
-            opt.zero_grad()
-            loss = trainer.forward_backward(feeds, job.loss)
-            losses.append(float(loss))
-            if k == 0:
-                grads = [(n, r.box, g.numpy().copy() if g is not None else None) for n, r, g in trainer.pieces("grads")]
-            opt.step()
-            if k == 0:  # after the step: ZeRO all-gathers the updated weights there
-                ledger = trainer.ledger.as_rows()
-        weights = [(n, r.box, w.numpy().copy()) for n, r, w in trainer.pieces("weights") if w is not None]
-        result = {
-            "losses": losses,
-            "grads": grads,
-            "weights": weights,
-            "ledger": ledger,
-            "gradless": sorted(trainer.plan_module.gradless),
-            "predicted": _rank_prediction(trainer),
-            "notes": _rank_notes(trainer),
-        }
-        torch.save(result, out / f"rank{rank}.pt")
-        dist.destroy_process_group()
-    except BaseException as exc:
-        message = str(exc) if isinstance(exc, UnityEqError) else f"{type(exc).__name__}: {exc}"
-        code = exc.exit_code if isinstance(exc, UnityEqError) else 1
-        (out / f"error{rank}.txt").write_text(f"{code}\n{message}\n{traceback.format_exc()}")
-        raise SystemExit(1) from None
-
-
-def _rank_prediction(trainer: Any) -> dict[Key, list[int]] | None:
-    """A pipeline rank's collectives and sends as plan.json predicts them (None for an SPMD rank: the parent
-    predicts those from plan.json alone)."""
-    from unity_eq.train.pipeline import PipelineTrainer
-
-    if not isinstance(trainer, PipelineTrainer):
-        return None
-    module = trainer.plan_module
-    params = [
-        (n, p.numel() * p.element_size(), str(p.dtype).removeprefix("torch."))
-        for n, p in zip(module.param_names, module.param_list, strict=True)
-    ]
-    shared = [(s.name, int(np.prod(s.shape)) * module.param_list[s.index].element_size()) for s in trainer.shared]
-    from unity_eq.train.pipeline_zero import priced_zero_bytes, zero_bucket_bytes
-
-    return predicted_pipeline(
-        trainer.plan,
-        trainer.stage_records,
-        trainer.stage,
-        set(module.gradless),
-        module.deferred,
-        params,
-        shared,
-        trainer.zero,
-        priced_zero_bytes(trainer.record, zero_bucket_bytes(trainer.module, trainer.zero_optimizer)),
-    )
-
-
-def _rank_notes(trainer: Any) -> list[str]:
-    """What a pipeline rank runs that plan.json does not price: a gradient collective priced where none flows,
-    a weight's gradient summed over the stages that train it."""
-    from unity_eq.train.pipeline import PipelineTrainer
-
-    if not isinstance(trainer, PipelineTrainer):
-        return []
-    notes = [
-        f"plan.json prices a gradient collective where no gradient flows: {text}"
-        for text in _priced_gradless(trainer.record, trainer.plan_module.gradless)
-    ]
-    return notes + [
-        f"weight {s.name!r} is trained by several stages: its gradients are summed over them (an all-reduce on "
-        f"ranks {list(s.group.ranks)} that plan.json does not price)"
-        for s in trainer.shared
-    ]
-
-
-def spawn_ranks(world: int, job: TrainJob) -> list[dict[str, Any]]:
-    """Run ``job`` on ``world`` processes; their results in rank order, or the first failed rank's error (the
-    others are stopped: torch's spawn terminates them)."""
-    import logging
-
-    import torch.multiprocessing as mp
-
-    logger = logging.getLogger("torch.multiprocessing.spawn")
-    level = logger.level
-    logger.setLevel(logging.ERROR)  # its "Terminating process N via signal SIGTERM" lines: the error says it
-    try:
-        # fork: the ranks inherit this process's imports (torch, the frontend), which under load took most of
-        # a check's time when each rank imported them again; gloo and the CPU need nothing fork cannot give
-        mp.start_processes(_rank_main, args=(world, free_port(), job), nprocs=world, join=True, start_method="fork")
-    except mp.ProcessExitedException as exc:
-        raise _rank_error(Path(job.out_dir), exc.error_index, exc.signal_name, exc.exit_code) from None
-    except mp.ProcessRaisedException as exc:
-        raise _rank_error(Path(job.out_dir), exc.error_index, None, None) from None
-    finally:
-        logger.setLevel(level)
-    return [torch.load(Path(job.out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
-
-
-def _rank_error(out: Path, rank: int, signal_name: str | None, exit_code: int | None) -> UnityEqError:
-    """The error of the rank that failed first: the one it wrote, or how it died."""
-    path = out / f"error{rank}.txt"
-    if path.exists():
-        code, message = path.read_text().split("\n", 2)[:2]
-        return OptionError(message) if code == "2" else RuntimeBackendError(f"rank {rank}: {message}")
-    how = f"killed by signal {signal_name}" if signal_name else f"exit code {exit_code}"
-    return RuntimeBackendError(f"rank {rank} died ({how}); the other ranks are stopped")
+__all__ = [
+    "TrainingCheck",
+    "assert_training_check",
+    "check_training",
+    "free_port",
+    "init_rank",
+    "make_optimizer",
+    "predicted_collectives",
+]
 
 
 def model_batch(model: str | Path) -> int | None:
@@ -260,84 +89,6 @@ def reference_training(job: TrainJob) -> dict[str, Any]:
         opt.step()
     weights = {n: p.detach().numpy().copy() for n, p in module.parameters_by_name().items()}
     return {"losses": losses, "grads": grads, "weights": weights, "magnitudes": magnitudes}
-
-
-def _local_bytes(record: ExplainRecord, tid: str) -> int:
-    t = record.tensors[tid]
-    return int(np.prod(t.local_shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-
-
-def predicted_collectives(
-    record: ExplainRecord,
-    skip: set[str] = frozenset(),  # type: ignore[assignment]
-    zero: int = 0,
-    zero_axis: str | None = None,
-    recompute: bool = False,
-) -> dict[Key, list[int]]:
-    """The collectives plan.json prices for one training step on every rank: (kind, axis, phase) -> [count,
-    bytes per rank]. A combine is a forward all-gather, a reduce a forward all-reduce; a partition or replicate
-    whose step has a communication price is a backward all-gather or all-reduce (phase ``gradient`` for a
-    replicate of a tensor no model input flows into: a weight's gradient sync). ``skip``: steps whose backward
-    carries no gradient at run time (priced, not needed).
-
-    ``zero``: ZeRO over ``zero_axis`` replaces the weights' gradient all-reduces on that axis by its own
-    collectives on the same bytes (unity_eq.train.zero.zero_collectives, as the cost model prices them);
-    ``recompute``: the forward's collectives again, in phase ``recompute`` (a recomputed forward repeats them, as
-    the stage search prices it)."""
-    from unity_eq.train.rank import depends_on_inputs
-    from unity_eq.train.zero import zero_collectives
-
-    sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
-    from_inputs = depends_on_inputs(record.steps)
-    sharded: dict[str, int] = {}  # dtype -> bytes of the weight gradients ZeRO reduce-scatters
-    out: dict[Key, list[int]] = {}
-
-    def add(key: Key, nbytes: int) -> None:
-        if sizes[key[1]] > 1:
-            entry = out.setdefault(key, [0, 0])
-            entry[0] += 1
-            entry[1] += nbytes
-
-    for step in record.steps:
-        match step:
-            case CombineStepRecord(out=o, axis=axis):
-                add(("all_gather", axis, "forward"), _local_bytes(record, o))
-            case ReduceStepRecord(out=o, axis=axis):
-                add(("all_reduce", axis, "forward"), _local_bytes(record, o))
-            case PartitionStepRecord(out=o, src=src, axis=axis):
-                if (step.communication_s or 0) > 0 and o not in skip:
-                    add(("all_gather", axis, "backward"), _local_bytes(record, src))
-            case ReplicateStepRecord(out=o, src=src, axis=axis):
-                if (step.communication_s or 0) > 0 and o not in skip:
-                    if zero and axis == zero_axis and src not in from_inputs:  # a weight's: ZeRO sums it
-                        dtype = record.tensors[src].dtype
-                        sharded[dtype] = sharded.get(dtype, 0) + _local_bytes(record, src)
-                        continue
-                    phase = "backward" if src in from_inputs else "gradient"
-                    add(("all_reduce", axis, phase), _local_bytes(record, src))
-            case ComputeStepRecord() | InputStepRecord() | WeightStepRecord():
-                pass
-    if recompute:
-        for (kind, axis, phase), (count, nbytes) in list(out.items()):
-            if phase == "forward":
-                out[(kind, axis, "recompute")] = [count, nbytes]
-    if zero and zero_axis is not None and sizes[zero_axis] > 1:
-        for key, (count, nbytes) in zero_collectives(zero, zero_axis, list(sharded.values())).items():
-            entry = out.setdefault(key, [0, 0])
-            entry[0] += count
-            entry[1] += nbytes
-    return out
-
-
-def _priced_gradless(record: ExplainRecord, gradless: set[str]) -> list[str]:
-    """Steps plan.json prices a gradient collective for where no gradient flows (a model input or a constant)."""
-    return [
-        f"{type(s).__name__.removesuffix('StepRecord').lower()} {s.out} ({s.src})"
-        for s in record.steps
-        if isinstance(s, PartitionStepRecord | ReplicateStepRecord)
-        and s.out in gradless
-        and (s.communication_s or 0) > 0
-    ]
 
 
 def relative_error(actual: np.ndarray, expected: np.ndarray, floor: float = 0.0) -> float:
@@ -415,7 +166,7 @@ def _compare_collectives(
     if record is not None:
         gradless = set(ranks[0]["gradless"])
         predicted = predicted_collectives(record, gradless, job.zero, job.zero_axis, job.recompute)
-        for text in _priced_gradless(record, gradless):
+        for text in priced_gradless(record, gradless):
             result.notes.append(f"plan.json prices a gradient collective where no gradient flows: {text}")
     result.notes.extend(dict.fromkeys(text for data in ranks for text in data["notes"]))
     for rank, data in enumerate(ranks):
@@ -458,7 +209,8 @@ def check_training(
     from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir
     from unity_eq.runtime.plandir import check_inputs, load_plan_dir
     from unity_eq.train.pipeline import refuse_ambiguous_pipeline, refuse_unbuilt
-    from unity_eq.train.session import read_training_plan, refuse_merged, zero_data_axis
+    from unity_eq.train.session import read_training_plan, zero_data_axis
+    from unity_eq.train.weights import refuse_merged
     from unity_eq.train.zero import check_level
 
     if steps < 1:
@@ -519,105 +271,3 @@ def assert_training_check(result: TrainingCheck) -> None:
     failure = result.first_failure()
     if failure is not None:
         raise CheckFailed(f"training does not match one device: {failure}")
-
-
-# --- what plan.json predicts a pipeline rank issues ------------------------------------------------------------
-def _nbytes(shape: Sequence[int], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
-def _output_spec(record: ExplainRecord, name: str) -> tuple[tuple[int, ...], str]:
-    out = record.model.outputs[name]
-    return tuple(out.shape), out.dtype
-
-
-def predicted_p2p(plan: PipelinePlan, records: Sequence[ExplainRecord], stage: int) -> dict[Key, list[int]]:
-    """The sends and receives of one step on a rank of ``stage``, from plan.json: per microbatch, the activation
-    to the next stage and its gradient back, from the previous stage likewise, and stage 0's side tensors to
-    every later stage that reads them."""
-    m = plan.microbatches
-    out: dict[Key, list[int]] = {}
-
-    def add(kind: str, phase: str, nbytes: int) -> None:
-        entry = out.setdefault((kind, PIPELINE_AXIS, phase), [0, 0])
-        entry[0] += m
-        entry[1] += m * nbytes
-
-    stages = plan.record.stages
-    here = stages[stage]
-    if here.sends is not None:
-        shape, dtype = _output_spec(records[stage], here.sends)
-        add("send", "forward", _nbytes(shape, dtype))
-        if np.issubdtype(np.dtype(dtype), np.floating):
-            add("recv", "backward", _nbytes(shape, dtype))
-    if here.receives is not None:
-        spec = records[stage].model.inputs[here.receives]
-        add("recv", "forward", _nbytes(spec.shape, spec.dtype))
-        if np.issubdtype(np.dtype(spec.dtype), np.floating):
-            add("send", "backward", _nbytes(spec.shape, spec.dtype))
-    for name in here.side_receives:
-        spec = records[stage].model.inputs[name]
-        add("recv", "side", _nbytes(spec.shape, spec.dtype))
-    if stage == 0:
-        for later in stages[1:]:
-            for name in later.side_receives:
-                shape, dtype = _output_spec(records[0], name)
-                add("send", "side", _nbytes(shape, dtype))
-    return out
-
-
-def predicted_pipeline(
-    plan: PipelinePlan,
-    records: Sequence[ExplainRecord],
-    stage: int,
-    gradless: set[str],
-    deferred: Mapping[str, str],
-    params: Sequence[tuple[str, int, str]],
-    shared: Sequence[tuple[str, int]] = (),
-    zero: int = 0,
-    dtype_bytes: Sequence[int] = (),
-) -> dict[Key, list[int]]:
-    """What one step on a rank of ``stage`` issues, as plan.json prices it: the stage plan's collectives
-    (:func:`~unity_eq.train.check.predicted_collectives`) once per microbatch, except its weight-gradient
-    all-reduces (``deferred``: replicate step → axis), once per step in buckets
-    (:func:`unity_eq.train.buckets.deferred_collectives`); the data-axis all-reduce of the parameters
-    (``params``: name, bytes, dtype, in the stage's parameter order; plan.json prices its time, ``sync_s``, not
-    a count) in buckets, with more than one replica; the sum over the stages of each weight several stages
-    train (``shared``: name, bytes of the whole weight; plan.json does not price it: ``check --training`` notes
-    it); the point-to-point traffic
-    (:func:`predicted_p2p`). A recomputing stage (:func:`recomputes`) issues its forward's collectives again
-    (phase ``recompute``); under ZeRO (``zero``) the data-axis all-reduces are ZeRO's reduce-scatters and
-    all-gathers per dtype (``dtype_bytes``: the stage's parameters' bytes per dtype), as
-    :func:`unity_eq.train.zero.zero_collectives` prices them for ``m`` microbatches (level 1: one of each per
-    step; 2: a reduce-scatter per microbatch, an all-gather per step; 3: per microbatch a forward and a
-    backward all-gather and a reduce-scatter). Under ZeRO-2 and 3 the stage plan's weight-gradient
-    all-reduces run per microbatch (``deferred`` is empty: unity_eq.train.pipeline_zero)."""
-    from unity_eq.train.buckets import bucket_collectives, deferred_collectives
-    from unity_eq.train.zero import zero_collectives
-
-    record = records[stage]
-    m = plan.microbatches
-    again = recomputes(plan, stage)
-    issued = predicted_collectives(record, gradless | set(deferred), recompute=again)
-    out = {k: [c * m, b * m] for k, (c, b) in issued.items()}
-    for axis, (count, nbytes) in deferred_collectives(record, deferred).items():
-        entry = out.setdefault(("all_reduce", axis, "gradient"), [0, 0])
-        entry[0] += count
-        entry[1] += nbytes
-    if plan.replicas > 1 and zero:
-        for key, (count, nbytes) in zero_collectives(zero, DATA_AXIS, dtype_bytes, m).items():
-            entry = out.setdefault(key, [0, 0])
-            entry[0] += count
-            entry[1] += nbytes
-    elif plan.replicas > 1 and params:
-        entry = out.setdefault(("all_reduce", DATA_AXIS, "gradient"), [0, 0])
-        count, nbytes = bucket_collectives([(dtype, nbytes) for _, nbytes, dtype in params])
-        entry[0] += count
-        entry[1] += nbytes
-    for _, nbytes in shared:
-        entry = out.setdefault(("all_reduce", STAGES_AXIS, "gradient"), [0, 0])
-        entry[0] += 1
-        entry[1] += nbytes
-    for key, value in predicted_p2p(plan, records, stage).items():
-        out[key] = value
-    return out

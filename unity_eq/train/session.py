@@ -1,7 +1,7 @@
 """Training a plan in this process, one rank of it: the Python API (docs/training.md).
 
 :func:`load_rank` reads a plan directory for this process's rank of ``torch.distributed`` (started by torchrun,
-or by :func:`unity_eq.train.check.spawn_ranks`) and returns a :class:`RankTrainer`: its ``module`` is a
+or by :func:`unity_eq.train.spawn.spawn_ranks`) and returns a :class:`RankTrainer`: its ``module`` is a
 ``torch.nn.Module`` whose parameters are this rank's shards; call it on the model inputs, take the loss,
 ``backward()``, step any optimizer over ``module.parameters()``, and :meth:`RankTrainer.save` a checkpoint of
 the whole model in the source model's parameter names.
@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from unity_eq.collectives import torch_autograd as coll
-from unity_eq.errors import ModelError, OptionError, PlanError
-from unity_eq.ir import WeightOrigin
-from unity_eq.planfile import ExplainRecord, WeightStepRecord, read_explain_record
+from unity_eq.errors import OptionError, PlanError
+from unity_eq.planfile import ExplainRecord, read_explain_record
 from unity_eq.train.rank import RankModule, Region
 from unity_eq.train.recompute import Recomputed
+from unity_eq.train.weights import source_weights
 from unity_eq.train.zero import Zero3Module, ZeroOptimizer, check_level
 
 __all__ = ["RankTrainer", "load_spmd_rank", "loss_of", "mesh_groups", "read_training_plan"]
@@ -75,146 +75,6 @@ def make_groups(record: ExplainRecord, rank: int, ledger: coll.Ledger, ordered_s
     return out
 
 
-def refuse_merged(record: ExplainRecord, shared: Collection[str], model: str | Path) -> None:
-    """One error line for a weight plan.json marks as maybe several source parameters merged into one by the
-    exporter (``weights[].ambiguous``: ``Graph.ambiguous_weights``), unless ``shared`` says it is one
-    parameter: training it as one would silently tie parameters the source model trains apart."""
-    for name, weight in record.weights.items():
-        if weight.merged:
-            raise ModelError(
-                f"{model}: weight {name!r} holds the source parameters {', '.join(weight.merged)} (the exporter "
-                "merged them; `--parameters` says so): one weight cannot train them apart. Re-export the model "
-                "with those parameters made distinct."
-            )
-    refuse_ambiguous({name: w.ambiguous for name, w in record.weights.items() if w.ambiguous}, shared, model)
-
-
-def refuse_ambiguous(why: Mapping[str, str], shared: Collection[str], model: str | Path) -> None:
-    """One error line for the weights of ``why`` (name -> why it may be merged parameters) that ``shared``
-    does not name: plan.json's flags for one plan, or the whole model's (``Graph.ambiguous_weights``) for a
-    pipeline, whose stages each see only their own reads of a weight."""
-    flagged = sorted(name for name in why if name not in shared)
-    if flagged:
-        first = flagged[0]
-        also = f" ({', '.join(repr(n) for n in flagged[1:])} likewise)" if flagged[1:] else ""
-        flags = " ".join(f"--shared {n}" for n in flagged)
-        raise ModelError(
-            f"{model}: weight {first!r} is {why[first]}{also}: torch's dynamo exporter merges "
-            "parameters with equal values into one initializer, and training it would tie them. Re-export the model "
-            f"with those parameters made distinct, or pass `{flags}` if the source model shares them."
-        )
-
-
-def source_weights(
-    model: str | Path,
-    record: ExplainRecord,
-    shapes: Mapping[str, tuple[int, ...]] | None = None,
-    shared: Collection[str] = (),
-) -> tuple[dict[str, Any], set[str], dict[str, Derivation]]:
-    """The source model's weights as the plan names them (the frontend's initializers at the plan's input
-    shapes, or at ``shapes``: a pipeline stage's plan has the stage's inputs, the model's are stage 0's), the
-    source parameters (the frontend's ``Graph.origins``: the one definition of trainable that the cost and
-    memory models price) and the weights the frontend folded from parameters (a ``Transpose(W)``
-    it made an initializer ``Wt``): those the ranks compute again from the parameters (:class:`Derivation`),
-    so their gradients reach the source weights. A weight that may be merged parameters
-    (``Graph.ambiguous_weights``) is refused unless ``shared`` names it (the user says it is one)."""
-    import onnx
-
-    from unity_eq.frontends.onnx import load_onnx
-    from unity_eq.weightfile import value_of
-
-    if shapes is None:
-        shapes = {name: tuple(spec.shape) for name, spec in record.model.inputs.items()}
-    graph = load_onnx(model, dict(shapes))
-    refuse_merged(record, shared, model)
-    proto = onnx.load(str(model))
-    origins = weight_origins(record, graph)
-    trainable = {source for origin in origins.values() if origin.trainable for source in origin.sources}
-    weights = {name: value_of(v) for name, v in graph.initializers.items()}
-    loaded = {s.name for s in record.steps if isinstance(s, WeightStepRecord)}
-    folded = {name for name in loaded if name in origins and origins[name].how == "folded"}
-    derived = derivations(proto, folded, trainable, shapes)
-    for d in derived.values():
-        for name in d.sources:
-            if name not in weights:  # pruned by the frontend: only the fold read it
-                init = next(t for t in proto.graph.initializer if t.name == name)
-                weights[name] = onnx.numpy_helper.to_array(init)
-    return weights, trainable, derived
-
-
-def weight_origins(record: ExplainRecord, graph: Any) -> dict[str, WeightOrigin]:
-    """Every weight's origin as plan.json records it (``weights``: what the plan was priced with, the user's
-    ``--parameters`` map included); a plan written before the section, the frontend's again."""
-    if not record.weights:
-        return dict(graph.weight_origins())
-    return {
-        name: WeightOrigin(w.how, w.sources, w.ops, w.merged) if w.trainable else WeightOrigin.constant(w.ops)
-        for name, w in record.weights.items()
-    }
-
-
-@dataclass(frozen=True)
-class Derivation:
-    """How the source ONNX graph computes a tensor the frontend folded into an initializer: its nodes (op,
-    domain, inputs, outputs, attrs) in order, from the trainable initializers ``sources``. ``placeholders``: the
-    model inputs its nodes read, (name, shape, numpy dtype): only through their shapes (the frontend could fold
-    the tensor only because its value does not depend on theirs; BERT's token-type embedding gathered at the
-    ids' shape), so zeros of the planned shape stand in for them."""
-
-    nodes: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...], dict[str, Any]], ...]
-    sources: tuple[str, ...]
-    placeholders: tuple[tuple[str, tuple[int, ...], str], ...] = ()
-    #: the initializers its nodes read that are not trainable (an index, a shape), with their values
-    constants: tuple[tuple[str, Any], ...] = ()
-
-
-def derivations(
-    model: Any, names: set[str], trainable: set[str], shapes: Mapping[str, Sequence[int]] | None = None
-) -> dict[str, Derivation]:
-    """For each of ``names`` (folded initializers) that a trainable initializer flows into, its subgraph
-    (``shapes``: the model inputs' planned shapes, for the placeholders of those it reads)."""
-    import onnx
-
-    from unity_eq.train.reference import node_attrs
-
-    graph_inputs = {i.name: i for i in model.graph.input}
-    initializers = {t.name: t for t in model.graph.initializer}
-
-    producer = {out: node for node in model.graph.node for out in node.output}
-    out: dict[str, Derivation] = {}
-    for name in sorted(names):
-        if name not in producer:
-            continue
-        needed: list[Any] = []
-        sources: set[str] = set()
-        stack, seen = [name], set()
-        while stack:
-            tensor = stack.pop()
-            if tensor in seen or not tensor:
-                continue
-            seen.add(tensor)
-            if tensor in trainable:
-                sources.add(tensor)
-            elif tensor in producer:
-                node = producer[tensor]
-                if node not in needed:
-                    needed.append(node)
-                stack.extend(node.input)
-        if sources:
-            order = [n for n in model.graph.node if n in needed]
-            nodes = tuple((n.op_type, n.domain, tuple(n.input), tuple(n.output), node_attrs(n)) for n in order)
-            read = sorted({i for n in order for i in n.input if i in graph_inputs and i not in trainable})
-            placeholders = tuple(
-                (i, tuple(int(d) for d in (shapes or {})[i]),
-                 np.dtype(onnx.helper.tensor_dtype_to_np_dtype(graph_inputs[i].type.tensor_type.elem_type)).name)
-                for i in read
-            )  # fmt: skip
-            fixed = sorted({i for n in order for i in n.input if i in initializers and i not in trainable})
-            constants = tuple((i, onnx.numpy_helper.to_array(initializers[i])) for i in fixed)
-            out[name] = Derivation(nodes, tuple(sorted(sources)), placeholders, constants)
-    return out
-
-
 def loss_of(outputs: Mapping[str, torch.Tensor], how: str | None) -> torch.Tensor:
     """The loss: the model's first output when it is a scalar, else ``how`` (``sum`` or ``mean``) over it."""
     first = next(iter(outputs.values()))
@@ -244,6 +104,35 @@ def pick_device(device: str, local_rank: int) -> torch.device:
             raise OptionError("`--device cuda`: torch sees no CUDA device. Use `--device cpu` or `auto`.")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def check_world_size(plan_dir: str | Path, world: int, what: str, detail: str = "") -> None:
+    """Refuse a torch.distributed world whose size is not the plan's ``world`` ranks (``what``: the plan's kind,
+    ``detail``: its layout in words), saying how to start it."""
+    if dist.get_world_size() != world:
+        raise OptionError(
+            f"world size: {dist.get_world_size()} processes were started, the {what} in {plan_dir} has {world} "
+            f"ranks{detail}. Run `torchrun --nproc_per_node {world} -m unity_eq train {plan_dir}`."
+        )
+
+
+def source_model(model: str | Path | None, recorded: str | Path) -> Path:
+    """The ONNX model whose weights start training: ``model``, or the one plan.json says the plan was made from
+    (``recorded``); refused when it is not there."""
+    source = Path(model) if model is not None else Path(recorded)
+    if not source.is_file():
+        raise OptionError(
+            f"{source}: the model the plan was made from is not there; its weights start training. Pass the model "
+            "(`--model`) or a checkpoint (`--load`)."
+        )
+    return source
+
+
+def rank_device(device: str, rank: int, ordered_sum: bool | None) -> tuple[torch.device, bool]:
+    """This rank's device (``LOCAL_RANK`` picks its GPU) and whether its collectives sum in rank order
+    (``ordered_sum``; by default on the CPU: gloo all-gathers and sums in group order, equal bits on every rank)."""
+    torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
+    return torch_device, torch_device.type == "cpu" if ordered_sum is None else ordered_sum
 
 
 @dataclass
@@ -403,24 +292,13 @@ def load_spmd_rank(
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
     record = read_training_plan(plan_dir)
-    world = len(record.mesh.ranks)
-    if dist.get_world_size() != world:
-        raise OptionError(
-            f"world size: {dist.get_world_size()} processes were started, the plan in {plan_dir} has {world} ranks. "
-            f"Run `torchrun --nproc_per_node {world} -m unity_eq train {plan_dir}`."
-        )
+    check_world_size(plan_dir, len(record.mesh.ranks), "plan")
     axis = zero_data_axis(record, check_level(zero), zero_axis)
     rank = dist.get_rank() if rank is None else rank
-    source = Path(model) if model is not None else Path(record.model.source)
-    if not source.is_file():
-        raise OptionError(
-            f"{source}: the model the plan was made from is not there; its weights start training. Pass the model "
-            "(`--model`) or a checkpoint (`--load`)."
-        )
+    source = source_model(model, record.model.source)
     weights, trainable, derived = source_weights(source, record, shared=shared)
     ledger = coll.Ledger()
-    torch_device = pick_device(device, int(os.environ.get("LOCAL_RANK", rank)))
-    ordered = torch_device.type == "cpu" if ordered_sum is None else ordered_sum
+    torch_device, ordered = rank_device(device, rank, ordered_sum)
     groups = make_groups(record, rank, ledger, ordered)
     unsynced = frozenset({axis} if axis else ())
     plan_module = RankModule(record, rank, weights, trainable, groups, torch_device, derived, unsynced)

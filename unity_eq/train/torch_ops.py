@@ -3,27 +3,25 @@
 An op family may carry its own PyTorch semantics (``OpFamily.torch``, unity_eq/ops/family.py: one room per
 family); they come first. Otherwise one table, :data:`TORCH_OPS`, maps an ONNX op type to a function
 ``(inputs, attrs) -> outputs`` over torch tensors (``None`` for an absent optional input), grouped by the op
-families of ``unity_eq/ops`` (elementwise, matmul, normalization, reshape, slicing, reduce) and then the ops the
-families carry opaquely (Cast, Shape, Where…). Every function is differentiable where the op is, through
+families of ``unity_eq/ops`` (elementwise, matmul, normalization, reshape, slicing, reduce; the reshape and slicing
+ones, which move elements without computing on them, are :mod:`unity_eq.train.torch_layout`'s) and then the ops
+the families carry opaquely (Cast, Shape, Where…). Every function is differentiable where the op is, through
 autograd's own kernels, so a plan's backward pass is autograd's. An op with neither is refused before any rank
 starts (:func:`refuse_unknown`), naming the op and the node.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from unity_eq.errors import PlanError
+from unity_eq.train.torch_layout import LAYOUT_OPS, MULTI_OUTPUT_OPS, OpFn, Tensor, ints, op_axes
 
 __all__ = ["TORCH_OPS", "refuse_unknown", "run_op", "torch_dtype"]
-
-Tensor = torch.Tensor
-OpFn = Callable[[list[Any], Mapping[str, Any]], list[Tensor]]
 
 _ONNX_DTYPES: dict[int, torch.dtype] = {
     1: torch.float32,
@@ -43,14 +41,6 @@ def torch_dtype(dtype: str | np.dtype[Any]) -> torch.dtype:
     """The torch dtype of a numpy dtype name (``float32``)."""
     name = np.dtype(dtype).name if not (isinstance(dtype, str) and dtype == "bfloat16") else "bfloat16"
     return getattr(torch, name)
-
-
-def _ints(value: Tensor | Sequence[int] | None) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, Tensor):
-        return [int(v) for v in value.reshape(-1).tolist()]
-    return [int(v) for v in value]
 
 
 def _one(fn: Callable[..., Tensor]) -> OpFn:
@@ -142,136 +132,11 @@ def _rms_norm(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
     return [x / torch.sqrt(var + eps) * scale]
 
 
-# --- reshape and layout (unity_eq/ops/reshape.py) ---------------------------------------------------------------
-def _reshape(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x, shape = inputs[0], _ints(inputs[1])
-    allow_zero = int(attrs.get("allowzero", 0))
-    target = [x.shape[i] if (d == 0 and not allow_zero) else d for i, d in enumerate(shape)]
-    return [x.reshape(target)]
-
-
-def _transpose(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x = inputs[0]
-    perm = attrs.get("perm") or list(reversed(range(x.dim())))
-    return [x.permute(*[int(p) for p in perm])]
-
-
-def _axes(inputs: list[Any], attrs: Mapping[str, Any], position: int = 1) -> list[int] | None:
-    if len(inputs) > position and inputs[position] is not None:
-        return _ints(inputs[position])
-    if "axes" in attrs:
-        return [int(a) for a in attrs["axes"]]
-    return None
-
-
-def _unsqueeze(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x = inputs[0]
-    axes = _axes(inputs, attrs) or []
-    rank = x.dim() + len(axes)
-    for axis in sorted(a % rank for a in axes):
-        x = x.unsqueeze(axis)
-    return [x]
-
-
-def _squeeze(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x = inputs[0]
-    axes = _axes(inputs, attrs)
-    if axes is None:
-        return [x.squeeze()]
-    for axis in sorted((a % x.dim() for a in axes), reverse=True):
-        x = x.squeeze(axis)
-    return [x]
-
-
-def _flatten(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x = inputs[0]
-    axis = int(attrs.get("axis", 1)) % (x.dim() + 1) if x.dim() else 0
-    return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
-
-
-def _expand(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x, shape = inputs[0], _ints(inputs[1])
-    rank = max(x.dim(), len(shape))
-    padded = [1] * (rank - len(shape)) + shape
-    current = [1] * (rank - x.dim()) + list(x.shape)
-    target = [c if s == 1 else s for s, c in zip(padded, current, strict=True)]
-    return [x.reshape(current).expand(target)]
-
-
-def _concat(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    return [torch.cat([i for i in inputs if i is not None], dim=int(attrs.get("axis", 0)))]
-
-
-def _split(inputs: list[Any], attrs: Mapping[str, Any], outputs: int) -> list[Tensor]:
-    x = inputs[0]
-    axis = int(attrs.get("axis", 0)) % x.dim()
-    sizes = _ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else list(attrs.get("split") or [])
-    if not sizes:
-        count = int(attrs.get("num_outputs", outputs))
-        step = -(-x.shape[axis] // count)
-        sizes = [min(step, x.shape[axis] - i * step) for i in range(count)]
-    return list(torch.split(x, sizes, dim=axis))
-
-
-# --- slicing and indexing (unity_eq/ops/slicing.py) ----------------------------------------------------------
-def _slice(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x = inputs[0]
-    starts, ends = _ints(inputs[1]), _ints(inputs[2])
-    axes = _ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(len(starts)))
-    steps = _ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else [1] * len(starts)
-    index: list[Any] = [slice(None)] * x.dim()
-    flips = []
-    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
-        axis %= x.dim()
-        size = x.shape[axis]
-        if step > 0:
-            lo = max(0, min(size, start + size if start < 0 else start))
-            hi = max(0, min(size, end + size if end < 0 else end))
-            index[axis] = slice(lo, max(lo, hi), step)
-        else:  # a negative step: slice the flipped tensor
-            lo = max(-1, min(size - 1, start + size if start < 0 else start))
-            hi = max(-1, min(size - 1, end + size if end < 0 else end))
-            index[axis] = slice(size - 1 - lo, size - 1 - hi if hi < lo else size - 1 - lo, -step)
-            flips.append(axis)
-    if flips:
-        x = torch.flip(x, flips)
-    return [x[tuple(index)]]
-
-
-def _gather(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x, indices = inputs[0], inputs[1].to(torch.int64)
-    axis = int(attrs.get("axis", 0)) % x.dim()
-    indices = torch.where(indices < 0, indices + x.shape[axis], indices)
-    flat = torch.index_select(x, axis, indices.reshape(-1))
-    shape = [*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]]
-    return [flat.reshape(shape)]
-
-
-def _gather_elements(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    x, indices = inputs[0], inputs[1].to(torch.int64)
-    axis = int(attrs.get("axis", 0)) % x.dim()
-    return [torch.gather(x, axis, torch.where(indices < 0, indices + x.shape[axis], indices))]
-
-
-def _gather_nd(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    data, indices = inputs[0], inputs[1].to(torch.int64)
-    b = int(attrs.get("batch_dims", 0))
-    k = indices.shape[-1]
-    batch = math.prod(data.shape[:b])
-    flat = data.reshape(batch, *data.shape[b:])
-    idx = indices.reshape(batch, -1, k)
-    sizes = torch.tensor(data.shape[b : b + k], dtype=torch.int64)
-    idx = torch.where(idx < 0, idx + sizes, idx)
-    rows = torch.arange(batch).view(batch, 1).expand(batch, idx.shape[1])
-    picked = flat[(rows, *(idx[..., j] for j in range(k)))]
-    return [picked.reshape(*indices.shape[:-1], *data.shape[b + k :])]
-
-
 # --- reductions (unity_eq/ops/reduce.py) ---------------------------------------------------------------------
 def _reduce(fn: str) -> OpFn:
     def run(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
         x = inputs[0]
-        axes = _axes(inputs, attrs)
+        axes = op_axes(inputs, attrs)
         keep = bool(int(attrs.get("keepdims", 1)))
         if not axes:
             if int(attrs.get("noop_with_empty_axes", 0)):
@@ -325,7 +190,7 @@ def _constant_of_shape(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tens
     value = attrs.get("value")
     array = np.asarray(value) if value is not None else np.zeros(1, np.float32)
     fill = torch.from_numpy(np.array(array.reshape(-1)[:1]))
-    return [fill.reshape(()).expand(_ints(inputs[0])).clone()]
+    return [fill.reshape(()).expand(ints(inputs[0])).clone()]
 
 
 def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
@@ -400,19 +265,8 @@ TORCH_OPS: dict[str, OpFn] = {
     "SimplifiedLayerNormalization": _rms_norm,
     "Softmax": _softmax_like(torch.softmax),
     "LogSoftmax": _softmax_like(torch.log_softmax),
-    # reshape and layout
-    "Reshape": _reshape,
-    "Transpose": _transpose,
-    "Unsqueeze": _unsqueeze,
-    "Squeeze": _squeeze,
-    "Flatten": _flatten,
-    "Expand": _expand,
-    "Concat": _concat,
-    # slicing and indexing
-    "Slice": _slice,
-    "Gather": _gather,
-    "GatherElements": _gather_elements,
-    "GatherND": _gather_nd,
+    # reshape and layout, slicing and indexing (torch_layout.py)
+    **LAYOUT_OPS,
     # reductions
     "ReduceSum": _reduce("sum"),
     "ReduceMean": _reduce("mean"),
@@ -431,9 +285,6 @@ TORCH_OPS: dict[str, OpFn] = {
     "Attention": _sdpa,
 }
 
-#: ops whose number of outputs is the node's (Split)
-_MULTI: dict[str, Callable[[list[Any], Mapping[str, Any], int], list[Tensor]]] = {"Split": _split}
-
 
 def run_op(op: str, inputs: list[Any], attrs: Mapping[str, Any], outputs: int = 1, domain: str = "") -> list[Tensor]:
     """The outputs of ONNX op ``op`` on torch ``inputs`` (``None`` for an absent optional input)."""
@@ -442,8 +293,8 @@ def run_op(op: str, inputs: list[Any], attrs: Mapping[str, Any], outputs: int = 
     hook = _family_hook(op)
     if hook is not None:
         return list(hook(op, inputs, attrs))
-    if op in _MULTI:
-        return _MULTI[op](inputs, attrs, outputs)
+    if op in MULTI_OUTPUT_OPS:
+        return MULTI_OUTPUT_OPS[op](inputs, attrs, outputs)
     return TORCH_OPS[op](inputs, attrs)
 
 
@@ -459,7 +310,7 @@ def refuse_unknown(nodes: Iterable[tuple[str, str, str]], where: str) -> None:
     """Refuse, before any rank starts, the first op with no PyTorch semantics here: ``nodes`` are
     ``(op, domain, node name)``."""
     for op, domain, node in nodes:
-        known = op in TORCH_OPS or op in _MULTI or _family_hook(op) is not None
+        known = op in TORCH_OPS or op in MULTI_OUTPUT_OPS or _family_hook(op) is not None
         if domain not in ("", "ai.onnx") or not known:
             name = f"{domain}::{op}" if domain not in ("", "ai.onnx") else op
             raise PlanError(
