@@ -405,3 +405,17 @@ def test_per_stage_recomputation_recomputes_only_the_stages_that_would_not_fit(t
     assert all(full.recomputed) and stage.fits and full.fits
     assert any(stage.recomputed) and not all(stage.recomputed)  # only where keeping would not fit
     assert stage.step_s < full.step_s  # the others keep their activations and run no second forward
+
+
+def test_zero2_prices_the_tensor_axis_gradient_syncs_per_microbatch() -> None:
+    """Under ZeRO-2/3 over replicas a stage reduce-scatters each microbatch's gradients as they are made, so its
+    tensor-axis weight-gradient all-reduces run per microbatch (train/pipeline_zero.py); the stage search
+    prices what runs (evaluate multiplies a stage's ``gradient_s`` by this): m of them, where ZeRO-0/1 and one
+    replica run one per step on the accumulated gradients."""
+    from unity_eq.stages.evaluate import weight_syncs_per_step
+
+    def syncs(zero: int, data: int) -> int:
+        return weight_syncs_per_step(StageConfig(2, data, 2, 1, 4, "1f1b", "none", zero))
+
+    assert [syncs(z, 2) for z in (0, 1, 2, 3)] == [1, 1, 4, 4]
+    assert syncs(2, 1) == syncs(3, 1) == 1  # one replica: nothing is reduce-scattered

@@ -290,7 +290,7 @@ def evaluate(
         chosen.extend(group.pieces[i:j])
         devices.append(_stage_devices(config, group.stages, group.devices, stage_index[s]))
         redone.append(recomputes(s, i, j))
-        own = sum(c.gradient_s for c in group.pieces[i:j])
+        own = sum(c.gradient_s for c in group.pieces[i:j]) * weight_syncs_per_step(config)
         update = group.model.optimizer_update(resident - constants) if training else 0.0
         sync = max(sync, group.model.zero_step_traffic(config.zero, weights, config.data) + own + update)
     return StagePlan(
@@ -305,6 +305,14 @@ def evaluate(
         tuple(redone),
         tuple(chosen),
     )
+
+
+def weight_syncs_per_step(config: StageConfig) -> int:
+    """How often a stage runs its own weight-gradient all-reduces (over its tensor axes) in one step: once, on
+    the accumulated gradients, except under ZeRO-2 and 3 over more than one replica, where each microbatch's
+    gradients are reduce-scattered over the replicas as soon as they are made (unity_eq.train.pipeline_zero), so
+    the tensor-axis all-reduces run before that, once per microbatch."""
+    return config.microbatches if config.zero >= 2 and config.data > 1 else 1
 
 
 def _none(_stage: int, _i: int, _j: int) -> float:
