@@ -408,10 +408,11 @@ def test_generated_rule_files_are_listed_apart_from_hand_written_ones() -> None:
     assert not claims, f"hand-written rule files that say they are generated: {claims}"
 
 
-def test_no_prover_module_is_over_400_lines() -> None:
-    """Issue 22: no module over 400 lines. The prover's modules were the documented exception (twelve of them,
-    up to 1,036 lines); they are split by meaning now (docs/architecture.md), and this keeps them so."""
-    modules = {m: p for m, p in module_files().items() if m.startswith("unity_eq.verify")}
-    assert len(modules) > 15  # the scan sees the prover's modules
+def test_no_module_is_over_400_lines() -> None:
+    """Issue 22: no module over 400 lines outside generated files. The prover's modules were the documented
+    exception (twelve, up to 1,036 lines), and six of the engine's (memory, ir, the torch backend's); all are
+    split by meaning now (docs/architecture.md), and this keeps them so."""
+    modules = module_files()
+    assert sum(m.startswith("unity_eq.verify") for m in modules) > 15  # the scan sees the prover's modules
     long = {m: n for m, p in modules.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
-    assert not long, f"prover modules over 400 lines (split them by meaning): {long}"
+    assert not long, f"modules over 400 lines (split them by meaning): {long}"
