@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,6 +92,45 @@ def test_check_training_fails_on_a_dropped_gradient_all_reduce(plans: dict[str, 
                      "--steps", "1")  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
     assert "error: training does not match one device: gradient of 'ffn.down.weight'" in result.stderr
+    # the float64 second opinion does not rescue a wrong plan: it measures it against float64 and keeps the verdict
+    assert "the plan is beyond tolerance of the float64 result" in result.stderr
+
+
+def test_check_training_float64_second_opinion_reports_what_it_measured(plans: dict[str, Path]) -> None:
+    """With a tolerance below float32 rounding every comparison mismatches, so each is judged again against
+    one-device training in float64, and the line gives both figures: the plan's error and one-device float32
+    training's against float64. Both are float32 rounding (above 0, far below 1e-4), and the verdict stays."""
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["tf4"]), "--training", "--loss", "mean",
+                     "--steps", "1", "--tolerance", "1e-12")  # fmt: skip (data parallel: sums in another order)
+    assert result.returncode == 1, result.stdout + result.stderr
+    found = re.findall(r"plan off by ([0-9.e+-]+), one-device float32 off by ([0-9.e+-]+)", result.stdout)
+    assert len(found) >= 3, result.stdout  # gradients and weights that differ in float32 rounding
+    for plan, one in found:
+        assert 0 < float(plan) < 1e-5 and 0 < float(one) < 1e-5
+    assert "the plan is beyond tolerance of the float64 result" in result.stdout
+
+
+def test_a_mismatch_within_tolerance_of_float64_training_passes() -> None:
+    """The merge of the second opinion: a float32 mismatch whose plan is within tolerance of float64 training
+    passes; one beyond it keeps failing; a line without a measured quantity (coverage) is left alone."""
+    from unity_eq.train.check import TrainingCheck, judged_again
+
+    first = TrainingCheck(1e-4)
+    first.add(False, "gradient of 'a': worst relative error 3.00e-04 (rank 0)", "gradient 'a'", 3e-4)
+    first.add(False, "gradient of 'b': worst relative error 5.00e-01 (rank 1)", "gradient 'b'", 0.5)
+    first.add(False, "gradient of 'c': the ranks' pieces cover 50% of it")
+    first.add(True, "loss of step 1: 1.5 (one device), worst relative error 1.00e-07", "loss 1", 1e-7)
+    plan64, ref64 = TrainingCheck(1e-4), TrainingCheck(1e-4)
+    plan64.add(True, "", "gradient 'a'", 2e-5)
+    plan64.add(False, "", "gradient 'b'", 0.5)
+    ref64.add(False, "", "gradient 'a'", 3.1e-4)
+    ref64.add(True, "", "gradient 'b'", 1e-6)
+    again = judged_again(first, plan64, ref64)
+    assert [ok for ok, _ in again.lines] == [True, False, False, True]
+    assert "plan off by 2.00e-05, one-device float32 off by 3.10e-04; the plan is within" in again.lines[0][1]
+    assert "plan off by 5.00e-01, one-device float32 off by 1.00e-06; the plan is beyond" in again.lines[1][1]
+    assert again.lines[2:] == first.lines[2:]
+    assert not again.passed and again.first_failure() == again.lines[1][1]
 
 
 def test_check_training_fails_when_the_collectives_differ_from_the_prices(

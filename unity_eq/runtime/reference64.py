@@ -21,7 +21,7 @@ from onnx import TensorProto, numpy_helper
 
 from unity_eq.runtime.devices import run_in_batches
 
-__all__ = ["Float64Reference"]
+__all__ = ["Float64Reference", "widen_to_float64"]
 
 _FLOAT, _DOUBLE = TensorProto.FLOAT, TensorProto.DOUBLE
 
@@ -38,7 +38,7 @@ def _widen_tensor(tensor: TensorProto) -> TensorProto:
     return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name)
 
 
-def _widen(model: onnx.ModelProto) -> onnx.ModelProto | None:
+def widen_to_float64(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The model with float32 made float64 everywhere, or None when it cannot be (a subgraph)."""
     graph = model.graph
     for node in graph.node:
@@ -72,7 +72,7 @@ class Float64Reference:
             import onnxruntime as ort
 
             try:
-                model = _widen(onnx.load(self.model_path))
+                model = widen_to_float64(onnx.load(self.model_path))
                 if model is None:
                     self._failed, self.reason = True, "the model has subgraphs"
                     return None
