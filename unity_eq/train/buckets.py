@@ -169,7 +169,10 @@ class BucketedSync:
         self._accumulators: list[Any] = []
         for index in self.axes:
             param = self.params[index]
-            accumulator = param.view_as(param).grad_fn.next_functions[0][0]
+            with torch.enable_grad():  # a module made under torch.no_grad() still has its nodes
+                view = param.view_as(param).grad_fn
+            assert view is not None, "a parameter requires its gradient"
+            accumulator: Any = view.next_functions[0][0]
             accumulator.register_prehook(partial(self._before_accumulate, index))
             param.register_post_accumulate_grad_hook(partial(self._accumulated, index))
             self._accumulators.append(accumulator)
