@@ -66,8 +66,8 @@ def _itemsize(op: OpInstance) -> float:
     return op.out_bytes / count if count and op.out_bytes else 4.0
 
 
-#: the gradient bucket the cost model prices by default (PyTorch DDP's); the torch backend's pipeline syncs
-#: all-reduce weight gradients in buckets of this size (unity_eq.train.buckets)
+#: the gradient bucket the cost model prices by default (PyTorch DDP's); the torch backend all-reduces weight
+#: gradients in buckets of this size (unity_eq.train.buckets)
 GRADIENT_BUCKET_BYTES = 25 * 2**20
 
 

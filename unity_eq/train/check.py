@@ -10,7 +10,8 @@ The ranks are processes started here (``torch.multiprocessing``, gloo on the CPU
   gathered back to the source shape covers every trained weight;
 - the weights after K optimizer steps, the same way;
 - the collectives the ranks issued in one step (forward, backward, gradient sync) per kind and mesh axis,
-  count and bytes, against what plan.json priced (:func:`unity_eq.train.predict.predicted_collectives`).
+  count and bytes, against what plan.json priced (:func:`unity_eq.train.predict.predicted_spmd`: the weight
+  gradients' all-reduces in the cost model's buckets).
 
 Relative error is ``max |plan - reference| / max |reference|`` per weight, as ``check`` measures outputs.
 """
@@ -28,7 +29,7 @@ import torch
 
 from unity_eq.errors import CheckFailed, ModelError, OptionError
 from unity_eq.planfile import ExplainRecord
-from unity_eq.train.predict import Key, predicted_collectives, priced_gradless
+from unity_eq.train.predict import Key, predicted_collectives, predicted_spmd, priced_gradless
 from unity_eq.train.spawn import TrainJob, free_port, init_rank, make_optimizer, spawn_ranks
 
 __all__ = [
@@ -192,7 +193,7 @@ def _compare_collectives(
     predicted: dict[Key, list[int]] = {}
     if record is not None:
         gradless = set(ranks[0]["gradless"])
-        predicted = predicted_collectives(record, gradless, job.zero, job.zero_axis, job.recompute)
+        predicted = predicted_spmd(record, gradless, ranks[0]["deferred"], job.zero, job.zero_axis, job.recompute)
         for text in priced_gradless(record, gradless):
             result.notes.append(f"plan.json prices a gradient collective where no gradient flows: {text}")
     result.notes.extend(dict.fromkeys(text for data in ranks for text in data["notes"]))

@@ -24,7 +24,7 @@ from unity_eq.runtime.pipeline import PipelinePlan
 from unity_eq.train.pipeline import recomputes
 from unity_eq.train.pipeline_trainer import DATA_AXIS, PIPELINE_AXIS, STAGES_AXIS
 
-__all__ = ["Key", "predicted_collectives", "predicted_p2p", "predicted_pipeline", "priced_gradless"]
+__all__ = ["Key", "predicted_collectives", "predicted_p2p", "predicted_pipeline", "predicted_spmd", "priced_gradless"]
 
 Key = tuple[str, str, str]  # (kind, axis, phase)
 
@@ -93,6 +93,28 @@ def predicted_collectives(
             entry = out.setdefault(key, [0, 0])
             entry[0] += count
             entry[1] += nbytes
+    return out
+
+
+def predicted_spmd(
+    record: ExplainRecord,
+    gradless: set[str],
+    bucketed: Mapping[str, str],
+    zero: int = 0,
+    zero_axis: str | None = None,
+    recompute: bool = False,
+) -> dict[Key, list[int]]:
+    """What one training step of an SPMD plan issues on every rank, as plan.json prices it: its collectives
+    (:func:`predicted_collectives`), except the weight-gradient all-reduces the ranks issue in buckets
+    (``bucketed``: replicate step -> axis, ``RankModule.deferred``), which plan.json prices weight by weight and
+    are packed into the cost model's buckets the same way (:func:`unity_eq.train.buckets.deferred_collectives`)."""
+    from unity_eq.train.buckets import deferred_collectives
+
+    out = predicted_collectives(record, gradless | set(bucketed), zero, zero_axis, recompute)
+    for axis, (count, nbytes) in deferred_collectives(record, bucketed).items():
+        entry = out.setdefault(("all_reduce", axis, "gradient"), [0, 0])
+        entry[0] += count
+        entry[1] += nbytes
     return out
 
 

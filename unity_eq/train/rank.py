@@ -112,14 +112,17 @@ class _Uses:
 
     parts: dict[str, list[Parts]] = field(default_factory=dict)
     #: every distinct (partitions, replicate axes) a weight is read with: its gradient all-reduces can wait for
-    #: the last microbatch only when there is one
+    #: the last microbatch (or go out in buckets) only when there is one
     reads: dict[str, set[tuple[Parts, tuple[str, ...]]]] = field(default_factory=dict)
+    #: the replicate steps (mesh axis, step out) of every chain a weight is read through
+    replicates: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
 
     def add(self, chain: _Chain) -> None:
         seen = self.parts.setdefault(chain.name, [])
         if chain.parts not in seen:
             seen.append(chain.parts)
         self.reads.setdefault(chain.name, set()).add((chain.parts, tuple(axis for axis, _ in chain.replicates)))
+        self.replicates.setdefault(chain.name, set()).update(chain.replicates)
 
 
 class RankModule(torch.nn.Module):
@@ -137,10 +140,15 @@ class RankModule(torch.nn.Module):
         derived: Mapping[str, Any] | None = None,
         unsynced: frozenset[str] = frozenset(),
         defer_weight_sync: bool = False,
+        bucket_weight_sync: bool = False,
     ) -> None:
         """``defer_weight_sync``: a parameter read one way only has its gradient all-reduces (its chain's
         replicate steps) left out of autograd and issued by :meth:`sync_deferred` on the accumulated gradient,
-        once per step (a pipeline stage's microbatches, as the stage search prices them)."""
+        once per step (a pipeline stage's microbatches, as the stage search prices them).
+        ``bucket_weight_sync``: the same all-reduces issued in the cost model's buckets by hooks while autograd
+        runs each backward (an SPMD plan; :class:`unity_eq.train.buckets.BucketedSync`). A parameter read in
+        several ways (whole and sliced), or also through a weight folded from it, keeps its all-reduces in
+        autograd either way: they apply to one read's gradient, not to the sum."""
         super().__init__()
         #: mesh axes whose gradient all-reduces of weights (and of tensors computed from weights alone) are left
         #: out: ZeRO sums those gradients instead (unity_eq.train.zero), so each rank's parameter gradient is
@@ -160,13 +168,13 @@ class RankModule(torch.nn.Module):
         self.gradless: set[str] = set()  # parallel steps whose backward issued nothing: no gradient flows there
         self.derived = {name: d for name, d in (derived or {}).items()}
         uses = self._uses()
-        self.deferred: dict[str, str] = {}  # replicate step out -> its mesh axis, issued by sync_deferred
-        self._deferred_axes: dict[int, list[str]] = {}  # parameter index -> the axes its gradient is summed over
-        self._defer = {name for name, reads in uses.reads.items() if defer_weight_sync and len(reads) == 1}
         for name in list(uses.parts):  # a folded weight is made from its sources, which it reads whole
             if name in self.derived:
                 for source in self.derived[name].sources:
                     uses.add(_Chain(source))
+        defer = defer_weight_sync or bucket_weight_sync
+        self._defer = {name for name, reads in uses.reads.items() if defer and len(reads) == 1}
+        self._deferred_axes: dict[int, list[str]] = {}  # parameter index -> the axes its gradient is summed over
         self.param_names: list[str] = []
         self.param_parts: list[Parts] = []  # the chunk each parameter is ( (): the whole weight )
         self.param_list = torch.nn.ParameterList()
@@ -190,6 +198,19 @@ class RankModule(torch.nn.Module):
                 self.param_list.append(torch.nn.Parameter(torch.tensor(np.array(piece), device=device)))
             else:
                 self._consts[name] = torch.tensor(np.array(value), device=device)
+        #: replicate step out -> its mesh axis: a parameter's deferred all-reduces (issued by sync_deferred or in
+        #: buckets; those on an ``unsynced`` axis are ZeRO's)
+        self.deferred: dict[str, str] = {}
+        for name in sorted(self._defer & set(self._param_index)):
+            self.deferred.update({out: axis for axis, out in uses.replicates[name] if axis not in unsynced})
+            ((_, axes),) = uses.reads[name]
+            if kept := [axis for axis in axes if axis not in unsynced]:
+                self._deferred_axes[self._param_index[name]] = kept
+        self.bucket_sync: Any = None  # BucketedSync when bucket_weight_sync
+        if bucket_weight_sync:
+            from unity_eq.train.buckets import BucketedSync
+
+            self.bucket_sync = BucketedSync(list(self.param_list), self._deferred_axes, self.groups)
 
     # --- what the steps read ---------------------------------------------------------------------------------
     def _uses(self) -> _Uses:
@@ -239,11 +260,8 @@ class RankModule(torch.nn.Module):
         if chain.parts != own:
             for dim, axis in chain.parts:
                 value = _op("partition")(value, self.groups[axis], {"dim": dim})
-        if chain.name in self._defer and chain.name in self._param_index and chain.replicates:
-            index = self._param_index[chain.name]
-            self._deferred_axes[index] = [axis for axis, _ in chain.replicates]
-            self.deferred.update({out: axis for axis, out in chain.replicates})
-            return value
+        if chain.name in self._defer and chain.name in self._param_index:
+            return value  # its all-reduces are deferred (sync_deferred, buckets) or ZeRO's (unsynced axes)
         for axis, out in chain.replicates:
             if axis not in self.unsynced or not value.requires_grad:  # a constant's: counted in gradless
                 value = self._replicate(out, value, axis, coll.GRADIENT)

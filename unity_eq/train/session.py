@@ -301,7 +301,11 @@ def load_spmd_rank(
     torch_device, ordered = rank_device(device, rank, ordered_sum)
     groups = make_groups(record, rank, ledger, ordered)
     unsynced = frozenset({axis} if axis else ())
-    plan_module = RankModule(record, rank, weights, trainable, groups, torch_device, derived, unsynced)
+    # the weight-gradient all-reduces in the cost model's buckets, from hooks on the parameters (ZeRO-3 runs the
+    # module on gathered copies of them, which the hooks would not see: its all-reduces stay in autograd)
+    plan_module = RankModule(
+        record, rank, weights, trainable, groups, torch_device, derived, unsynced, bucket_weight_sync=zero != 3
+    )
     group = groups.get(axis) if axis else None
     module: torch.nn.Module = plan_module
     if zero == 3:

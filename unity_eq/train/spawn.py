@@ -97,6 +97,7 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
             "weights": weights,
             "ledger": ledger,
             "gradless": sorted(trainer.plan_module.gradless),
+            "deferred": dict(trainer.plan_module.deferred),
             "predicted": _rank_prediction(trainer),
             "notes": _rank_notes(trainer),
         }
