@@ -38,7 +38,7 @@ from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.chooser import Chosen, RelaxReport
 from unity_eq.extract.greedy import adopt_groups, chosen_closure, dag_cost, multi_output_groups
-from unity_eq.extract.relax import Relaxed, relax
+from unity_eq.extract.relax import Layout, Relaxed, relax
 
 __all__ = ["DifferentiableChooser", "RelaxReport"]
 
@@ -72,6 +72,7 @@ class DifferentiableChooser:
     effort: float | None = 1.0  # the descent's time as a multiple of greedy's (steps_for); None: ``steps`` steps
     floor_s: float = 0.008  # the modelled descent time every search may take, however fast greedy was
     sweeps: int = 3  # Jacobi sweeps per step of the reach and of its adjoint (relaxed_cost)
+    layout: Layout | None = None  # relax.layout_of(the e-graph), shared by the searches of one e-graph
     name: str = "differentiable"
     reports: list[RelaxReport] = field(default_factory=list)
 
@@ -81,7 +82,7 @@ class DifferentiableChooser:
         if start is None:
             raise ExtractionError("the differentiable chooser starts from a choice: run a greedy chooser before it")
         began = time.perf_counter()
-        problem = relax(data, totals, roots, start, self.memory)
+        problem = relax(data, totals, roots, start, self.memory, self.layout)
         start_cost = dag_cost(start, roots, totals)
         budget = self._budget(problem, start)
         best, best_cost, device, steps = start, start_cost, "cpu", 0

@@ -18,6 +18,7 @@ from unity_eq.extract.build import PlanBuilder, build_plan, check_invariants, ou
 from unity_eq.extract.chooser import Choice, Chooser, ExtractionMethod, Unreachable, chooser_chain
 from unity_eq.extract.differentiable import DifferentiableChooser, RelaxReport
 from unity_eq.extract.greedy import parents_of
+from unity_eq.extract.relax import Layout, layout_of
 from unity_eq.extract.pricing import (
     INF,
     LEAVES,
@@ -80,6 +81,7 @@ class Extractor:
         self.costs = node_costs(data, model, self.locals, self.kinds)
         self.roots = output_classes(data, encoding, graph)
         self._memory: dict[str, float] | None = None
+        self._layout: Layout | None = None
         self.parents = parents_of(data)
 
     def node_memory(self) -> dict[str, float]:
@@ -115,6 +117,13 @@ class Extractor:
         self._memory = memory
         return memory
 
+    def relax_layout(self) -> Layout:
+        """The e-graph's structure as the differentiable search reads it (relax.layout_of), built at its first
+        search and shared by the later ones (every restriction, every memory penalty)."""
+        if self._layout is None:
+            self._layout = layout_of(self.data)
+        return self._layout
+
     def reprice(self, model: CostModel) -> Extractor:
         """The same e-graph priced by another cost model (e.g. one device, for the baseline)."""
         return Extractor(self.data, self.encoding, self.graph, model, self.activation_inputs)
@@ -139,7 +148,7 @@ class Extractor:
         relaxed = None
         if ExtractionMethod.checked(method) != ExtractionMethod.GREEDY:
             capacity = min(self.model.machine.usable_memory(d) for d in self.model.mesh.devices)
-            relaxed = DifferentiableChooser(memory=self.node_memory(), budget=capacity)
+            relaxed = DifferentiableChooser(memory=self.node_memory(), budget=capacity, layout=self.relax_layout())
         return chooser_chain(method, self.parents, time_limit_s, relaxed)
 
     def extract(
