@@ -18,7 +18,6 @@ from unity_eq.extract.build import PlanBuilder, build_plan, check_invariants, ou
 from unity_eq.extract.chooser import Choice, Chooser, ExtractionMethod, Unreachable, chooser_chain
 from unity_eq.extract.differentiable import DifferentiableChooser, RelaxReport
 from unity_eq.extract.greedy import parents_of
-from unity_eq.extract.relax import Layout, layout_of
 from unity_eq.extract.pricing import (
     INF,
     LEAVES,
@@ -32,6 +31,7 @@ from unity_eq.extract.pricing import (
     node_costs,
     source_kinds,
 )
+from unity_eq.extract.relax import Layout, layout_of
 from unity_eq.ir import Graph
 from unity_eq.plan import (
     Plan,

@@ -83,7 +83,9 @@ def layout_of(data: EGraphData) -> Layout:
     kid_start = np.zeros(len(kids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=kid_start[1:])
     kid_flat = np.fromiter((c for k in kids for c in k), dtype=np.int64, count=int(kid_start[-1]))
-    return Layout(class_ids, class_index, nodes, [n.id for n in nodes], node_class, kids, class_nodes, kid_start, kid_flat)
+    return Layout(
+        class_ids, class_index, nodes, [n.id for n in nodes], node_class, kids, class_nodes, kid_start, kid_flat
+    )
 
 
 def relax(
