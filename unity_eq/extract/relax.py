@@ -95,17 +95,21 @@ def relax(
     start: dict[str, ENode],
     memory: Mapping[str, float] | None = None,
     layout: Layout | None = None,
+    needed: set[str] | None = None,
 ) -> Relaxed:
     """Cut the e-graph under ``totals`` (INF bans a node) to the DAG the relaxation searches (module docstring).
 
     This runs once per differentiable extraction, whose time budget is greedy's, so it must stay a small
     fraction of greedy's own pass over the e-graph: ``layout`` (:func:`layout_of` of ``data``, shared between
-    runs on one e-graph) turns every pass into one over integers."""
+    runs on one e-graph) turns every pass into one over integers; ``needed``: the classes the start plan needs
+    (its chosen closure), when the caller has them."""
     lay = layout if layout is not None else layout_of(data)
-    finite = [totals[i] < INF for i in lay.node_ids]
+    prices = np.fromiter((totals[i] for i in lay.node_ids), dtype=np.float64, count=len(lay.node_ids))
+    finite = (prices < INF).tolist()
     root_ids = [lay.class_index[r] for r in roots]
     nodes = _finite(lay, finite, root_ids)
-    needed = chosen_closure(start, roots) or set()
+    if needed is None:
+        needed = chosen_closure(start, roots) or set()
     start_nodes = {lay.class_index[c]: _node_position(lay, start[c]) for c in needed}
     kept, order = _order(lay, nodes, start_nodes)
     reach = _reachable(lay, kept, root_ids)
@@ -116,7 +120,7 @@ def relax(
     picked = np.array(positions, dtype=np.int64)
     node_list = [lay.nodes[i] for i in positions]
     node_class = new_of[np.array(lay.node_class, dtype=np.int64)[picked]] if positions else np.zeros(0, np.int64)
-    cost = np.fromiter((totals[n.id] for n in node_list), dtype=np.float64, count=len(node_list))
+    cost = prices[picked]
     mem = (
         np.fromiter((memory.get(n.id, 0.0) for n in node_list), dtype=np.float64, count=len(node_list))
         if memory
@@ -125,9 +129,10 @@ def relax(
     relaxed_of = np.full(len(lay.nodes), -1, dtype=np.int64)
     relaxed_of[picked] = np.arange(len(picked))
     start_index = np.full(len(order), -1, dtype=np.int64)
-    for c, i in start_nodes.items():
-        if new_of[c] >= 0:
-            start_index[new_of[c]] = relaxed_of[i]
+    if start_nodes:
+        start_class = new_of[np.fromiter(start_nodes.keys(), dtype=np.int64, count=len(start_nodes))]
+        start_node = relaxed_of[np.fromiter(start_nodes.values(), dtype=np.int64, count=len(start_nodes))]
+        start_index[start_class[start_class >= 0]] = start_node[start_class >= 0]
     root_index = np.unique(new_of[root_ids]).astype(np.int64)
     if len(root_index) and root_index[0] < 0:
         raise InternalError("a root of the relaxed e-graph was cut: the start plan should have kept it")

@@ -22,6 +22,7 @@ Every operation is a gather, a scatter-add or elementwise: no Python loop over c
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -91,8 +92,8 @@ class RelaxedCost:
         the probability ``Π (1 − q)`` that no edge reaches it, both from the old reach."""
         q = (r.index_select(1, self.edge_parent) * p_edge).clamp_(max=CLAMP)
         ones = self.torch.ones(q.shape[0], self.count, dtype=q.dtype, device=q.device)
-        miss = ones.scatter_reduce_(1, self.edge_child_rows, 1.0 - q, "prod")
-        return (1.0 - miss).index_fill_(1, self.roots, 1.0), q, miss
+        miss = ones.scatter_reduce_(1, self.edge_child_rows, self.torch.rsub(q, 1.0), "prod")
+        return self.torch.rsub(miss, 1.0).index_fill_(1, self.roots, 1.0), q, miss
 
     def gradient(self, logits: Any, tau: float, weight: Any) -> tuple[Any, Any, Any]:
         torch = self.torch
@@ -109,11 +110,12 @@ class RelaxedCost:
         excess = torch.zeros_like(cost)
         if self.memory is not None:
             excess = torch.relu(direct @ self.memory - 1.0)
-            price = price + (weight * (excess > 0))[:, None] * self.memory
+            if bool(excess.any()):  # else the penalty adds nothing (0 · memory), and costs 5 operations
+                price = price + (weight * (excess > 0))[:, None] * self.memory
         own = self._class_sum(p * price)
         # ∂r[child]/∂q per edge, Π of the other edges' (1 − q): at most 1. Taken from the last sweep's own q (a
         # reach a few sweeps stale could make it huge and the adjoint overflow)
-        slope = (miss.index_select(1, self.edge_child) / (1 - q)).clamp_(max=1.0)
+        slope = (miss.index_select(1, self.edge_child) / torch.rsub(q, 1.0)).clamp_(max=1.0)
         a = self._start_adjoint(own) if self.adjoint is None else self.adjoint
         through = slope * p_edge
         for _ in range(self.sweeps):
@@ -162,20 +164,28 @@ def exact_prices(problem: Relaxed, choices: np.ndarray) -> tuple[np.ndarray, np.
     """The DAG cost and the memory proxy of each discrete choice (a row of node indices per class), in float64:
     the classes its chosen nodes reach from the roots, each once. Reach is propagated level by level (a class's
     level is its longest path from a root, so every parent of a class is on a lower level and is settled when
-    its edges are followed), all rows at once."""
+    its edges are followed), all rows at once: each class's reach and each node's choice are bit masks over
+    the rows (64 to a word), so a level is three array operations whatever the number of rows."""
     rows = choices.shape[0]
     count = len(problem.classes)
-    chosen = np.zeros((rows, len(problem.nodes)), dtype=bool)
-    np.put_along_axis(chosen, choices, True, axis=1)
     reached = np.zeros((rows, count), dtype=bool)
-    reached[:, problem.roots] = True
-    flat = np.arange(rows)[:, None] * count
-    for edges in problem.edges_by_level:
-        parents = problem.node_class[problem.edge_node[edges]]
-        hits = reached[:, parents] & chosen[:, problem.edge_node[edges]]
-        if hits.any():
-            children = (flat + problem.edge_child[edges][None, :])[hits]
-            reached.ravel()[children] = True
+    levels = problem.edges_by_level
+    order = np.concatenate(levels) if levels else np.zeros(0, dtype=np.int64)
+    nodes = problem.edge_node[order]
+    parents, children = problem.node_class[nodes], problem.edge_child[order]
+    bounds = np.cumsum([0] + [len(g) for g in levels]).tolist()
+    one = np.uint64(1)
+    for first in range(0, rows, 64):
+        block = choices[first : first + 64]
+        bits = one << np.arange(len(block), dtype=np.uint64)
+        chosen = np.zeros(len(problem.nodes), dtype=np.uint64)
+        np.bitwise_or.at(chosen, block, np.broadcast_to(bits[:, None], block.shape))
+        reach = np.zeros(count, dtype=np.uint64)
+        reach[problem.roots] = bits.sum(dtype=np.uint64)  # every row reaches the roots
+        for low, high in itertools.pairwise(bounds):
+            hits = reach[parents[low:high]] & chosen[nodes[low:high]]
+            np.bitwise_or.at(reach, children[low:high], hits)
+        reached[first : first + 64] = (reach[None, :] & bits[:, None]) != 0
     cost = np.where(reached, problem.cost[choices], 0.0).sum(axis=1)
     memory = np.where(reached, problem.memory[choices], 0.0).sum(axis=1)
     return cost, memory
