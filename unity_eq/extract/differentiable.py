@@ -37,7 +37,7 @@ import numpy as np
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.chooser import Chosen, RelaxReport
-from unity_eq.extract.greedy import adopt_groups, chosen_closure, dag_cost, multi_output_groups
+from unity_eq.extract.greedy import adopt_groups, chosen_closure, dag_cost, multi_output_groups, priced_groups
 from unity_eq.extract.pricing import INF
 from unity_eq.extract.relax import Layout, Relaxed, relax
 
@@ -94,7 +94,11 @@ class DifferentiableChooser:
             with _deterministic(self.device) as device:
                 candidates, steps = self._descend(problem, start_cost, budget, device)
             picked = self._best(problem, candidates, budget)  # adopting multi-output nodes is slow: two
-            groups = multi_output_groups(data, totals) if picked else []
+            groups = (
+                (priced_groups(self.layout.multi_output, totals) if self.layout else multi_output_groups(data, totals))
+                if picked
+                else []
+            )
             for choice in picked:
                 choice = adopt_groups(groups, choice, totals, roots)
                 if not self._fits(choice, roots, budget):

@@ -20,7 +20,7 @@ import numpy as np
 
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import InternalError
-from unity_eq.extract.greedy import chosen_closure
+from unity_eq.extract.greedy import MultiOutputMembers, chosen_closure, multi_output_members
 from unity_eq.extract.pricing import INF
 
 __all__ = ["Layout", "Relaxed", "layout_of", "relax"]
@@ -67,6 +67,7 @@ class Layout:
     class_nodes: list[list[int]]  # per class, its nodes
     kid_start: np.ndarray  # kids as one array: node i's are kid_flat[kid_start[i] : kid_start[i + 1]]
     kid_flat: np.ndarray
+    multi_output: MultiOutputMembers  # greedy.multi_output_members: what the chooser's adoption tries
 
 
 def layout_of(data: EGraphData) -> Layout:
@@ -83,9 +84,9 @@ def layout_of(data: EGraphData) -> Layout:
     kid_start = np.zeros(len(kids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=kid_start[1:])
     kid_flat = np.fromiter((c for k in kids for c in k), dtype=np.int64, count=int(kid_start[-1]))
-    return Layout(
-        class_ids, class_index, nodes, [n.id for n in nodes], node_class, kids, class_nodes, kid_start, kid_flat
-    )
+    ids = [n.id for n in nodes]
+    members = multi_output_members(data)
+    return Layout(class_ids, class_index, nodes, ids, node_class, kids, class_nodes, kid_start, kid_flat, members)
 
 
 def relax(
