@@ -199,7 +199,7 @@ class DifferentiableChooser:
         steps = self.steps_for(problem)
         while step < steps:
             tau = hot * (cold / hot) ** (step / max(steps - 1, 1))
-            grad, _, excess = objective.gradient(logits, tau, weight)
+            grad, excess = objective.gradient(logits, tau, weight)
             adam.step(grad)
             if bool(excess.any()):
                 weight = torch.where(excess > 0, weight * 1.1, weight)  # grows until the expected plan fits

@@ -65,6 +65,7 @@ class Layout:
     node_class: list[int]
     kids: list[tuple[int, ...]]  # per node, its distinct child classes
     class_nodes: list[list[int]]  # per class, its nodes
+    users: list[list[int]]  # per class, the nodes that have it as a child, in order
     kid_start: np.ndarray  # kids as one array: node i's are kid_flat[kid_start[i] : kid_start[i + 1]]
     kid_flat: np.ndarray
     multi_output: MultiOutputMembers  # greedy.multi_output_members: what the chooser's adoption tries
@@ -78,15 +79,20 @@ def layout_of(data: EGraphData) -> Layout:
     node_class = [class_index[n.eclass] for n in nodes]
     kids = [tuple({class_index[c] for c in n.children}) for n in nodes]
     class_nodes: list[list[int]] = [[] for _ in class_ids]
+    users: list[list[int]] = [[] for _ in class_ids]
     for i, c in enumerate(node_class):
         class_nodes[c].append(i)
+        for child in kids[i]:
+            users[child].append(i)
     lengths = np.fromiter((len(k) for k in kids), dtype=np.int64, count=len(kids))
     kid_start = np.zeros(len(kids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=kid_start[1:])
     kid_flat = np.fromiter((c for k in kids for c in k), dtype=np.int64, count=int(kid_start[-1]))
     ids = [n.id for n in nodes]
     members = multi_output_members(data)
-    return Layout(class_ids, class_index, nodes, ids, node_class, kids, class_nodes, kid_start, kid_flat, members)
+    return Layout(
+        class_ids, class_index, nodes, ids, node_class, kids, class_nodes, users, kid_start, kid_flat, members
+    )
 
 
 def relax(
@@ -190,15 +196,13 @@ def _finite(lay: Layout, finite: list[bool], roots: list[int]) -> list[int]:
 def _order(lay: Layout, nodes: list[int], start: dict[int, int]) -> tuple[dict[int, list[int]], list[int]]:
     """Place classes bottom-up (module docstring); returns each placed class's kept nodes and the order."""
     kids, node_class = lay.kids, lay.node_class
-    pending = [0] * len(lay.nodes)
-    waiting: dict[int, list[int]] = {}  # child class -> nodes that wait for it
+    never = len(lay.class_ids) + 1  # more children than any node has: a node not in ``nodes`` never gets ready
+    pending = [never] * len(lay.nodes)
     unready = [0] * len(lay.class_ids)
     ready: list[list[int]] = [[] for _ in lay.class_ids]
     for i in nodes:
         unready[node_class[i]] += 1
         pending[i] = len(kids[i])
-        for child in kids[i]:
-            waiting.setdefault(child, []).append(i)
     heap: list[tuple[int, int]] = []
     push, pop = heapq.heappush, heapq.heappop
     for i in nodes:
@@ -209,7 +213,7 @@ def _order(lay: Layout, nodes: list[int], start: dict[int, int]) -> tuple[dict[i
             push(heap, (unready[cid], cid))
     placed: dict[int, list[int]] = {}
     order: list[int] = []
-    nothing: list[int] = []
+    users = lay.users  # child class -> nodes that wait for it (those not in ``nodes`` never get ready)
     while heap:
         count, cid = pop(heap)
         if cid in placed or count != unready[cid]:
@@ -219,7 +223,7 @@ def _order(lay: Layout, nodes: list[int], start: dict[int, int]) -> tuple[dict[i
             continue  # the start plan's node must stay usable: wait for it
         placed[cid] = list(mine)
         order.append(cid)
-        for i in waiting.get(cid, nothing):
+        for i in users[cid]:
             pending[i] -= 1
             if pending[i] == 0:
                 other = node_class[i]
