@@ -17,7 +17,9 @@ cheaper than the start: the chooser is never worse than greedy.
 
 Time: the search is sized to greedy's own extraction. The number of steps comes from a cost model of
 greedy's time and of a step's (``steps_for``, ``effort`` times greedy's time, default 1), a deterministic
-count rather than a clock; the cut, the pricing and the multi-output adoption are one pass each.
+count rather than a clock; the cut, the pricing and the multi-output adoption are one pass each, over integer
+lists kept per e-graph (relax.Layout, built at the e-graph's first search and shared by the later ones), and
+the steps run in inference mode (no autograd bookkeeping).
 
 Determinism: a seeded generator, float32, and deterministic algorithms (on CUDA too) for the duration of a
 run; CPU runs in one thread, with subnormal floats flushed to zero.

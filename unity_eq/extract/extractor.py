@@ -93,6 +93,7 @@ class Extractor:
 
         training = self.model.objective.training
         memory: dict[str, float] = {}
+        pieces: dict[str, float] = {}  # weight class -> its bytes on a device, with its state when training
         for cls in self.data.classes.values():
             if cls.sort != "T":
                 continue
@@ -108,11 +109,13 @@ class Extractor:
                 total = out
                 for child in node.children:
                     if self.kinds.get(child) in WEIGHT_KINDS:
-                        nbytes = class_bytes(child, self.data, self.locals)
-                        factor = 1.0
-                        if training and self.kinds.get(child) == "weight":  # a constant has no state
-                            factor += weight_state_factor(max(1, itemsize(self.data.classes[child].dtype)))
-                        total += nbytes * factor
+                        piece = pieces.get(child)
+                        if piece is None:  # a weight is read by many nodes: its bytes are found once
+                            factor = 1.0
+                            if training and self.kinds.get(child) == "weight":  # a constant has no state
+                                factor += weight_state_factor(max(1, itemsize(self.data.classes[child].dtype)))
+                            piece = pieces[child] = class_bytes(child, self.data, self.locals) * factor
+                        total += piece
                 memory[node.id] = total
         self._memory = memory
         return memory

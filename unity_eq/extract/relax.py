@@ -8,6 +8,11 @@ class, and when no class has every node ready the one that loses the fewest node
 feedback-arc-set order). The start choice (greedy's plan) is kept whole: a class it needs is placed only once
 its start node is ready, so the greedy plan is always a point of the relaxed space and every rounded choice
 is acyclic by construction.
+
+The e-graph's structure, whatever the prices, is laid out once as integer lists (:class:`Layout`: classes
+and nodes numbered in the order of their ids, each node's distinct child classes, each class's users, the
+multi-output groups); the Extractor keeps it, so every later search of the e-graph (another restriction,
+another memory penalty) walks integers instead of e-class ids and e-node objects.
 """
 
 from __future__ import annotations
