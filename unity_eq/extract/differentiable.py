@@ -42,6 +42,7 @@ from unity_eq.extract.chooser import Chosen, RelaxReport
 from unity_eq.extract.greedy import adopt_groups, chosen_closure, dag_cost, multi_output_groups, priced_groups
 from unity_eq.extract.pricing import INF
 from unity_eq.extract.relax import Layout, Relaxed, relax
+from unity_eq.extract.relaxed_cost import RelaxedCost, exact_prices  # no torch at import: a first search loads nothing
 
 __all__ = ["DifferentiableChooser", "RelaxReport"]
 
@@ -162,8 +163,6 @@ class DifferentiableChooser:
     def _best(self, problem: Relaxed, candidates: np.ndarray, budget: float) -> list[dict[str, ENode]]:
         """The two cheapest distinct rounded choices within the memory budget (first seen wins a tie), priced
         all at once (relaxed_cost.exact_prices); the caller prices them again exactly, one by one."""
-        from unity_eq.extract.relaxed_cost import exact_prices
-
         if not len(candidates):
             return []
         cost, memory = exact_prices(problem, candidates)
@@ -178,8 +177,6 @@ class DifferentiableChooser:
         row of node indices per class each) and the steps taken. Stops early when a rounding finds every row
         where the previous one did (the annealing has settled)."""
         import torch
-
-        from unity_eq.extract.relaxed_cost import RelaxedCost
 
         dtype = torch.float32  # half the memory traffic of float64; the rounding is priced exactly
 

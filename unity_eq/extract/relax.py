@@ -145,7 +145,7 @@ def relax(
         start_class = new_of[np.fromiter(start_nodes.keys(), dtype=np.int64, count=len(start_nodes))]
         start_node = relaxed_of[np.fromiter(start_nodes.values(), dtype=np.int64, count=len(start_nodes))]
         start_index[start_class[start_class >= 0]] = start_node[start_class >= 0]
-    root_index = np.unique(new_of[root_ids]).astype(np.int64)
+    root_index = np.array(sorted(set(new_of[root_ids].tolist())), dtype=np.int64)  # np.unique imports numpy.ma
     if len(root_index) and root_index[0] < 0:
         raise InternalError("a root of the relaxed e-graph was cut: the start plan should have kept it")
     edge_node, edge_child, level = _edges(lay, picked, new_of, node_class, root_index, len(order))
