@@ -192,9 +192,10 @@ def test_stage_search_pieces_get_the_differentiable_option() -> None:
 
 
 def test_rounded_plans_are_priced_as_dag_cost_prices_them(transformer: Extractor) -> None:
-    """The descent's rounded plans are priced all at once (relaxed_cost.exact_prices, level by level); the pick
-    must agree with the exact one-by-one price (dag_cost, and the memory proxy over the chosen closure) on any
-    choice of the cut e-graph, not only greedy's."""
+    """The descent's rounded plans are priced all at once (relaxed_cost.exact_prices, level by level, each
+    class's reach a bit mask over 64 rows: 70 rows take two words); the pick must agree with the exact one-by-one
+    price (dag_cost, and the memory proxy over the chosen closure) on any choice of the cut e-graph, not only
+    greedy's."""
     import numpy as np
 
     from unity_eq.extract.greedy import chosen_closure
@@ -208,7 +209,7 @@ def test_rounded_plans_are_priced_as_dag_cost_prices_them(transformer: Extractor
     rng = np.random.default_rng(0)
     first = np.searchsorted(problem.node_class, np.arange(len(problem.classes)))
     sizes = np.bincount(problem.node_class, minlength=len(problem.classes))
-    choices = first + (rng.random((6, len(problem.classes))) * sizes).astype(np.int64)
+    choices = first + (rng.random((70, len(problem.classes))) * sizes).astype(np.int64)  # 64 rows a word
     choices[0] = np.where(problem.start >= 0, problem.start, first)  # greedy's own plan among them
     cost, mem = exact_prices(problem, choices)
     for row, c, m in zip(choices, cost, mem, strict=True):
@@ -237,3 +238,36 @@ def test_steps_follow_greedys_cost_and_a_kept_start_keeps_its_plan(transformer: 
     extraction = transformer.extract(Restriction(), method="differentiable")
     same = extraction.stages["differentiable"] is extraction.stages["greedy"]
     assert same != extraction.relaxed[0].kept and extraction.stages["differentiable"] is extraction.plan
+
+
+def test_one_layout_serves_every_restriction(transformer: Extractor) -> None:
+    """The e-graph's Layout is built once and shared by every differentiable search of the extractor; under
+    each restriction the cut it gives keeps only allowed nodes, is acyclic (children numbered before their
+    parents), keeps greedy's plan, and the multi-output groups priced from it are the ones found by a walk
+    over the e-graph."""
+    import numpy as np
+
+    from unity_eq.extract.greedy import chosen_closure, multi_output_groups, priced_groups
+    from unity_eq.extract.pricing import INF
+    from unity_eq.extract.relax import relax
+
+    layout = transformer.relax_layout()
+    assert transformer.relax_layout() is layout
+    chooser = transformer.choosers("differentiable", 1.0)[1]
+    assert isinstance(chooser, DifferentiableChooser) and chooser.layout is layout
+    groups = 0
+    for restriction in (Restriction(), Restriction(axes=frozenset({"x"})), Restriction.data_parallel()):
+        totals = transformer.totals(restriction)
+        roots = transformer.roots
+        greedy = GreedyChooser().choose(transformer.data, totals, roots, None).choice
+        problem = relax(transformer.data, totals, roots, greedy, transformer.node_memory(), layout)
+        assert all(totals[n.id] < INF for n in problem.nodes)
+        assert np.all(problem.edge_child < problem.node_class[problem.edge_node])
+        for cid in chosen_closure(greedy, roots) or ():
+            assert problem.nodes[problem.start[problem.classes.index(cid)]].id == greedy[cid].id
+        walked = multi_output_groups(transformer.data, totals)
+        assert [[(c, n.id) for c, n in g] for g in priced_groups(layout.multi_output, totals)] == [
+            [(c, n.id) for c, n in g] for g in walked
+        ]
+        groups += len(walked)
+    assert groups > 0

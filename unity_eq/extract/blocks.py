@@ -206,7 +206,11 @@ class BlockExtractor:
             chooser: Chooser = (
                 IlpChooser(time_limit_s)
                 if stage == "ilp"
-                else DifferentiableChooser(memory=self.extractors[signature].node_memory(), effort=effort)
+                else DifferentiableChooser(
+                    memory=self.extractors[signature].node_memory(),
+                    effort=effort,
+                    layout=self.extractors[signature].relax_layout(),
+                )
             )
             found = chooser.choose(sol.data, option.totals, self._fragment_roots(sol, out_key), seed)
             seeds[fragment] = found.choice

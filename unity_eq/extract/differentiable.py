@@ -17,7 +17,9 @@ cheaper than the start: the chooser is never worse than greedy.
 
 Time: the search is sized to greedy's own extraction. The number of steps comes from a cost model of
 greedy's time and of a step's (``steps_for``, ``effort`` times greedy's time, default 1), a deterministic
-count rather than a clock; the cut, the pricing and the multi-output adoption are one pass each.
+count rather than a clock; the cut, the pricing and the multi-output adoption are one pass each, over integer
+lists kept per e-graph (relax.Layout, built at the e-graph's first search and shared by the later ones), and
+the steps run in inference mode (no autograd bookkeeping).
 
 Determinism: a seeded generator, float32, and deterministic algorithms (on CUDA too) for the duration of a
 run; CPU runs in one thread, with subnormal floats flushed to zero.
@@ -37,8 +39,10 @@ import numpy as np
 from unity_eq.egraph import EGraphData, ENode
 from unity_eq.errors import ExtractionError
 from unity_eq.extract.chooser import Chosen, RelaxReport
-from unity_eq.extract.greedy import adopt_groups, chosen_closure, dag_cost, multi_output_groups
-from unity_eq.extract.relax import Relaxed, relax
+from unity_eq.extract.greedy import adopt_groups, chosen_closure, dag_cost, multi_output_groups, priced_groups
+from unity_eq.extract.pricing import INF
+from unity_eq.extract.relax import Layout, Relaxed, relax
+from unity_eq.extract.relaxed_cost import RelaxedCost, exact_prices  # no torch at import: a first search loads nothing
 
 __all__ = ["DifferentiableChooser", "RelaxReport"]
 
@@ -72,6 +76,7 @@ class DifferentiableChooser:
     effort: float | None = 1.0  # the descent's time as a multiple of greedy's (steps_for); None: ``steps`` steps
     floor_s: float = 0.008  # the modelled descent time every search may take, however fast greedy was
     sweeps: int = 3  # Jacobi sweeps per step of the reach and of its adjoint (relaxed_cost)
+    layout: Layout | None = None  # relax.layout_of(the e-graph), shared by the searches of one e-graph
     name: str = "differentiable"
     reports: list[RelaxReport] = field(default_factory=list)
 
@@ -81,16 +86,22 @@ class DifferentiableChooser:
         if start is None:
             raise ExtractionError("the differentiable chooser starts from a choice: run a greedy chooser before it")
         began = time.perf_counter()
-        problem = relax(data, totals, roots, start, self.memory)
-        start_cost = dag_cost(start, roots, totals)
-        budget = self._budget(problem, start)
+        closure = chosen_closure(start, roots)  # found once: for the cut, the start's cost and its memory
+        needed = closure or set()
+        problem = relax(data, totals, roots, start, self.memory, self.layout, needed)
+        start_cost = INF if closure is None else math.fsum(totals[start[c].id] for c in needed)  # = dag_cost
+        budget = self._budget(start, needed)
         best, best_cost, device, steps = start, start_cost, "cpu", 0
         relaxed_best = math.inf
         if len(problem.nodes) > len(problem.classes):  # otherwise there is nothing to choose
             with _deterministic(self.device) as device:
                 candidates, steps = self._descend(problem, start_cost, budget, device)
             picked = self._best(problem, candidates, budget)  # adopting multi-output nodes is slow: two
-            groups = multi_output_groups(data, totals) if picked else []
+            groups = (
+                (priced_groups(self.layout.multi_output, totals) if self.layout else multi_output_groups(data, totals))
+                if picked
+                else []
+            )
             for choice in picked:
                 choice = adopt_groups(groups, choice, totals, roots)
                 if not self._fits(choice, roots, budget):
@@ -137,23 +148,21 @@ class DifferentiableChooser:
     def _fits(self, choice: dict[str, ENode], roots: list[str], budget: float) -> bool:
         return self.memory is None or self._proxy(choice, roots) <= budget * (1 + 1e-9)
 
-    def _proxy(self, choice: dict[str, ENode], roots: list[str]) -> float:
+    def _proxy(self, choice: dict[str, ENode], roots: list[str], needed: set[str] | None = None) -> float:
+        """The memory proxy of ``choice``'s plan (``needed``: its closure, when the caller has it)."""
         assert self.memory is not None
-        needed = chosen_closure(choice, roots) or set()
+        needed = needed if needed is not None else chosen_closure(choice, roots) or set()
         return math.fsum(self.memory.get(choice[c].id, 0.0) for c in needed)
 
-    def _budget(self, problem: Relaxed, start: dict[str, ENode]) -> float:
+    def _budget(self, start: dict[str, ENode], needed: set[str]) -> float:
         if self.memory is None:
             return math.inf
-        roots = [problem.classes[i] for i in problem.roots]
-        own = self._proxy(start, roots)
+        own = self._proxy(start, [], needed)
         return max(own, self.budget) if self.budget is not None else own
 
     def _best(self, problem: Relaxed, candidates: np.ndarray, budget: float) -> list[dict[str, ENode]]:
         """The two cheapest distinct rounded choices within the memory budget (first seen wins a tie), priced
         all at once (relaxed_cost.exact_prices); the caller prices them again exactly, one by one."""
-        from unity_eq.extract.relaxed_cost import exact_prices
-
         if not len(candidates):
             return []
         cost, memory = exact_prices(problem, candidates)
@@ -168,8 +177,6 @@ class DifferentiableChooser:
         row of node indices per class each) and the steps taken. Stops early when a rounding finds every row
         where the previous one did (the annealing has settled)."""
         import torch
-
-        from unity_eq.extract.relaxed_cost import RelaxedCost
 
         dtype = torch.float32  # half the memory traffic of float64; the rounding is priced exactly
 
@@ -191,9 +198,10 @@ class DifferentiableChooser:
         steps = self.steps_for(problem)
         while step < steps:
             tau = hot * (cold / hot) ** (step / max(steps - 1, 1))
-            grad, _, excess = objective.gradient(logits, tau, weight)
+            grad, excess = objective.gradient(logits, tau, weight)
             adam.step(grad)
-            weight = torch.where(excess > 0, weight * 1.1, weight)  # grows until the expected plan fits
+            if bool(excess.any()):
+                weight = torch.where(excess > 0, weight * 1.1, weight)  # grows until the expected plan fits
             step += 1
             if step % self.round_every == 0 or step == steps:
                 if not bool(torch.isfinite(logits).all()):
@@ -229,7 +237,8 @@ class _Adam:
 
 @contextlib.contextmanager
 def _deterministic(wanted: str) -> Iterator[str]:
-    """Run on the wanted device with deterministic algorithms, one CPU thread; restore torch's settings."""
+    """Run on the wanted device with deterministic algorithms, one CPU thread, in inference mode (the gradient is
+    in closed form); restore torch's settings."""
     import torch
 
     device = "cuda" if wanted == "auto" and torch.cuda.is_available() else ("cpu" if wanted == "auto" else wanted)
@@ -243,7 +252,8 @@ def _deterministic(wanted: str) -> Iterator[str]:
     if device != "cpu":  # CPU kernels are deterministic already (and the switch imports torch's compiler, ~10 s)
         torch.use_deterministic_algorithms(True)
     try:
-        yield device
+        with torch.inference_mode():  # no autograd bookkeeping on any operation: ~8% of a step
+            yield device
     finally:
         if device != "cpu":
             torch.use_deterministic_algorithms(was)

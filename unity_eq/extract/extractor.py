@@ -31,6 +31,7 @@ from unity_eq.extract.pricing import (
     node_costs,
     source_kinds,
 )
+from unity_eq.extract.relax import Layout, layout_of
 from unity_eq.ir import Graph
 from unity_eq.plan import (
     Plan,
@@ -80,6 +81,7 @@ class Extractor:
         self.costs = node_costs(data, model, self.locals, self.kinds)
         self.roots = output_classes(data, encoding, graph)
         self._memory: dict[str, float] | None = None
+        self._layout: Layout | None = None
         self.parents = parents_of(data)
 
     def node_memory(self) -> dict[str, float]:
@@ -91,6 +93,7 @@ class Extractor:
 
         training = self.model.objective.training
         memory: dict[str, float] = {}
+        pieces: dict[str, float] = {}  # weight class -> its bytes on a device, with its state when training
         for cls in self.data.classes.values():
             if cls.sort != "T":
                 continue
@@ -106,14 +109,23 @@ class Extractor:
                 total = out
                 for child in node.children:
                     if self.kinds.get(child) in WEIGHT_KINDS:
-                        nbytes = class_bytes(child, self.data, self.locals)
-                        factor = 1.0
-                        if training and self.kinds.get(child) == "weight":  # a constant has no state
-                            factor += weight_state_factor(max(1, itemsize(self.data.classes[child].dtype)))
-                        total += nbytes * factor
+                        piece = pieces.get(child)
+                        if piece is None:  # a weight is read by many nodes: its bytes are found once
+                            factor = 1.0
+                            if training and self.kinds.get(child) == "weight":  # a constant has no state
+                                factor += weight_state_factor(max(1, itemsize(self.data.classes[child].dtype)))
+                            piece = pieces[child] = class_bytes(child, self.data, self.locals) * factor
+                        total += piece
                 memory[node.id] = total
         self._memory = memory
         return memory
+
+    def relax_layout(self) -> Layout:
+        """The e-graph's structure as the differentiable search reads it (relax.layout_of), built at its first
+        search and shared by the later ones (every restriction, every memory penalty)."""
+        if self._layout is None:
+            self._layout = layout_of(self.data)
+        return self._layout
 
     def reprice(self, model: CostModel) -> Extractor:
         """The same e-graph priced by another cost model (e.g. one device, for the baseline)."""
@@ -139,7 +151,7 @@ class Extractor:
         relaxed = None
         if ExtractionMethod.checked(method) != ExtractionMethod.GREEDY:
             capacity = min(self.model.machine.usable_memory(d) for d in self.model.mesh.devices)
-            relaxed = DifferentiableChooser(memory=self.node_memory(), budget=capacity)
+            relaxed = DifferentiableChooser(memory=self.node_memory(), budget=capacity, layout=self.relax_layout())
         return chooser_chain(method, self.parents, time_limit_s, relaxed)
 
     def extract(

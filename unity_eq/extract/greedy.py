@@ -223,6 +223,38 @@ def multi_output_groups(data: EGraphData, totals: Mapping[str, float]) -> MultiO
     return list(groups.values())
 
 
+#: Every multi-output e-node grouped as :func:`multi_output_groups` groups them, whatever the prices, each with
+#: its rank in the walk over the e-graph: a structure to keep per e-graph (:func:`priced_groups` prices it).
+MultiOutputMembers = list[list[tuple[int, str, ENode]]]
+
+
+def multi_output_members(data: EGraphData) -> MultiOutputMembers:
+    """:func:`multi_output_groups` before the prices: every multi-output e-node, banned or not."""
+    groups: dict[tuple[object, ...], list[tuple[int, str, ENode]]] = {}
+    rank = 0
+    for cls in data.classes.values():
+        for node in cls.nodes:
+            spec = spec_for(node.op)
+            if spec is not None and spec.multi_output:
+                key = (node.op, *(tuple(a) if isinstance(a, list) else a for a in node.args[:-1]))
+                groups.setdefault(key, []).append((rank, cls.id, node))
+            rank += 1
+    return list(groups.values())
+
+
+def priced_groups(members: MultiOutputMembers, totals: Mapping[str, float]) -> MultiOutputGroups:
+    """:func:`multi_output_groups` from the members kept per e-graph: the allowed ones, the groups in the order
+    of their first allowed member (the order the walk over the e-graph finds them in), a pass over the
+    multi-output nodes only."""
+    found = []
+    for group in members:
+        allowed = [(rank, cid, node) for rank, cid, node in group if totals[node.id] < INF]
+        if allowed:
+            found.append(allowed)
+    found.sort(key=lambda g: g[0][0])
+    return [[(cid, node) for _, cid, node in group] for group in found]
+
+
 def adopt_groups(
     groups: MultiOutputGroups, choice: dict[str, ENode], totals: Mapping[str, float], roots: list[str]
 ) -> dict[str, ENode]:

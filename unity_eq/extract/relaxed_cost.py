@@ -22,6 +22,7 @@ Every operation is a gather, a scatter-add or elementwise: no Python loop over c
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -35,8 +36,9 @@ CLAMP = 1 - 1e-6  # r·p below 1: 1 − q is divided by
 
 
 class RelaxedCost:
-    """``gradient(logits [S, N], tau, weight [S]) → (∂(cost + weight · excess)/∂logits, expected cost [S], memory
-    excess [S])`` for every row at once; ``round(logits)`` is each row's discrete choice."""
+    """``gradient(logits [S, N], tau, weight [S]) → (∂(cost + weight · excess)/∂logits, memory excess [S])`` for
+    every row at once (the expected cost itself is not needed for the step: not computed); ``round(logits)`` is
+    each row's discrete choice."""
 
     def __init__(
         self, problem: Relaxed, rows: int, device: str, scale: float, budget: float, sweeps: int = 3, dtype: Any = None
@@ -68,6 +70,7 @@ class RelaxedCost:
         self.problem, self.start_reach = problem, start
         self.reach: Any = tensor(start).expand(rows, -1).contiguous()  # the start plan's own: exact for it
         self.adjoint: Any = None
+        self.adjoint_child: Any = None  # the adjoint of each edge's child class
         self.rows = rows
         self.classes_by_node = self.node_class.expand(rows, -1)
         self.edge_child_rows = self.edge_child.expand(rows, -1)
@@ -86,44 +89,50 @@ class RelaxedCost:
         e = (z - top.index_select(1, self.node_class)).exp_()
         return e.div_(self._class_sum(e).index_select(1, self.node_class))
 
-    def _sweep(self, r: Any, p_edge: Any) -> tuple[Any, Any, Any]:
+    def _sweep(self, r: Any, p_edge: Any) -> tuple[Any, Any, Any, Any]:
         """One Jacobi step of the reach fixed point: the new reach, and the edges' ``q = r·p`` and, per class,
-        the probability ``Π (1 − q)`` that no edge reaches it, both from the old reach."""
-        q = (r.index_select(1, self.edge_parent) * p_edge).clamp_(max=CLAMP)
-        ones = self.torch.ones(q.shape[0], self.count, dtype=q.dtype, device=q.device)
-        miss = ones.scatter_reduce_(1, self.edge_child_rows, 1.0 - q, "prod")
-        return (1.0 - miss).index_fill_(1, self.roots, 1.0), q, miss
+        the probability ``Π (1 − q)`` that no edge reaches it, both from the old reach, and the old reach of each
+        edge's parent."""
+        torch = self.torch
+        parent = r.index_select(1, self.edge_parent)
+        q = (parent * p_edge).clamp_(max=CLAMP)
+        ones = torch.ones(q.shape[0], self.count, dtype=q.dtype, device=q.device)
+        miss = ones.scatter_reduce_(1, self.edge_child_rows, torch.rsub(q, 1.0), "prod")
+        return torch.rsub(miss, 1.0).index_fill_(1, self.roots, 1.0), q, miss, parent
 
-    def gradient(self, logits: Any, tau: float, weight: Any) -> tuple[Any, Any, Any]:
+    def gradient(self, logits: Any, tau: float, weight: Any) -> tuple[Any, Any]:
         torch = self.torch
         p = self.probabilities(logits, tau)
         p_edge = p.index_select(1, self.edge_node)
         r = self.reach
         for _ in range(self.sweeps):
-            before = r
-            r, q, miss = self._sweep(r, p_edge)
+            r, q, miss, parent = self._sweep(r, p_edge)  # parent: the last sweep's old reach, per edge
         r_node = r.index_select(1, self.node_class)
-        direct = r_node * p
-        cost = direct @ self.cost
         price = self.cost.expand(p.shape[0], -1)
-        excess = torch.zeros_like(cost)
         if self.memory is not None:
-            excess = torch.relu(direct @ self.memory - 1.0)
-            price = price + (weight * (excess > 0))[:, None] * self.memory
+            excess = torch.relu((r_node * p) @ self.memory - 1.0)
+            if bool(excess.any()):  # else the penalty adds nothing (0 · memory), and costs 5 operations
+                price = price + (weight * (excess > 0))[:, None] * self.memory
+        else:
+            excess = torch.zeros(p.shape[0], dtype=p.dtype, device=p.device)
         own = self._class_sum(p * price)
         # ∂r[child]/∂q per edge, Π of the other edges' (1 − q): at most 1. Taken from the last sweep's own q (a
         # reach a few sweeps stale could make it huge and the adjoint overflow)
-        slope = (miss.index_select(1, self.edge_child) / (1 - q)).clamp_(max=1.0)
-        a = self._start_adjoint(own) if self.adjoint is None else self.adjoint
+        slope = (miss.index_select(1, self.edge_child) / torch.rsub(q, 1.0)).clamp_(max=1.0)
+        if self.adjoint is None:
+            a = self._start_adjoint(own)
+            a_child = a.index_select(1, self.edge_child)
+        else:
+            a, a_child = self.adjoint, self.adjoint_child  # the last step's, gathered then
         through = slope * p_edge
         for _ in range(self.sweeps):
-            pushed = a.index_select(1, self.edge_child) * through
-            a = own + self._zeros(self.count, p).index_add_(1, self.edge_parent, pushed)
-        edge_grad = a.index_select(1, self.edge_child) * slope * before.index_select(1, self.edge_parent)
+            a = own + self._zeros(self.count, p).index_add_(1, self.edge_parent, a_child * through)
+            a_child = a.index_select(1, self.edge_child)
+        edge_grad = a_child * slope * parent
         grad = (r_node * price).index_add_(1, self.edge_node, edge_grad)
-        self.reach, self.adjoint = r, a
+        self.reach, self.adjoint, self.adjoint_child = r, a, a_child
         pg = p * grad  # the softmax's Jacobian, per class: ∂/∂z Σ p·g = p·(g − Σ p·g)
-        return (pg - p * self._class_sum(pg).index_select(1, self.node_class)).div_(tau), cost, excess
+        return (pg - p * self._class_sum(pg).index_select(1, self.node_class)).div_(tau), excess
 
     def _start_adjoint(self, own: Any) -> Any:
         """The adjoint's warm start: exact for the start choice (hard, every row begins near it), where an edge
@@ -162,20 +171,28 @@ def exact_prices(problem: Relaxed, choices: np.ndarray) -> tuple[np.ndarray, np.
     """The DAG cost and the memory proxy of each discrete choice (a row of node indices per class), in float64:
     the classes its chosen nodes reach from the roots, each once. Reach is propagated level by level (a class's
     level is its longest path from a root, so every parent of a class is on a lower level and is settled when
-    its edges are followed), all rows at once."""
+    its edges are followed), all rows at once: each class's reach and each node's choice are bit masks over
+    the rows (64 to a word), so a level is three array operations whatever the number of rows."""
     rows = choices.shape[0]
     count = len(problem.classes)
-    chosen = np.zeros((rows, len(problem.nodes)), dtype=bool)
-    np.put_along_axis(chosen, choices, True, axis=1)
     reached = np.zeros((rows, count), dtype=bool)
-    reached[:, problem.roots] = True
-    flat = np.arange(rows)[:, None] * count
-    for edges in problem.edges_by_level:
-        parents = problem.node_class[problem.edge_node[edges]]
-        hits = reached[:, parents] & chosen[:, problem.edge_node[edges]]
-        if hits.any():
-            children = (flat + problem.edge_child[edges][None, :])[hits]
-            reached.ravel()[children] = True
+    levels = problem.edges_by_level
+    order = np.concatenate(levels) if levels else np.zeros(0, dtype=np.int64)
+    nodes = problem.edge_node[order]
+    parents, children = problem.node_class[nodes], problem.edge_child[order]
+    bounds = np.cumsum([0] + [len(g) for g in levels]).tolist()
+    one = np.uint64(1)
+    for first in range(0, rows, 64):
+        block = choices[first : first + 64]
+        bits = one << np.arange(len(block), dtype=np.uint64)
+        chosen = np.zeros(len(problem.nodes), dtype=np.uint64)
+        np.bitwise_or.at(chosen, block, np.broadcast_to(bits[:, None], block.shape))
+        reach = np.zeros(count, dtype=np.uint64)
+        reach[problem.roots] = bits.sum(dtype=np.uint64)  # every row reaches the roots
+        for low, high in itertools.pairwise(bounds):
+            hits = reach[parents[low:high]] & chosen[nodes[low:high]]
+            np.bitwise_or.at(reach, children[low:high], hits)
+        reached[first : first + 64] = (reach[None, :] & bits[:, None]) != 0
     cost = np.where(reached, problem.cost[choices], 0.0).sum(axis=1)
     memory = np.where(reached, problem.memory[choices], 0.0).sum(axis=1)
     return cost, memory
