@@ -177,3 +177,74 @@ def test_unsound_look_alikes_are_refuted(name: str, tmp_path: Path) -> None:
     bounded = prove_bounded(rule, facts, lazy=True)
     assert bounded.status == "refuted" and bounded.counterexample is not None, (bounded.status, bounded.reason)
     assert not prove_generic(rule, facts, 500, True).proven
+
+
+def _divided_attention(path: Path, divisor: float) -> Path:
+    """BERT's attention as transformers wrote it before the sdpa default (and as many hand-written models do):
+    scores divided by sqrt(d), an additive mask input, 4 heads of 8 (hidden 32, sequence 8)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    b, s, h, heads = 2, SEQ, 32, 4
+    d = h // heads
+    inits = [numpy_helper.from_array(rng.standard_normal((h, h)).astype(np.float32) / 4, n)
+             for n in ("wq", "wk", "wv", "wo")]  # fmt: skip
+    inits += [
+        numpy_helper.from_array(np.array([b, s, heads, d], np.int64), "heads_shape"),
+        numpy_helper.from_array(np.array([b, s, h], np.int64), "hidden_shape"),
+        numpy_helper.from_array(np.array(divisor, np.float32), "sqrt_d"),
+    ]
+    nodes = []
+    for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [
+            helper.make_node("MatMul", ["X", f"w{name}"], [f"{name}.mm"], name=f"{name}.mm"),
+            helper.make_node("Reshape", [f"{name}.mm", "heads_shape"], [f"{name}.heads"], name=f"{name}.heads"),
+            helper.make_node("Transpose", [f"{name}.heads"], [f"{name}.t"], name=f"{name}.t", perm=perm),
+        ]
+    nodes += [
+        helper.make_node("MatMul", ["q.t", "k.t"], ["scores"], name="scores"),
+        helper.make_node("Div", ["scores", "sqrt_d"], ["scaled"], name="scaled"),
+        helper.make_node("Add", ["scaled", "mask"], ["masked"], name="masked"),
+        helper.make_node("Softmax", ["masked"], ["probs"], name="probs", axis=-1),
+        helper.make_node("MatMul", ["probs", "v.t"], ["context"], name="context"),
+        helper.make_node("Transpose", ["context"], ["context.t"], name="context.t", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["context.t", "hidden_shape"], ["merged"], name="merged"),
+        helper.make_node("MatMul", ["merged", "wo"], ["Y"], name="out"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "divided_attention",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [b, s, h]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [b, 1, 1, s])],  # fmt: skip
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [b, s, h])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_scores_divided_by_sqrt_d_fuse_and_check(tmp_path: Path) -> None:
+    """`Div(MatMul(Q, Kᵀ), sqrt(d))`: the fused op divides Q instead, for a float divisor the encoder knows has
+    no zero (`nonzero-values`), and the plan computes the original outputs."""
+    import numpy as np
+
+    model = _divided_attention(tmp_path / "divided.onnx", float(np.sqrt(8.0)))
+    result = optimize(model, devices=2, output_dir=tmp_path / "plan")
+    ops = _plan_ops(result)
+    assert ops.count("Attention") == 1 and "Softmax" not in ops, ops
+    rng = np.random.default_rng(1)
+    mask = np.where(rng.random((2, 1, 1, SEQ)) < 0.25, -1e4, 0.0).astype(np.float32)
+    inputs = {"X": rng.standard_normal((2, SEQ, 32)).astype(np.float32), "mask": mask}
+    outcome = check(model, tmp_path / "plan", inputs=inputs)
+    assert outcome.passed, outcome.describe()
+
+
+def test_a_divisor_that_may_be_zero_does_not_fuse(tmp_path: Path) -> None:
+    """Divided by 0 the scores are no numbers, and the two sides' infinities differ (verify refutes the rule
+    without the `nonzero-values` guard): the encoder states no such fact for a 0, and the scores stay unfused."""
+    model = _divided_attention(tmp_path / "zero.onnx", 0.0)
+    result = optimize(model, devices=1, output_dir=tmp_path / "plan", plan_only=True)
+    ops = _plan_ops(result)
+    assert "Attention" not in ops and "Softmax" in ops, ops

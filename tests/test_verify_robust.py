@@ -133,6 +133,16 @@ ANALYSIS_MUTANTS = {
         "(rule ((= e (Relu x)) (placed x ax (S d))) ((placed e ax (S d))) :ruleset analysis)",
         "proven",
     ),
+    # a fact only the encoder states: a Relu's output may be 0, so a rule dividing by it would divide by zero
+    "derives-nonzero-values": (
+        "(rule ((= e (Relu x))) ((nonzero-values e)) :ruleset analysis)",
+        "refuted",
+    ),
+    # an integer dtype declared floating would let the float-only rules fire on integer tensors
+    "derives-float-dtype": (
+        "(rule ((= e (Relu x)) (= t (dtype x))) ((float-dtype t)) :ruleset analysis)",
+        "refuted",
+    ),
     # two tensors and no root pattern: not enumerable, so unknown (fails), never silently accepted
     "two-unrelated-tensors": (
         "(rule ((can-split x d ax) (can-split y d ax)) ((can-split x d ax)) :ruleset analysis)",

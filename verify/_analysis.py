@@ -39,7 +39,13 @@ from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.checks import Checker
 from unity_eq.rulefile.env import Env
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var
-from unity_eq.verify._analysis_query import CHECKED_RELATIONS, CannotEnumerate, is_root, rooted_cases
+from unity_eq.verify._analysis_query import (
+    CHECKED_RELATIONS,
+    ENCODER_FACTS,
+    CannotEnumerate,
+    is_root,
+    rooted_cases,
+)
 from unity_eq.verify._bounded import Case, rule_meshes, solve_equations
 from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
 from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, guard_value, solve_guards
@@ -76,8 +82,9 @@ def checked_claims(decl: AnalysisDecl) -> list[App]:
     """The facts of checked relations ``decl`` derives, and the shapes it sets (``(set (shape e) s)``, as the
     fact ``(= (shape e) s)``): the guards read ``(shape t)``, and the engine takes it from whatever declaration
     sets it, so a wrong shape (a Transpose's operand's shape, a mean's kept axis) made rewrites guarded by it
-    unsound while ``verify`` passed (issue 21's adversary corpus)."""
-    out = [a for a in decl.actions if isinstance(a, App) and a.head in CHECKED_RELATIONS]
+    unsound while ``verify`` passed (issue 21's adversary corpus). A fact only the encoder states
+    (``ENCODER_FACTS``) is a claim too, which :func:`check_analysis_decl` refuses outright."""
+    out = [a for a in decl.actions if isinstance(a, App) and a.head in CHECKED_RELATIONS | ENCODER_FACTS]
     out += [_shape_fact(a) for a in decl.actions if _is_shape_set(a)]
     return out + placement_claims(decl)
 
@@ -166,6 +173,15 @@ def check_analysis_decl(
 ) -> AnalysisOutcome:
     """Every case where ``decl``'s query holds, checked against each checked fact it derives."""
     start = time.perf_counter()
+    stated = [a.head for a in decl.actions if isinstance(a, App) and a.head in ENCODER_FACTS]
+    if stated:
+        return AnalysisOutcome(
+            "refuted",
+            0,
+            f"it derives `{stated[0]}`, a fact only the encoder states (from the model and the mesh); a rule "
+            "that derives it can make rewrites guarded by it fire where it does not hold. Remove that action.",
+            case="every match of its query",
+        )
     claims = checked_claims(decl)
     outcome = AnalysisOutcome("proven", 0)
     try:

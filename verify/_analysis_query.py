@@ -37,6 +37,13 @@ CHECKED_RELATIONS = frozenset(
 )
 
 
+#: relations only the encoder states, from the model and the mesh (rules/analysis.egg): a declaration that
+#: derives one could make every rewrite guarded by it fire where it does not hold (``(nonzero-values e)`` of a
+#: Relu lets a rule divide by zero), and the verifier cannot check it against a meaning beyond "the encoder
+#: said so", so it is refused
+ENCODER_FACTS = frozenset({"float-dtype", "nonzero-values", "mesh-axis", "dim-range", "axes-1", "axes-2", "axes-3"})
+
+
 class CannotEnumerate(Exception):
     """The query has no root the instance generators can enumerate."""
 

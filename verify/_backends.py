@@ -34,6 +34,10 @@ _SYMS: dict[tuple[str, bool], z3.ArithRef] = {}
 _SYMBOL_ARRAYS: dict[tuple[str, Shape, bool], np.ndarray] = {}
 
 
+def _is_expr(x: Any) -> bool:
+    return isinstance(x, z3.ExprRef)
+
+
 class Z3Backend:
     """Builds z3 expressions; symbols and functions are cached so equal inputs are equal ASTs.
 
@@ -48,6 +52,15 @@ class Z3Backend:
         self._fns: dict[tuple[str, int], z3.FuncDeclRef] = {}
         self._ufuncs: dict[tuple[str, int], Any] = {}
         self.zero = z3.RealVal(0)
+        #: a non-zero symbol's reciprocal (``nonzero-values``): dividing by it multiplies, so quotients stay
+        #: polynomials that ``same_polynomial`` normalizes (a division inside a softmax defeats z3 otherwise)
+        self.reciprocals: dict[int, Any] = {}
+
+    def reciprocal(self, sym: Any) -> Any:
+        """A symbol ``1/sym`` for the non-zero ``sym``: the caller assumes ``sym * reciprocal == 1``."""
+        inv = self.symbol(f"1/{sym}")
+        self.reciprocals[sym.ast.value] = inv
+        return inv
 
     def symbol(self, name: str, integer: bool = False) -> z3.ArithRef:
         # z3 makes one constant per (name, sort) in a context, so one cache serves every backend and case
@@ -109,7 +122,12 @@ class Z3Backend:
         return Z3_OPS["mul"](a, b)
 
     def div(self, a: Any, b: Any) -> Any:
-        return Z3_OPS["div"](a, b)
+        if not self.reciprocals:
+            return Z3_OPS["div"](a, b)
+        inverse = np.frompyfunc(lambda y: self.reciprocals.get(y.ast.value) if _is_expr(y) else None, 1, 1)(b)
+        if any(x is None for x in np.asarray(inverse).reshape(-1)):
+            return Z3_OPS["div"](a, b)
+        return Z3_OPS["mul"](a, inverse)
 
     def neg(self, a: Any) -> Any:
         return Z3_OPS["neg"](a)

@@ -5,6 +5,7 @@ Step 5 of :mod:`unity_eq.verify._bounded`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -15,6 +16,7 @@ import z3
 from unity_eq.ir import Mesh
 from unity_eq.rulefile.terms import App, Rule, Term, Var
 from unity_eq.verify._bounded_cases import Case
+from unity_eq.verify._guards import NONZERO
 from unity_eq.verify._semantics import (
     EvalFailure,
     Placements,
@@ -66,10 +68,12 @@ def concrete_rule(rule: Rule, case: Case) -> tuple[Term, Term, list[str], dict[s
     lhs = instantiate(rule.lhs, case.binding, sorts)
     rhs = instantiate(rule.rhs, case.binding, sorts)
     specs: dict[str, VarSpec] = {}
+    nonzero = {g.args[0].name for g in rule.guards if isinstance(g, App) and g.head == NONZERO and g.args
+               and isinstance(g.args[0], Var)}  # fmt: skip
     for name, sort in sorts.items():
         value = case.binding.get(name)
         if sort == "T" and isinstance(value, VarSpec):
-            specs[name] = value
+            specs[name] = dataclasses.replace(value, nonzero=True) if name in nonzero else value
         elif sort == "TList" and value is not None:
             for i, spec in enumerate(value):
                 specs[f"{name}#{i}"] = spec

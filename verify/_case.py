@@ -35,6 +35,8 @@ class VarSpec:
     shape: tuple[int, ...]
     integer: bool = False
     high: int = 0
+    #: a ``(nonzero-values x)`` guard holds: every element is drawn (numpy) or assumed (z3) non-zero
+    nonzero: bool = False
 
 
 class EvalFailure(Exception):
@@ -157,7 +159,12 @@ class CaseEvaluator:
                 parts[combo] = self.bk.symbols(tag, spec.shape, spec.integer, spec.high)
                 if spec.integer and combo != combos[0]:
                     parts[combo] = np.zeros_like(parts[combo])  # random indices in range: their sum is too
+        if spec.nonzero and not isinstance(self.bk, Z3Backend):
+            parts = {c: np.where(p == 0, 1.0, p) for c, p in parts.items()}  # drawn again where it hit 0
         total = parts[()] if not partial else self.bk.sum_pieces([parts[c] for c in combos])
+        if spec.nonzero and isinstance(self.bk, Z3Backend):
+            for sym in total.reshape(-1):
+                self.assumptions += [sym != 0, sym * self.bk.reciprocal(sym) == 1]
         self.global_cache[Var(name)] = total
         self.inputs[name] = total
         integer = self.int_bk is not None and is_integer(self.dtypes.get(name.split("#")[0], ""))

@@ -38,6 +38,10 @@ __all__ = [
 ]
 
 
+#: the value guard: a tensor's elements are all finite and non-zero (rules/analysis.egg)
+NONZERO = "nonzero-values"
+
+
 class GuardError(Exception):
     """A guard cannot be evaluated (no Python mirror for a relation, or a fact never becomes evaluable)."""
 
@@ -130,7 +134,7 @@ def unsupported_relations(guards: Sequence[Term], facts: DerivedFacts) -> list[s
         if not isinstance(guard, App):
             continue
         head = guard.head
-        if head in BUILTIN_RELATIONS or head in _COMPARE or head in ("=", "vec-contains", "vec-not-contains"):
+        if head in BUILTIN_RELATIONS or head in _COMPARE or head in ("=", "vec-contains", "vec-not-contains", NONZERO):
             continue
         if head not in facts.relations:
             out.append(head)
@@ -181,6 +185,14 @@ def _fact(fact: Term, binding: dict[str, Any], ctx: GuardContext) -> Iterator[di
     if head in _COMPARE:
         if _COMPARE[head](_value(fact.args[0], binding, ctx), _value(fact.args[1], binding, ctx)):
             yield binding
+        return
+    if head == NONZERO:
+        # a premise on the values, not a choice of case: the case's variable is drawn non-zero
+        # (bounded_check.concrete_rule), so it holds of a tensor variable and is refused on any other term
+        if len(fact.args) != 1 or not isinstance(fact.args[0], Var) or ctx.sorts.get(fact.args[0].name) != "T":
+            raise GuardError(f"{fact}: `{NONZERO}` takes one tensor variable of the left-hand side")
+        if not (isinstance(t := ctx.tensor(fact.args[0], binding), App) and t.head == "NoneT"):
+            yield binding  # an absent input has no values: the encoder never states it of one
         return
     if head in ("vec-contains", "vec-not-contains"):
         vec, x = _value(fact.args[0], binding, ctx), _value(fact.args[1], binding, ctx)

@@ -51,6 +51,8 @@ class Vocab:
             "reshape-map": F("ReshapeMap", V, V, Int, Int, B),
             "reduce-map": F("ReduceMap", V, Int, Int, Int, Int, B),
             "vec-contains": F("VContains", V, Int, B),
+            # stated by the encoder for constants whose elements are all finite and non-zero (a divisor)
+            "nonzero-values": F("NonZeroValues", T, B),
         }
         self._ops: dict[str, z3.FuncDeclRef] = {}
         self._fns: dict[str, z3.FuncDeclRef] = {}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from unity_eq.egraph.typed_nodes import guard_facts, typed_values, used_outputs
 from unity_eq.ir import Graph, Mesh, Node
 from unity_eq.ops.dtypes import FLOAT_DTYPES
@@ -58,6 +60,24 @@ def _egg_fact(fact: tuple[Any, ...]) -> str:
     return f"({name} {' '.join(_egg_ivec(a) if isinstance(a, tuple | list) else str(int(a)) for a in args)})"
 
 
+#: constants of at most this many elements are read for the ``nonzero-values`` fact (a scale such as sqrt(d)
+#: is one); weights are never scanned
+NONZERO_SCAN_ELEMENTS = 16
+
+
+def has_nonzero_values(graph: Graph, name: str) -> bool:
+    """Whether the initializer ``name`` is a small float constant whose elements are all finite and non-zero:
+    the fact ``(nonzero-values x)`` that lets a rule divide by it (rules/analysis.egg). An initializer whose
+    bytes are absent (``missing_weights``) has no known values."""
+    if name in graph.missing_weights:
+        return False
+    array = graph.initializers[name]
+    if str(array.dtype) not in FLOAT_DTYPES or array.size > NONZERO_SCAN_ELEMENTS or array.size == 0:
+        return False
+    values = np.asarray(array).astype(np.float64)
+    return bool(np.all(np.isfinite(values)) and np.all(values != 0))
+
+
 class _ProgramWriter:
     """Accumulates the egglog text of an encoding; one `let` per tensor keeps the DAG shared."""
 
@@ -78,6 +98,8 @@ class _ProgramWriter:
             self.define(name, f"(Weight {_egg_string(name)})")
             rank = self.weight_rank(name)
             self.lines.append(f"(merge-operand {self.vars[name]} {rank} {rank})")
+            if has_nonzero_values(self.graph, name):
+                self.lines.append(f"(nonzero-values {self.vars[name]})")
         return self.vars[name]
 
     def weight_rank(self, name: str) -> int:

@@ -215,6 +215,14 @@ def axioms(v: Any) -> None:
     two = z3.And(scalar, v.vlen(v.shape(q)) >= 2, v.vlen(v.shape(kt)) >= 2)
     moved = mm(scaled, kt)
     v.add("Attention", FA([q, kt, c], z3.Implies(two, moved == v.ew[2](mul, mm(q, kt), c)), patterns=[moved]))
+    # and a scalar divisor with no zero, as the exports that divide the scores by sqrt(d) write it: over the
+    # reals (those rules are for float tensors only; on integers Div truncates and the identity fails)
+    div = v.fn("Div", ())
+    divided = v.ew[2](div, q, c)
+    v.add("Attention", FA([q, c], z3.Implies(scalar, v.shape(divided) == v.shape(q)), patterns=[divided]))
+    moved = mm(divided, kt)
+    nonzero = z3.And(two, v.rel["nonzero-values"](c))
+    v.add("Attention", FA([q, kt, c], z3.Implies(nonzero, moved == v.ew[2](div, mm(q, kt), c)), patterns=[moved]))
 
 
 def saved(op: str) -> Saved:
@@ -270,12 +278,23 @@ def _lower_fused(
     perm = helper.make_node("Transpose", [kt], [k], name=ctx.fresh(f"{outputs[0]}/Transpose"), perm=[0, 1, 3, 2])
     q_shape, kt_shape = ctx.shape(0), ctx.shape(1)
     assert q_shape is not None and kt_shape is not None
+    nodes: list[Any] = [perm]
+    mask_shape = ctx.shape(3) if mask else None
+    if mask and mask_shape is not None:
+        # onnxruntime's kernel reads the mask's last two dims as (s_q, s_kv) without broadcasting them (a
+        # key-padding mask (b, 1, 1, s_kv) is refused), so they are expanded; its leading dims broadcast
+        full = (*mask_shape[:-2], int(q_shape[2]), int(kt_shape[3]))
+        if tuple(mask_shape) != full:
+            shape = ctx.constant(np.asarray(full, dtype=np.int64), f"{outputs[0]}.mask_shape")
+            expanded = ctx.fresh(f"{outputs[0]}.mask")
+            nodes.append(helper.make_node("Expand", [mask, shape], [expanded], name=ctx.fresh(f"{outputs[0]}/Expand")))
+            mask = expanded
     fused = helper.make_node(
         "Attention", [q, k, v, mask] if mask else [q, k, v], [outputs[0]], name=ctx.fresh(f"{outputs[0]}/Attention"),
         scale=float(attrs.get("scale", 1.0)), is_causal=int(attrs.get("causal", 0)),
         q_num_heads=int(q_shape[1]), kv_num_heads=int(kt_shape[1]),
     )  # fmt: skip
-    return [perm, fused]
+    return [*nodes, fused]
 
 
 def _lower_composition(
