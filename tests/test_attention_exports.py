@@ -216,8 +216,10 @@ def _divided_attention(path: Path, divisor: float) -> Path:
     graph = helper.make_graph(
         nodes,
         "divided_attention",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [b, s, h]),
-         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [b, 1, 1, s])],  # fmt: skip
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, [b, s, h]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, [b, 1, 1, s]),
+        ],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [b, s, h])],
         inits,
     )
