@@ -145,6 +145,8 @@ def export_masked_transformer(
     attention: str = "sdpa",
     dynamo: bool = True,
     distinct: bool = False,
+    parameters: str | Path | None = None,
+    optimize: bool = True,
 ) -> Path:
     """Export a transformers GPT-2, BERT or LLaMA (``kind``: gpt2, bert, llama) built from a small config with
     random weights, as released models are: ``input_ids`` and ``attention_mask`` inputs, a dynamic batch, the
@@ -154,7 +156,11 @@ def export_masked_transformer(
     ``scaled_dot_product_attention``; "eager": the scores scaled and masked by hand); ``dynamo=False``: the
     TorchScript exporter (static shapes, opset 17), each spelling as exported models ship. ``distinct``: the
     norms' weights and biases perturbed first, so the exporter merges no two of them into one initializer
-    (freshly initialized, all layers' are equal: training then refuses the merged weight, docs/training.md)."""
+    (freshly initialized, all layers' are equal: training then refuses the merged weight, docs/training.md).
+    ``parameters``: also write the model's parameter names there as JSON (``optimize --parameters``: then the
+    rotary tables the exporter folds into initializers are constants, not parameters). ``optimize``: the dynamo
+    exporter's own optimizer (it folds a weight's transpose into a new initializer and drops biases of zeros;
+    off, every parameter keeps its name)."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -197,6 +203,10 @@ def export_masked_transformer(
                 if "Norm" in type(module).__name__:
                     for param in module.parameters():
                         param.add_(0.1 * torch.randn_like(param))
+    if parameters is not None:
+        import json
+
+        Path(parameters).write_text(json.dumps([name for name, _ in model.named_parameters()]))
     ids = torch.randint(0, vocab, (2, seq))
     mask = torch.ones(2, seq, dtype=torch.int64)
     if not dynamo:
@@ -205,7 +215,7 @@ def export_masked_transformer(
     batch = torch.export.Dim("batch")
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
-            model, (ids,), kwargs={"attention_mask": mask}, dynamo=True,
+            model, (ids,), kwargs={"attention_mask": mask}, dynamo=True, optimize=optimize,
             dynamic_shapes={"input_ids": {0: batch}, "attention_mask": {0: batch}},
         )  # fmt: skip
     assert program is not None

@@ -363,3 +363,30 @@ def test_inputs_of_the_wrong_shape_are_one_line(plans: dict[str, Path], tmp_path
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: inputs: 'X' has shape [4, 128, 256], the plan was made for [8, 128, 256]. Re-run "
                       "`unity-eq optimize` with `--input-shape`."]  # fmt: skip
+
+
+def test_check_training_llama_with_grouped_query_attention(tmp_path: Path) -> None:
+    """A transformers LLaMA (4 heads reading 2 key/value heads, RMSNorm, rotary tables, SiLU MLP), exported by
+    dynamo without its optimizer so every parameter keeps its name, planned with `--parameters` (the rotary
+    tables the exporter writes as float initializers are then constants), trains on 2 ranks like one device:
+    each of its 11 parameters' gradients in the source names, and the collectives the plan priced."""
+    pytest.importorskip("transformers")
+    from model_zoo import export_masked_transformer, masked_inputs
+
+    params = tmp_path / "params.json"
+    model = export_masked_transformer(
+        "llama", tmp_path / "llama.onnx", layers=1, heads=4, kv_heads=2, distinct=True, parameters=params,
+        optimize=False,
+    )  # fmt: skip
+    shapes = ("--input-shape", "input_ids=64x16", "--input-shape", "attention_mask=64x16")
+    made = run_cli("optimize", str(model), "--objective", "training", "--devices", "2", "--mesh", "2", *shapes,
+                   "--parameters", str(params), "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    np.savez(tmp_path / "batch.npz", **masked_inputs(64))
+    result = run_cli("check", str(model), str(tmp_path / "plan"), "--training", "--loss", "sum", "--steps", "1",
+                     "--inputs", str(tmp_path / "batch.npz"))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trained = re.findall(r"ok gradient of '([^']+)'", result.stdout)
+    assert sorted(trained) == sorted(json.loads(params.read_text())), trained
+    assert "ok collectives all_reduce on axis x (gradient), rank 0" in result.stdout
+

@@ -142,6 +142,19 @@ def test_a_parameter_map_decides_what_trains(attention: tuple[Path, Path], tmp_p
     assert next(s for s in plan["steps"] if s["kind"] == "replicate" and s["src"] == "Wv")["communication_s"] == 0.0
 
 
+def test_parameters_the_file_lacks_are_one_error(attention: tuple[Path, Path], tmp_path: Path) -> None:
+    """A listed parameter that is no initializer (an optimizing exporter renamed its transpose) would silently
+    stay untrained while the rest trains: `optimize` refuses in one line naming it and the way out."""
+    model, _ = attention
+    (tmp_path / "params.json").write_text(json.dumps(["Wq", "Wk", "Wv", "proj.weight"]))
+    made = run_cli("optimize", str(model), "--devices", "2", "--mesh", "2", "--objective", "training",
+                   "--parameters", str(tmp_path / "params.json"), "-o", str(tmp_path / "plan"), "-q")  # fmt: skip
+    assert made.returncode == 2, made.stderr
+    errors = [line for line in made.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "proj.weight" in errors[0] and "optimize=False" in errors[0], made.stderr
+    assert not (tmp_path / "plan").exists()
+
+
 def test_a_parameter_map_that_is_not_one_is_one_error(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"Wq": 3}')
     with pytest.raises(OptionError, match="expected a JSON list of parameter names or an object"):

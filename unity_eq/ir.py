@@ -168,7 +168,20 @@ class Graph:
         maps an initializer of the source file to the source model's parameter(s) it holds (one: it is that
         parameter; several: the exporter merged them, ``WeightOrigin.merged``). Every other initializer is a
         constant (a float buffer the exporter wrote, such as a rotary table), and a weight the frontend folded
-        keeps only the declared parameters among its sources."""
+        keeps only the declared parameters among its sources. A declared parameter the file lacks is an error:
+        the plan would silently leave it untrained (an optimizing exporter renames transposed weights)."""
+        # an initializer, or the source of one the frontend folded (a transpose of it)
+        known = set(self.initializers) | {s for name in self.initializers for s in self.origin(name).sources}
+        absent = sorted(name for name in parameters if name not in known)
+        if absent:
+            shown = ", ".join(absent[:3]) + (f", … ({len(absent)} in all)" if len(absent) > 3 else "")
+            raise OptionError(
+                f"`--parameters` names parameters that are not initializers of {self.source or 'the model'}: "
+                f"{shown}. A plan could not train them, and would train the rest of the model without them. "
+                "torch's dynamo exporter, when it optimizes, writes a weight's transpose as a new initializer and "
+                "drops biases of zeros: export with `torch.onnx.export(..., dynamo=True, optimize=False)` to keep "
+                "every parameter under its name, or leave out of the list what the source model really lacks."
+            )
         origins: dict[str, WeightOrigin] = {}
         for name in self.initializers:
             old = self.origin(name)
