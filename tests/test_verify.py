@@ -688,7 +688,7 @@ def test_a_rank_pinned_by_a_guard_prunes_the_search_not_the_cases() -> None:
     """A guard ``(= 4 (vec-length (shape q)))`` makes the generator drop other ranks of ``q`` where it binds
     it (rules/algebra/attention_exports.egg: five nested ops, millions of left-hand sides otherwise): the
     bindings left are exactly those of the full search whose ``q`` has that rank, in the same order."""
-    from unity_eq.verify._gen import generate_lhs, required_ranks
+    from unity_eq.verify._gen import generate_lhs, rank_facts
 
     program = parse_program(
         [RuleSource("pin.egg", "(rewrite (Relu (MatMul (Softmax q 2) k)) (Relu (MatMul (Softmax q 2) k))"
@@ -697,9 +697,9 @@ def test_a_rank_pinned_by_a_guard_prunes_the_search_not_the_cases() -> None:
     )  # fmt: skip
     assert program.errors == []
     rule = program.rules[-1]
-    ranks = required_ranks(rule.guards)
-    assert ranks == {"q": 3, "k": 2}
+    facts = rank_facts(rule.guards, rule.lhs, rule.var_sorts)
+    assert set(facts.component_of) == {"q", "k"}
     full = list(generate_lhs(rule.lhs, rule.var_sorts, ()))
-    pruned = list(generate_lhs(rule.lhs, rule.var_sorts, (), ranks=ranks))
+    pruned = list(generate_lhs(rule.lhs, rule.var_sorts, (), facts=facts))
     kept = [b for b in full if len(b["q"].shape) == 3 and len(b["k"].shape) == 2]
     assert pruned == kept and len(kept) < len(full) / 2, (len(pruned), len(kept), len(full))
