@@ -105,3 +105,13 @@ def test_each_form_of_rank_fact_keeps_the_cases(guards: str) -> None:
     rule = _rule(f"(rewrite (Add (Gemm a b c 1.0 1.0 0 0) (MatMul d e)) (Add (MatMul d e) (Gemm a b c 1.0 1.0 0 0))"
                  f" :when ({guards}))")  # fmt: skip
     _assert_same_cases(rule, SMALL, (1,))
+
+
+def test_rank_facts_beside_a_derived_relation_keep_the_cases() -> None:
+    """A rule whose guards also read a relation derived by analysis.egg's declarations (``bc-dim``) and split
+    on a mesh axis: the guards see the declarations' facts either way (the rank facts are the generator's
+    own), and an equal-rank fact between Mul's operands prunes the broadcast patterns of unequal ranks."""
+    rule = _rule("(rewrite (Mul a b) (Combine (Mul (Partition a da ax) (Partition b db ax)) d ax)"
+                 " :when ((bc-dim a (Mul a b) d da) (bc-dim b (Mul a b) d db) (can-split a da ax)"
+                 " (can-split b db ax) (= (vec-length (shape a)) (vec-length (shape b)))))")  # fmt: skip
+    _assert_same_cases(rule, SMALL, (1, 2))

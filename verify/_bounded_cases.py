@@ -370,13 +370,13 @@ def iter_cases(
     structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
     lhs_cache: dict[Any, Placements] = {}
     prepared = {} if shared is None else shared
-    facts = rank_facts(rule.guards, rule.lhs, sorts) if prune else None
+    ranks = rank_facts(rule.guards, rule.lhs, sorts) if prune else None
     for mesh in rule_meshes(rule, sizes):
         # the instances depend on the rank facts that pruned them
-        key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg, facts and facts.key)
+        key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg, ranks and ranks.key)
         source: Iterable[tuple[Any, ...]] | None = prepared.get(key)
         if source is None:  # made while the cases are checked: a refuted rule stops early
-            instances = _lhs_instances(rule, sorts, mesh.axes, cfg, structural, lhs_cache, facts)
+            instances = _lhs_instances(rule, sorts, mesh.axes, cfg, structural, lhs_cache, ranks)
             source = _Recorded(instances, prepared, key)
         memos = prepared.setdefault(("memos", key, id(facts), rule.guards), {})
         for i, (specs, lists, pl, attrs, tensors) in enumerate(source):

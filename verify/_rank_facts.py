@@ -124,14 +124,21 @@ class RankFacts:
     def _expr(self, term: Term) -> Expr:
         if isinstance(term, Lit):
             value = term.value
-            return lambda env: value  # type: ignore[return-value,misc]
+            assert isinstance(value, int)  # rank_facts admits integer literals only
+            return lambda env: value
         if isinstance(term, Var):
             name = term.name
             return lambda env: env.get(name)
         assert isinstance(term, App)
         if term.head == "vec-length":
             arg = term.args[0]
-            name = arg.args[0].name if isinstance(arg, App) else self._aliases[arg.name]  # type: ignore[union-attr]
+            if isinstance(arg, App):
+                shaped = arg.args[0]
+                assert isinstance(shaped, Var)  # rank_facts admits (vec-length (shape X)) of a variable only
+                name = shaped.name
+            else:
+                assert isinstance(arg, Var)
+                name = self._aliases[arg.name]
             return lambda env: env.get(name)
         x, y = (self._expr(a) for a in term.args)
         head = term.head
