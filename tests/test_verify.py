@@ -69,10 +69,6 @@ def _reads_a_plug_in_op(rule: Any) -> bool:
 #: on one core: CI's `unity-eq verify --cross-check 0` step proves them on every case, and
 #: tests/test_certificate.py checks that rules/proofs.json holds their bounded proof for their current text
 EXHAUSTIVE_ONLY = {"split-split-fuse-first", "split-split-fuse-second"}
-#: hand-written rules proven generically whose cross-check cases take minutes to enumerate (four free tensors of
-#: rank up to 4, 3.7 million left-hand side instances for 131868 cases; 242 s in CI's test run): CI's verify step
-#: checks every case, and the test below checks that rules/proofs.json holds their generic proof for their text
-ENUMERATION_HEAVY = {"attention-fuse-mask"}
 #: bounded cases that cross-check a generic proof here (the smallest first). `Options.cross_check` (1000) is
 #: what `unity-eq verify` checks by default; CI's verify step checks every case of every shipped rule
 #: (`--cross-check 0`), so the default test run checks the generic proof and the smallest cases only.
@@ -84,7 +80,7 @@ def _shipped_param(rule: Any) -> Any:
     `unity-eq verify` step (.ci/run) proves every one of them exhaustively before the tests run; here they
     are slow tests (`-m slow`), as are the EXHAUSTIVE_ONLY hand-written rules. The other hand-written rules
     are proven in the default run."""
-    slow = "generated/" in rule.file or rule.name in EXHAUSTIVE_ONLY | ENUMERATION_HEAVY
+    slow = "generated/" in rule.file or rule.name in EXHAUSTIVE_ONLY
     marks = [pytest.mark.slow] if slow else []
     return pytest.param(rule, id=rule.name, marks=marks)
 
@@ -118,17 +114,6 @@ def test_shipped_rule_is_proven(rule: Any) -> None:
     assert report.kind == "generic", f"{rule.name}: generic proof failed: {report.generic.reason}"
     assert report.bounded.checked > 0
     assert report.numeric is not None and report.numeric.status in ("passed", "skipped")  # a back-up only
-
-
-def test_enumeration_heavy_rules_are_certified_generic_for_their_text() -> None:
-    """The ENUMERATION_HEAVY rules, slow tests here, hold a generic proof of their current text in
-    rules/proofs.json (CI's verify step re-proves them and checks every case)."""
-    from unity_eq.rulefile.certificate import load_certificate
-
-    cert = load_certificate(rules_dir() / "proofs.json")
-    hand_written = {r.name: r for r in SHIPPED_RULES if "generated/" not in r.file}
-    for name in ENUMERATION_HEAVY:
-        assert cert.rules[name]["proof"] == "generic" and cert.rules[name]["digest"] == hand_written[name].digest
 
 
 def test_exhaustive_only_rules_are_certified_bounded_for_their_text() -> None:
@@ -688,7 +673,7 @@ def test_a_rank_pinned_by_a_guard_prunes_the_search_not_the_cases() -> None:
     """A guard ``(= 4 (vec-length (shape q)))`` makes the generator drop other ranks of ``q`` where it binds
     it (rules/algebra/attention_exports.egg: five nested ops, millions of left-hand sides otherwise): the
     bindings left are exactly those of the full search whose ``q`` has that rank, in the same order."""
-    from unity_eq.verify._gen import generate_lhs, required_ranks
+    from unity_eq.verify._gen import generate_lhs, rank_facts
 
     program = parse_program(
         [RuleSource("pin.egg", "(rewrite (Relu (MatMul (Softmax q 2) k)) (Relu (MatMul (Softmax q 2) k))"
@@ -697,9 +682,9 @@ def test_a_rank_pinned_by_a_guard_prunes_the_search_not_the_cases() -> None:
     )  # fmt: skip
     assert program.errors == []
     rule = program.rules[-1]
-    ranks = required_ranks(rule.guards)
-    assert ranks == {"q": 3, "k": 2}
+    facts = rank_facts(rule.guards, rule.lhs, rule.var_sorts)
+    assert set(facts.component_of) == {"q", "k"}
     full = list(generate_lhs(rule.lhs, rule.var_sorts, ()))
-    pruned = list(generate_lhs(rule.lhs, rule.var_sorts, (), ranks=ranks))
+    pruned = list(generate_lhs(rule.lhs, rule.var_sorts, (), facts=facts))
     kept = [b for b in full if len(b["q"].shape) == 3 and len(b["k"].shape) == 2]
     assert pruned == kept and len(kept) < len(full) / 2, (len(pruned), len(kept), len(full))

@@ -47,7 +47,7 @@ from unity_eq.verify._analysis_query import (
     rooted_cases,
 )
 from unity_eq.verify._bounded import Case, rule_meshes, solve_equations
-from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
+from unity_eq.verify._gen import GenConfig, generate_lhs, rank_facts
 from unity_eq.verify._guards import DerivedFacts, GuardContext, GuardError, guard_value, solve_guards
 from unity_eq.verify._semantics import (
     EvalFailure,
@@ -216,6 +216,7 @@ def _check_one(
     cfg = GenConfig()
     placing = any(_is_placement_claim(a, lhs) for a in actions)
     only_placing = all(_is_placement_claim(a, lhs) for a in actions)
+    rank = rank_facts(guards, lhs, sorts)
     for mesh in rule_meshes(rule, sizes):
         axes = mesh.axes
         if only_placing and mesh.size == 1:
@@ -224,7 +225,7 @@ def _check_one(
             raise CannotEnumerate(
                 f"a placement derived on a query over {len(axes)} mesh axes is not checked (one axis only)"
             )
-        for inst in generate_lhs(lhs, sorts, axes, cfg, required_ranks(guards)):
+        for inst in generate_lhs(lhs, sorts, axes, cfg, rank):
             specs = {v: inst[v] for v, s in sorts.items() if s == "T" and v in inst}
             lists = {v: inst[v] for v, s in sorts.items() if s == "TList" and v in inst}
             attrs = {k: v for k, v in inst.items() if k not in specs and k not in lists}

@@ -14,7 +14,7 @@ from typing import Any
 from unity_eq.ir import Mesh
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import App, Lit, Rule, Term, Var, walk
-from unity_eq.verify._gen import GenConfig, generate_lhs, required_ranks
+from unity_eq.verify._gen import GenConfig, RankFacts, generate_lhs, rank_facts
 from unity_eq.verify._guards import (
     DerivedFacts,
     GuardContext,
@@ -257,12 +257,14 @@ def enumerate_cases(
     budget: int | None = None,
     placement_cases: bool = True,
     shared: dict[Any, Any] | None = None,
+    prune: bool = True,
 ) -> Enumeration:
     """The cases to check. ``budget=None`` (a proof): every distinct case, smallest first. A number (the
     numeric back-up's sample): one per signature, at most ``budget`` (see module docstring).
     ``placement_cases``: every value of a placement dim variable is a signature of its own (the proof needs
     them; the numeric back-up, which wants the largest cases, does not). ``shared``: instances of left-hand
-    sides, reused by rules with the same left-hand side (the drafts of one generated rule)."""
+    sides, reused by rules with the same left-hand side (the drafts of one generated rule). ``prune``: see
+    :func:`iter_cases` (the cases are the same either way)."""
     error = unsupported_reason(rule, facts)
     if error:
         return Enumeration([], 0, 0, error)
@@ -274,7 +276,7 @@ def enumerate_cases(
     every: dict[Any, Case] = {}
     count = [0]
     try:
-        for case, identity in iter_cases(rule, facts, cfg, sizes, count, shared):
+        for case, identity in iter_cases(rule, facts, cfg, sizes, count, shared, prune):
             if budget is None:
                 every.setdefault(identity, case)
                 continue
@@ -321,11 +323,12 @@ def _lhs_instances(
     cfg: GenConfig,
     structural: bool,
     lhs_cache: dict[Any, Placements],
+    facts: RankFacts | None,
 ) -> Iterator[tuple[Any, ...]]:
     """The left-hand side's instances on a mesh with these axes, with what every case of each shares."""
     tensor_vars = [v for v, s in sorts.items() if s == "T"]
     list_vars = [v for v, s in sorts.items() if s == "TList"]
-    for inst in generate_lhs(rule.lhs, sorts, axes, cfg, required_ranks(rule.guards)):
+    for inst in generate_lhs(rule.lhs, sorts, axes, cfg, facts):
         specs = {v: inst[v] for v in tensor_vars if v in inst}
         lists = {v: inst[v] for v in list_vars if v in inst}
         elem_vars = [*specs, *(f"{v}#{i}" for v in lists for i in range(len(lists[v])))]
@@ -357,19 +360,24 @@ def iter_cases(
     sizes: Sequence[int],
     count: list[int],
     shared: dict[Any, Any] | None = None,
+    prune: bool = True,
 ) -> Iterator[tuple[Case, Any]]:
     """Every case satisfying the guards, in the generator's order, with its identity (:func:`_identity`;
-    a case may come more than once); ``count[0]`` counts them. Raises :class:`GuardError`."""
+    a case may come more than once); ``count[0]`` counts them. Raises :class:`GuardError`. ``prune``: the
+    generator drops left-hand sides on which a rank fact of the guards is false (:mod:`unity_eq.verify._rank_facts`);
+    without it every instance reaches the guards (the same cases come, more slowly: tests compare the two)."""
     sorts = rule.var_sorts
     structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
     lhs_cache: dict[Any, Placements] = {}
     prepared = {} if shared is None else shared
+    ranks = rank_facts(rule.guards, rule.lhs, sorts) if prune else None
     for mesh in rule_meshes(rule, sizes):
-        ranks = tuple(sorted(required_ranks(rule.guards).items()))  # the instances depend on them
-        key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg, ranks)
+        # the instances depend on the rank facts that pruned them
+        key = ("lhs instances", rule.lhs, tuple(sorted(sorts.items())), mesh.axes, cfg, ranks and ranks.key)
         source: Iterable[tuple[Any, ...]] | None = prepared.get(key)
         if source is None:  # made while the cases are checked: a refuted rule stops early
-            source = _Recorded(_lhs_instances(rule, sorts, mesh.axes, cfg, structural, lhs_cache), prepared, key)
+            instances = _lhs_instances(rule, sorts, mesh.axes, cfg, structural, lhs_cache, ranks)
+            source = _Recorded(instances, prepared, key)
         memos = prepared.setdefault(("memos", key, id(facts), rule.guards), {})
         for i, (specs, lists, pl, attrs, tensors) in enumerate(source):
             ctx = GuardContext(
