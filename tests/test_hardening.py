@@ -715,3 +715,33 @@ def test_machine_order_is_one_tuple_per_size() -> None:
     from unity_eq.ir import machine_order
 
     assert machine_order(100_000) is machine_order(100_000)
+
+
+_IGNORED_SIGNAL = """
+import signal, sys, weakref
+from unity_eq.files import Interrupted, install_signal_handlers
+install_signal_handlers()
+class Held:
+    pass
+held = Held()
+def callback(_ref):  # the handler raising inside a callback whose exceptions Python can only print
+    raise Interrupted(signal.SIGTERM)
+ref = weakref.ref(held, callback)
+try:
+    del held
+    import time
+    time.sleep(5)  # the signal sent again arrives within this
+except Interrupted as exc:
+    print("interrupted", exc.signum)
+else:
+    print("lost")
+"""
+
+
+def test_a_signal_raised_where_python_only_prints_it_is_raised_again() -> None:
+    """A SIGTERM that arrives inside a weakref callback of the import system (seen in CI as "Exception
+    ignored in: <function _get_module_lock.<locals>.cb>" and a traceback, the interrupt lost) is raised
+    again where it propagates, with nothing printed."""
+    result = subprocess.run([sys.executable, "-c", _IGNORED_SIGNAL], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == f"interrupted {int(signal.SIGTERM)}", result.stdout + result.stderr
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -89,6 +89,26 @@ def install_signal_handlers() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
+        if not getattr(sys.unraisablehook, "reraises_interrupts", False):
+            sys.unraisablehook = _reraising_hook(sys.unraisablehook)
+
+
+def _reraising_hook(previous: Any) -> Any:
+    """An ``unraisablehook`` for a signal that arrives while Python runs code whose exceptions it can only print
+    (a weakref callback of the import system, a finalizer): the handler's :class:`Interrupted` would be printed
+    as "Exception ignored ... Traceback" and lost. It is sent again instead, from another thread once this
+    code has returned, so the handler raises it where it propagates (in the main thread's own code), and
+    nothing is printed. (Sent from here, the handler would run at once, inside this hook, and be lost again.)"""
+
+    def hook(args: Any) -> None:
+        if isinstance(args.exc_value, Interrupted):
+            _received.clear()
+            threading.Timer(0.01, os.kill, (os.getpid(), args.exc_value.signum)).start()
+            return
+        previous(args)
+
+    hook.reraises_interrupts = True  # type: ignore[attr-defined]
+    return hook
 
 
 def received_signal() -> int | None:
