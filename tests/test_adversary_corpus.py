@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 from adversary_numeric import COUNTEREXAMPLES, differ
@@ -162,3 +163,31 @@ def test_an_absent_clip_bound_under_max_is_a_verdict_not_a_crash(tmp_path: Path)
     (rule,) = [r for r in program.rules if r.name == "adv-crash-max-of-absent-clip-bound"]
     (report,) = verify_program(program, [rule], Options(jobs=1, generic=False, numeric=False))
     assert report.status == "refuted", report.message
+
+
+# A `(rule ...)` that unions is verified as the rewrite of its unions; the facts it states beside them were
+# dropped by the parser, unchecked, and egglog still derives them: with a trivial union, a rule file could state
+# `(nonzero-values (Relu a))` (Relu of [-1] is 0: attention-fuse-divided would then divide by zero) or a
+# `can-split` without divisibility, and `unity-eq verify` reported the rule "proven (generic)". Both are load
+# errors now (an analysis rule of their own checks such facts, or refutes the encoder's).
+SMUGGLED = {
+    "adv-union-smuggles-nonzero": "(rule ((= e (Relu a))) ((union e (Relu a)) (nonzero-values e))",
+    "adv-union-smuggles-can-split": '(rule ((= e (Add a b))) ((union e (Add b a)) (can-split e 0 "x"))',
+    "adv-union-smuggles-shape": "(rule ((= e (Relu a))) ((union e (Relu a)) (set (shape e) (vec-of 7)))",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMUGGLED))
+def test_a_fact_stated_beside_a_union_is_a_load_error(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "smuggle.egg"
+    path.write_text(f'{SMUGGLED[name]} :ruleset algebra :name "{name}")\n')
+    program, _files = load_program([path])
+    assert any("may not also state facts" in e for e in program.errors), program.errors
+    assert name not in {r.name for r in program.rules}
+
+
+def test_a_relu_is_not_nonzero() -> None:
+    """The smuggled `nonzero-values` fact is false: onnxruntime's Relu of a negative element is 0."""
+    from adversary_numeric import run
+
+    assert float(run("Relu", np.array([-1.0], np.float32))[0]) == 0.0
