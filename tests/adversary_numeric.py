@@ -609,3 +609,21 @@ def _nz_int_div() -> tuple[Side, Side]:
 def _div_over_sub() -> tuple[Side, Side]:
     a, b, x = np.array([2.0], np.float32), np.array([1.0], np.float32), np.array([0.0], np.float32)
     return (lambda: run("Div", run("Sub", a, b), x)), (lambda: run("Sub", run("Div", a, x), run("Div", b, x)))
+
+
+# ------------------------------------------------------- rank guards spelled many ways (case pruning)
+def _transpose_keep0_twice() -> tuple[Side, Side]:
+    a, p = f32((1, 2, 1, 1)), [0, 2, 3, 1]
+    return (lambda: run("Transpose", run("Transpose", a, perm=p), perm=p)), (lambda: a)
+
+
+for _name in ("rank-var", "rank-arith", "rank-ne"):
+    counterexample(f"adv-rank4-transpose-keep0-twice-{_name}")(_transpose_keep0_twice)
+
+
+@counterexample("adv-rank4-add-transpose-equal-ranks")
+def _add_transpose_equal_ranks() -> tuple[Side, Side]:
+    a, b, p = f32((1, 1, 2, 1)), f32((1, 1, 1, 2), 1), [0, 3, 1, 2]
+    return (lambda: run("Add", run("Transpose", a, perm=p), b)), (
+        lambda: run("Transpose", run("Add", a, run("Transpose", b, perm=p)), perm=p)
+    )
