@@ -627,3 +627,11 @@ def _add_transpose_equal_ranks() -> tuple[Side, Side]:
     return (lambda: run("Add", run("Transpose", a, perm=p), b)), (
         lambda: run("Transpose", run("Add", a, run("Transpose", b, perm=p)), perm=p)
     )
+
+
+@counterexample("adv-rank-matmul-batch-split-rank-of-output")
+def _matmul_batch_rank_of_output() -> tuple[Side, Side]:
+    a, b = f32((2, 1, 1)), f32((2, 2, 1, 1), 1)
+    return (lambda: run("MatMul", a, b)), (
+        lambda: gather([run("MatMul", pa, pb) for pa, pb in zip(chunks(a, 0, 2), chunks(b, 0, 2), strict=True)], 0)
+    )
