@@ -557,3 +557,81 @@ def _slice_two_axes() -> tuple[Side, Side]:
     return (lambda: run("Slice", x, st, en, ax)), (
         lambda: gather([run("Slice", p, st, en, ax) for p in chunks(x, 1, 2)], 1)
     )
+
+
+# ------------------------------------------------------------------- rank-4 Where, attention head dims
+@counterexample("adv-rank4-where-split-condition-unchecked")
+def _where_rank4_condition() -> tuple[Side, Side]:
+    # the condition broadcasts along the split dim (size 1 there): it has no two equal pieces to partition
+    c, x, y = np.array([[[[True]]]]), f32((2, 1, 1, 1)), f32((2, 1, 1, 1), 1)
+    pieces = lambda: zip(chunks(c, 0, 2), chunks(x, 0, 2), chunks(y, 0, 2), strict=True)  # noqa: E731
+    return (lambda: run("Where", c, x, y)), (lambda: gather([run("Where", *p) for p in pieces()], 0))
+
+
+def _attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The fused op's composition without mask, fill or causal mask: Softmax(Q·KT, last axis)·V."""
+    return run("MatMul", run("Softmax", run("MatMul", q, kt), axis=-1), v)
+
+
+@counterexample("adv-attention-feature-scale-to-keys-untransposed")
+def _attention_feature_scale() -> tuple[Side, Side]:
+    # head dim 2 and two keys: c scales Q's features on the left, KT's keys (its last dim) on the right
+    q, c, kt, v = f32((1, 1, 1, 2)), np.array([[[[1.0, 3.0]]]], np.float32), f32((1, 1, 2, 2), 1), f32((1, 1, 2, 1), 2)
+    return (lambda: _attention(run("Mul", q, c), kt, v)), (lambda: _attention(q, run("Mul", kt, c), v))
+
+
+# ------------------------------------------------------------------------ nonzero-values (a divisor)
+@counterexample("adv-nz-div-twice")
+def _nz_div_twice() -> tuple[Side, Side]:
+    a, x = np.array(-1.0, np.float32), np.array(0.5, np.float32)
+    return (lambda: run("Div", run("Div", a, x), x)), (lambda: a)
+
+
+@counterexample("adv-nz-div-mul-cancel-broadcast")
+def _nz_div_mul_broadcast() -> tuple[Side, Side]:
+    a, x = np.array(2.0, np.float32), np.array([3.0], np.float32)
+    return (lambda: run("Div", run("Mul", a, x), x)), (lambda: a)
+
+
+@counterexample("adv-nz-div-vector-through-matmul")
+def _nz_div_vector() -> tuple[Side, Side]:
+    q, c, kt = np.array([[1.0, 2.0]], np.float32), np.array([1.0, 2.0], np.float32), np.ones((2, 1), np.float32)
+    return (lambda: run("MatMul", run("Div", q, c), kt)), (lambda: run("Div", run("MatMul", q, kt), c))
+
+
+@counterexample("adv-nz-int-div-through-matmul")
+def _nz_int_div() -> tuple[Side, Side]:
+    q, c, kt = np.array([[3]], np.int64), np.array(2, np.int64), np.array([[2]], np.int64)
+    return (lambda: run("MatMul", run("Div", q, c), kt)), (lambda: run("Div", run("MatMul", q, kt), c))
+
+
+@counterexample("adv-div-over-sub-no-nonzero")
+def _div_over_sub() -> tuple[Side, Side]:
+    a, b, x = np.array([2.0], np.float32), np.array([1.0], np.float32), np.array([0.0], np.float32)
+    return (lambda: run("Div", run("Sub", a, b), x)), (lambda: run("Sub", run("Div", a, x), run("Div", b, x)))
+
+
+# ------------------------------------------------------- rank guards spelled many ways (case pruning)
+def _transpose_keep0_twice() -> tuple[Side, Side]:
+    a, p = f32((1, 2, 1, 1)), [0, 2, 3, 1]
+    return (lambda: run("Transpose", run("Transpose", a, perm=p), perm=p)), (lambda: a)
+
+
+for _name in ("rank-var", "rank-arith", "rank-ne"):
+    counterexample(f"adv-rank4-transpose-keep0-twice-{_name}")(_transpose_keep0_twice)
+
+
+@counterexample("adv-rank4-add-transpose-equal-ranks")
+def _add_transpose_equal_ranks() -> tuple[Side, Side]:
+    a, b, p = f32((1, 1, 2, 1)), f32((1, 1, 1, 2), 1), [0, 3, 1, 2]
+    return (lambda: run("Add", run("Transpose", a, perm=p), b)), (
+        lambda: run("Transpose", run("Add", a, run("Transpose", b, perm=p)), perm=p)
+    )
+
+
+@counterexample("adv-rank-matmul-batch-split-rank-of-output")
+def _matmul_batch_rank_of_output() -> tuple[Side, Side]:
+    a, b = f32((2, 1, 1)), f32((2, 2, 1, 1), 1)
+    return (lambda: run("MatMul", a, b)), (
+        lambda: gather([run("MatMul", pa, pb) for pa, pb in zip(chunks(a, 0, 2), chunks(b, 0, 2), strict=True)], 0)
+    )

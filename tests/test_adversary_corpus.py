@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 from adversary_numeric import COUNTEREXAMPLES, differ
@@ -44,6 +45,12 @@ ESCAPES: dict[str, str] = {
     "adv-nan-where-greater-as-max": "proven (bounded): values are reals, so NaN (which makes every comparison "
     "false and which Max propagates) is never an input; a project decision: proofs assume NaN-free inputs, and "
     "`verify --help`, its report and docs/verify.md say so",
+    "adv-rank4-where-split-condition-unchecked": "proven (bounded) within c: rank 4: Where's rank-4 instances have a "
+    "full condition only, so a condition that broadcasts along the split dim (an attention mask over the batch or "
+    "the heads) is never a case, and the domain records ranks, not which dims broadcast",
+    "adv-attention-feature-scale-to-keys-untransposed": "proven (bounded): the Attention family's instances have "
+    "head dims of 1, where a per-feature scale is one number per (batch, head) and scales KT's rows and columns "
+    "alike; the generic axioms cover rank-0 factors only, and the domain records ranks, not the head dim",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).
@@ -57,6 +64,8 @@ GAPS: dict[str, tuple[bool, str]] = {}
 # 99 s, adv-ok-matmul-cols-matrix-b 69 s; adv-ok-slice-slice-compose, adv-ok-where-partial-both-branches and
 # adv-ok-clip-clip-same-bounds did not finish in 8 minutes.
 SLOW: set[str] = {
+    "adv-attention-feature-scale-to-keys-untransposed",  # 25 s, an escape
+    "adv-ok-attention-feature-scale-to-keys",  # 14 s
     "adv-clip-clip-intersect",
     "adv-2axis-matmul-2d-no-replicate",
     "adv-matmul-assoc-vector-middle",
@@ -162,3 +171,31 @@ def test_an_absent_clip_bound_under_max_is_a_verdict_not_a_crash(tmp_path: Path)
     (rule,) = [r for r in program.rules if r.name == "adv-crash-max-of-absent-clip-bound"]
     (report,) = verify_program(program, [rule], Options(jobs=1, generic=False, numeric=False))
     assert report.status == "refuted", report.message
+
+
+# A `(rule ...)` that unions is verified as the rewrite of its unions; the facts it states beside them were
+# dropped by the parser, unchecked, and egglog still derives them: with a trivial union, a rule file could state
+# `(nonzero-values (Relu a))` (Relu of [-1] is 0: attention-fuse-divided would then divide by zero) or a
+# `can-split` without divisibility, and `unity-eq verify` reported the rule "proven (generic)". Both are load
+# errors now (an analysis rule of their own checks such facts, or refutes the encoder's).
+SMUGGLED = {
+    "adv-union-smuggles-nonzero": "(rule ((= e (Relu a))) ((union e (Relu a)) (nonzero-values e))",
+    "adv-union-smuggles-can-split": '(rule ((= e (Add a b))) ((union e (Add b a)) (can-split e 0 "x"))',
+    "adv-union-smuggles-shape": "(rule ((= e (Relu a))) ((union e (Relu a)) (set (shape e) (vec-of 7)))",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMUGGLED))
+def test_a_fact_stated_beside_a_union_is_a_load_error(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "smuggle.egg"
+    path.write_text(f'{SMUGGLED[name]} :ruleset algebra :name "{name}")\n')
+    program, _files = load_program([path])
+    assert any("may not also state facts" in e for e in program.errors), program.errors
+    assert name not in {r.name for r in program.rules}
+
+
+def test_a_relu_is_not_nonzero() -> None:
+    """The smuggled `nonzero-values` fact is false: onnxruntime's Relu of a negative element is 0."""
+    from adversary_numeric import run
+
+    assert float(run("Relu", np.array([-1.0], np.float32))[0]) == 0.0

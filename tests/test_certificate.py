@@ -207,3 +207,20 @@ def test_writing_some_rules_merges_their_entries_and_keeps_the_others(tmp_path: 
     assert load_certificate(path).rules == {"changed": {"digest": "3" * 16, "proof": "generic"}, "other": kept}
     (check,) = certify([report], write=True, complete=True)
     assert load_certificate(path).rules == {"changed": {"digest": "3" * 16, "proof": "generic"}}
+
+
+def test_a_rule_stating_facts_beside_its_unions_never_fires_even_with_an_entry(tmp_path: Path) -> None:
+    """Such a rule was once proven by its unions alone (its facts unchecked) and could have a certificate entry
+    from then: the entry is void, so the rule is left out (verify now refuses to load it)."""
+    from unity_eq.rulefile.certificate import Certificate, _commands, guard_text
+    from unity_eq.rulefile.sexp import command_digest
+
+    text = '(rule ((= e (Relu a))) ((union e (Relu a)) (nonzero-values e)) :ruleset algebra :name "smuggle")\n'
+    ((_start, _end, cmd),) = _commands(text, "mine.egg")
+    cert = Certificate(tmp_path / "mine.proofs.json", {"smuggle": {"digest": command_digest(cmd), "proof": "generic"}})
+    guarded = guard_text(text, "mine.egg", cert)
+    assert guarded.skipped == ["smuggle"]
+    fine = text.replace(" (nonzero-values e)", "")
+    ((_start, _end, cmd),) = _commands(fine, "mine.egg")
+    cert = Certificate(tmp_path / "mine.proofs.json", {"smuggle": {"digest": command_digest(cmd), "proof": "generic"}})
+    assert guard_text(fine, "mine.egg", cert).skipped == []

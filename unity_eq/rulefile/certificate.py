@@ -252,6 +252,8 @@ def guard_text(text: str, display: str, cert: Certificate, allow_unproven: bool 
     """``text`` with every rule limited to what ``cert`` says was proven of it: a ``generic`` or
     ``accepted`` rule unchanged, a ``bounded`` one guarded by its domain, one with no current entry left out
     (kept when ``allow_unproven``). Everything else (declarations, analysis rules) is kept as written."""
+    from unity_eq.rulefile.commands import facts_beside_unions
+
     lines = text.splitlines()
     out: list[str] = []
     result = GuardedFile("")
@@ -263,6 +265,8 @@ def guard_text(text: str, display: str, cert: Certificate, allow_unproven: bool 
         if name is None:
             continue
         entry = cert.current(name, command_digest(cmd))
+        if facts_beside_unions(cmd):
+            entry = None  # verify refuses it (only its unions would be proven): an entry written before is void
         if entry is None:
             if allow_unproven:
                 continue

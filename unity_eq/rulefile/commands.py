@@ -19,7 +19,7 @@ from unity_eq.rulefile.env import Env, Signature
 from unity_eq.rulefile.sexp import SExp, command_digest
 from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Pos, Rule, Term, Var
 
-__all__ = ["ANNOTATION", "COMMANDS", "BadCommand", "declare", "rule_from_command"]
+__all__ = ["ANNOTATION", "COMMANDS", "BadCommand", "declare", "facts_beside_unions", "rule_from_command"]
 
 #: The top-level commands a rule file may contain: declarations and rules. Anything else (``run``, ``let``,
 #: ``include``…) is an error when the file loads, in ``optimize`` and ``verify`` alike.
@@ -211,6 +211,19 @@ def rule_from_command(cmd: SExp, lines: list[str]) -> Rule | AnalysisDecl | None
         rule = _make_rule(cmd, lhs_list, rhs_list, tuple(rest), opts, False, lines, text)
         return dataclasses.replace(rule, roots=len(pairs))
     return None
+
+
+def facts_beside_unions(cmd: SExp) -> list[str]:
+    """The actions other than ``union`` of a ``(rule ...)`` that unions: a rule is verified as the rewrite of
+    its unions, so a fact it also states (``(nonzero-values e)``, ``(can-split e 0 ax)``, ``(set (shape e)
+    s)``) would reach the e-graph unchecked, and every rewrite guarded by it fire where it does not hold.
+    Empty for every other command (an analysis rule's facts are checked as a declaration)."""
+    if cmd.head != "rule" or not cmd.items or len(cmd.items) < 3 or cmd.items[2].items is None:
+        return []
+    actions = [_term(a) for a in cmd.items[2].items]
+    if not any(isinstance(a, App) and a.head == "union" for a in actions):
+        return []
+    return [str(a) for a in actions if not (isinstance(a, App) and a.head == "union")]
 
 
 def _pattern_of(target: Term, facts: list[Term]) -> Term | None:

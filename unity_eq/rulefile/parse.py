@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 
 from unity_eq.errors import RuleError
 from unity_eq.rulefile.checks import Checker, check_analysis
-from unity_eq.rulefile.commands import ANNOTATION, COMMANDS, BadCommand, declare, rule_from_command
+from unity_eq.rulefile.commands import (
+    ANNOTATION,
+    COMMANDS,
+    BadCommand,
+    declare,
+    facts_beside_unions,
+    rule_from_command,
+)
 from unity_eq.rulefile.env import Env
 from unity_eq.rulefile.sexp import RuleSource, parse_sexps
 from unity_eq.rulefile.terms import AnalysisDecl, Rule
@@ -78,6 +85,14 @@ def parse_program(sources: Sequence[RuleSource], base: Sequence[RuleSource] = ()
                 item = rule_from_command(cmd, lines)
             except BadCommand as exc:
                 program.errors.append(f"{exc.pos.file or cmd.pos.file}:{exc.pos.line}:{exc.pos.column}: {exc.message}")
+                continue
+            beside = facts_beside_unions(cmd)
+            if beside:
+                program.errors.append(
+                    f"{cmd.pos.file}:{cmd.pos.line}:{cmd.pos.column}: a rule that unions may not also state facts "
+                    f"({', '.join(beside)}): only its unions are verified, so those facts would reach the e-graph "
+                    "unchecked. State them in an analysis rule of their own."
+                )
                 continue
             if isinstance(item, Rule):
                 pending.append(item)
