@@ -29,6 +29,7 @@ from unity_eq.verify._semantics import (
 
 __all__ = [
     "BUILTIN_RELATIONS",
+    "GUARD_ARITHMETIC",
     "DerivedFacts",
     "GuardContext",
     "GuardError",
@@ -87,7 +88,7 @@ def _value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
         if not 0 <= i < len(vec):
             raise _Undefined(f"vec-set {i} of {list(vec)}")
         return (*vec[:i], x, *vec[i + 1 :])
-    arith = _ARITH.get(head)
+    arith = GUARD_ARITHMETIC.get(head)
     if arith is not None:
         x, y = (_value(a, binding, ctx) for a in term.args)
         if head in ("/", "%") and y == 0:
@@ -109,7 +110,7 @@ def guard_value(term: Term, binding: dict[str, Any], ctx: GuardContext) -> Any:
 
 # the integer arithmetic of guards (egglog's i64: division truncates toward zero), one function per head, made
 # once (a dict of lambdas built per evaluation cost a third of the guards' time on 4-tensor rules)
-_ARITH: dict[str, Callable[[Any, Any], Any]] = {
+GUARD_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
     "+": lambda x, y: x + y,
     "-": lambda x, y: x - y,
     "*": lambda x, y: x * y,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unity_eq.rulefile.terms import App, Lit, Term, Var, walk
+from unity_eq.verify._guards import GUARD_ARITHMETIC
 from unity_eq.verify._semantics import VarSpec
 
 __all__ = ["RankFacts", "project", "rank_facts"]
@@ -50,24 +51,14 @@ _COMPARE: dict[str, Callable[[int, int], bool]] = {
 
 
 def _arith(head: str, x: int, y: int) -> int | None:
-    """The guards' integer arithmetic (``_guards._value``); None where a fact would fail instead
+    """The guards' integer arithmetic (``_guards.GUARD_ARITHMETIC``); None where a fact would fail instead
     (division by zero), which is left to the guards."""
     if head in ("/", "%") and y == 0:
         return None
-    if head == "+":
-        return x + y
-    if head == "-":
-        return x - y
-    if head == "*":
-        return x * y
-    if head == "/":
-        return int(x / y)
-    if head == "%":
-        return x - y * int(x / y)
-    return min(x, y) if head == "min" else max(x, y)
+    return int(GUARD_ARITHMETIC[head](x, y))
 
 
-_ARITH = {"+", "-", "*", "/", "%", "min", "max"}
+_ARITH = frozenset(GUARD_ARITHMETIC)
 
 
 @dataclass(frozen=True)
