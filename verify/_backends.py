@@ -34,7 +34,7 @@ _SYMS: dict[tuple[str, bool], z3.ArithRef] = {}
 _SYMBOL_ARRAYS: dict[tuple[str, Shape, bool], np.ndarray] = {}
 
 
-def _is_expr(x: Any) -> bool:
+def is_z3_expr(x: Any) -> bool:
     return isinstance(x, z3.ExprRef)
 
 
@@ -124,7 +124,7 @@ class Z3Backend:
     def div(self, a: Any, b: Any) -> Any:
         if not self.reciprocals:
             return Z3_OPS["div"](a, b)
-        inverse = np.frompyfunc(lambda y: self.reciprocals.get(y.ast.value) if _is_expr(y) else None, 1, 1)(b)
+        inverse = np.frompyfunc(lambda y: self.reciprocals.get(y.ast.value) if is_z3_expr(y) else None, 1, 1)(b)
         if any(x is None for x in np.asarray(inverse).reshape(-1)):
             return Z3_OPS["div"](a, b)
         return Z3_OPS["mul"](a, inverse)

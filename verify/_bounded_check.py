@@ -15,6 +15,7 @@ import z3
 
 from unity_eq.ir import Mesh
 from unity_eq.rulefile.terms import App, Rule, Term, Var
+from unity_eq.verify._backends import is_z3_expr
 from unity_eq.verify._bounded_cases import Case
 from unity_eq.verify._guards import NONZERO
 from unity_eq.verify._semantics import (
@@ -189,17 +190,13 @@ def solve_equations(equations: list[Any], values: Any, describe: str, timeout_ms
     return _solve(equations, values, describe, timeout_ms)
 
 
-def _is_expr(x: Any) -> bool:
-    return isinstance(x, z3.ExprRef)
-
-
 def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) -> CaseOutcome:
     hard: list[tuple[Any, int, Any, Any]] = []
     premises: list[Any] = []
     for eq in equations:
         if eq.assume:
             for a, b in zip(eq.left.reshape(-1), eq.right.reshape(-1), strict=True):
-                if not (_is_expr(a) and _is_expr(b) and a.ast.value == b.ast.value):
+                if not (is_z3_expr(a) and is_z3_expr(b) and a.ast.value == b.ast.value):
                     premises.append(_to_z3(a) == _to_z3(b))
             continue
         left, right = eq.left.reshape(-1), eq.right.reshape(-1)
@@ -207,9 +204,10 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
             a, b = left[i], right[i]
             if a is b:
                 continue
-            both = _is_expr(a) and _is_expr(b)
+            both = is_z3_expr(a) and is_z3_expr(b)
             # z3 hash-conses terms: equal terms are one AST, so comparing pointers is exact
-            if (both and a.ast.value == b.ast.value) or (not both and not _is_expr(a) and not _is_expr(b) and a == b):
+            neither = not is_z3_expr(a) and not is_z3_expr(b)
+            if (both and a.ast.value == b.ast.value) or (neither and a == b):
                 continue
             hard.append((eq, i, a, b))
     remaining = []
@@ -240,7 +238,7 @@ def _solve(equations: list[Any], values: Any, describe: str, timeout_ms: int) ->
 
 
 def _to_z3(x: Any) -> Any:
-    if _is_expr(x):
+    if is_z3_expr(x):
         return x
     return z3.RealVal(float(x)) if isinstance(x, float) else z3.RealVal(int(x))
 
@@ -248,7 +246,7 @@ def _to_z3(x: Any) -> Any:
 def _number(model: z3.ModelRef, x: Any) -> Any:
     if x is None:
         return None
-    v = model.eval(_to_z3(x), model_completion=True) if _is_expr(x) or not isinstance(x, int | float) else x
+    v = model.eval(_to_z3(x), model_completion=True) if is_z3_expr(x) or not isinstance(x, int | float) else x
     if isinstance(v, int | float):
         return v
     if z3.is_int_value(v):
