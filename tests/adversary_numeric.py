@@ -568,6 +568,14 @@ def _where_rank4_condition() -> tuple[Side, Side]:
     return (lambda: run("Where", c, x, y)), (lambda: gather([run("Where", *p) for p in pieces()], 0))
 
 
+@counterexample("adv-rank4-where-split-all-three-mixed-ranks")
+def _where_rank4_mixed_ranks() -> tuple[Side, Side]:
+    # x has rank 3: its dim 2 is the output's dim 3, so its pieces are cut along another dim than c's and y's
+    c, x, y = np.ones((1, 1, 2, 2), bool), f32((1, 2, 2)), f32((1, 1, 2, 2), 1)
+    pieces = lambda: zip(chunks(c, 2, 2), chunks(x, 2, 2), chunks(y, 2, 2), strict=True)  # noqa: E731
+    return (lambda: run("Where", c, x, y)), (lambda: gather([run("Where", *p) for p in pieces()], 2))
+
+
 def _attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> np.ndarray:
     """The fused op's composition without mask, fill or causal mask: Softmax(Q·KT, last axis)·V."""
     return run("MatMul", run("Softmax", run("MatMul", q, kt), axis=-1), v)
@@ -578,6 +586,14 @@ def _attention_feature_scale() -> tuple[Side, Side]:
     # head dim 2 and two keys: c scales Q's features on the left, KT's keys (its last dim) on the right
     q, c, kt, v = f32((1, 1, 1, 2)), np.array([[[[1.0, 3.0]]]], np.float32), f32((1, 1, 2, 2), 1), f32((1, 1, 2, 1), 2)
     return (lambda: _attention(run("Mul", q, c), kt, v)), (lambda: _attention(q, run("Mul", kt, c), v))
+
+
+@counterexample("adv-attention-feature-scale-transposed-widening")
+def _attention_feature_scale_widening() -> tuple[Side, Side]:
+    # c (two features) widens Q's head dim of 1: the right-hand side contracts Q's 1 with KT's 2
+    q, c, kt, v = f32((1, 1, 1, 1)), np.array([[[[1.0, 3.0]]]], np.float32), f32((1, 1, 2, 2), 1), f32((1, 1, 2, 1), 2)
+    ct = run("Transpose", c, perm=[0, 1, 3, 2])
+    return (lambda: _attention(run("Mul", q, c), kt, v)), (lambda: _attention(q, run("Mul", kt, ct), v))
 
 
 # ------------------------------------------------------------------------ nonzero-values (a divisor)

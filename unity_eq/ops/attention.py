@@ -137,7 +137,7 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     with every head or one (read by all), the masks of :func:`_mask_shapes`, fill absent or a scalar, causal 0
     and 1, scale free."""
     for b, h in itertools.product(ranges.rank4_dims, repeat=2):
-        for sq, skv in itertools.product((1, 2), repeat=2):
+        for sq, skv, d, dv in itertools.product((1, 2), repeat=4):
             for hkv in dict.fromkeys((h, 1)):
                 for mask in _mask_shapes(b, h, sq, skv):
                     for fill in (None, ()):
@@ -145,7 +145,7 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
                             if ranges.sample and (causal or hkv != h):
                                 continue
                             yield (
-                                {"Q": (b, h, sq, 1), "KT": (b, hkv, 1, skv), "V": (b, hkv, skv, 1), "mask": mask,
+                                {"Q": (b, h, sq, d), "KT": (b, hkv, d, skv), "V": (b, hkv, skv, dv), "mask": mask,
                                  "fill": fill},
                                 {"causal": causal},
                             )  # fmt: skip

@@ -194,10 +194,8 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
     tensors = [a for a in spec.args if a.sort == "T"]
     k = len(tensors)
     for r in range(cfg.max_rank + 1):
-        if r > 3 and k > 2 and not cfg.sample:
-            # three operands at rank 4: 8^4 patterns of which are size 1 per output shape, times each nesting
-            if spec.name == "Where":
-                yield from _where_rank4_instances(cfg, r)
+        if r > 3 and k > 2 and not cfg.sample and spec.name != "Where":
+            # Clip at rank 4: 8^4 patterns per output shape times each nesting; its rules' domains stop at 3
             continue
         dims = _broadcast_dims(cfg, r, k)
         positions = broadcast_positions(k, dims)
@@ -225,25 +223,11 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
                     yield specs, {}
 
 
-#: The one-element shapes a rank-4 Where's branch takes beside a full one: a scalar and ONNX's ``[1]``.
-_ONE_ELEMENT = ((), (1,))
-
-
-def _where_rank4_instances(cfg: InstanceRanges, rank: int) -> Iterator[Instance]:
-    """Where at rank 4, the shape attention is exported at: a full condition, and each branch full or one
-    element (``()`` or ``(1,)``), on every output shape over dims 1-2. That is the NaN fill of torch's
-    ``scaled_dot_product_attention`` (``Where(IsNaN(P), 0, P)``) and a mask built from a boolean one
-    (``Where(keep, 0, -inf)``); a rule over such a term (rules/algebra/attention_exports.egg) would otherwise
-    have no bounded case at all. Every pattern of size-1 dims (8^4 per output shape) is left out: it
-    multiplies with every nesting."""
-    for out in itertools.product(cfg.dims[:2], repeat=rank):
-        for x, y in itertools.product((out, *_ONE_ELEMENT), repeat=2):
-            yield {"condition": out, "X": x, "Y": y}, {}
-
-
 def _broadcast_dims(cfg: InstanceRanges, rank: int, k: int) -> Sequence[int]:
     """``dims`` up to rank 2; at rank 3 ``rank4_dims`` (two operands) or 1-2 (three: Where, Clip); at rank 4
-    1-2 (one and two operands). Every pattern of three operands at rank 3 over 1-4 is over 10^5 instances,
+    1-2 (one and two operands, and Where: a mask broadcast over the heads or the queries, ``(b, 1, 1, s)``,
+    is the condition of every attention export, and a rule that splits it where it broadcasts is wrong only
+    there). Every pattern of three operands at rank 3 over 1-4 is over 10^5 instances,
     and each nested operator multiplies them. Rank 4 is there for the permutations: at rank 3 every
     permutation fixing dim 0 is its own inverse, so a rule that uses p where p^-1 is needed passes; values
     on dims of 2 tell p from p^-1 at rank 4 (the dims' sizes need not differ)."""
@@ -370,8 +354,8 @@ ELEMENTWISE = OpFamily(
         "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4 "
         "(three operands: 0-3), every output shape and, at every position, every pattern of full or size-1 "
         "operands, every rank deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, "
-        "{1, 2} at rank 4 and for three operands at rank 3); Where also at rank 4 over {1, 2}: a full "
-        "condition, each branch full, () or (1)"
+        "{1, 2} at rank 4 and for three operands at rank 3); Where also at rank 4 over {1, 2} (every pattern, "
+        "the condition's included); Clip not at rank 4"
     ),
     axioms=axioms,
     **OpFamily.hooks_in(globals()),
