@@ -27,7 +27,7 @@ from unity_eq.train.recompute import Recomputed
 from unity_eq.train.weights import source_weights
 from unity_eq.train.zero import Zero3Module, ZeroOptimizer, check_level
 
-__all__ = ["RankTrainer", "load_spmd_rank", "loss_of", "mesh_groups", "read_training_plan"]
+__all__ = ["RankTrainer", "load_rank", "loss_of", "mesh_groups", "read_training_plan"]
 
 
 def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
@@ -266,7 +266,7 @@ def assemble(pieces: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> di
     return out
 
 
-def load_spmd_rank(
+def load_rank(
     plan_dir: str | Path,
     model: str | Path | None = None,
     *,
@@ -279,15 +279,30 @@ def load_spmd_rank(
     loss: str | None = None,
     shared: Collection[str] = (),
 ) -> RankTrainer:
-    """This process's rank of ``plan_dir`` (torch.distributed must be initialized, with the plan's number of
-    ranks). ``model``: the source ONNX model whose weights start training (default: plan.json's
+    """This process's rank of ``plan_dir``, either kind of plan (torch.distributed must be initialized, with the
+    plan's number of ranks): an SPMD plan's :class:`RankTrainer`, or a pipeline plan's
+    :class:`~unity_eq.train.pipeline.PipelineTrainer` (:func:`~unity_eq.train.pipeline.load_pipeline_rank`).
+    ``model``: the source ONNX model whose weights start training (default: plan.json's
     ``model.source``). ``zero``: ZeRO level 1-3 over the mesh axis ``zero_axis`` (the data axis; default the
     mesh's only axis), in place of the plan's gradient all-reduces of the weights on that axis;
     ``recompute``: the forward checkpointed (its activations recomputed in the backward). On an SPMD plan both
-    are set by the caller (docs/training.md); a pipeline plan carries its own choice (plan.json ``chosen``).
-    A pipeline plan gives a :class:`~unity_eq.train.pipeline.PipelineTrainer`, whose microbatch losses
-    ``loss`` (``sum``/``mean``, as for :func:`loss_of`) decides how to scale. ``shared``: weights the source
+    are set by the caller (docs/training.md); a pipeline plan carries its own choice (plan.json ``chosen``),
+    and either given for one is an OptionError. ``loss`` (``sum``/``mean``, as for :func:`loss_of`) decides how
+    a pipeline plan's microbatch losses are scaled. ``shared``: weights the source
     model really shares, which look merged by the exporter (:func:`refuse_merged`)."""
+    from unity_eq.runtime.pipeline import is_pipeline_dir
+
+    if is_pipeline_dir(plan_dir):
+        if zero or recompute:
+            raise OptionError(
+                f"{plan_dir} is a pipeline plan: its ZeRO level and recomputation are plan.json's choice "
+                "(`chosen.zero`, `chosen.recompute`); `--zero`/`--recompute` apply to SPMD plans only."
+            )
+        from unity_eq.train.pipeline import load_pipeline_rank
+
+        return load_pipeline_rank(
+            plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss, shared=shared
+        )
     if not dist.is_initialized():
         raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
                           "torch.distributed.init_process_group first.")  # fmt: skip
