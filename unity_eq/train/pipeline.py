@@ -179,17 +179,18 @@ def refuse_ambiguous_pipeline(
 
 def load_pipeline_rank(
     plan_dir: str | Path,
-    model: str | Path | None = None,
+    model: str | Path | None,
     *,
-    device: str = "cpu",
-    rank: int | None = None,
-    ordered_sum: bool | None = None,
-    loss: str | None = None,
-    shared: Collection[str] = (),
+    device: str,
+    rank: int | None,
+    ordered_sum: bool | None,
+    loss: str | None,
+    shared: Collection[str],
 ) -> PipelineTrainer:
     """This process's rank of the pipeline plan in ``plan_dir`` (torch.distributed initialized with the plan's
-    number of ranks). ``loss``: how the model's first output becomes the loss (``loss_of``), which sets how
-    microbatch losses are scaled."""
+    number of ranks), for :func:`unity_eq.train.load_rank`, whose defaults and meanings the arguments have.
+    ``loss``: how the model's first output becomes the loss (``loss_of``), which sets how microbatch losses are
+    scaled."""
     plan = load_pipeline_dir(plan_dir)
     refuse_unbuilt(plan)
     check_world_size(plan_dir, plan.world_size, "pipeline plan", f" ({plan.describe()})")
