@@ -22,18 +22,8 @@ __all__ = ["Partial", "Placement", "Replicate", "Shard", "parse_placement"]
 
 @dataclass(frozen=True)
 class Placement:
-    """How a tensor is laid out over one mesh axis. Use the subclasses; the questions below are asked of any
-    placement and answered here, once, by its type."""
-
-    def is_shard(self, dim: int | None = None) -> bool:
-        """Whether it is a shard (along ``dim`` when given)."""
-        return isinstance(self, Shard) and (dim is None or dim == self.dim)
-
-    def is_replicate(self) -> bool:
-        return isinstance(self, Replicate)
-
-    def is_partial(self) -> bool:
-        return isinstance(self, Partial)
+    """How a tensor is laid out over one mesh axis. Use the subclasses (and ``isinstance`` or ``match`` to ask
+    which one)."""
 
 
 @dataclass(frozen=True)
