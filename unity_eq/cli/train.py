@@ -62,7 +62,7 @@ def train(
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
-        from unity_eq.train.session import load_rank
+        from unity_eq.train.load import load_rank
 
         rank = dist.get_rank()
         feeds = check_inputs(plan, read_npz(inputs) if inputs is not None else random_inputs(plan.input_specs, seed))
