@@ -128,6 +128,19 @@ def test_the_searched_1f1b_plan_trains_like_one_device(plans: dict[str, Path]) -
     assert "ok collectives send on axis pipeline (backward), rank 1: issued 2 (2097152 bytes)" in result.stdout
 
 
+def test_load_rank_refuses_zero_or_recompute_for_a_pipeline_plan(plans: dict[str, Path]) -> None:
+    """The one loader for both kinds of plan: a pipeline plan carries its own ZeRO level and recomputation, so
+    asking for them is one OptionError, before any process group is needed."""
+    from unity_eq.errors import OptionError
+    from unity_eq.train import load_rank
+
+    refused = "is a pipeline plan: its ZeRO level and recomputation"
+    with pytest.raises(OptionError, match=refused):
+        load_rank(plans["searched"], zero=1)
+    with pytest.raises(OptionError, match=refused):
+        load_rank(plans["searched"], recompute=True)
+
+
 def test_gpipe_with_two_replicas_per_stage_trains_like_one_device(plans: dict[str, Path]) -> None:
     """4 ranks: each stage's 2 replicas sum their gradients once per step (axis data), after 2 microbatches each
     of a batch of 32."""

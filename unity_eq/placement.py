@@ -22,16 +22,8 @@ __all__ = ["Partial", "Placement", "Replicate", "Shard", "parse_placement"]
 
 @dataclass(frozen=True)
 class Placement:
-    """How a tensor is laid out over one mesh axis. Use the subclasses."""
-
-    def is_shard(self, dim: int | None = None) -> bool:
-        return False
-
-    def is_replicate(self) -> bool:
-        return False
-
-    def is_partial(self) -> bool:
-        return False
+    """How a tensor is laid out over one mesh axis. Use the subclasses (and ``isinstance`` or ``match`` to ask
+    which one)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +31,6 @@ class Shard(Placement):
     """Chunked along ``dim`` over the axis: device i holds chunk i (``S(dim)``)."""
 
     dim: int
-
-    def is_shard(self, dim: int | None = None) -> bool:
-        return dim is None or dim == self.dim
 
     def __str__(self) -> str:
         return f"S({self.dim})"
@@ -51,9 +40,6 @@ class Shard(Placement):
 class Replicate(Placement):
     """A full copy on every device of the axis (``R``)."""
 
-    def is_replicate(self) -> bool:
-        return True
-
     def __str__(self) -> str:
         return "R"
 
@@ -61,9 +47,6 @@ class Replicate(Placement):
 @dataclass(frozen=True)
 class Partial(Placement):
     """Pending sum: the value is the sum of the pieces held by the devices of the axis (``P``)."""
-
-    def is_partial(self) -> bool:
-        return True
 
     def __str__(self) -> str:
         return "P"

@@ -16,7 +16,17 @@ import numpy as np
 import typer
 from rich.markup import escape
 
-from unity_eq.cli.shared import err, live_display, out, progress_printer, read_npz
+from unity_eq.cli.shared import (
+    RECOMPUTE_OPTION,
+    SHARED_OPTION,
+    ZERO_AXIS_OPTION,
+    ZERO_OPTION,
+    err,
+    live_display,
+    out,
+    progress_printer,
+    read_npz,
+)
 from unity_eq.errors import OptionError
 from unity_eq.files import check_output_file
 
@@ -120,12 +130,10 @@ def check(
     loss: str = typer.Option(None, "--loss", help="With --training: sum or mean of the first output."),
     optimizer: str = typer.Option("sgd", "--optimizer", help="With --training: sgd or adamw."),
     lr: float = typer.Option(1e-2, "--lr", help="With --training: learning rate."),
-    zero: int = typer.Option(0, "--zero", help="With --training: ZeRO level 1-3 over the data axis (0: none)."),
-    zero_axis: str = typer.Option(None, "--zero-axis", help="With --zero: the mesh axis (default: the only one)."),
-    recompute: bool = typer.Option(False, "--recompute", help="With --training: recompute the forward."),
-    shared: list[str] = typer.Option(
-        [], "--shared", help="With --training: a weight the source model shares, which looks merged (repeatable)."
-    ),
+    zero: int = ZERO_OPTION,
+    zero_axis: str = ZERO_AXIS_OPTION,
+    recompute: bool = RECOMPUTE_OPTION,
+    shared: list[str] = SHARED_OPTION,
 ) -> None:
     """Run the original model and the plan on the same inputs (without --inputs: several seeds, scales and
     distributions); exit 0 when every output matches, 1 on a mismatch, 2 on bad input. With --training:

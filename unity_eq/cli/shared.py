@@ -1,5 +1,6 @@
 """What every ``unity-eq`` command shares: the output consoles, progress messages and displays, and the
-parsing of options that several verbs take (``--input-shape``, ``.npz`` inputs).
+parsing of options that several verbs take (``--input-shape``, ``.npz`` inputs), and the training options that
+``train`` and ``check --training`` both hand to unity_eq.train.load_rank, declared once.
 
 Separate so that the command modules share these without importing the app (:mod:`unity_eq.cli.dispatch`,
 which registers them). Progress goes to stderr (``err``), results to stdout (``out``).
@@ -11,12 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import typer
 from rich.console import Console
 from rich.markup import escape
 
 from unity_eq.errors import OptionError
 
 __all__ = [
+    "RECOMPUTE_OPTION",
+    "SHARED_OPTION",
+    "ZERO_AXIS_OPTION",
+    "ZERO_OPTION",
     "err",
     "input_shapes",
     "last_step",
@@ -29,6 +35,20 @@ __all__ = [
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+# load_rank's options, the same for `train` and `check --training` (docs/training.md)
+ZERO_OPTION: Any = typer.Option(
+    0, "--zero", help="When training: ZeRO level 1-3 over the data axis (0: none; docs/training.md)."
+)
+ZERO_AXIS_OPTION: Any = typer.Option(None, "--zero-axis", help="With --zero: the mesh axis (default: the only one).")
+RECOMPUTE_OPTION: Any = typer.Option(
+    False, "--recompute", help="When training: recompute the forward in the backward pass."
+)
+SHARED_OPTION: Any = typer.Option(
+    [], "--shared", help="When training: a weight the source model shares, which looks merged by the exporter "
+    "(repeatable)."
+)  # fmt: skip
 
 
 last_step: list[str] = []  # the latest progress message, to say where an interrupt stopped

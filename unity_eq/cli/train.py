@@ -11,7 +11,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from unity_eq.cli.shared import err, out, read_npz
+from unity_eq.cli.shared import RECOMPUTE_OPTION, SHARED_OPTION, ZERO_AXIS_OPTION, ZERO_OPTION, err, out, read_npz
 from unity_eq.errors import OptionError
 
 __all__ = ["print_training_check", "train"]
@@ -31,12 +31,10 @@ def train(
     model: Path = typer.Option(None, "--model", help="The source ONNX model (default: plan.json's model.source)."),
     device: str = typer.Option("cpu", "--device", help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random batch used without --inputs."),
-    zero: int = typer.Option(0, "--zero", help="ZeRO level 1-3 over the data axis (0: none; docs/training.md)."),
-    zero_axis: str = typer.Option(None, "--zero-axis", help="With --zero: the mesh axis (default: the only one)."),
-    recompute: bool = typer.Option(False, "--recompute", help="Recompute the forward in the backward pass."),
-    shared: list[str] = typer.Option(
-        [], "--shared", help="A weight the source model shares, which looks merged by the exporter (repeatable)."
-    ),
+    zero: int = ZERO_OPTION,
+    zero_axis: str = ZERO_AXIS_OPTION,
+    recompute: bool = RECOMPUTE_OPTION,
+    shared: list[str] = SHARED_OPTION,
 ) -> None:
     """Train with a plan, one process per rank: `torchrun --nproc_per_node N -m unity_eq train PLAN/`."""
     import os
@@ -64,7 +62,7 @@ def train(
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     dist.init_process_group("nccl" if use_cuda else "gloo")
     try:
-        from unity_eq.train.pipeline import load_rank
+        from unity_eq.train.load import load_rank
 
         rank = dist.get_rank()
         feeds = check_inputs(plan, read_npz(inputs) if inputs is not None else random_inputs(plan.input_specs, seed))

@@ -6,7 +6,7 @@ Importing this package imports torch: the engine (optimize, run, check) never do
 
 from __future__ import annotations
 
-from unity_eq.train.pipeline import load_rank
+from unity_eq.train.load import load_rank
 from unity_eq.train.session import RankTrainer, loss_of
 
 __all__ = ["RankTrainer", "load_rank", "loss_of"]

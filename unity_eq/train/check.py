@@ -231,7 +231,7 @@ def check_training(
 ) -> TrainingCheck:
     """Train ``plan_dir``'s ranks and the original ``model`` for ``steps`` steps and compare (module docstring).
     ``zero``, ``zero_axis``, ``recompute``: the ranks train with ZeRO over that mesh axis and recomputation
-    (unity_eq.train.session.load_rank), compared with the same one-device training."""
+    (unity_eq.train.load.load_rank), compared with the same one-device training."""
     from unity_eq.runtime.checker import check_plan_is_of
     from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.pipeline import is_pipeline_dir, load_pipeline_dir

@@ -36,9 +36,7 @@ from unity_eq.train.pipeline_trainer import (
 from unity_eq.train.pipeline_zero import defers_weight_sync, refuse_zero_shared, stage_runner
 from unity_eq.train.rank import RankModule, Region
 from unity_eq.train.session import (
-    RankTrainer,
     check_world_size,
-    load_spmd_rank,
     mesh_groups,
     rank_device,
     source_model,
@@ -50,7 +48,6 @@ __all__ = [
     "PIPELINE_AXIS",
     "PipelineTrainer",
     "load_pipeline_rank",
-    "load_rank",
     "microbatch_scale",
     "refuse_unbuilt",
     "schedule_order",
@@ -182,17 +179,18 @@ def refuse_ambiguous_pipeline(
 
 def load_pipeline_rank(
     plan_dir: str | Path,
-    model: str | Path | None = None,
+    model: str | Path | None,
     *,
-    device: str = "cpu",
-    rank: int | None = None,
-    ordered_sum: bool | None = None,
-    loss: str | None = None,
-    shared: Collection[str] = (),
+    device: str,
+    rank: int | None,
+    ordered_sum: bool | None,
+    loss: str | None,
+    shared: Collection[str],
 ) -> PipelineTrainer:
     """This process's rank of the pipeline plan in ``plan_dir`` (torch.distributed initialized with the plan's
-    number of ranks). ``loss``: how the model's first output becomes the loss (``loss_of``), which sets how
-    microbatch losses are scaled."""
+    number of ranks), for :func:`unity_eq.train.load_rank`, whose defaults and meanings the arguments have.
+    ``loss``: how the model's first output becomes the loss (``loss_of``), which sets how microbatch losses are
+    scaled."""
     plan = load_pipeline_dir(plan_dir)
     refuse_unbuilt(plan)
     check_world_size(plan_dir, plan.world_size, "pipeline plan", f" ({plan.describe()})")
@@ -230,38 +228,4 @@ def load_pipeline_rank(
         stage_records=records,
         data_group=data,
         shared=tied,
-    )
-
-
-def load_rank(
-    plan_dir: str | Path,
-    model: str | Path | None = None,
-    *,
-    device: str = "cpu",
-    rank: int | None = None,
-    ordered_sum: bool | None = None,
-    zero: int = 0,
-    zero_axis: str | None = None,
-    recompute: bool = False,
-    loss: str | None = None,
-    shared: Collection[str] = (),
-) -> RankTrainer:
-    """This process's rank of ``plan_dir``, either kind of plan (``unity_eq.train.load_rank``): a pipeline
-    plan's :class:`PipelineTrainer` (its ZeRO level and recomputation are plan.json's choice), or an SPMD
-    plan's :class:`~unity_eq.train.session.RankTrainer` (:func:`~unity_eq.train.session.load_spmd_rank`,
-    where ``zero``, ``zero_axis`` and ``recompute`` are the caller's)."""
-    from unity_eq.runtime.pipeline import is_pipeline_dir
-
-    if not is_pipeline_dir(plan_dir):
-        return load_spmd_rank(
-            plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, zero=zero, zero_axis=zero_axis,
-            recompute=recompute, loss=loss, shared=shared,
-        )  # fmt: skip
-    if zero or recompute:
-        raise OptionError(
-            f"{plan_dir} is a pipeline plan: its ZeRO level and recomputation are plan.json's choice "
-            "(`chosen.zero`, `chosen.recompute`); `--zero`/`--recompute` apply to SPMD plans only."
-        )
-    return load_pipeline_rank(
-        plan_dir, model, device=device, rank=rank, ordered_sum=ordered_sum, loss=loss, shared=shared
     )

@@ -1,7 +1,8 @@
 """Training a plan in this process, one rank of it: the Python API (docs/training.md).
 
-:func:`load_rank` reads a plan directory for this process's rank of ``torch.distributed`` (started by torchrun,
-or by :func:`unity_eq.train.spawn.spawn_ranks`) and returns a :class:`RankTrainer`: its ``module`` is a
+:func:`unity_eq.train.load.load_rank` reads a plan directory for this process's rank of ``torch.distributed``
+(started by torchrun, or by :func:`unity_eq.train.spawn.spawn_ranks`) and returns a :class:`RankTrainer`
+(an SPMD plan's; this module holds it and the helpers both kinds of plan load with): its ``module`` is a
 ``torch.nn.Module`` whose parameters are this rank's shards; call it on the model inputs, take the loss,
 ``backward()``, step any optimizer over ``module.parameters()``, and :meth:`RankTrainer.save` a checkpoint of
 the whole model in the source model's parameter names.
@@ -10,7 +11,7 @@ the whole model in the source model's parameter names.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,9 @@ from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, read_explain_record
 from unity_eq.train.rank import RankModule, Region
-from unity_eq.train.recompute import Recomputed
-from unity_eq.train.weights import source_weights
-from unity_eq.train.zero import Zero3Module, ZeroOptimizer, check_level
+from unity_eq.train.zero import Zero3Module, ZeroOptimizer
 
-__all__ = ["RankTrainer", "load_spmd_rank", "loss_of", "mesh_groups", "read_training_plan"]
+__all__ = ["RankTrainer", "loss_of", "mesh_groups", "read_training_plan"]
 
 
 def read_training_plan(plan_dir: str | Path) -> ExplainRecord:
@@ -264,56 +263,6 @@ def assemble(pieces: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> di
                 out[name] = np.zeros(shapes[name], value.dtype)
             out[name][tuple(slice(s, s + n) for s, n in box)] = value
     return out
-
-
-def load_spmd_rank(
-    plan_dir: str | Path,
-    model: str | Path | None = None,
-    *,
-    device: str = "cpu",
-    rank: int | None = None,
-    ordered_sum: bool | None = None,
-    zero: int = 0,
-    zero_axis: str | None = None,
-    recompute: bool = False,
-    loss: str | None = None,
-    shared: Collection[str] = (),
-) -> RankTrainer:
-    """This process's rank of ``plan_dir`` (torch.distributed must be initialized, with the plan's number of
-    ranks). ``model``: the source ONNX model whose weights start training (default: plan.json's
-    ``model.source``). ``zero``: ZeRO level 1-3 over the mesh axis ``zero_axis`` (the data axis; default the
-    mesh's only axis), in place of the plan's gradient all-reduces of the weights on that axis;
-    ``recompute``: the forward checkpointed (its activations recomputed in the backward). On an SPMD plan both
-    are set by the caller (docs/training.md); a pipeline plan carries its own choice (plan.json ``chosen``).
-    A pipeline plan gives a :class:`~unity_eq.train.pipeline.PipelineTrainer`, whose microbatch losses
-    ``loss`` (``sum``/``mean``, as for :func:`loss_of`) decides how to scale. ``shared``: weights the source
-    model really shares, which look merged by the exporter (:func:`refuse_merged`)."""
-    if not dist.is_initialized():
-        raise OptionError("torch.distributed is not initialized: start the ranks with torchrun, or call "
-                          "torch.distributed.init_process_group first.")  # fmt: skip
-    record = read_training_plan(plan_dir)
-    check_world_size(plan_dir, len(record.mesh.ranks), "plan")
-    axis = zero_data_axis(record, check_level(zero), zero_axis)
-    rank = dist.get_rank() if rank is None else rank
-    source = source_model(model, record.model.source)
-    weights, trainable, derived = source_weights(source, record, shared=shared)
-    ledger = coll.Ledger()
-    torch_device, ordered = rank_device(device, rank, ordered_sum)
-    groups = make_groups(record, rank, ledger, ordered)
-    unsynced = frozenset({axis} if axis else ())
-    # the weight-gradient all-reduces in the cost model's buckets, from hooks on the parameters (ZeRO-3 runs the
-    # module on gathered copies of them, which the hooks would not see: its all-reduces stay in autograd)
-    plan_module = RankModule(
-        record, rank, weights, trainable, groups, torch_device, derived, unsynced, bucket_weight_sync=zero != 3
-    )
-    group = groups.get(axis) if axis else None
-    module: torch.nn.Module = plan_module
-    if zero == 3:
-        assert group is not None
-        module = Zero3Module(plan_module, group, recompute)
-    elif recompute:
-        module = Recomputed(plan_module, ledger)
-    return RankTrainer(record, rank, module, ledger, torch_device, plan_module, zero, group)
 
 
 def zero_data_axis(record: ExplainRecord, zero: int, axis: str | None) -> str | None:

@@ -72,7 +72,7 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
     out = Path(job.out_dir)
     try:
         init_rank(rank, world, port)
-        from unity_eq.train.pipeline import load_rank
+        from unity_eq.train.load import load_rank
 
         trainer = load_rank(
             job.plan_dir, job.model, zero=job.zero, zero_axis=job.zero_axis, recompute=job.recompute, loss=job.loss,
