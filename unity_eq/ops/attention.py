@@ -124,18 +124,23 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
 
 
 def _mask_shapes(b: int, h: int, sq: int, skv: int) -> list[tuple[int, ...] | None]:
-    """Absent; per batch, head and query (full); per batch only (a padding mask, heads broadcast); shared by
-    the batch (a causal mask); a key-padding row (one query row, broadcast)."""
-    shapes: list[tuple[int, ...] | None] = [None, (b, h, sq, skv), (b, 1, sq, skv), (1, 1, sq, skv), (b, 1, 1, skv)]
-    return list(dict.fromkeys(shapes))
+    """Absent, or any rank-4 shape that broadcasts to the scores' ``(b, h, s_q, s_kv)``: every dim full or 1
+    (a padding mask ``(b, 1, 1, s_kv)``, a causal one ``(1, 1, s_q, s_kv)``, a per-head bias ``(1, h, s_q,
+    s_kv)``...). A rule that reads one of the mask's dims (a shared-mask split) is wrong only on the patterns
+    where that dim and another differ, so every pattern is a case."""
+    full = (b, h, sq, skv)
+    shapes = [tuple(1 if keep else n for keep, n in zip(ones, full, strict=True))
+              for ones in itertools.product((False, True), repeat=4)]  # fmt: skip
+    return [None, *dict.fromkeys(shapes)]
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     """Rank-4 attention ``(b, h, s, d)``: batch and heads over ``rank4_dims`` (the dims the sharding rules
     split: 4 splits over axes of 2 and 4, 2 over 2, 1 nowhere), query and key lengths 1-2 (square and not, so
-    causal masking shows), head dims 1 (no rule touches the contraction: each query row reads every key), K/V
+    causal masking shows), head dims (d, d_v) 1-2, K/V
     with every head or one (read by all), the masks of :func:`_mask_shapes`, fill absent or a scalar, causal 0
-    and 1, scale free."""
+    and 1, scale free. Head dims 1 and 2: at 1 a per-feature factor is one number per row and scales KT's
+    rows and columns alike, so a rule that moves it without transposing it passes; at 2 it does not."""
     for b, h in itertools.product(ranges.rank4_dims, repeat=2):
         for sq, skv, d, dv in itertools.product((1, 2), repeat=4):
             for hkv in dict.fromkeys((h, 1)):
@@ -379,9 +384,9 @@ ATTENTION = OpFamily(
     instances=instances,
     flops=flops,
     ranges=(
-        "rank-4 Q (b, h, s_q, 1), KT (b, h or 1, 1, s_kv), V (b, h or 1, s_kv, 1): b and h over {1, 2, 4}, s_q"
-        " and s_kv 1-2; mask absent, (b, h, s_q, s_kv), (b, 1, s_q, s_kv), (1, 1, s_q, s_kv) or (b, 1, 1, s_kv);"
-        " fill absent or a scalar; causal 0 and 1; scale a free real"
+        "rank-4 Q (b, h, s_q, d), KT (b, h or 1, d, s_kv), V (b, h or 1, s_kv, d_v): b and h over {1, 2, 4},"
+        " s_q, s_kv, d and d_v 1-2; mask absent or any rank-4 shape broadcasting to (b, h, s_q, s_kv) (each dim"
+        " full or 1); fill absent or a scalar; causal 0 and 1; scale a free real"
     ),
     axioms=axioms,
     saved=saved,
