@@ -723,3 +723,28 @@ def _gemm_rank1_bias() -> tuple[Side, Side]:
 def _gather_prefix_slice() -> tuple[Side, Side]:
     x, i = f32((3,)), i64(-1)
     return (lambda: run("Gather", run("Slice", x, i64(0), i64(2), i64(0)), i, axis=0)), (lambda: run("Gather", x, i, axis=0))
+
+
+@counterexample("adv-maxpool-patchify-ceil-mode-padded")
+def _maxpool_patchify_ceil_mode() -> tuple[Side, Side]:
+    a = f32((1, 1, 2, 2))
+    pool = lambda cm: run(  # noqa: E731
+        "MaxPool", a, kernel_shape=[2, 2], strides=[2, 2], pads=[1, 0, 0, 0], ceil_mode=cm
+    )
+    return (lambda: pool(1)), (lambda: pool(0))
+
+
+@counterexample("adv-analysis-slice-shape-empty")
+def _an_slice_shape_empty() -> tuple[Side, Side]:
+    # start 1, end 0, step 1 on x [2]: ceil((0 - 1) / 1) = -1 elements by the derived formula
+    x = f32((2,))
+    return (lambda: shape_of(run("Slice", x, i64(1), i64(0), i64(0)))), (lambda: i64((0 - 1 + (1 - 1)) // 1))
+
+
+@counterexample("adv-maxpool-patchify-ceil-mode-dilated")
+def _maxpool_patchify_ceil_mode_dilated() -> tuple[Side, Side]:
+    a = f32((1, 1, 4, 1))
+    pool = lambda cm: run(  # noqa: E731
+        "MaxPool", a, kernel_shape=[2, 1], strides=[2, 1], dilations=[2, 1], ceil_mode=cm
+    )
+    return (lambda: pool(1)), (lambda: pool(0))
