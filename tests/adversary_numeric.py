@@ -748,3 +748,9 @@ def _maxpool_patchify_ceil_mode_dilated() -> tuple[Side, Side]:
         "MaxPool", a, kernel_shape=[2, 1], strides=[2, 1], dilations=[2, 1], ceil_mode=cm
     )
     return (lambda: pool(1)), (lambda: pool(0))
+
+
+@counterexample("adv-clip-fuse-tensor-bounds")
+def _clip_fuse_tensor_bounds() -> tuple[Side, Side]:
+    x, lo, hi = f32((2,)), np.array([0.0, 0.1], np.float32), scalar(1.0)
+    return (lambda: run("Min", run("Max", x, lo), hi)), (lambda: run("Clip", x, lo, hi))
