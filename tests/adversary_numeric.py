@@ -722,7 +722,9 @@ def _gemm_rank1_bias() -> tuple[Side, Side]:
 @counterexample("adv-gather-from-prefix-slice-negative-index")
 def _gather_prefix_slice() -> tuple[Side, Side]:
     x, i = f32((3,)), i64(-1)
-    return (lambda: run("Gather", run("Slice", x, i64(0), i64(2), i64(0)), i, axis=0)), (lambda: run("Gather", x, i, axis=0))
+    return (lambda: run("Gather", run("Slice", x, i64(0), i64(2), i64(0)), i, axis=0)), (
+        lambda: run("Gather", x, i, axis=0)
+    )
 
 
 @counterexample("adv-maxpool-patchify-ceil-mode-padded")
