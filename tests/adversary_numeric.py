@@ -756,3 +756,11 @@ def _maxpool_patchify_ceil_mode_dilated() -> tuple[Side, Side]:
 def _clip_fuse_tensor_bounds() -> tuple[Side, Side]:
     x, lo, hi = f32((2,)), np.array([0.0, 0.1], np.float32), scalar(1.0)
     return (lambda: run("Min", run("Max", x, lo), hi)), (lambda: run("Clip", x, lo, hi))
+
+
+@counterexample("adv-maxpool-explicit-pads-as-same-upper-dilated")
+def _maxpool_same_upper_dilated() -> tuple[Side, Side]:
+    a = f32((1, 1, 6))
+    return (lambda: run("MaxPool", a, kernel_shape=[3], dilations=[2], pads=[2, 2])), (
+        lambda: run("MaxPool", a, kernel_shape=[3], dilations=[2], auto_pad="SAME_UPPER")
+    )
