@@ -764,3 +764,9 @@ def _maxpool_same_upper_dilated() -> tuple[Side, Side]:
     return (lambda: run("MaxPool", a, kernel_shape=[3], dilations=[2], pads=[2, 2])), (
         lambda: run("MaxPool", a, kernel_shape=[3], dilations=[2], auto_pad="SAME_UPPER")
     )
+
+
+@counterexample("adv-analysis-expand-shape-is-target")
+def _an_expand_shape() -> tuple[Side, Side]:
+    x, s = f32((2, 3)), i64(3)
+    return (lambda: shape_of(run("Expand", x, s))), (lambda: s)
