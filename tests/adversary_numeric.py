@@ -651,3 +651,138 @@ def _matmul_batch_rank_of_output() -> tuple[Side, Side]:
     return (lambda: run("MatMul", a, b)), (
         lambda: gather([run("MatMul", pa, pb) for pa, pb in zip(chunks(a, 0, 2), chunks(b, 0, 2), strict=True)], 0)
     )
+
+
+# ------------------------------------------------ third adversary: attribute, shape-form and dtype gaps
+@counterexample("adv-rank4-2axis-add-same-dim-combine-order")
+def _add_2axis_same_dim() -> tuple[Side, Side]:
+    """x, y [1, 4, 1, 1] cut along 1 on a1 then on a2 (2 x 2): device (i, j) holds block 2 i + j of each. The
+    right-hand side gathers on a1 first (blocks (0, j), (1, j) of column j), then on a2."""
+    x, y = f32((1, 4, 1, 1)), f32((1, 4, 1, 1), 1)
+    block = lambda t, i, j: chunks(chunks(t, 1, 2)[i], 1, 2)[j]  # noqa: E731
+    piece = {(i, j): run("Add", block(x, i, j), block(y, i, j)) for i in range(2) for j in range(2)}
+    rhs = lambda: gather([gather([piece[i, j] for i in range(2)], 1) for j in range(2)], 1)  # noqa: E731
+    return (lambda: run("Add", x, y)), rhs
+
+
+@counterexample("adv-maxpool-patchify-split-h-torch-pads-order")
+def _maxpool_patchify_pads() -> tuple[Side, Side]:
+    a = np.array([0.0, 3.0, 1.0, 2.0], np.float32).reshape(1, 1, 4, 1)  # x1 > x2: the window [x1 x2] reads x1
+    pool = lambda t: run("MaxPool", t, kernel_shape=[2, 1], strides=[2, 1], pads=[1, 0, 0, 0])  # noqa: E731
+    return (lambda: pool(a)), (lambda: gather([pool(p) for p in chunks(a, 2, 2)], 2))
+
+
+@counterexample("adv-avgpool-patchify-count-include-pad-padded")
+def _avgpool_patchify_cip() -> tuple[Side, Side]:
+    a = f32((1, 1, 2, 1))
+    pool = lambda cip: run(  # noqa: E731
+        "AveragePool", a, kernel_shape=[2, 1], strides=[2, 1], pads=[1, 0, 1, 0], count_include_pad=cip
+    )
+    return (lambda: pool(1)), (lambda: pool(0))
+
+
+@counterexample("adv-conv-kernel1-split-h-pads-wrong-index")
+def _conv_kernel1_pads() -> tuple[Side, Side]:
+    a, w = f32((1, 1, 2, 1)), f32((1, 1, 1, 1), 1)
+    conv = lambda t: run("Conv", t, w, kernel_shape=[1, 1], pads=[0, 0, 1, 0])  # noqa: E731
+    return (lambda: conv(a)), (lambda: gather([conv(p) for p in chunks(a, 2, 2)], 2))
+
+
+@counterexample("adv-int-div-add-multiple")
+def _int_div_add_multiple() -> tuple[Side, Side]:
+    a, b, c = np.array([-1], np.int64), np.array([2], np.int64), np.array([1], np.int64)
+    return (lambda: run("Div", run("Add", a, run("Mul", b, c)), b)), (lambda: run("Add", run("Div", a, b), c))
+
+
+@counterexample("adv-keepdims0-as-squeeze-of-keepdims1")
+def _keepdims0_squeeze() -> tuple[Side, Side]:
+    x, axes = f32((1, 2)), np.zeros((0,), np.int64)
+    reduce = lambda k: run("ReduceSum", x, axes, keepdims=k, noop_with_empty_axes=1)  # noqa: E731
+    return (lambda: reduce(0)), (lambda: run("Squeeze", reduce(1), axes))
+
+
+@counterexample("adv-reshape-to-expand-target-shorter")
+def _reshape_expand_target() -> tuple[Side, Side]:
+    x, s = f32((1, 2)), i64(2)
+    return (lambda: run("Reshape", run("Expand", x, s), s)), (lambda: run("Expand", x, s))
+
+
+@counterexample("adv-keepdims1-as-unsqueeze-of-keepdims0")
+def _keepdims1_unsqueeze() -> tuple[Side, Side]:
+    x, axes = f32((2, 2)), np.zeros((0,), np.int64)
+    reduce = lambda k: run("ReduceSum", x, axes, keepdims=k, noop_with_empty_axes=0)  # noqa: E731
+    return (lambda: reduce(1)), (lambda: run("Unsqueeze", reduce(0), axes))
+
+
+@counterexample("adv-rank3-split-last-part-as-negative-slice")
+def _split_last_part_negative_slice() -> tuple[Side, Side]:
+    x = f32((1, 1, 2))
+    return (lambda: run("Split", x, i64(2, 0), axis=2, outputs=2, index=1)), (
+        lambda: run("Slice", x, i64(-0), i64(2**63 - 1), i64(2), i64(1))
+    )
+
+
+@counterexample("adv-slice2-normalize-negative-start-unclamped")
+def _slice2_negative_start() -> tuple[Side, Side]:
+    x, en, axes = f32((2, 2)), i64(2, 2), i64(0, 1)
+    return (lambda: run("Slice", x, i64(-3, 0), en, axes)), (lambda: run("Slice", x, i64(-3 + 2, 0), en, axes))
+
+
+@counterexample("adv-gemm-split-cols-rank1-bias-broadcast")
+def _gemm_rank1_bias() -> tuple[Side, Side]:
+    a, b, c = f32((1, 1)), f32((1, 2), 1), f32((1,), 2)  # c [1]: one bias for both columns
+    pieces = lambda: zip(chunks(b, 1, 2), chunks(c, 0, 2), strict=True)  # noqa: E731
+    return (lambda: run("Gemm", a, b, c)), (lambda: gather([run("Gemm", a, bp, cp) for bp, cp in pieces()], 1))
+
+
+@counterexample("adv-gather-from-prefix-slice-negative-index")
+def _gather_prefix_slice() -> tuple[Side, Side]:
+    x, i = f32((3,)), i64(-1)
+    return (lambda: run("Gather", run("Slice", x, i64(0), i64(2), i64(0)), i, axis=0)), (
+        lambda: run("Gather", x, i, axis=0)
+    )
+
+
+@counterexample("adv-maxpool-patchify-ceil-mode-padded")
+def _maxpool_patchify_ceil_mode() -> tuple[Side, Side]:
+    a = f32((1, 1, 2, 2))
+    pool = lambda cm: run(  # noqa: E731
+        "MaxPool", a, kernel_shape=[2, 2], strides=[2, 2], pads=[1, 0, 0, 0], ceil_mode=cm
+    )
+    return (lambda: pool(1)), (lambda: pool(0))
+
+
+@counterexample("adv-analysis-slice-shape-empty")
+def _an_slice_shape_empty() -> tuple[Side, Side]:
+    # start 1, end 0, step 1 on x [2]: ceil((0 - 1) / 1) = -1 elements by the derived formula
+    x = f32((2,))
+    return (lambda: shape_of(run("Slice", x, i64(1), i64(0), i64(0)))), (lambda: i64((0 - 1 + (1 - 1)) // 1))
+
+
+@counterexample("adv-maxpool-patchify-ceil-mode-dilated")
+def _maxpool_patchify_ceil_mode_dilated() -> tuple[Side, Side]:
+    a = f32((1, 1, 4, 1))
+    pool = lambda cm: run(  # noqa: E731
+        "MaxPool", a, kernel_shape=[2, 1], strides=[2, 1], dilations=[2, 1], ceil_mode=cm
+    )
+    return (lambda: pool(1)), (lambda: pool(0))
+
+
+@counterexample("adv-clip-fuse-tensor-bounds")
+def _clip_fuse_tensor_bounds() -> tuple[Side, Side]:
+    x, lo, hi = f32((2,)), np.array([0.0, 0.1], np.float32), scalar(1.0)
+    return (lambda: run("Min", run("Max", x, lo), hi)), (lambda: run("Clip", x, lo, hi))
+
+
+@counterexample("adv-maxpool-explicit-pads-as-same-upper-dilated")
+def _maxpool_same_upper_dilated() -> tuple[Side, Side]:
+    a = f32((1, 1, 6))
+    return (lambda: run("MaxPool", a, kernel_shape=[3], dilations=[2], pads=[2, 2])), (
+        lambda: run("MaxPool", a, kernel_shape=[3], dilations=[2], auto_pad="SAME_UPPER")
+    )
+
+
+@counterexample("adv-analysis-expand-shape-is-target")
+def _an_expand_shape() -> tuple[Side, Side]:
+    x, s = f32((2, 3)), i64(3)
+    return (lambda: shape_of(run("Expand", x, s))), (lambda: s)
