@@ -308,6 +308,13 @@ def _clip_max_min() -> tuple[Side, Side]:
     return (lambda: run("Clip", x, lo, hi)), (lambda: run("Max", run("Min", x, hi), lo))
 
 
+@counterexample("adv-clip-as-min-of-max-one-element-bound")
+def _clip_min_max_shape() -> tuple[Side, Side]:
+    # Clip keeps the scalar's shape (); Max and Min broadcast it with the [1] bounds to [1]
+    x, lo, hi = scalar(5), np.array([1.0], np.float32), np.array([2.0], np.float32)
+    return (lambda: run("Clip", x, lo, hi)), (lambda: run("Min", run("Max", x, lo), hi))
+
+
 @counterexample("adv-where-partial-one-branch")
 def _where_partial() -> tuple[Side, Side]:
     c, y = np.array([True, False]), f32((2,), 1)

@@ -22,11 +22,11 @@ import numpy as np
 
 from unity_eq.ops.cases import absent_options, broadcast_positions, shape_pool
 from unity_eq.ops.elementwise_axioms import axioms
-from unity_eq.ops.family import FREE, Instance, InstanceRanges, OpFamily, Saved, Work
+from unity_eq.ops.family import FREE, Instance, InstanceRanges, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, str_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, need
 
-__all__ = ["ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY", "INTERPRETED"]
+__all__ = ["CLIP_BOUND_SHAPES", "ELEMENTWISE", "EXACT_BINARY", "EXACT_UNARY", "INTERPRETED", "SCALAR_ARGS"]
 
 EXACT_UNARY = {"Neg", "Identity"}
 #: The binary broadcasting ops, in the registry's order (the generated schema's); Pow and the logical ops are
@@ -105,7 +105,28 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     spec = _SPEC[op]
     if spec.family is Family.UNARY:
         return need(args[0])
+    if op == "Clip":
+        return _clip_shape(args)
     return bcast(*[need(a) if i == 0 else a for i, a in enumerate(args[: len(spec.tensor_args)]) if a is not None])
+
+
+#: Operands ONNX holds to a scalar: the generated split rules never partition them.
+SCALAR_ARGS: dict[str, frozenset[str]] = {"Clip": frozenset({"min", "max"})}
+
+#: The shapes ONNX's Clip takes for a bound: a scalar, or onnxruntime's one-element ``[1]`` (it refuses
+#: ``[1, 1]`` and ``[n]``: "min should be a scalar").
+CLIP_BOUND_SHAPES: tuple[Shape, ...] = ((), (1,))
+
+
+def _clip_shape(args: Sequence[Any]) -> Shape:
+    """Clip keeps its input's shape; each bound present must be a scalar (``()`` or ``[1]``). Clip is not a
+    broadcasting op: a ``[1]`` bound does not make a scalar input ``[1]``, and a bound of the input's shape
+    is refused by onnxruntime."""
+    x = need(args[0])
+    for name, bound in zip(("min", "max"), args[1:3], strict=False):
+        if bound is not None and tuple(bound) not in CLIP_BOUND_SHAPES:
+            raise ShapeError(f"Clip's {name} must be a scalar (shape [] or [1]), not {list(bound)}")
+    return x
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -140,14 +161,12 @@ def _broadcast(op: str, args: Sequence[Any], bk: Any) -> Any:
         return bk.where(bk.nonzero(c), x, y)
     if op == "Clip":
         x, lo, hi = args
-        arrays = [a for a in (x, lo, hi) if a is not None]
-        shape = np.broadcast_shapes(*[a.shape for a in arrays])
-        out = np.broadcast_to(x, shape)
-        if lo is not None:
-            lo_b = np.broadcast_to(lo, shape)
+        out = x
+        if lo is not None:  # a scalar bound (infer_shape holds it to () or [1]), read at every element of x
+            lo_b = np.broadcast_to(lo.reshape(()), x.shape)
             out = bk.where(bk.compare("<", out, lo_b), lo_b, out)
         if hi is not None:
-            hi_b = np.broadcast_to(hi, shape)
+            hi_b = np.broadcast_to(hi.reshape(()), x.shape)
             out = bk.where(bk.compare(">", out, hi_b), hi_b, out)
         return out
     a, b = np.broadcast_arrays(args[0], args[1])
@@ -188,18 +207,26 @@ def _unary_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
         yield {"X": shape}, {}
 
 
+def _clip_instances(cfg: InstanceRanges) -> Iterator[Instance]:
+    """Every input shape of rank 0-4 (``shape_pool``), each bound absent, ``()`` or ``[1]``: every shape ONNX's
+    Clip takes, so a rule over Clip is checked on each at every rank."""
+    bounds = (None, *CLIP_BOUND_SHAPES)
+    for shape in shape_pool(cfg):
+        for lo, hi in itertools.product(bounds, repeat=2):
+            yield {"input": shape, "min": lo, "max": hi}, {}
+
+
 def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Every output shape and, at every position, every pattern of full / size-1 operands; an operand may
     also lack leading dims where it is size 1 (every rank deficit), and an optional one be absent."""
     tensors = [a for a in spec.args if a.sort == "T"]
     k = len(tensors)
     for r in range(cfg.max_rank + 1):
-        if r > 3 and k > 2 and not cfg.sample and spec.name != "Where":
-            # Clip at rank 4: 8^4 patterns per output shape times each nesting; its rules' domains stop at 3
-            continue
         dims = _broadcast_dims(cfg, r, k)
         positions = broadcast_positions(k, dims)
         rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
+        if r >= 4 and k <= 2 and not cfg.sample:
+            rows = [*rows, *_rows_with_one_wide_dim(k, r, max(cfg.rank4_dims))]
         if cfg.sample and r >= 3:
             rows = rows[:: max(1, len(rows) // 32)]
         for row in rows:
@@ -223,6 +250,20 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
                     yield specs, {}
 
 
+def _rows_with_one_wide_dim(k: int, rank: int, wide: int) -> Iterator[tuple[tuple[int, tuple[bool, ...]], ...]]:
+    """Rank-4 rows with one position of size ``wide`` (4), every operand pattern there, and every other
+    position 1 or 2 with every operand full. A dim cut on both axes of a 2 x 2 mesh needs a size of 4, and
+    at most one dim can be (each axis cuts one dim): with dims 1-2 only, a rule that gathers the two axes in
+    the wrong order is "proven" (``adv-rank4-2axis-add-same-dim-combine-order``). The other positions stay
+    full: every broadcast pattern there as well multiplied the nested attention rules' cases by four."""
+    full = tuple(False for _ in range(k))
+    narrow = [(1, full), (2, full)]
+    for p in range(rank):
+        for rest in itertools.product(narrow, repeat=rank - 1):
+            for w in broadcast_positions(k, (wide,)):
+                yield (*rest[:p], w, *rest[p:])
+
+
 def _broadcast_dims(cfg: InstanceRanges, rank: int, k: int) -> Sequence[int]:
     """``dims`` up to rank 2; at rank 3 ``rank4_dims`` (two operands) or 1-2 (three: Where, Clip); at rank 4
     1-2 (one and two operands, and Where: a mask broadcast over the heads or the queries, ``(b, 1, 1, s)``,
@@ -242,6 +283,8 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     """Unary ops: every shape of rank 0 to ``max_rank``; broadcasting ops: every broadcast pattern."""
     if spec.family is Family.UNARY:
         return _unary_instances(spec, ranges)
+    if spec.name == "Clip":
+        return _clip_instances(ranges)
     return _broadcast_instances(spec, ranges)
 
 
@@ -351,11 +394,11 @@ ELEMENTWISE = OpFamily(
     specs=SPECS,
     rule_file="parallel/elementwise.egg",
     ranges=(
-        "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4 "
-        "(three operands: 0-3), every output shape and, at every position, every pattern of full or size-1 "
-        "operands, every rank deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, "
-        "{1, 2} at rank 4 and for three operands at rank 3); Where also at rank 4 over {1, 2} (every pattern, "
-        "the condition's included); Clip not at rank 4"
+        "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4, "
+        "every output shape and, at every position, every pattern of full or size-1 operands, every rank "
+        "deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, {1, 2} at rank 4 plus "
+        "one dim of 4 for two operands; three operands (Where) over {1, 2} at ranks 3-4, every pattern, the "
+        "condition's included); Clip: every input shape, each bound absent, () or [1]"
     ),
     axioms=axioms,
     **OpFamily.hooks_in(globals()),
