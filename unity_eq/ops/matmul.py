@@ -341,7 +341,8 @@ MATMUL = OpFamily(
     ranges=(
         "MatMul: every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every pattern of which operand"
         " is 1 or lacks it (dims 1-4 when both ranks are <= 3, {1, 2, 4} with a rank-4 operand); Gemm: every"
-        " (m, k, n) over dims 1-4, every transA/transB, C absent or of every shape that broadcasts"
+        " (m, k, n) over dims 1-4, every transA/transB, C absent or of every shape that broadcasts to [m, n]"
+        " ([], [1], [n], [1, 1], [1, n], [m, 1], [m, n])"
     ),
     compute_class="gemm",
     **OpFamily.hooks_in(globals()),

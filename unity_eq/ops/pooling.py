@@ -284,7 +284,10 @@ POOLING = OpFamily(
         "MaxPool and AveragePool: every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every"
         " auto_pad and every pair of pads below the kernel, 2-D windows whose axes differ and 2-D kernels equal to"
         " their strides, times ceil_mode"
-        " and count_include_pad, on (N, C) = (1, 1) and (2, 3); every (N, C) with dims 1-4 with a few windows;"
+        " and count_include_pad, on (N, C) = (1, 1) and (2, 3); patch windows (kernel = strides 2, or 2 and 1)"
+        " with every pad 0-1 at each position and dilations 1-2 per axis, times ceil_mode and count_include_pad,"
+        " one axis over 1, 2, 3, 4, 6, 8 and the other over 3, 4, on (N, C) = (1, 1);"
+        " every (N, C) with dims 1-4 with a few windows;"
         " the global poolings over 1-3 planes (3-D ones: rank 5)"
     ),
     **OpFamily.hooks_in(globals()),
