@@ -46,23 +46,12 @@ ESCAPES: dict[str, str] = {
     "false and which Max propagates) is never an input; a project decision: proofs assume NaN-free inputs, and "
     "`verify --help`, its report and docs/verify.md say so",
     # third adversary (attribute, shape-form and dtype gaps)
-    "adv-maxpool-patchify-split-h-torch-pads-order": "proven (bounded) within a: rank 4, pads of length 4, mesh "
-    "sizes 2-4: no rank-4 case combines kernel = strides, dilations 1 and a begin pad on H with an H that splits "
-    "into multiples of the kernel (the padded rank-4 windows with kernel = strides are dilated: "
-    "adv-maxpool-patchify-ceil-mode-padded is refuted on dilations (2 1), pads (2 2 0 0)), so a guard that "
-    "checks the wrong two of the four pads is never caught; the domain records the pads' length, not their values",
-    "adv-maxpool-patchify-ceil-mode-dilated": "proven (bounded) within a: rank 4: the unpadded rank-4 windows with "
-    "kernel = strides are undilated, so a dilated window that reaches past its stride, where ceil_mode adds a "
-    "window inside the image, is never a case; the domain records the dilations' length, not their values",
     "adv-rank3-split-last-part-as-negative-slice": "proven (bounded) within x: rank 3, len s: 2: Splits with an "
     "empty part are generated at ranks 1-2 only, so x[..., -0:] (the whole dim) against an empty last part is "
     "never a case at rank 3; the domain records the split's length, not whether a part is empty",
     "adv-slice2-normalize-negative-start-unclamped": "proven (bounded) within x: rank 2, two-axis vectors: "
     "two-axis Slices start at 0, 1 or -1 only, never below -n (only one-axis Slices get a start below -n), so "
     "the unclamped normalization is never a case; the domain records vector lengths, not start values",
-    "adv-gemm-split-cols-rank1-bias-broadcast": "proven (bounded) within c: rank 1: Gemm's rank-1 C is always "
-    "[n] (C [1] with n > 1, which ONNX broadcasts, is not among the C shapes), so the Partition of a [1] C is "
-    "never a case; the domain records C's rank, not its size",
     "adv-analysis-slice-shape-empty": "proven (bounded): Slice instances all select at least one element, so a "
     "shape formula that goes negative on an empty Slice (start after end) is never a case; analysis "
     "declarations get no domain in the certificate, so the engine would derive a shape of -1 there",

@@ -23,6 +23,7 @@ with ``noop_with_empty_axes`` are not modeled: the encoder must leave them opaqu
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import tempfile
 from collections.abc import Callable, Sequence
@@ -960,6 +961,11 @@ ATTRIBUTE_CASES: dict[str, Instance] = {
         for tb in (0, 1)
     },
     "Gemm-C-absent": Instance("Gemm", [_x(2, 4), _x(4, 3), None], {"alpha": 2.0}),
+    # ... and C of every shape the bounded proofs take (every one that broadcasts to [m, n]: [1] included)
+    **{
+        f"Gemm-C={list(c)}": Instance("Gemm", [_x(2, 4), _x(4, 3), _x(*c)], {"beta": 0.5})
+        for c in ((), (1,), (3,), (1, 1), (1, 3), (2, 1), (2, 3))
+    },
     # Softmax and LogSoftmax: every axis of a rank-3 input, negative spellings included
     **{
         f"{op}-axis={axis}": Instance(op, [_x(2, 3, 4)], {"axis": axis})
@@ -1137,6 +1143,29 @@ def test_conv_same_dilated_is_refused_as_onnxruntime_refuses_it() -> None:
     view = NodeView("Conv", {"w": (1, 1, 2, 2)}, ((1, 1, 4, 4),))
     with pytest.raises(NotModeled):
         normalize("Conv", {"W": "w", "auto_pad": "SAME_LOWER", "dilations": (1, 2), "kernel_shape": ()}, view)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_patch_windows_match_onnxruntime(op: str, tmp_path: Path) -> None:
+    """The patch windows the bounded proofs enumerate (``cases.patch_windows``: kernel = strides, every pad
+    0-1, dilations 1-2) mean what onnxruntime computes, with ceil_mode 0/1 and count_include_pad 0/1: a proof
+    over them is only as good as this. Every attribute combination on one input ([1, 1, 4, 3]: an even H, an
+    odd W); the whole product (7 536 nodes) agreed when the windows were added."""
+    from unity_eq.ops.cases import patch_windows
+
+    tally = Tally()
+    windows = [w for w in patch_windows() if w[0] == (4, 3)]
+    for (spatial, kern, pads, strides, dils, _auto), ceil, cip in itertools.product(
+        windows, (0, 1), (0, 1) if op == "AveragePool" else (0,)
+    ):
+        attrs: dict[str, Any] = dict(
+            kernel_shape=list(kern), pads=list(pads), strides=list(strides), dilations=list(dils), ceil_mode=ceil
+        )
+        if op == "AveragePool":
+            attrs["count_include_pad"] = cip
+        _check_instance(Instance(op, [_x(1, 1, *spatial)], attrs), tmp_path, False, tally)
+    assert not tally.problems, "\n".join(tally.problems[:5])
+    assert len(windows) == 80 and tally.checked == 80 * 2 * (2 if op == "AveragePool" else 1), tally
 
 
 @pytest.mark.parametrize("shape", [(2, 3), (4, 2, 3), (2, 3, 2, 2)])

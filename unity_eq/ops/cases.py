@@ -17,6 +17,7 @@ from unity_eq.ops.family import InstanceRanges
 __all__ = [
     "absent_options",
     "broadcast_positions",
+    "broadcastable_to",
     "oa16",
     "other_shapes",
     "rank_dims",
@@ -80,6 +81,19 @@ def broadcast_positions(k: int, dims: Sequence[int]) -> list[tuple[int, tuple[bo
                 continue
             out.append((n, ones))
     return out
+
+
+def broadcastable_to(target: Sequence[int]) -> list[tuple[int, ...]]:
+    """Every shape that broadcasts unidirectionally to ``target`` (ONNX's rule for Gemm's C): each rank up to
+    ``target``'s, each trailing dim either ``target``'s or 1, without repeats (where a dim of ``target`` is 1
+    the two agree). All of them, since a rule's domain records an operand's rank, not its sizes: Gemm's C of
+    rank 1 is ``[n]`` or ``[1]``, and a rule right for one only passed while ``[1]`` was missing (issue 21)."""
+    out: dict[tuple[int, ...], None] = {}
+    for rank in range(len(target) + 1):
+        tail = target[len(target) - rank :]
+        for ones in itertools.product((False, True), repeat=rank):
+            out.setdefault(tuple(1 if one else dim for dim, one in zip(tail, ones, strict=True)), None)
+    return list(out)
 
 
 def absent_options(tensors: Sequence[Any]) -> list[frozenset[int]]:
@@ -148,6 +162,55 @@ def tiling_windows() -> tuple[Window, ...]:
     for k1, k2, h, w in itertools.product((1, 2, 3), (1, 2, 3), range(1, 7), (1, 2, 3)):
         if h >= k1 and w >= k2:
             out.append(((h, w), (k1, k2), (0, 0, 0, 0), (k1, k2), (1, 1), "NOTSET"))
+    return tuple(out)
+
+
+#: the sizes of the axis a patch window is split along (kernel = stride = 2): under a split into n = 2, 3, 4
+#: pieces, every n meets a piece below the kernel (1: H = 2, 3, 4) and one equal to it (2: H = 4, 6, 8, the
+#: multiples of n x kernel a patchify split asks for), n = 2 also an odd piece past the dilated span (3: H = 6)
+#: and one of two windows (4: H = 8); 1 is an input shorter than the kernel (only padded windows fit)
+PATCH_SPLIT_SIZES = (1, 2, 3, 4, 6, 8)
+#: the sizes of the other axis: one odd, one even (a guard ``(= 0 (% W kw))`` both ways), each at least the
+#: longest span (kernel 2, dilation 2: 3), so every pads x dilations combination of that axis fits
+PATCH_OTHER_SIZES = (3, 4)
+#: one axis of a patch window: (kernel = stride, begin pad, end pad, dilation); kernel 1 is the identity
+#: along its axis (no pad is below it, a dilation changes nothing), kernel 2 takes every pad 0-1 and dilation
+#: 1-2
+PATCH_AXES: tuple[tuple[int, int, int, int], ...] = (
+    (1, 0, 0, 1),
+    *((2, b, e, d) for b, e, d in itertools.product((0, 1), (0, 1), (1, 2))),
+)
+
+
+@cache
+def patch_windows() -> tuple[Window, ...]:
+    """2-D windows whose kernel equals their stride (patch pooling, the pattern the pooling split rules use)
+    with every pad 0-1 at each of the four positions, every dilation 1-2 in each axis: a product, since the
+    escapes of issue 21 lived in the combinations (a begin pad on H with kernel = strides and dilations 1;
+    a dilated window past its stride, where ceil_mode adds a window). Kernel 2 in each axis, or 1 in one of
+    them: with kernel = stride k, pads below k and dilations 1-2, what an axis does is the grid's offset
+    from the begin pad, whether the dilated span (k - 1) d + 1 reaches past the stride, whether
+    H + pads - span leaves a remainder for ceil_mode, and whether a split's pieces are multiples of k; k = 2
+    gives each of these both ways (kernel 3 only adds other remainders: its unpadded windows are in
+    :func:`tiling_windows`, its padded 1-D ones in :func:`window_product`). Sizes: one axis over
+    :data:`PATCH_SPLIT_SIZES` (the axis a rule splits), the other over :data:`PATCH_OTHER_SIZES`, both
+    ways round: a split along one axis does the same to every column of the other, so that axis only has to
+    take each pattern a guard can test (its pads and dilation, all here; its size's parity), not every size;
+    a kernel-1 axis keeps the other sizes (it is the identity, its size matters only to a guard)."""
+    sizes = [(h, w) for h in PATCH_SPLIT_SIZES for w in PATCH_OTHER_SIZES]
+    sizes += [(h, w) for h in PATCH_OTHER_SIZES for w in PATCH_SPLIT_SIZES if (h, w) not in sizes]
+    out: list[Window] = []
+    for (kh, bh, eh, dh), (kw, bw, ew, dw) in itertools.product(PATCH_AXES, repeat=2):
+        if kh == kw == 1:
+            continue  # no window at all: tiling_windows has the 1 x 1 kernel
+        for h, w in sizes:
+            if (kh == 1 and h not in PATCH_OTHER_SIZES) or (kw == 1 and w not in PATCH_OTHER_SIZES):
+                continue
+            if h + bh + eh < dh * (kh - 1) + 1 or w + bw + ew < dw * (kw - 1) + 1:
+                continue  # the window does not fit the padded input
+            if (h, dh) == (1, 2) or (w, dw) == (1, 2):
+                continue  # both taps in the padding: no value (the case would be skipped)
+            out.append(((h, w), (kh, kw), (bh, bw, eh, ew), (kh, kw), (dh, dw), "NOTSET"))
     return tuple(out)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.cases import broadcast_positions
+from unity_eq.ops.cases import broadcast_positions, broadcastable_to
 from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
 from unity_eq.ops.tensors import Shape, bcast, need, product_backward
@@ -160,14 +160,15 @@ def _matmul_instances(ranges: InstanceRanges) -> Iterator[Instance]:
 
 def _gemm_instances(ranges: InstanceRanges) -> Iterator[Instance]:
     """Every (m, k, n) over ``dims`` (a product: with an orthogonal array, m == k forced n == 1, so a rule that
-    confuses a transposed operand's dims with the other's passed), every transA/transB, C absent, full, a
-    row, a column, a scalar or ``[1, 1]`` (the rarer bias shapes on every other (m, k, n) when sampling)."""
+    confuses a transposed operand's dims with the other's passed), every transA/transB, C absent or of every
+    shape that broadcasts to ``[m, n]`` (``cases.broadcastable_to``: ``[]``, ``[1]``, ``[n]``, ``[1, 1]``,
+    ``[1, n]``, ``[m, 1]``, ``[m, n]``; the rarer ones on every other (m, k, n) when sampling)."""
     d = ranges.dims
     for ta, tb in itertools.product((0, 1), repeat=2):
         for i, (m, k, n) in enumerate(itertools.product(d, repeat=3)):
             a = (k, m) if ta else (m, k)
             b = (n, k) if tb else (k, n)
-            for c in (None, (m, n), (n,), (1, n), (m, 1), (), (1, 1)):
+            for c in (None, *broadcastable_to((m, n))):
                 if ranges.sample and c is not None and c not in ((m, n), (n,)) and i % 2:
                     continue
                 yield {"A": a, "B": b, "C": c}, {"transA": ta, "transB": tb}
@@ -340,7 +341,8 @@ MATMUL = OpFamily(
     ranges=(
         "MatMul: every rank pair 1-4 x 1-4, every (m, k, n), every batch dim with every pattern of which operand"
         " is 1 or lacks it (dims 1-4 when both ranks are <= 3, {1, 2, 4} with a rank-4 operand); Gemm: every"
-        " (m, k, n) over dims 1-4, every transA/transB, C absent or of every shape that broadcasts"
+        " (m, k, n) over dims 1-4, every transA/transB, C absent or of every shape that broadcasts to [m, n]"
+        " ([], [1], [n], [1, 1], [1, n], [m, 1], [m, n])"
     ),
     compute_class="gemm",
     **OpFamily.hooks_in(globals()),

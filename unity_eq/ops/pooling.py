@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.cases import tiling_windows, window_pairs, window_product
+from unity_eq.ops.cases import PATCH_OTHER_SIZES, patch_windows, tiling_windows, window_pairs, window_product
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
@@ -158,25 +158,38 @@ _POOL_WINDOWS: list[tuple[Shape, Shape, Shape, Shape, Shape, int, int]] = [
 ]
 
 
+def _planes(spatial: Shape, patch: bool) -> tuple[tuple[int, int], ...]:
+    """The (N, C) planes a window is crossed with: (1, 1) and (2, 3) (splits of 2 along the batch, of 3
+    along the channels). A patch window (``cases.patch_windows``) is there for the splits of H and W, which
+    (1, 1) shows; a split of N or C does the same to every plane whatever the window, so it needs of the
+    window only each pattern a guard can test (kernels, pads, dilations, the parity of H and W), which the
+    patch windows of sizes 3-4 in both axes hold: only those get (2, 3)."""
+    if patch and any(size not in PATCH_OTHER_SIZES for size in spatial):
+        return ((1, 1),)
+    return ((1, 1), (2, 3))
+
+
 def _pooling(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """The windowed poolings: every window of the product (``cases.window_product``/``window_pairs``:
     sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every ``auto_pad``, every pair of pads below the
     kernel; ``tiling_windows``: 2-D kernels equal to their strides) crossed with ``ceil_mode`` 0/1 and
     (AveragePool) ``count_include_pad`` 0/1, on (N, C) = (1, 1) and (2, 3) (a split of 2 along the batch,
-    of 3 along the channels); then every (N, C) over ``dims``
-    with two of the short windows above (splits of 2-4). A window acts on each (batch, channel) plane alike,
-    so the product need not be crossed with every (N, C) (conv.py's argument)."""
+    of 3 along the channels); the patch windows (``cases.patch_windows``: kernel = strides 2 with every pad
+    0-1 and dilation 1-2) crossed alike, on (1, 1) and, those of sizes 3-4 in both axes, (2, 3)
+    (:func:`_planes`); then every (N, C) over ``dims`` with two of the short windows above (splits of 2-4).
+    A window acts on each (batch, channel) plane alike, so the product need not be crossed with every (N, C)
+    (conv.py's argument)."""
     if spec.name in ("MaxPool", "AveragePool") and not cfg.sample:
         cips = (0, 1) if spec.name == "AveragePool" else (0,)
-        for (spatial, kern, pads, strides, dils, auto), ceil, cip in itertools.product(
-            (*window_product(True), *window_pairs(True), *tiling_windows()), (0, 1), cips
-        ):
+        windows = [(w, False) for w in (*window_product(True), *window_pairs(True), *tiling_windows())]
+        windows += [(w, True) for w in patch_windows()]
+        for ((spatial, kern, pads, strides, dils, auto), patch), ceil, cip in itertools.product(windows, (0, 1), cips):
             given: dict[str, Any] = dict(
                 auto_pad=auto, kernel_shape=kern, pads=pads, strides=strides, dilations=dils, ceil_mode=ceil
             )
             if spec.name == "AveragePool":
                 given["count_include_pad"] = cip
-            for n, c in ((1, 1), (2, 3)):
+            for n, c in _planes(spatial, patch):
                 yield {"X": (n, c, *spatial)}, given
     for i, (n, c) in enumerate(itertools.product(cfg.dims, repeat=2)):
         if spec.name in ("GlobalAveragePool", "GlobalMaxPool"):
@@ -278,7 +291,11 @@ POOLING = OpFamily(
         "MaxPool and AveragePool: every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every"
         " auto_pad and every pair of pads below the kernel, 2-D windows whose axes differ and 2-D kernels equal to"
         " their strides, times ceil_mode"
-        " and count_include_pad, on (N, C) = (1, 1) and (2, 3); every (N, C) with dims 1-4 with a few windows;"
+        " and count_include_pad, on (N, C) = (1, 1) and (2, 3); patch windows (kernel = strides 2, or 2 and 1)"
+        " with every pad 0-1 at each position and dilations 1-2 per axis, times ceil_mode and count_include_pad,"
+        " one axis over 1, 2, 3, 4, 6, 8 and the other over 3, 4, on (N, C) = (1, 1) and, where both axes are"
+        " 3 or 4, (2, 3);"
+        " every (N, C) with dims 1-4 with a few windows;"
         " the global poolings over 1-3 planes (3-D ones: rank 5)"
     ),
     **OpFamily.hooks_in(globals()),
