@@ -58,43 +58,16 @@ ESCAPES: dict[str, str] = {
     "adv-maxpool-patchify-ceil-mode-dilated": "proven (bounded) within a: rank 4: the unpadded rank-4 windows with "
     "kernel = strides are undilated, so a dilated window that reaches past its stride, where ceil_mode adds a "
     "window inside the image, is never a case; the domain records the dilations' length, not their values",
-    "adv-rank3-split-last-part-as-negative-slice": "proven (bounded) within x: rank 3, len s: 2: Splits with an "
-    "empty part are generated at ranks 1-2 only, so x[..., -0:] (the whole dim) against an empty last part is "
-    "never a case at rank 3; the domain records the split's length, not whether a part is empty",
-    "adv-slice2-normalize-negative-start-unclamped": "proven (bounded) within x: rank 2, two-axis vectors: "
-    "two-axis Slices start at 0, 1 or -1 only, never below -n (only one-axis Slices get a start below -n), so "
-    "the unclamped normalization is never a case; the domain records vector lengths, not start values",
     "adv-gemm-split-cols-rank1-bias-broadcast": "proven (bounded) within c: rank 1: Gemm's rank-1 C is always "
     "[n] (C [1] with n > 1, which ONNX broadcasts, is not among the C shapes), so the Partition of a [1] C is "
     "never a case; the domain records C's rank, not its size",
-    "adv-analysis-slice-shape-empty": "proven (bounded): Slice instances all select at least one element, so a "
-    "shape formula that goes negative on an empty Slice (start after end) is never a case; analysis "
-    "declarations get no domain in the certificate, so the engine would derive a shape of -1 there",
     "adv-clip-fuse-tensor-bounds": "proven (bounded) within lo, hi: rank 0-4: Clip's bounds are evaluated as "
     "broadcast tensors of any rank, while ONNX's Clip takes scalar bounds only (onnxruntime: 'min should be a "
     "scalar'); neither the semantics nor the right-hand side's shape check holds the bounds to that",
-    "adv-analysis-expand-shape-is-target": "proven (bounded): Expand's instances never have a target shorter "
-    "than the input, so the numpy reading (the output is the target) is never contradicted; analysis "
-    "declarations get no domain in the certificate, so the engine would derive the false shape on every Expand",
-    "adv-reshape-to-expand-target-shorter": "proven (bounded), but the certificate's rows (len s, rank x) all "
-    "have len s >= rank x (Expand targets shorter than the input are never generated), so the engine does not "
-    "fire it on the counterexample's row (len s 1, rank x 2): the report's 'proven' is false for the rule as "
-    "written, the plans are not",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).
-GAPS: dict[str, tuple[bool, str]] = {
-    "adv-ok-keepdims0-as-squeeze-noop0": (
-        True,
-        "refuted: the verifier's Squeeze takes no negative axis ('Squeeze axes [-1] of [1]' cannot be evaluated), "
-        "while ONNX and onnxruntime count it from the end (Squeeze([1], axes=[-1]) is a scalar)",
-    ),
-    "adv-ok-keepdims1-as-unsqueeze-nonempty-axes": (
-        True,
-        "refuted: the verifier's Unsqueeze takes no negative axis ('Unsqueeze axes [-1] for rank 0'), while ONNX "
-        "and onnxruntime count it from the end of the *output* (Unsqueeze of a scalar at -1 is [1])",
-    ),
-}
+GAPS: dict[str, tuple[bool, str]] = {}
 # Rules whose verification took more than ~45 s here (two cores shared by eight engineers, load 15-20: about
 # four times the time on an idle core); the default run leaves them to the slow tests. Measured: refuted
 # adv-clip-clip-intersect 729 s, adv-slice-slice-compose-negative 521 s, adv-2axis-matmul-2d-no-replicate 73 s,
