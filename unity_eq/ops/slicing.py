@@ -214,10 +214,11 @@ def _axis_slices(n: int, every: bool) -> list[tuple[int, int, int]]:
     axes needs: from the start, from 1, from the last element or from below ``-n`` (the corner one-axis slices
     have, where ONNX clamps the start to 0: issue 21's adversary normalized it by adding n; ``-n`` itself is
     0 exactly), to the end, to 1, to the last or past the end, steps 1 and 2, non-empty."""
+    steps: tuple[int, ...] = (1, 2, 3) if every else (1, 2)
     if every:
-        starts, ends, steps = [-n - 2, *range(-n, n)], [*range(-n, n + 1), n + 3], (1, 2, 3)
+        starts, ends = [-n - 2, *range(-n, n)], [*range(-n, n + 1), n + 3]
     else:
-        starts, ends, steps = sorted({0, min(1, n - 1), -1, -n - 2}), sorted({1, -1, n, n + 3}), (1, 2)
+        starts, ends = sorted({0, min(1, n - 1), -1, -n - 2}), sorted({1, -1, n, n + 3})
     out = [(s, e, st) for s in starts for e in ends for st in steps if len(range(n)[s:e:st]) > 0]
     if every:
         out += [(s, e, 1) for s in starts for e in ends if not range(n)[s:e]]
