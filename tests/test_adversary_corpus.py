@@ -46,22 +46,6 @@ ESCAPES: dict[str, str] = {
     "false and which Max propagates) is never an input; a project decision: proofs assume NaN-free inputs, and "
     "`verify --help`, its report and docs/verify.md say so",
     # third adversary (attribute, shape-form and dtype gaps)
-    "adv-rank3-split-last-part-as-negative-slice": "proven (bounded) within x: rank 3, len s: 2: Splits with an "
-    "empty part are generated at ranks 1-2 only, so x[..., -0:] (the whole dim) against an empty last part is "
-    "never a case at rank 3; the domain records the split's length, not whether a part is empty",
-    "adv-slice2-normalize-negative-start-unclamped": "proven (bounded) within x: rank 2, two-axis vectors: "
-    "two-axis Slices start at 0, 1 or -1 only, never below -n (only one-axis Slices get a start below -n), so "
-    "the unclamped normalization is never a case; the domain records vector lengths, not start values",
-    "adv-analysis-slice-shape-empty": "proven (bounded): Slice instances all select at least one element, so a "
-    "shape formula that goes negative on an empty Slice (start after end) is never a case; analysis "
-    "declarations get no domain in the certificate, so the engine would derive a shape of -1 there",
-    "adv-analysis-expand-shape-is-target": "proven (bounded): Expand's instances never have a target shorter "
-    "than the input, so the numpy reading (the output is the target) is never contradicted; analysis "
-    "declarations get no domain in the certificate, so the engine would derive the false shape on every Expand",
-    "adv-reshape-to-expand-target-shorter": "proven (bounded), but the certificate's rows (len s, rank x) all "
-    "have len s >= rank x (Expand targets shorter than the input are never generated), so the engine does not "
-    "fire it on the counterexample's row (len s 1, rank x 2): the report's 'proven' is false for the rule as "
-    "written, the plans are not",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).
@@ -75,16 +59,6 @@ GAPS: dict[str, tuple[bool, str]] = {
     "adv-ok-clip-clip-same-bounds": (
         False,
         "unknown under load: z3 times out on the numeric back-up's x [3, 4, 4] (two nested Clips of 48 elements)",
-    ),
-    "adv-ok-keepdims0-as-squeeze-noop0": (
-        True,
-        "refuted: the verifier's Squeeze takes no negative axis ('Squeeze axes [-1] of [1]' cannot be evaluated), "
-        "while ONNX and onnxruntime count it from the end (Squeeze([1], axes=[-1]) is a scalar)",
-    ),
-    "adv-ok-keepdims1-as-unsqueeze-nonempty-axes": (
-        True,
-        "refuted: the verifier's Unsqueeze takes no negative axis ('Unsqueeze axes [-1] for rank 0'), while ONNX "
-        "and onnxruntime count it from the end of the *output* (Unsqueeze of a scalar at -1 is [1])",
     ),
 }
 # Rules whose verification took more than ~45 s here (two cores shared by eight engineers, load 15-20: about

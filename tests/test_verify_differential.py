@@ -1240,6 +1240,30 @@ def test_negative_axes_count_from_the_end_as_onnxruntime_does(op: str, axis: int
 
 
 @pytest.mark.parametrize(
+    ("op", "shape", "axes"),
+    [
+        ("Squeeze", (1,), (-1,)),
+        ("Squeeze", (2, 1, 3), (-2,)),
+        ("Squeeze", (1, 2, 1), (-3, 2)),
+        ("Unsqueeze", (), (-1,)),
+        ("Unsqueeze", (2, 3), (-1, 0)),
+        ("Unsqueeze", (2,), (-3, -1)),
+    ],
+)
+def test_negative_squeeze_and_unsqueeze_axes_as_onnxruntime_counts_them(
+    op: str, shape: tuple[int, ...], axes: tuple[int, ...]
+) -> None:
+    """Squeeze counts a negative axis from the end of its input, Unsqueeze from the end of its *output*
+    (ONNX; onnxruntime agrees). The verifier refused every negative axis before, so a sound rule that
+    writes one was refuted (issue 21: adv-ok-keepdims1-as-unsqueeze-nonempty-axes)."""
+    x = np.arange(math.prod(shape), dtype=np.float32).reshape(shape)
+    want = _ort_node(op, [x, np.asarray(axes, dtype=np.int64)])
+    got = evaluate(op, [x.astype(float), axes], RealBackend())
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got, dtype=float), want)
+
+
+@pytest.mark.parametrize(
     ("shape", "target", "allowzero"),
     [((2, 3, 4), (0, -1), 0), ((2, 3, 4), (-1, 4), 0), ((2, 3, 4), (0, 0, 4), 0), ((2, 3), (3, 2), 1)],
 )

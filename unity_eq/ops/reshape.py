@@ -57,6 +57,16 @@ def _reshape_target(src: Shape, target: Sequence[int], allowzero: int = 0) -> Sh
     return tuple(want)
 
 
+def _onnx_axes(axes: Sequence[int], rank: int) -> frozenset[int] | None:
+    """``axes`` of a tensor of ``rank`` made non-negative as ONNX counts them (a negative axis from the end:
+    Squeeze's rank is its input's, Unsqueeze's its output's); None when one is out of [-rank, rank) or two name
+    the same dim (issue 21: the verifier refused a negative axis that ONNX and onnxruntime accept)."""
+    if any(not -rank <= a < rank for a in axes):
+        return None
+    out = frozenset(a + rank if a < 0 else a for a in axes)
+    return out if len(out) == len(axes) else None
+
+
 def infer_shape(op: str, args: Sequence[Any]) -> Shape:
     """Reshape to a concrete target of as many elements; Flatten at ``axis``; Squeeze drops size-1 dims,
     Unsqueeze inserts them; Transpose permutes (no perm: reverses); Expand broadcasts both ways."""
@@ -68,17 +78,19 @@ def infer_shape(op: str, args: Sequence[Any]) -> Shape:
             raise ShapeError(f"Flatten axis {axis} out of range")
         return (math.prod(x[:axis]), math.prod(x[axis:]))
     if op == "Squeeze":
-        x, axes = need(args[0]), tuple(args[1])
-        if not axes:
+        x, given = need(args[0]), tuple(args[1])
+        if not given:
             return tuple(n for n in x if n != 1)
-        if len(set(axes)) != len(axes) or any(not 0 <= a < len(x) or x[a] != 1 for a in axes):
-            raise ShapeError(f"Squeeze axes {list(axes)} of {list(x)}")
+        axes = _onnx_axes(given, len(x))
+        if axes is None or any(x[a] != 1 for a in axes):
+            raise ShapeError(f"Squeeze axes {list(given)} of {list(x)}")
         return tuple(n for i, n in enumerate(x) if i not in axes)
     if op == "Unsqueeze":
-        x, axes = need(args[0]), tuple(args[1])
-        rank = len(x) + len(axes)
-        if not axes or len(set(axes)) != len(axes) or any(not 0 <= a < rank for a in axes):
-            raise ShapeError(f"Unsqueeze axes {list(axes)} for rank {len(x)}")
+        x, given = need(args[0]), tuple(args[1])
+        rank = len(x) + len(given)
+        axes = _onnx_axes(given, rank)
+        if not given or axes is None:
+            raise ShapeError(f"Unsqueeze axes {list(given)} for rank {len(x)}")
         rest = iter(x)
         return tuple(1 if i in axes else next(rest) for i in range(rank))
     if op == "Transpose":
@@ -101,8 +113,7 @@ def evaluate(op: str, args: Sequence[Any], bk: Any) -> Any:
         axis = args[1]
         return x.reshape((math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
     if op == "Squeeze":
-        axes = tuple(args[1]) or tuple(i for i, n in enumerate(x.shape) if n == 1)
-        return x.reshape(tuple(n for i, n in enumerate(x.shape) if i not in axes))
+        return x.reshape(infer_shape("Squeeze", [x.shape, args[1]]))
     if op == "Unsqueeze":
         return x.reshape(infer_shape("Unsqueeze", [x.shape, args[1]]))
     if op == "Transpose":
@@ -146,6 +157,7 @@ def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
             for size in range(1, len(ones) + 1):
                 for axes in itertools.combinations(ones, size):
                     yield {"data": shape}, {"axes": axes}
+                    yield {"data": shape}, {"axes": _negative_first(axes, len(shape))}
         else:
             rank = len(shape)
             for size in (1, 2):
@@ -153,6 +165,16 @@ def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
                     if cfg.sample and size == 2 and (sum(axes) + i) % 2:
                         continue
                     yield {"data": shape}, {"axes": axes}
+                    if not cfg.sample:
+                        yield {"data": shape}, {"axes": _negative_first(axes, rank + size)}
+
+
+def _negative_first(axes: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """``axes`` with the first spelled negative, as ONNX allows (counted from the end of a tensor of ``rank``:
+    Squeeze's input, Unsqueeze's output). One negative spelling per set of axes: a rule that reads an axis as
+    non-negative, or normalizes it by the wrong rank, meets it on the first axis; which of several axes is
+    spelled negative changes nothing else (the semantics normalize every axis alike)."""
+    return (axes[0] - rank, *axes[1:])
 
 
 def _target_spellings(src: Shape, target: Shape) -> Iterator[tuple[Shape, int]]:
@@ -193,7 +215,9 @@ def _expand_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Every target shape of every input shape up to ``other_rank``: a size-1 dim expands to each of
     ``dims``, a larger one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new
     leading dim of each size, or two of sizes 1-3 (up to rank 4: a rule that counts the new dims as one met
-    none before)."""
+    none before); and every target shorter than the input (0 to rank - 1 of its trailing dims, each as
+    above): ONNX's Expand broadcasts the two both ways, so the output keeps the input's leading dims and its
+    rank is the larger of the two (issue 21: a rule that reads the target as the output met no such case)."""
     for shape in shape_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
         per_dim = [cfg.dims if n == 1 else (n, 1) for n in shape]
         leads: list[tuple[int, ...]] = [()]
@@ -205,6 +229,18 @@ def _expand_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
             if cfg.sample and j % 3:
                 continue
             yield {"input": shape}, {"shape": (*lead, *rest)}
+        for j, short in enumerate(_short_targets(per_dim)):
+            if not (cfg.sample and j % 3):
+                yield {"input": shape}, {"shape": short}
+
+
+def _short_targets(per_dim: Sequence[Sequence[int]]) -> Iterator[tuple[int, ...]]:
+    """Targets with fewer dims than the input: each of the input's trailing ``k`` dims (``k`` < rank) as
+    :func:`_expand_cases` writes it (a size-1 dim as any size, a larger one as itself or 1). Dropping a
+    leading dim of the target is the only new form: the positions the target does reach broadcast exactly as
+    in a target of full length, so the per-dim choices there are those of the full-length targets."""
+    for k in range(len(per_dim)):
+        yield from itertools.product(*per_dim[len(per_dim) - k :])
 
 
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
@@ -387,10 +423,10 @@ RESHAPE = OpFamily(
     ranges=(
         "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
         " number of elements (ranks 1-2: also spelled with 0, -1 and allowzero 1), Flatten at every axis,"
-        " Squeeze of every set of size-1 dims, Unsqueeze of every one or two new axes; Transpose: rank 1-4 and"
-        " six rank-5 shapes, every permutation; Expand: input rank 0-3, every target (a size-1"
-        " dim expanded to each of 1-4, a larger dim kept or written as 1, up to one new leading dim of each size,"
-        " or two of sizes 1-3)"
+        " Squeeze of every set of size-1 dims, Unsqueeze of every one or two new axes (each set also with its"
+        " first axis negative); Transpose: rank 1-4 and six rank-5 shapes, every permutation; Expand: input"
+        " rank 0-3, every target (a size-1 dim expanded to each of 1-4, a larger dim kept or written as 1, up to"
+        " one new leading dim of each size, or two of sizes 1-3, or fewer dims than the input)"
     ),
     compute_class="layout",
     **OpFamily.hooks_in(globals()),

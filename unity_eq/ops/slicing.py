@@ -181,32 +181,48 @@ def _with_a_zero(total: int, parts: int) -> list[tuple[int, ...]]:
 
 def _split_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Every composition of the dim into 1-3 parts and, into 2 and 3 parts, with one empty part (its
-    neighbours' output indices shift: a rule that counts outputs by position met none before) on shapes of
-    rank 1-2; every non-empty output (an empty one has a dim of 0, beyond the ranges)."""
+    neighbours' output indices shift: a rule that counts outputs by position met none before), at every
+    rank; every output, the empty one included (a rule that spells the empty part as a slice ``-0:`` gets
+    the whole dim there). Ranks 1-2 alone do not suffice (issue 21): the certificate records a bounded rule's
+    rank, so a rule guarded to rank 3 had no empty part in its domain. Beyond rank 2 the empty parts are cut
+    from shapes whose other dims are 1 or 2 (every axis, every size along it): Split copies the other dims
+    unchanged, so what an empty part changes (its position, its neighbours' sizes, the output's 0) is all
+    along the axis, which ranks 1-2 show over every dim; the other dims 1 and 2 give each a size-1 and a
+    larger value. Every other dim at every size costs twenty times the time of rules/algebra/split.egg."""
     for i, shape in enumerate(shape_pool(cfg, range(1, cfg.max_rank + 1))):
         for axis in range(len(shape)):
             options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
-            if len(shape) <= 2:  # where a part is empty does not depend on the other dims: ranks 1-2 show it
+            if len(shape) <= 2 or all(n <= 2 for d, n in enumerate(shape) if d != axis):
                 options += [c for p in (2, 3) for c in _with_a_zero(shape[axis], p)]
             for j, sizes in enumerate(dict.fromkeys(options)):
                 if cfg.sample and len(options) > 3 and (i + j) % 2:
                     continue
                 for index in range(len(sizes)):
-                    if sizes[index]:
+                    if sizes[index] or len(sizes) == 2:
                         yield OpCase({"input": shape}, {"split": sizes, "axis": axis}, index)
 
 
 def _axis_slices(n: int, every: bool) -> list[tuple[int, int, int]]:
-    """(start, end, step) on a dim of size ``n`` that select at least one element. ``every``: each start
-    from ``-n`` to ``n-1`` and one below ``-n`` (clamped to 0, as a start of INT64_MIN is), each end from
-    ``-n`` to ``n`` and past it (clamped, as exporters write
-    INT64_MAX), steps 1-3, so a guard on the numbers (``(<= (vec-get st 0) 1)``) meets every slice it admits,
-    negative spellings included. Otherwise the few a rule over two axes needs: from the start, from 1 or
-    from the last element, to the end, to 1 or to the last, steps 1 and 2."""
-    starts = [-n - 2, *range(-n, n)] if every else sorted({0, min(1, n - 1), -1})
-    ends = [*range(-n, n + 1), n + 3] if every else sorted({1, -1, n, n + 3})
-    steps = (1, 2, 3) if every else (1, 2)
-    return [(s, e, st) for s in starts for e in ends for st in steps if len(range(n)[s:e:st]) > 0]
+    """(start, end, step) on a dim of size ``n``. ``every``: each start from ``-n`` to ``n-1`` and one below
+    ``-n`` (clamped to 0, as a start of INT64_MIN is), each end from ``-n`` to ``n`` and past it (clamped, as
+    exporters write INT64_MAX), steps 1-3, so a guard on the numbers (``(<= (vec-get st 0) 1)``) meets every
+    slice it admits, negative spellings included; the empty ones (start at or after the end) with step 1
+    (issue 21: a shape formula that goes negative when the start passes the end met no empty Slice; with
+    step 1 an empty slice's count, 0, is the only one where end - start is not the count, so a formula
+    that reads the difference as the count is wrong there; the larger steps' empty slices, three times as
+    many, are left out for time). Otherwise the few a rule over two
+    axes needs: from the start, from 1, from the last element or from below ``-n`` (the corner one-axis slices
+    have, where ONNX clamps the start to 0: issue 21's adversary normalized it by adding n; ``-n`` itself is
+    0 exactly), to the end, to 1, to the last or past the end, steps 1 and 2, non-empty."""
+    steps: tuple[int, ...] = (1, 2, 3) if every else (1, 2)
+    if every:
+        starts, ends = [-n - 2, *range(-n, n)], [*range(-n, n + 1), n + 3]
+    else:
+        starts, ends = sorted({0, min(1, n - 1), -1, -n - 2}), sorted({1, -1, n, n + 3})
+    out = [(s, e, st) for s in starts for e in ends for st in steps if len(range(n)[s:e:st]) > 0]
+    if every:
+        out += [(s, e, 1) for s in starts for e in ends if not range(n)[s:e]]
+    return out
 
 
 #: dims beyond ``dims``: each is a multiple of a step (or 1) that is at least step x mesh size but not a
@@ -224,7 +240,7 @@ def _large_slices(n: int) -> list[tuple[int, int, int]]:
 
 
 def _slice_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    """Every non-empty one-axis slice of every shape (:func:`_axis_slices`); two-axis slices of rank-2
+    """Every one-axis slice of every shape (:func:`_axis_slices`, empty ones with step 1); two-axis slices of rank-2
     shapes from the smaller per-axis set; slices of :data:`LARGE_DIMS` along the last axis of ``(n,)``,
     ``(2, n)`` and ``(3, n)`` (splits of the other dim while a strided slice runs along it)."""
     if not cfg.sample:
@@ -358,10 +374,12 @@ SLICING = OpFamily(
     rule_file="parallel/layout.egg",
     ranges=(
         "Concat: rank 1-4, every axis, 1-3 operands (three beyond rank 2: sizes 1-2), every size of every operand"
-        " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts (ranks 1-2:"
-        " also with one empty part), every non-empty output; Slice: rank 1-3, every axis, every (start, end,"
-        " step) that selects at least one element (starts -n-2 and -n … n-1, ends -n … n and past the end,"
-        " steps 1-3), two-axis slices of rank-2 tensors, dims 5-12 sliced with steps 1-4; Gather: data rank 1-3,"
+        " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts, also with"
+        " one empty part (ranks 3-4: other dims 1-2), every output of a 2-part split, every non-empty one of a"
+        " 3-part split; Slice: rank 1-3, every axis, every (start, end, step) that selects at least one element"
+        " (starts -n-2 and -n … n-1, ends -n … n and past the end, steps 1-3) and every empty one with step 1,"
+        " two-axis slices of rank-2 tensors (starts 0, 1, -1 and -n-2), dims 5-12 sliced with steps 1-4;"
+        " Gather: data rank 1-3,"
         " every axis, indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
     ),
     implied_attrs={"Split": frozenset({"num_outputs"})},
