@@ -8,7 +8,7 @@ over them, so these helpers enumerate, and sample only when ``ranges.sample`` as
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from typing import Any
 
@@ -21,6 +21,7 @@ __all__ = [
     "oa16",
     "other_shapes",
     "rank_dims",
+    "rows_with_one_wide_dim",
     "shape_pool",
     "shapes_of_rank",
 ]
@@ -94,6 +95,20 @@ def broadcastable_to(target: Sequence[int]) -> list[tuple[int, ...]]:
         for ones in itertools.product((False, True), repeat=rank):
             out.setdefault(tuple(1 if one else dim for dim, one in zip(tail, ones, strict=True)), None)
     return list(out)
+
+
+def rows_with_one_wide_dim(k: int, rank: int, wide: int) -> Iterator[tuple[tuple[int, tuple[bool, ...]], ...]]:
+    """Rank-4 rows with one position of size ``wide`` (4), every operand pattern there, and every other
+    position 1 or 2 with every operand full. A dim cut on both axes of a 2 x 2 mesh needs a size of 4, and
+    at most one dim can be (each axis cuts one dim): with dims 1-2 only, a rule that gathers the two axes in
+    the wrong order is "proven" (``adv-rank4-2axis-add-same-dim-combine-order``). The other positions stay
+    full: every broadcast pattern there as well multiplied the nested attention rules' cases by four."""
+    full = tuple(False for _ in range(k))
+    narrow = [(1, full), (2, full)]
+    for p in range(rank):
+        for rest in itertools.product(narrow, repeat=rank - 1):
+            for w in broadcast_positions(k, (wide,)):
+                yield (*rest[:p], w, *rest[p:])
 
 
 def absent_options(tensors: Sequence[Any]) -> list[frozenset[int]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.cases import absent_options, broadcast_positions, shape_pool
+from unity_eq.ops.cases import absent_options, broadcast_positions, rows_with_one_wide_dim, shape_pool
 from unity_eq.ops.elementwise_axioms import axioms
 from unity_eq.ops.family import FREE, Instance, InstanceRanges, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, str_attr, tensor
@@ -226,7 +226,7 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
         positions = broadcast_positions(k, dims)
         rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
         if r >= 4 and k <= 2 and not cfg.sample:
-            rows = [*rows, *_rows_with_one_wide_dim(k, r, max(cfg.rank4_dims))]
+            rows = [*rows, *rows_with_one_wide_dim(k, r, max(cfg.rank4_dims))]
         if cfg.sample and r >= 3:
             rows = rows[:: max(1, len(rows) // 32)]
         for row in rows:
@@ -248,20 +248,6 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
                         shape = tuple(1 if row[p][1][i] else row[p][0] for p in range(cut[i], r))
                         specs[arg.name] = shape
                     yield specs, {}
-
-
-def _rows_with_one_wide_dim(k: int, rank: int, wide: int) -> Iterator[tuple[tuple[int, tuple[bool, ...]], ...]]:
-    """Rank-4 rows with one position of size ``wide`` (4), every operand pattern there, and every other
-    position 1 or 2 with every operand full. A dim cut on both axes of a 2 x 2 mesh needs a size of 4, and
-    at most one dim can be (each axis cuts one dim): with dims 1-2 only, a rule that gathers the two axes in
-    the wrong order is "proven" (``adv-rank4-2axis-add-same-dim-combine-order``). The other positions stay
-    full: every broadcast pattern there as well multiplied the nested attention rules' cases by four."""
-    full = tuple(False for _ in range(k))
-    narrow = [(1, full), (2, full)]
-    for p in range(rank):
-        for rest in itertools.product(narrow, repeat=rank - 1):
-            for w in broadcast_positions(k, (wide,)):
-                yield (*rest[:p], w, *rest[p:])
 
 
 def _broadcast_dims(cfg: InstanceRanges, rank: int, k: int) -> Sequence[int]:
