@@ -8,9 +8,10 @@ counterexample.
 3. **Guards.** Each instance is filtered, and the guard variables bound, by :mod:`unity_eq.verify._guards`.
 4. **Selection.** Cases with the same *signature* are alike for the rule: same axis sizes, same values of
    every non-tensor variable (dims, axes, attributes), same rank of every tensor, and the same pattern of
-   which dims are 1 and which divide each axis size. The smallest case of every signature is checked, up to
-   ``budget`` signatures; past the budget, every *primary* class (axis sizes, guard bindings, ranks) is
-   still checked once.
+   which dims are 1 and which divide each axis size. A proof checks every case; a ``budget`` (``--budget``,
+   a generic proof's cross-check) checks the smallest case of each signature, at most ``budget`` of them
+   (:mod:`unity_eq.verify._signatures`); past the budget, every *primary* class (axis sizes, guard
+   bindings, ranks) is still checked once.
 5. **Check.** :func:`unity_eq.verify._semantics.evaluate_case` yields equations over z3 terms; syntactically
    equal sides (z3 hash-conses terms), sides whose difference is 0 as a sum of monomials
    (:func:`unity_eq.verify._tensor.same_polynomial`) and sides equal after ``z3.simplify`` pass at once, the
@@ -56,6 +57,7 @@ from unity_eq.verify._guards import (
     DerivedFacts,
     GuardError,
 )
+from unity_eq.verify._signatures import by_signature
 
 # The enumeration lives in _bounded_cases and the check of one case in _bounded_check; the prover's other
 # modules import both from here.
@@ -136,12 +138,12 @@ def prove_bounded(
         result.status, result.reason = "unknown", enum.error
         result.seconds = time.perf_counter() - start
         return result
-    cases = enum.cases if budget is None else enum.cases[:budget]
+    cases = enum.cases if budget is None else by_signature(enum.cases, rule, budget)[0]
     _check_cases(rule, cases, timeout_ms, result, dtypes)
     if result.status == "proven" and len(cases) < len(enum.cases) and not result.reason:
         result.status = "partial"
         result.reason = (
-            f"partial: the budget stopped the check after {len(cases)} of {len(enum.cases)} cases "
+            f"partial: the budget checked {len(cases)} of {len(enum.cases)} cases, the smallest of each signature "
             "(run without `--budget` for a proof)"
         )
     _no_case(result, enum.enumerated)

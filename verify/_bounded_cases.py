@@ -31,6 +31,7 @@ from unity_eq.verify._semantics import (
     instantiate,
     lhs_placements,
 )
+from unity_eq.verify._signatures import by_signature
 
 GENERIC_AXES = ("x", "y", "z", "w")
 
@@ -105,41 +106,6 @@ def rule_meshes(rule: Rule, sizes: Sequence[int]) -> list[Mesh]:
         return [Mesh(("x",), (1,))]
     names = list(literals) + [a for a in GENERIC_AXES if a not in literals][: len(axis_vars)]
     return [Mesh(tuple(names), combo) for combo in itertools.product(sizes, repeat=len(names))]
-
-
-def _placement_vars(rule: Rule) -> set[str]:
-    """Variables naming a dim of a placement (the dim of a Partition, Combine or PList, or of ``(S d)``):
-    each of their values changes placements, so each is a class checked at least once."""
-    out: set[str] = set()
-    for term in (rule.lhs, rule.rhs, *rule.guards):
-        for t in walk(term):
-            if isinstance(t, App) and t.head in ("Partition", "Combine", "PList", "S"):
-                dim = t.args[0] if t.head == "S" else t.args[1] if len(t.args) > 1 else None
-                if isinstance(dim, Var):
-                    out.add(dim.name)
-    return out
-
-
-def _signature(case: Case, sorts: dict[str, str], guard_vars: set[str]) -> tuple[Any, Any]:
-    sizes = case.mesh.sizes
-    primary: list[Any] = [sizes]
-    secondary: list[Any] = []
-    for name in sorted(case.binding):
-        value = case.binding[name]
-        sort = sorts.get(name)
-        if sort in ("T", "TList"):
-            specs = value if sort == "TList" else [value]
-            secondary.append((name, tuple(None if s is None else len(s.shape) for s in specs)))
-            for s in specs:
-                if s is not None:
-                    secondary.append(tuple((n == 1, tuple(n % k == 0 for k in sizes)) for n in s.shape))
-        elif value == SYMBOLIC:
-            continue
-        elif sort == "IVec" and name in guard_vars:
-            continue  # shapes read by guards: covered by the tensor patterns
-        else:
-            (primary if name in guard_vars or sort == "String" else secondary).append((name, value))
-    return tuple(primary), (tuple(primary), tuple(secondary))
 
 
 def _feasible(pl: Placements, specs: dict[str, Any], lists: dict[str, Any], mesh: Mesh) -> bool:
@@ -268,41 +234,19 @@ def enumerate_cases(
     error = unsupported_reason(rule, facts)
     if error:
         return Enumeration([], 0, 0, error)
-    sorts = rule.var_sorts
-    lhs_vars = {t.name for t in walk(rule.lhs) if isinstance(t, Var)}
-    guard_vars = {v for v in sorts if v not in lhs_vars} | (_placement_vars(rule) if placement_cases else set())
-    best: dict[Any, tuple[int, Case]] = {}
-    primaries: dict[Any, list[Any]] = {}
     every: dict[Any, Case] = {}
     count = [0]
+    stream = iter_cases(rule, facts, cfg, sizes, count, shared, prune)
     try:
-        for case, identity in iter_cases(rule, facts, cfg, sizes, count, shared, prune):
-            if budget is None:
-                every.setdefault(identity, case)
-                continue
-            primary, sig = _signature(case, sorts, guard_vars)
-            size = case.elements()
-            if sig not in best or size < best[sig][0]:
-                if sig not in best:
-                    primaries.setdefault(primary, []).append(sig)
-                best[sig] = (size, case)
+        if budget is not None:
+            chosen, signatures = by_signature((case for case, _ in stream), rule, budget, placement_cases)
+            return Enumeration(chosen, count[0], signatures)
+        for case, identity in stream:
+            every.setdefault(identity, case)
     except GuardError as exc:
         return Enumeration([], count[0], 0, str(exc))
-    chosen: list[Case] = []
-    if budget is None:
-        chosen = list(every.values())
-        chosen.sort(key=lambda c: (c.elements(), c.mesh.sizes))
-        return Enumeration(chosen, count[0], len(chosen))
-    if len(best) <= budget:
-        chosen = [best[s][1] for s in best]
-    else:
-        queues = [list(sigs) for sigs in primaries.values()]
-        while len(chosen) < budget and any(queues):
-            for q in queues:
-                if q and len(chosen) < max(budget, len(queues)):
-                    chosen.append(best[q.pop(0)][1])
-    chosen.sort(key=lambda c: (c.elements(), c.mesh.sizes))
-    return Enumeration(chosen, count[0], len(best))
+    chosen = sorted(every.values(), key=lambda c: (c.elements(), c.mesh.sizes))
+    return Enumeration(chosen, count[0], len(chosen))
 
 
 def unsupported_reason(rule: Rule, facts: DerivedFacts) -> str:

@@ -272,8 +272,9 @@ def _proofs(
     """The bounded and the generic proof of ``rule``.
 
     A generic proof holds for every shape, so when it succeeds the bounded check is only a check of the
-    axioms it rests on: it runs on the first ``options.cross_check`` cases (smallest first) instead of every
-    case. Only a rule the generic proof does not prove needs the exhaustive bounded check, the only other
+    axioms it rests on: it runs on the smallest case of each signature (every rank, attribute value, size-1
+    and divisibility pattern; at most ``options.cross_check`` of them, every primary class once) instead of
+    every case. Only a rule the generic proof does not prove needs the exhaustive bounded check, the only other
     way to be proven. A generic proof counts only from satisfiable premises: a bounded case that satisfies
     the guards is a model of them (the axioms hold for real tensors); without one, z3 must find a model."""
     if not options.generic:
@@ -282,17 +283,26 @@ def _proofs(
     if not options.bounded or options.budget is not None or cross is None:
         bounded = _bounded(rule, facts, options, cache) if options.bounded else None
         return bounded, prove_generic(rule, facts, options.generic_timeout_ms, bool(bounded and bounded.checked))
-    sample = _bounded(rule, facts, replace(options, budget=cross), cache)
-    generic = prove_generic(rule, facts, options.generic_timeout_ms, sample.checked > 0)
-    if sample.status in ("refuted", "proven"):  # a counterexample, or every case fit in the sample
-        return sample, generic
-    if generic.proven and sample.status == "partial" and sample.checked > 0:
-        checked = f"the generic proof's axioms cross-checked on the first {sample.checked} of {sample.classes} cases"
-        return replace(sample, status="cross-checked", reason=checked), generic
+    timeout = options.generic_timeout_ms
+    # first as if a bounded case witnessed the premises (a proof that fails so fails without that too); a rule
+    # without a generic proof then goes straight to every case, with no sample checked twice
+    generic = prove_generic(rule, facts, timeout, True)
+    if generic.proven:
+        sample = _bounded(rule, facts, replace(options, budget=cross), cache)
+        if not sample.checked:  # no case witnesses the premises: z3 must find a model of them
+            generic = prove_generic(rule, facts, timeout, False)
+        if sample.status in ("refuted", "proven"):  # a counterexample, or every case fit in the sample
+            return sample, generic
+        if generic.proven and sample.status == "partial" and sample.checked > 0:
+            checked = (
+                f"the generic proof's axioms cross-checked on {sample.checked} of {sample.classes} cases"
+                " (the smallest of each signature)"
+            )
+            return replace(sample, status="cross-checked", reason=checked), generic
     # no generic proof, or a sample that checked nothing or met a z3 timeout: every case decides
     full = _bounded(rule, facts, options, cache)
-    if not sample.checked and full.checked:  # a case now witnesses the premises: the generic proof may count
-        generic = prove_generic(rule, facts, options.generic_timeout_ms, True)
+    if generic.proven and not full.checked:  # no case witnesses the premises: z3 must find a model
+        generic = prove_generic(rule, facts, timeout, False)
     return full, generic
 
 

@@ -145,8 +145,9 @@ def _prove(job: tuple[list[tuple[str, str]], Options]) -> _Outcome:
 def decide_draft(
     rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any], instances: dict[Any, Any]
 ) -> tuple[str, str]:
-    """The status ``unity-eq verify`` gives ``rule`` under ``options`` (generic proof, cross-check of the
-    first ``options.cross_check`` cases, every case without a generic proof, numeric back-up; see
+    """The status ``unity-eq verify`` gives ``rule`` under ``options`` (generic proof, cross-check on the
+    smallest case of each signature, at most ``options.cross_check`` of them, every case without a generic
+    proof, numeric back-up; see
     :func:`unity_eq.verify._verify._proofs`), and its message, decided in the cheapest order:
 
     * the generic proof first (z3, fast). When it fails, the decision is the exhaustive bounded check
@@ -154,7 +155,7 @@ def decide_draft(
       cases: they are checked as they are generated (lazily), so a refuted draft stops at its first
       counterexample instead of enumerating every case first.
     * When it holds (from premises a bounded case witnesses), the cross-check sample is exactly verify's:
-      the smallest ``cross_check`` cases.
+      the smallest case of each signature, at most ``cross_check`` of them.
     * The numeric back-up runs only on a draft the proofs do not refute (it can only refute).
 
     Never weaker than verify: a draft this calls proven, verify proves. Not always as strong on failure:

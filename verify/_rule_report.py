@@ -19,8 +19,9 @@ from unity_eq.verify._numeric import NumericResult
 class Options:
     """How hard to try. ``budget``: at most this many bounded cases per rule (``None``: every case of the
     ranges, the only setting that proves; a budget that stops early makes the rule ``partial``);
-    ``cross_check``: when the generic proof holds, the bounded check runs on at most this many cases, the
-    smallest first, as a check of the axioms (``None``: every case, as for a rule without a generic proof);
+    ``cross_check``: when the generic proof holds, the bounded check runs on the smallest case of each
+    signature, at most this many (every primary class once), as a check of the axioms (``None``: every case,
+    as for a rule without a generic proof);
     ``timeout_ms``: z3 per case; ``jobs``: worker processes (0: one per CPU)."""
 
     generic: bool = True

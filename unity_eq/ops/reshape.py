@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import other_shapes, shape_pool
-from unity_eq.ops.reshape_axioms import axioms
 from unity_eq.ops.family import FREE, Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
+from unity_eq.ops.reshape_axioms import axioms
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, static, tensor
 from unity_eq.ops.tensors import Shape, bcast, need, norm_axis
 
@@ -355,5 +355,6 @@ RESHAPE = OpFamily(
         " one new leading dim of each size, or two of sizes 1-3, or fewer dims than the input)"
     ),
     compute_class="layout",
+    axioms=axioms,
     **OpFamily.hooks_in(globals()),
 )
