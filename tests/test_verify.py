@@ -66,12 +66,12 @@ def _reads_a_plug_in_op(rule: Any) -> bool:
 
 
 #: hand-written rules proven by a bounded check over every case only (no generic proof), a minute or more each
-#: on one core: CI's `unity-eq verify --cross-check 0` step proves them on every case, and
+#: on one core: CI's `unity-eq verify` step proves them on every case, and
 #: tests/test_certificate.py checks that rules/proofs.json holds their bounded proof for their current text
 EXHAUSTIVE_ONLY = {"split-split-fuse-first", "split-split-fuse-second"}
-#: bounded cases that cross-check a generic proof here (the smallest first). `Options.cross_check` (1000) is
-#: what `unity-eq verify` checks by default; CI's verify step checks every case of every shipped rule
-#: (`--cross-check 0`), so the default test run checks the generic proof and the smallest cases only.
+#: signatures whose smallest cases cross-check a generic proof here. `Options.cross_check` (1000) is what
+#: `unity-eq verify` checks by default; CI's verify step checks every signature of every generically proven
+#: shipped rule (`--cross-check 1000000`), so the default test run checks the generic proof and a sample only.
 CROSS_CHECK = 100
 
 
