@@ -133,14 +133,15 @@ def _integer_generic(rule: Rule, facts: DerivedFacts, options: Options) -> bool:
 def _integer_counterexample(
     rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]
 ) -> tuple[str, BoundedResult] | None:
-    """A counterexample on integer tensors among the smallest cases (as many as the generic proof's cross-check
-    takes), looked for before the value proofs: a rule wrong on integers only (a mean of means) is refuted
-    without first checking every case over the reals. Rules whose only such op is elementwise (``Div``) are
-    left to :func:`_integer_checks`: their proofs over uninterpreted functions usually cover integers."""
+    """A counterexample on integer tensors among the smallest case of each signature (as many as the generic
+    proof's cross-check takes, at most 1000), looked for before the value proofs: a rule wrong on integers
+    only (a mean of means) is refuted without first checking every case over the reals. Rules whose only such
+    op is elementwise (``Div``) are left to :func:`_integer_checks`: their proofs over uninterpreted
+    functions usually cover integers."""
     heads = {t.head for term in (rule.lhs, rule.rhs) for t in walk(term) if isinstance(t, App)}
     if all(_elementwise(h) for h in heads & INTEGER_SENSITIVE):
         return None
-    budget = options.cross_check or 1000
+    budget = min(options.cross_check or _INTEGER_SEARCH_CASES, _INTEGER_SEARCH_CASES)  # a quick search only
     timeout_ms = min(options.timeout_ms, _SEARCH_TIMEOUT_MS)
     for dtypes in integer_assignments(rule, check_types(rule))[:_MAX_INTEGER_CHECKS]:
         result = prove_bounded(
@@ -197,6 +198,8 @@ def _integer_checks(
 
 
 _MAX_INTEGER_CHECKS = 8
+#: signatures the early integer search takes at most (``_integer_checks`` then checks every case)
+_INTEGER_SEARCH_CASES = 1000
 
 #: z3's time per case in the early search for an integer counterexample. The search only refutes (a case z3
 #: cannot decide in time is no refutation, and the value proofs and :func:`_integer_checks` still decide the
