@@ -225,7 +225,7 @@ def _split_model(path: Path, kind: str) -> Path:
 @pytest.mark.parametrize("kind", ["transpose", "concat-relu"])
 def test_default_rules_keep_the_split_models_right(tmp_path: Path, kind: str) -> None:
     """Issue 12: with the default rules (generated shrinking.egg and merge.egg included) `optimize` on two
-    devices gave these models plans off by up to 2.57; every shipped rule is now proven exhaustively, so
+    devices gave these models plans off by up to 2.57; every shipped rule is now proven, so
     the plan must match the original on several seeds."""
     import onnx
 

@@ -1168,6 +1168,29 @@ def test_patch_windows_match_onnxruntime(op: str, tmp_path: Path) -> None:
     assert len(windows) == 80 and tally.checked == 80 * 2 * (2 if op == "AveragePool" else 1), tally
 
 
+def test_conv_patch_windows_match_onnxruntime(tmp_path: Path) -> None:
+    """Conv takes the same patch windows (a patchify Conv: kernel = strides, every pad 0-1, dilations 1-2) and
+    the unpadded tiling windows on (N, C, M) = (1, 1, 1): the semantics agree with onnxruntime on each of those
+    of one input size ([1, 1, 4, 3]: an even H, an odd W), and the instances hold them."""
+    from unity_eq.ops.cases import patch_windows, tiling_windows
+    from unity_eq.verify._gen import GenConfig
+    from unity_eq.verify._instances import op_instances
+
+    tally = Tally()
+    windows = [w for w in (*patch_windows(), *tiling_windows()) if w[0] == (4, 3)]
+    for spatial, kern, pads, strides, dils, _auto in windows:
+        attrs: dict[str, Any] = dict(
+            kernel_shape=list(kern), pads=list(pads), strides=list(strides), dilations=list(dils)
+        )
+        _check_instance(Instance("Conv", [_x(1, 1, *spatial), _x(1, 1, *kern)], attrs), tmp_path, False, tally)
+    assert not tally.problems, "\n".join(tally.problems[:5])
+    assert len(windows) == 80 + 9 and tally.checked == len(windows), tally
+    # the verifier's instances, in the order of Conv's arguments: X, W, B, auto_pad, dilations, group,
+    # kernel_shape, pads, strides
+    taken = {(a[6], a[7], a[8], a[4]) for a, _out in op_instances("Conv", GenConfig()) if a[0].shape[:2] == (1, 1)}
+    assert all((kern, pads, strides, dils) in taken for _s, kern, pads, strides, dils, _a in windows)
+
+
 @pytest.mark.parametrize("shape", [(2, 3), (4, 2, 3), (2, 3, 2, 2)])
 def test_batchnorm_training_mode_matches_onnxruntime(shape: tuple[int, ...]) -> None:
     """The encoder leaves a training-mode BatchNormalization opaque, but a rule may write one (or leave

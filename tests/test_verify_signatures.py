@@ -49,8 +49,8 @@ def test_one_case_of_each_signature_reaches_every_rank_and_refutes(tmp_path: Pat
 
 
 def test_a_budget_below_the_signatures_still_takes_every_primary_class(tmp_path: Path) -> None:
-    """Primary classes (axis sizes here) each keep a case when the budget is smaller than their number; the
-    result of the budgeted check is partial, never proven."""
+    """Primary classes (axis sizes here) each keep a case when the budget is smaller than their number; a
+    budgeted check that leaves cases out is partial."""
     rule, facts = _load(tmp_path, SPLIT_RELU, "relu-through-partition")
     every = enumerate_cases(rule, facts)
     chosen, signatures = by_signature(every.cases, rule, 1)

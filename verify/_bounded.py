@@ -11,7 +11,7 @@ counterexample.
    which dims are 1 and which divide each axis size. A proof checks every case; a ``budget`` (``--budget``,
    a generic proof's cross-check) checks the smallest case of each signature, at most ``budget`` of them
    (:mod:`unity_eq.verify._signatures`); past the budget, every *primary* class (axis sizes, guard
-   bindings, ranks) is still checked once.
+   bindings, String attributes) is still checked once.
 5. **Check.** :func:`unity_eq.verify._semantics.evaluate_case` yields equations over z3 terms; syntactically
    equal sides (z3 hash-conses terms), sides whose difference is 0 as a sum of monomials
    (:func:`unity_eq.verify._tensor.same_polynomial`) and sides equal after ``z3.simplify`` pass at once, the
@@ -113,9 +113,9 @@ def prove_bounded(
     instances: dict[Any, Any] | None = None,
     dtypes: dict[str, str] | None = None,
 ) -> BoundedResult:
-    """Check every case of the ranges (``budget``: at most that many, and the result is then ``partial``
-    when cases were left); stop at the first counterexample. ``cache`` shares enumerations between rules
-    with the same structure.
+    """Check every case of the ranges (``budget``: the smallest case of at most that many signatures, every
+    primary class once, and the result is then ``partial`` when cases were left); stop at the first
+    counterexample. ``cache`` shares enumerations (and samples) between rules with the same structure.
 
     ``lazy`` (no budget): check each case as the generator makes it instead of enumerating them all and
     checking the smallest first. The verdict is the same (refuted when some case refutes, else unknown when
@@ -138,7 +138,7 @@ def prove_bounded(
         result.status, result.reason = "unknown", enum.error
         result.seconds = time.perf_counter() - start
         return result
-    cases = enum.cases if budget is None else by_signature(enum.cases, rule, budget)[0]
+    cases = enum.cases if budget is None else _sample(rule, enum, budget, cache, key)
     _check_cases(rule, cases, timeout_ms, result, dtypes)
     if result.status == "proven" and len(cases) < len(enum.cases) and not result.reason:
         result.status = "partial"
@@ -149,6 +149,17 @@ def prove_bounded(
     _no_case(result, enum.enumerated)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _sample(rule: Rule, enum: Enumeration, budget: int, cache: dict[Any, Any] | None, key: Any) -> list[Case]:
+    """The smallest case of each signature, at most ``budget`` of them; kept beside the enumeration, since the
+    early integer search and the cross-check of one rule (up to nine checks) take the same sample."""
+    if cache is None:
+        return by_signature(enum.cases, rule, budget)[0]
+    sample_key = ("sample", key, budget, rule.lhs, rule.rhs)  # placement variables of the rhs count too
+    if sample_key not in cache:
+        cache[sample_key] = by_signature(enum.cases, rule, budget)[0]
+    return list(cache[sample_key])
 
 
 def _prove_lazy(

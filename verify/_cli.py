@@ -222,14 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--budget",
         type=int,
         default=0,
-        help="at most this many cases per rule (0: every case, the default; a budget that stops early "
-        "makes the rule partial, which fails)",
+        help="check the smallest case of at most this many signatures per rule, every mesh size and guard "
+        "binding once (0: every case, the default; a budget that leaves cases out makes the rule partial, "
+        "which fails)",
     )
     parser.add_argument(
         "--cross-check",
         type=int,
         default=Options.cross_check,
-        help="bounded cases that check the axioms of a rule proven generically (0: every case)",
+        help="signatures whose smallest case checks the axioms of a rule proven generically (0: every case)",
     )
     parser.add_argument("--timeout", type=int, default=Options.timeout_ms, help="z3 timeout per case, ms")
     parser.add_argument("--no-generic", action="store_true", help="skip shape-generic proofs")

@@ -292,17 +292,17 @@ def _proofs(
     generic = prove_generic(rule, facts, timeout, True)
     if generic.proven:
         sample = _bounded(rule, facts, replace(options, budget=cross), cache)
-        if not sample.checked:  # no case witnesses the premises: z3 must find a model of them
-            generic = prove_generic(rule, facts, timeout, False)
-        if sample.status in ("refuted", "proven"):  # a counterexample, or every case fit in the sample
+        # a counterexample, or every case fit in the sample (a proven check has checked a case: _no_case)
+        if sample.status in ("refuted", "proven"):
             return sample, generic
-        if generic.proven and sample.status == "partial" and sample.checked > 0:
+        if sample.status == "partial" and sample.checked > 0:
             checked = (
                 f"the generic proof's axioms cross-checked on {sample.checked} of {sample.classes} cases"
                 " (the smallest of each signature)"
             )
             return replace(sample, status="cross-checked", reason=checked), generic
-    # no generic proof, or a sample that checked nothing or met a z3 timeout: every case decides
+    # no generic proof, or a sample that checked nothing or met a z3 timeout: every case decides (and a case
+    # outside the sample may be the witness of the premises)
     full = _bounded(rule, facts, options, cache)
     if generic.proven and not full.checked:  # no case witnesses the premises: z3 must find a model
         generic = prove_generic(rule, facts, timeout, False)

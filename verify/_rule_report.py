@@ -17,8 +17,9 @@ from unity_eq.verify._numeric import NumericResult
 
 @dataclass(frozen=True)
 class Options:
-    """How hard to try. ``budget``: at most this many bounded cases per rule (``None``: every case of the
-    ranges, the only setting that proves; a budget that stops early makes the rule ``partial``);
+    """How hard to try. ``budget``: the smallest case of at most this many signatures per rule (every primary
+    class once; ``None``: every case of the ranges, the only setting that proves unless the signatures hold
+    every case; a budget that leaves cases out makes the rule ``partial``);
     ``cross_check``: when the generic proof holds, the bounded check runs on the smallest case of each
     signature, at most this many (every primary class once), as a check of the axioms (``None``: every case,
     as for a rule without a generic proof);

@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.ops.cases import AUTO_PADS, oa16, square_windows, window_pairs, window_product
+from unity_eq.ops.cases import (
+    AUTO_PADS,
+    oa16,
+    patch_windows,
+    square_windows,
+    tiling_windows,
+    window_pairs,
+    window_product,
+)
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
@@ -123,7 +131,11 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     the splits over axes of 3 and 4. Why the product need not be crossed with every (N, C, M): a Conv's
     window acts on each (batch, output channel, input channel) plane alike, so what a rule does to the
     window attributes shows on one plane, and what it does to N, C and M on any window; the two parts
-    cover each, and their meeting (a split of 2 under every window)."""
+    cover each, and their meeting (a split of 2 under every window).
+    (3) The 2-D windows whose kernel equals their stride (``cases.tiling_windows``, and
+    ``cases.patch_windows`` with every pad 0-1 and dilation 1-2: a patchify Conv, as a ViT's first layer),
+    on (N, C, M) = (1, 1, 1) only: what they add is how a split of H or W meets the patches, which one plane
+    shows (the pooling family crosses the same windows alike)."""
     if ranges.sample:
         yield from _oa_instances(ranges)
         return
@@ -134,6 +146,9 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
             x, w = (2, 2, *spatial), (2, 2 // g, *kern)
             yield {"X": x, "W": w, "B": (2,) if with_bias else None}, {**attrs, "group": g}
     yield from _oa_instances(ranges)
+    for spatial, kern, pads, strides, dils, auto in (*tiling_windows(), *patch_windows()):
+        attrs = dict(auto_pad=auto, dilations=dils, group=1, kernel_shape=kern, pads=pads, strides=strides)
+        yield {"X": (1, 1, *spatial), "W": (1, 1, *kern), "B": None}, attrs
 
 
 def _oa_instances(ranges: InstanceRanges) -> Iterator[Instance]:
@@ -247,7 +262,8 @@ CONV = OpFamily(
         "every 1-D window of sizes 1-6, kernels 1-3, strides 1-3, dilations 1-2, every auto_pad and every pair of"
         " pads 0-2, 2-D windows whose axes differ and 2-D windows equal in both axes, each with (N, C, M) ="
         " (1, 1, 1) and (2, 2, 2), groups 1 and 2, with and without bias; and (N, C, M) from an orthogonal array"
-        " over dims 1-4 with a few windows"
+        " over dims 1-4 with a few windows; 2-D windows whose kernel equals their stride (kernels 1-3 unpadded,"
+        " kernel 2 with every pad 0-1 and dilation 1-2) on (N, C, M) = (1, 1, 1)"
     ),
     compute_class="gemm",
     **OpFamily.hooks_in(globals()),
