@@ -23,22 +23,26 @@ class ComputeStepRecord(Record):
     communication_s: float | None = None
 
 
+# The step kinds with the same fields share one dataclass of them (its fields are their plan.json keys, in
+# order); each kind below adds only its ``KIND``.
+
+
 @dataclass(frozen=True, kw_only=True)
-class InputStepRecord(Record):
+class _LoadStepFields(Record):  # a step that loads a named tensor: a model input or a weight
+    out: str
+    name: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputStepRecord(_LoadStepFields):
     KIND: ClassVar[str] = "input"
-    out: str
-    name: str
-    compute_s: float | None = None
-    communication_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class WeightStepRecord(Record):
+class WeightStepRecord(_LoadStepFields):
     KIND: ClassVar[str] = "weight"
-    out: str
-    name: str
-    compute_s: float | None = None
-    communication_s: float | None = None
 
 
 class CollectiveStepRecord(Record):
@@ -53,45 +57,42 @@ class CollectiveStepRecord(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PartitionStepRecord(CollectiveStepRecord):
+class _DimStepFields(CollectiveStepRecord):  # a collective over an axis along a tensor dim: partition, combine
+    out: str
+    src: str
+    dim: int
+    axis: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _AxisStepFields(CollectiveStepRecord):  # a collective over an axis with no dim: reduce, replicate
+    out: str
+    src: str
+    axis: str
+    compute_s: float | None = None
+    communication_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionStepRecord(_DimStepFields):
     KIND: ClassVar[str] = "partition"
-    out: str
-    src: str
-    dim: int
-    axis: str
-    compute_s: float | None = None
-    communication_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class CombineStepRecord(CollectiveStepRecord):
+class CombineStepRecord(_DimStepFields):
     KIND: ClassVar[str] = "combine"
-    out: str
-    src: str
-    dim: int
-    axis: str
-    compute_s: float | None = None
-    communication_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReduceStepRecord(CollectiveStepRecord):
+class ReduceStepRecord(_AxisStepFields):
     KIND: ClassVar[str] = "reduce"
-    out: str
-    src: str
-    axis: str
-    compute_s: float | None = None
-    communication_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplicateStepRecord(CollectiveStepRecord):
+class ReplicateStepRecord(_AxisStepFields):
     KIND: ClassVar[str] = "replicate"
-    out: str
-    src: str
-    axis: str
-    compute_s: float | None = None
-    communication_s: float | None = None
 
 
 StepRecord = (
