@@ -27,7 +27,7 @@ from unity_eq.extract.pricing import (
     derives_from,
     floating_dtype,
     itemsize,
-    local_shape,
+    local_shapes,
     node_costs,
     source_kinds,
 )
@@ -70,7 +70,7 @@ class Extractor:
         self.graph = graph
         self.model = model
         self.activation_inputs = activation_inputs
-        self.locals = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+        self.locals = local_shapes(data, model)
         self.kinds = source_kinds(data, graph.constants())
         for name in activation_inputs:
             stream = data.tensor_class.get(encoding.tensor_ids[name])

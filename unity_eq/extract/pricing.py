@@ -67,6 +67,12 @@ def local_shape(cls: EClass, model: CostModel) -> tuple[int, ...] | None:
     return tuple(shape)
 
 
+def local_shapes(data: EGraphData, model: CostModel) -> dict[str, tuple[int, ...] | None]:
+    """Every tensor class's :func:`local_shape` on ``model``'s mesh, by class id: the one table the pricing,
+    the extractor and the profiler's op instances each build."""
+    return {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+
+
 def itemsize(dtype: str | None) -> int:
     if dtype in (None, "none"):
         return 0
@@ -197,7 +203,7 @@ def node_costs(
     """Price every e-node of a tensor class (INF compute for nodes that cannot be lowered). ``locals_`` (local
     shapes) and ``kinds`` (source kinds) are computed when not given."""
     if locals_ is None:
-        locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+        locals_ = local_shapes(data, model)
     if kinds is None:
         kinds = source_kinds(data)
     costs: dict[str, Cost] = {}

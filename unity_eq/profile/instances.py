@@ -13,7 +13,7 @@ import numpy as np
 from unity_eq.cost import CostModel, OpInstance
 from unity_eq.egraph import EGraphData, Encoding, ENode
 from unity_eq.extract.build import typed_attrs
-from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS, enode_instance, list_members, local_shape, source_kinds
+from unity_eq.extract.pricing import LEAVES, PARALLEL_OPS, enode_instance, list_members, local_shapes, source_kinds
 from unity_eq.ir import Graph, Mesh
 from unity_eq.machine import default_machine
 from unity_eq.ops.registry import OPS
@@ -182,7 +182,7 @@ def op_instances(
 ) -> tuple[list[ProfiledOp], dict[ProfiledOp, dict[int, np.ndarray]]]:
     """Every distinct compute op of the e-graph on its local shapes (sorted), and known weight values."""
     model = CostModel(default_machine(mesh.size), mesh)  # only its mesh matters for local shapes
-    locals_ = {cid: local_shape(c, model) for cid, c in data.classes.items() if c.sort == "T"}
+    locals_ = local_shapes(data, model)
     kinds = source_kinds(data)
     values: dict[ProfiledOp, dict[int, np.ndarray]] = {}
     found: set[ProfiledOp] = set()
