@@ -180,6 +180,24 @@ def test_a_family_takes_its_own_functions_as_hooks() -> None:
     assert OpFamily.hooks_in(namespace) == {"flops": _flops_here}
 
 
+def test_a_family_with_an_axioms_module_passes_its_axioms() -> None:
+    """A family whose axioms live in ``ops/<family>_axioms.py`` imports them, and ``hooks_in`` does not take
+    an imported function: the family must pass them by keyword. When reshape.py's axioms moved out and the
+    keyword was missing, its six split rules lost their generic proofs (only CI's shipped-rule proofs saw it)."""
+    import importlib
+
+    from unity_eq.ops.registry import FAMILIES
+
+    root = Path(__file__).resolve().parents[1] / "unity_eq" / "ops"
+    modules = sorted(p.stem for p in root.glob("*_axioms.py"))
+    assert modules, "no ops/*_axioms.py found (the check would say nothing)"
+    by_module = {f.axioms.__module__: f for f in FAMILIES if f.axioms is not None}
+    for stem in modules:
+        axioms = importlib.import_module(f"unity_eq.ops.{stem}").axioms
+        family = by_module.get(f"unity_eq.ops.{stem}")
+        assert family is not None and family.axioms is axioms, f"no family passes unity_eq.ops.{stem}.axioms"
+
+
 def test_every_op_belongs_to_one_family_whose_rules_ship() -> None:
     """The registry is the one place a family is declared: every typed op has a family holding its spec, every
     family's rule file is loaded by `optimize` and proven by `verify`, and says its proof ranges in words."""
