@@ -15,13 +15,13 @@ smallest cases only.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from unity_eq.rulefile.terms import App, Rule, Var, walk
 from unity_eq.verify._semantics import SYMBOLIC
 
-if TYPE_CHECKING:
-    from unity_eq.verify._bounded_cases import Case
+#: a bounded case (verify/_bounded_cases.py's ``Case``; not imported: that module imports this one)
+Case = Any
 
 __all__ = ["by_signature", "placement_vars"]
 
