@@ -4,7 +4,9 @@
     python -m benchmarks.costs --device cuda --model M.onnx --devices 8 --out benchmarks/results/costs-gpu
 
 1. ``unity-eq profile``'s measurement of every distinct op of the model's e-graph on the mesh's local shapes:
-   forward in onnxruntime, forward and forward + backward in PyTorch (``backward_s``), on ``--device``.
+   forward in onnxruntime, forward and forward + backward in PyTorch (``backward_s``), on ``--device``; with
+   ``--framework torch`` (``auto`` picks it where only PyTorch has CUDA) the forward in PyTorch too, and the
+   whole model in the torch backend's interpreter.
 2. Per op: the roofline's prediction on the calibrated device (``calibrated_machine``: the device's measured
    peak, bandwidth and per-op floor, so the comparison tests the model's formulas, not a datasheet) against
    those measurements; the median relative error ``|predicted − measured| / measured`` and the share within 2×,
@@ -15,7 +17,8 @@
    whole original model run end to end in onnxruntime on one device against the one-device plan's prediction
    (``whole_model``): what a sum of separately timed ops misses (caches, fusion, overlap) shows there.
 
-Writes ``OUT.json`` and ``OUT.md``. Communication is not measured here (one process, no collectives).
+Writes ``OUT.json``, ``OUT.md`` and the measured table ``OUT.profile.json`` (``optimize --profile`` reads it).
+Communication is not measured here (one process, no collectives).
 """
 
 from __future__ import annotations
@@ -114,14 +117,40 @@ def whole_model(model: str, table: Any, threads: int | None) -> dict[str, Any]:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         feeds[value.name] = rng.standard_normal(shape).astype(dtype)
     device = table.meta["device"]
+    if device.get("framework") == "torch":
+        measured = _whole_model_torch(proto, feeds, device["provider"].removeprefix("torch:"), threads)
+        return {
+            "framework": "torch (unity_eq.train.reference.OnnxModule, the original model's nodes one by one)",
+            "predicted_s": one.cost.compute,
+            "measured_s": measured,
+            "relative_error": _error(one.cost.compute, measured),
+        }
     choice = choose_device("cuda" if device["provider"] == "CUDAExecutionProvider" else "cpu", 0)
     runner = Runner(choice, threads or available_cores(), 3, 10, 0.2)
     timing = runner.time(runner.session(proto), feeds)
     return {
+        "framework": "onnxruntime",
         "predicted_s": one.cost.compute,
         "measured_s": timing.median_s,
         "relative_error": _error(one.cost.compute, timing.median_s),
     }
+
+
+def _whole_model_torch(proto: Any, feeds: Mapping[str, Any], device: str, threads: int | None) -> float:
+    """Median seconds of the original model's forward in the torch backend's interpreter on ``device``."""
+    import statistics
+
+    import torch
+
+    from unity_eq.profile.backward import BackwardRunner
+    from unity_eq.runtime.devices import available_cores
+    from unity_eq.train.reference import OnnxModule
+
+    module = OnnxModule(proto, device)
+    inputs = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+    runner = BackwardRunner(device, threads or available_cores(), 3, 10, 0.2)
+    with torch.no_grad():
+        return statistics.median(runner.samples(lambda: module(inputs)))
 
 
 def markdown(result: Mapping[str, Any]) -> str:
@@ -129,7 +158,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     lines = [
         f"# Predicted vs measured: {meta['model']} on {meta['devices']} device(s)",
         "",
-        f"Measured {meta['date']} on {meta['device']} (forward: onnxruntime {meta['provider']}; backward: "
+        f"Measured {meta['date']} on {meta['device']} (forward: {meta['provider']}; backward: "
         f"{meta['backward']}), with `python -m benchmarks.costs {meta['args']}`. Predictions: the roofline on the "
         "calibrated device (its measured peak, bandwidth and per-op floor).",
         "",
@@ -165,7 +194,8 @@ def markdown(result: Mapping[str, Any]) -> str:
     w = result["per_plan"]["whole_model"]
     lines += [
         "",
-        f"Whole model end to end in onnxruntime on one device: predicted {w['predicted_s'] * 1e3:.3f} ms, measured "
+        f"Whole model end to end on one device ({w.get('framework', 'onnxruntime')}): "
+        f"predicted {w['predicted_s'] * 1e3:.3f} ms, measured "
         f"{w['measured_s'] * 1e3:.3f} ms ({w['relative_error'] * 100:.0f} % error).",
         "",
     ]
@@ -177,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", default=str(ROOT / "examples" / "transformer.onnx"))
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, cuda (falls back to the CPU with a note) or auto")
+    parser.add_argument("--framework", default="auto", help="auto, onnxruntime or torch (unity-eq profile's)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--min-time", type=float, default=0.05)
@@ -194,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         repeats=args.repeats,
         min_time=args.min_time,
         progress=print,
+        framework=args.framework,
     )
     backward = table.meta["backward"]
     result = {
@@ -216,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
+    table.save(out.with_suffix(".profile.json"))  # the measured table, for `optimize --profile`
     print(markdown(result))
 
 

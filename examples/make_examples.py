@@ -16,6 +16,7 @@ weights are normal samples scaled by 1/sqrt(fan_in), which keeps activations O(1
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,31 @@ OPSET, IR_VERSION, SEED = 18, 8, 0
 HERE = Path(__file__).resolve().parent
 
 
+@dataclass(frozen=True)
+class Size:
+    """The activations' ``[batch, seq, hidden]``, the feed-forward width and the attention heads."""
+
+    batch: int = BATCH
+    seq: int = SEQ
+    hidden: int = HIDDEN
+    ffn: int = FFN
+    heads: int = HEADS
+
+    @classmethod
+    def parse(cls, text: str) -> Size:
+        """``B,S,H,HEADS`` (feed-forward 4·H), as ``--transformer`` takes it."""
+        batch, seq, hidden, heads = (int(v) for v in text.split(","))
+        if hidden % heads:
+            raise SystemExit(f"error: --transformer {text}: hidden size {hidden} is not a multiple of {heads} heads")
+        return cls(batch, seq, hidden, 4 * hidden, heads)
+
+
 class _Builder:
     """Collects nodes and initializers; names every node after its output."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, size: Size = Size()) -> None:
         self.rng = np.random.default_rng(seed)
+        self.size = size
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
 
@@ -58,13 +79,13 @@ class _Builder:
     def layer_norm(self, x: str, prefix: str) -> str:
         """LayerNormalization over the hidden dim; scale and bias are perturbed from 1 and 0 so that a
         wrongly sliced or dropped scale shows in numerical checks."""
-        noise = self.rng.standard_normal((2, HIDDEN)).astype(np.float32) * np.float32(0.1)
+        noise = self.rng.standard_normal((2, self.size.hidden)).astype(np.float32) * np.float32(0.1)
         scale = self.const(f"{prefix}.scale", 1 + noise[0])
         bias = self.const(f"{prefix}.bias", noise[1])
         return self.op("LayerNormalization", [x, scale, bias], f"{prefix}.out", axis=-1, epsilon=1e-5)
 
     def model(self, name: str, x: str, y: str) -> onnx.ModelProto:
-        shape = [BATCH, SEQ, HIDDEN]
+        shape = [self.size.batch, self.size.seq, self.size.hidden]
         graph = helper.make_graph(
             self.nodes,
             name,
@@ -90,31 +111,33 @@ def make_mlp(seed: int = SEED) -> onnx.ModelProto:
     return b.model("mlp", "X", "Y")
 
 
-def make_transformer(seed: int = SEED) -> onnx.ModelProto:
-    """One pre-LN encoder block: X + Attn(LN(X)), then that + FFN(LN(that))."""
-    b = _Builder(seed)
-    heads_shape = b.const("heads_shape", np.array([BATCH, SEQ, HEADS, HEAD_DIM], np.int64))
-    hidden_shape = b.const("hidden_shape", np.array([BATCH, SEQ, HIDDEN], np.int64))
+def make_transformer(seed: int = SEED, size: Size = Size()) -> onnx.ModelProto:
+    """One pre-LN encoder block: X + Attn(LN(X)), then that + FFN(LN(that)); the bundled one at the default
+    size, a GPU-sized one with ``--transformer`` (benchmarks/gpu.sh)."""
+    b = _Builder(seed, size)
+    head_dim = size.hidden // size.heads
+    heads_shape = b.const("heads_shape", np.array([size.batch, size.seq, size.heads, head_dim], np.int64))
+    hidden_shape = b.const("hidden_shape", np.array([size.batch, size.seq, size.hidden], np.int64))
 
     ln1 = b.layer_norm("X", "ln1")
     q, k, v = (
-        b.op("Reshape", [b.linear(ln1, f"attn.{n}", HIDDEN, HIDDEN), heads_shape], f"attn.{n}.heads")
+        b.op("Reshape", [b.linear(ln1, f"attn.{n}", size.hidden, size.hidden), heads_shape], f"attn.{n}.heads")
         for n in "qkv"
     )
     q = b.op("Transpose", [q], "attn.q.t", perm=[0, 2, 1, 3])  # [B, H, S, D]
     k = b.op("Transpose", [k], "attn.k.t", perm=[0, 2, 3, 1])  # [B, H, D, S]
     v = b.op("Transpose", [v], "attn.v.t", perm=[0, 2, 1, 3])  # [B, H, S, D]
-    scale = b.const("attn.scale", np.array(1.0 / math.sqrt(HEAD_DIM), np.float32))
+    scale = b.const("attn.scale", np.array(1.0 / math.sqrt(head_dim), np.float32))
     scores = b.op("Mul", [b.op("MatMul", [q, k], "attn.scores"), scale], "attn.scaled")
     probs = b.op("Softmax", [scores], "attn.probs", axis=-1)
     context = b.op(
         "Transpose", [b.op("MatMul", [probs, v], "attn.context")], "attn.context.t", perm=[0, 2, 1, 3]
     )
     merged = b.op("Reshape", [context, hidden_shape], "attn.merged")
-    h = b.op("Add", ["X", b.linear(merged, "attn.o", HIDDEN, HIDDEN)], "residual1")
+    h = b.op("Add", ["X", b.linear(merged, "attn.o", size.hidden, size.hidden)], "residual1")
 
     ln2 = b.layer_norm(h, "ln2")
-    up = b.linear(ln2, "ffn.up", HIDDEN, FFN)
+    up = b.linear(ln2, "ffn.up", size.hidden, size.ffn)
     half = b.const("gelu.half", np.array(0.5, np.float32))
     one = b.const("gelu.one", np.array(1.0, np.float32))
     sqrt2 = b.const("gelu.sqrt2", np.array(math.sqrt(2.0), np.float32))
@@ -122,7 +145,7 @@ def make_transformer(seed: int = SEED) -> onnx.ModelProto:
     gelu = b.op(
         "Mul", [b.op("Mul", [up, half], "gelu.half_x"), b.op("Add", [erf, one], "gelu.one_plus")], "gelu"
     )
-    down = b.linear(gelu, "ffn.down", FFN, HIDDEN)
+    down = b.linear(gelu, "ffn.down", size.ffn, size.hidden)
     b.op("Add", [h, down], "Y")
     return b.model("transformer", "X", "Y")
 
@@ -138,6 +161,18 @@ def make_branches(seed: int = SEED) -> onnx.ModelProto:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the bundled example models (or one sized transformer).")
+    parser.add_argument("--transformer", help="B,S,H,HEADS: write one transformer block of this size to --out")
+    parser.add_argument("--out", type=Path, help="where --transformer writes its model")
+    args = parser.parse_args()
+    if args.transformer:
+        if args.out is None:
+            raise SystemExit("error: --transformer needs --out PATH")
+        onnx.save(make_transformer(SEED, Size.parse(args.transformer)), args.out)
+        print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)")
+        return
     for name, make in (("mlp", make_mlp), ("transformer", make_transformer), ("branches", make_branches)):
         path = HERE / f"{name}.onnx"
         onnx.save(make(), path)

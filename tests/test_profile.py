@@ -13,6 +13,7 @@ import pytest
 from unity_eq import optimize
 from unity_eq.cost import CostModel, OpInstance
 from unity_eq.egraph import encode, parse_serialized, saturate
+from unity_eq.errors import OptionError
 from unity_eq.extract import node_costs
 from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Mesh
@@ -224,10 +225,12 @@ def test_profile_cli_errors(examples: Path, tmp_path: Path) -> None:
 
 
 def test_profile_on_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, tmp_path: Path) -> None:
+    import torch
+
     from unity_eq.runtime import cuda_problem
 
-    if cuda_problem(0) is None:
-        pytest.skip("this machine has a usable CUDA device")
+    if cuda_problem(0) is None or torch.cuda.is_available():
+        pytest.skip("this machine has a usable CUDA device (in onnxruntime, or in torch: the next test)")
     table = tmp_path / "t.json"
     proc = run_cli(
         "profile", str(examples / "mlp.onnx"), "--devices", "2", "--device", "cuda", "-o", str(table),
@@ -238,3 +241,47 @@ def test_profile_on_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, 
         next(line for line in proc.stderr.splitlines() if "running on the CPU" in line)
     ]
     assert json.loads(table.read_text())["device"]["provider"] == "CPUExecutionProvider"
+
+
+def test_profile_auto_times_in_torch_where_only_torch_has_cuda(examples: Path) -> None:
+    """onnxruntime's CPU build beside torch's CUDA build (the lent GPU machines): every op forward and backward
+    in torch on the GPU, with one note that says so."""
+    import torch
+
+    from unity_eq.runtime import cuda_problem
+
+    if cuda_problem(0) is None or not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA and onnxruntime without it")
+    notes: list[str] = []
+    table = profile_model(
+        examples / "mlp.onnx", devices=2, device="cuda", warmup=1, repeats=3, min_time=0.0, progress=notes.append
+    )
+    assert table.meta["device"]["framework"] == "torch" and table.meta["device"]["provider"] == "torch:cuda:0"
+    assert table.meta["backward"]["device"] == "cuda:0"
+    assert [n for n in notes if "onnxruntime has no CUDA here" in n]
+    assert not table.skipped and all(e["median_s"] > 0 and e["backward_s"] >= 0 for e in table.entries)
+
+
+def test_profile_framework_torch_times_every_op_and_calibrates_in_torch(examples: Path) -> None:
+    """`--framework torch` on the CPU: the same ops as onnxruntime's run, each timed in torch, the calibration
+    too (so the roofline and the ops are measured by one framework); the transformer's fused Attention is timed
+    as the torch backend runs it (scaled_dot_product_attention), not skipped."""
+    pytest.importorskip("torch")
+    ort_table = profile_model(examples / "mlp.onnx", devices=2, warmup=0, repeats=1, min_time=0.0, backward=False)
+    table = profile_model(
+        examples / "mlp.onnx", devices=2, framework="torch", warmup=0, repeats=1, min_time=0.0, backward=False
+    )
+    assert table.meta["device"]["framework"] == "torch" and table.meta["device"]["provider"] == "torch:cpu"
+    assert "PyTorch" in table.meta["calibration"]["device"] and table.meta["calibration"]["peak_flops"]["float32"] > 0
+
+    def keys(t: ProfileTable) -> list[tuple[str, str]]:
+        return sorted((e["op"], json.dumps(e["key"])) for e in t.entries)
+
+    assert keys(table) == keys(ort_table) and not table.skipped
+    attention = profile_model(
+        examples / "transformer.onnx", devices=2, framework="torch", warmup=0, repeats=1, min_time=0.0
+    )
+    fused = [e for e in attention.entries if e["op"] == "Attention"]
+    assert fused and all(e["median_s"] > 0 and e["backward_s"] is not None for e in fused)
+    with pytest.raises(OptionError, match="expected auto, onnxruntime or torch"):
+        profile_model(examples / "mlp.onnx", devices=2, framework="tensorrt")

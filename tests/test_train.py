@@ -390,3 +390,43 @@ def test_check_training_llama_with_grouped_query_attention(tmp_path: Path) -> No
     assert sorted(trained) == sorted(json.loads(params.read_text())), trained
     assert "ok collectives all_reduce on axis x (gradient), rank 0" in result.stdout
 
+
+
+@pytest.fixture(scope="module")
+def one_device_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled transformer's one-device training plan: one rank, which one GPU can run under NCCL."""
+    out = tmp_path_factory.mktemp("train-one") / "tf1"
+    result = run_cli("optimize", str(EXAMPLES / "transformer.onnx"), "--objective", "training", "--devices", "1",
+                     "-o", str(out), "-q")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def _losses(stdout: str) -> list[float]:
+    return [float(line.split("loss ")[1].split(",")[0]) for line in stdout.splitlines() if line.startswith("step ")]
+
+
+def test_train_device_cuda_without_a_gpu_trains_on_the_cpu_with_one_note(one_device_plan: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: test_train_on_cuda_where_there_is_one runs instead")
+    result = _torchrun(1, "train", str(one_device_plan), "--steps", "2", "--loss", "mean", "--device", "cuda")
+    assert result.returncode == 0, result.stdout + result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert notes == ["note: `--device cuda`: torch sees no CUDA device; training on the CPU (gloo)"], result.stderr
+    losses = _losses(result.stdout)
+    assert len(losses) == 2 and losses[1] < losses[0]
+
+
+def test_train_on_cuda_where_there_is_one(one_device_plan: Path) -> None:
+    """NCCL with one rank on the GPU: the loss falls as on the CPU, and the step time is reported beside the
+    plan's prediction (benchmarks/gpu.sh measures the figures)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: test_train_device_cuda_without_a_gpu_trains_on_the_cpu_with_one_note runs instead")
+    cpu = _torchrun(1, "train", str(one_device_plan), "--steps", "3", "--loss", "mean", "--device", "cpu")
+    gpu = _torchrun(1, "train", str(one_device_plan), "--steps", "3", "--loss", "mean", "--device", "cuda")
+    assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stdout + gpu.stderr + cpu.stderr
+    assert not [line for line in gpu.stderr.splitlines() if line.startswith("note:")], gpu.stderr
+    on_gpu, on_cpu = _losses(gpu.stdout), _losses(cpu.stdout)
+    assert len(on_gpu) == 3 and on_gpu[2] < on_gpu[0]
+    np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-3)  # float32 on both; the GPU sums in another order
+    assert "step time: measured" in gpu.stdout and "plan.json predicts" in gpu.stdout

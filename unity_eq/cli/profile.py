@@ -33,6 +33,11 @@ def profile_cmd(
     backward: bool = typer.Option(
         True, "--backward/--no-backward", help="Also time each op forward + backward in PyTorch (training)."
     ),
+    framework: str = typer.Option(
+        "auto",
+        "--framework",
+        help="Time the forward pass in onnxruntime or torch; auto: torch when only torch can use the CUDA device.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress messages."),
 ) -> None:
     """Measure every distinct op (on its shard shapes) of MODEL's e-graph on this machine's device."""
@@ -54,6 +59,7 @@ def profile_cmd(
         min_time=min_time,
         progress=progress_printer(quiet),
         backward=backward,
+        framework=framework,
     )
     table.save(target)
     meta, summary = table.meta, table.meta["summary"]

@@ -45,6 +45,7 @@ def train(
     from unity_eq.runtime.draws import random_inputs
     from unity_eq.runtime.plandir import check_inputs
     from unity_eq.train.check import make_optimizer
+    from unity_eq.train.session import resolve_device
 
     if steps < 1:
         raise OptionError(f"`--steps` must be at least 1, got {steps}.")
@@ -59,8 +60,10 @@ def train(
             f"world size: torchrun started {os.environ['WORLD_SIZE']} processes, the plan in {plan_dir} has {world} "
             f"ranks. Run `torchrun --nproc_per_node {world} -m unity_eq train {plan_dir}`."
         )
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    device, note = resolve_device(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if note and os.environ.get("RANK") == "0":
+        err.print(f"[yellow]note: {escape(note)}[/yellow]")
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
     try:
         from unity_eq.train.load import load_rank
 

@@ -191,12 +191,41 @@ def _reduce(op: str, consts: Sequence[tuple[int, ...] | None], attrs: Mapping[st
     return run
 
 
+def _present(spec: Any) -> bool:
+    """Whether an input is a tensor the op is called with (not a constant list, not absent or untyped)."""
+    return spec.kind not in ("constant", "absent") and spec.dtype not in ("", "none")
+
+
+def _family_semantics(instance: ProfiledOp) -> TorchFn | None:
+    """The op family's own torch semantics (``OpFamily.torch``, what ``unity-eq train`` runs: Attention as
+    ``scaled_dot_product_attention``), called with None for absent inputs; None without such a hook or with
+    constant-list inputs (those ops are built above)."""
+    from unity_eq.ops.registry import family_for
+
+    family = family_for(instance.op)
+    hook = family.torch if family is not None else None
+    if hook is None or any(s.kind == "constant" for s in instance.inputs):
+        return None
+    present = [_present(s) for s in instance.inputs]
+    attrs = dict(instance.attrs)
+
+    def run(*tensors: Any) -> Any:
+        given = iter(tensors)
+        args = [next(given) if here else None for here in present]
+        while args and args[-1] is None:
+            args.pop()
+        outs = list(hook(instance.op, args, attrs))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return run
+
+
 def torch_function(instance: ProfiledOp) -> TorchFn | None:
     """The op as a torch function of its tensor inputs (None: not built here; no backward is measured)."""
     if instance.domain not in ("", "ai.onnx"):
         return None
     attrs = dict(instance.attrs)
-    return _unary(instance.op, attrs) or _binary(instance.op) or _shaped(instance)
+    return _unary(instance.op, attrs) or _binary(instance.op) or _shaped(instance) or _family_semantics(instance)
 
 
 class BackwardRunner:
@@ -217,14 +246,14 @@ class BackwardRunner:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize(self.device)
 
-    def _tensors(self, instance: ProfiledOp, weights: Mapping[int, np.ndarray], rng: np.random.Generator) -> list[Any]:
+    def tensors(self, instance: ProfiledOp, weights: Mapping[int, np.ndarray], rng: np.random.Generator) -> list[Any]:
         """The op's tensor inputs on the device: floating ones (but one-element constants) require gradients;
         integer ones (Gather's indices) hold known values or valid random ones; boolean ones random."""
         import torch
 
         tensors: list[Any] = []
         for position, spec in enumerate(instance.inputs):
-            if spec.kind in ("constant", "absent"):
+            if not _present(spec):
                 continue
             value = weights.get(position)
             dtype = np.dtype(spec.dtype)
@@ -244,7 +273,9 @@ class BackwardRunner:
             tensors.append(tensor)
         return tensors
 
-    def _median(self, run: Callable[[], None]) -> tuple[float, int]:
+    def samples(self, run: Callable[[], Any]) -> list[float]:
+        """Seconds of each timed run of ``run`` (synchronized with the device), after the warm-up runs: at least
+        ``repeats``, more while the total is under ``min_time`` (short ops are noisy), at most 20×."""
         for _ in range(self.warmup):
             run()
         self._sync()
@@ -257,6 +288,10 @@ class BackwardRunner:
             run()
             self._sync()
             samples.append(time.perf_counter() - begin)
+        return samples
+
+    def _median(self, run: Callable[[], None]) -> tuple[float, int]:
+        samples = self.samples(run)
         return statistics.median(samples), len(samples)
 
     def measure(
@@ -269,7 +304,7 @@ class BackwardRunner:
         fn = torch_function(instance)
         if fn is None:
             return None
-        tensors = self._tensors(instance, weights, rng)
+        tensors = self.tensors(instance, weights, rng)
         leaves = [t for t in tensors if t.requires_grad]
         if not leaves:
             return None

@@ -22,8 +22,9 @@ from unity_eq.profile.backward import BackwardRunner, BackwardTiming, torch_devi
 from unity_eq.profile.instances import ProfiledOp, op_instances
 from unity_eq.profile.models import single_op_model
 from unity_eq.profile.timing import Progress, Runner, Timing, calibrate, calibrated_machine, measure
+from unity_eq.profile.torch_timing import calibrate_torch, forward_timing
 from unity_eq.profile_table import PROFILE_FORMAT_VERSION, ProfileTable, jsonable
-from unity_eq.runtime.devices import available_cores, choose_device
+from unity_eq.runtime.devices import DeviceChoice, available_cores, choose_device
 from unity_eq.version import __version__
 
 
@@ -83,6 +84,7 @@ def profile_model(
     rule_files: Sequence[Path] | None = None,
     progress: Progress | None = None,
     backward: bool = True,
+    framework: str = "auto",
 ) -> ProfileTable:
     """Measure every distinct compute op of ``model``'s e-graph on a mesh, on this machine's device.
 
@@ -90,7 +92,9 @@ def profile_model(
     devices of ``machine``; the machine's roofline is also compared with the measurements
     (``machine_roofline_s``). ``device`` is ``cpu``, ``cuda`` or ``auto`` (CUDA device 0 when usable).
     ``backward``: also time each op forward and forward + backward in PyTorch on the same device
-    (:mod:`unity_eq.profile.backward`), the entries' ``backward_s``.
+    (:mod:`unity_eq.profile.backward`), the entries' ``backward_s``. ``framework`` times the forward pass in
+    ``onnxruntime``, in ``torch`` (:mod:`unity_eq.profile.torch_timing`) or ``auto``: torch when a CUDA device
+    is asked for and only torch can use it, onnxruntime otherwise.
     """
     from unity_eq.rulefile.manifest import load_rule_files
 
@@ -136,14 +140,22 @@ def profile_model(
     )
 
     choice = choose_device(device, 0)
-    if choice.note:
-        say(choice.note)
+    framework, framework_device, framework_note = choose_framework(framework, device, choice)
+    note = framework_note or choice.note
+    if note:
+        say(note)
     n_threads = threads or available_cores()
     runner = Runner(choice, n_threads, warmup, repeats, min_time)
-    calibration = calibrate(runner, say)
+    if framework == "torch":
+        assert framework_device is not None
+        torch_runner = BackwardRunner(framework_device, n_threads, warmup, repeats, min_time)
+        calibration = calibrate_torch(torch_runner, n_threads, say)
+        torch_device, backward_note = (framework_device, "") if backward else (None, "")
+    else:
+        calibration = calibrate(runner, say)
+        torch_device, backward_note = torch_device_for(choice.cuda, runner.device[1]) if backward else (None, "")
     predictor = CostModel(calibrated_machine(calibration, chosen_mesh.size), chosen_mesh, TRAINING)
     machine_model = CostModel(machine, chosen_mesh, TRAINING) if machine is not None else None
-    torch_device, backward_note = torch_device_for(choice.cuda, runner.device[1]) if backward else (None, "")
     if backward_note:
         say(backward_note)
     backward_runner = (
@@ -157,10 +169,17 @@ def profile_model(
     for k, (_, group) in enumerate(runs.items()):
         first = group[0]
         try:
-            model_proto, feeds = single_op_model(first, weights.get(first, {}), rng, opsets)
-            timing = measure(runner, model_proto, feeds)
-        except Exception as exc:  # onnxruntime refuses the op on this device: the roofline prices it
+            if framework == "torch":
+                timing = forward_timing(torch_runner, first, weights.get(first, {}), rng)
+            else:
+                model_proto, feeds = single_op_model(first, weights.get(first, {}), rng, opsets)
+                timing = measure(runner, model_proto, feeds)
+        except Exception as exc:  # the framework refuses the op on this device: the roofline prices it
             reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            skipped.append({"op": first.op, "inputs": [s.to_json() for s in first.inputs], "reason": reason})
+            continue
+        if timing is None:
+            reason = "the torch timer does not build this op (unity_eq/profile/backward.py): the roofline prices it"
             skipped.append({"op": first.op, "inputs": [s.to_json() for s in first.inputs], "reason": reason})
             continue
         backward_timing = _backward(backward_runner, first, weights.get(first, {}), rng, skipped)
@@ -168,7 +187,10 @@ def profile_model(
             say(f"measured {k + 1} of {len(runs)} ops")
         for instance in group:
             entries.append(_entry(instance, timing, backward_timing, predictor, machine_model))
-    provider = "CUDAExecutionProvider" if choice.cuda else "CPUExecutionProvider"
+    if framework == "torch":
+        provider = f"torch:{framework_device}"
+    else:
+        provider = "CUDAExecutionProvider" if choice.cuda else "CPUExecutionProvider"
     import onnxruntime as ort
 
     meta: dict[str, Any] = {
@@ -178,12 +200,13 @@ def profile_model(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": {
             "description": calibration.device,
+            "framework": framework,
             "provider": provider,
             "device_id": runner.device[1],
             "onnxruntime": ort.__version__,
             "threads": n_threads,
             "host": platform.node(),
-            "note": choice.note,
+            "note": note,
         },
         "model": {"name": graph.name, "source": str(model) if not isinstance(model, Graph) else graph.name},
         "mesh": {"axes": list(chosen_mesh.axes), "sizes": list(chosen_mesh.sizes)},
@@ -195,6 +218,41 @@ def profile_model(
         "seconds": round(time.perf_counter() - started, 3),
     }
     return ProfileTable(meta, entries, skipped)
+
+
+def choose_framework(framework: str, device: str, choice: DeviceChoice) -> tuple[str, str | None, str]:
+    """The framework that times the forward pass, torch's device when it is torch, and a note when the choice
+    is not the obvious one: ``auto`` is onnxruntime unless a CUDA device is asked for (``cuda``, ``auto``)
+    that onnxruntime cannot use (no onnxruntime-gpu) and torch can."""
+    if framework not in ("auto", "onnxruntime", "torch"):
+        raise OptionError(f"`--framework`: expected auto, onnxruntime or torch, got {framework!r}.")
+    if framework == "onnxruntime" or (framework == "auto" and (device == "cpu" or choice.cuda)):
+        return "onnxruntime", None, ""
+    try:
+        import torch
+    except ImportError:
+        if framework == "torch":
+            raise OptionError(
+                "`--framework torch` needs PyTorch: `pip install -e '.[torch]'` (or `--framework onnxruntime`)."
+            ) from None
+        return "onnxruntime", None, ""
+    wants_cuda = device in ("cuda", "auto")
+    if wants_cuda and torch.cuda.is_available():
+        target = "cuda:0"
+        if framework == "auto":
+            return (
+                "torch",
+                target,
+                (
+                    f"onnxruntime has no CUDA here ({choice.note or 'CPU build'}); PyTorch has: every op is timed "
+                    f"forward and backward in PyTorch on {target} ({torch.cuda.get_device_name(0)})"
+                ),
+            )
+        return "torch", target, ""
+    if framework == "auto":
+        return "onnxruntime", None, ""
+    note = "torch sees no CUDA device; timing on the CPU" if device == "cuda" else ""
+    return "torch", "cpu", note
 
 
 def _backward(

@@ -92,15 +92,30 @@ def loss_of(outputs: Mapping[str, torch.Tensor], how: str | None) -> torch.Tenso
     raise OptionError(f"`--loss`: expected sum or mean, got {how!r}.")
 
 
-def pick_device(device: str, local_rank: int) -> torch.device:
-    """``cpu``, ``cuda`` (one GPU per local rank, round robin) or ``auto`` (cuda when available)."""
+def resolve_device(device: str, ranks_here: int = 1) -> tuple[str, str]:
+    """``cpu`` or ``cuda`` for ``--device cpu|cuda|auto``, and a note when ``cuda`` was asked for and the CPU is
+    what runs (torch sees no CUDA device: GPU code falls back, it does not crash). ``ranks_here`` ranks on this
+    node need as many GPUs: NCCL refuses two ranks on one GPU, so fewer is one error before any collective."""
     if device not in ("cpu", "cuda", "auto"):
         raise OptionError(f"`--device`: expected cpu, cuda or auto, got {device!r}.")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise OptionError("`--device cuda`: torch sees no CUDA device. Use `--device cpu` or `auto`.")
+    if device == "cpu":
+        return "cpu", ""
+    if not torch.cuda.is_available():
+        note = "" if device == "auto" else "`--device cuda`: torch sees no CUDA device; training on the CPU (gloo)"
+        return "cpu", note
+    count = torch.cuda.device_count()
+    if ranks_here > count:
+        raise OptionError(
+            f"`--device {device}`: {ranks_here} ranks on this node and {count} GPU{'s' if count != 1 else ''}; NCCL "
+            "runs one rank per GPU. Use a plan of at most that many devices per node, or `--device cpu`."
+        )
+    return "cuda", ""
+
+
+def pick_device(device: str, local_rank: int) -> torch.device:
+    """``cpu``, ``cuda`` (one GPU per local rank) or ``auto`` (cuda when available); ``cuda`` without a CUDA
+    device is the CPU (:func:`resolve_device` says so once)."""
+    if resolve_device(device)[0] == "cuda":
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 

@@ -1,0 +1,111 @@
+"""The forward pass timed in PyTorch, and the device calibrated in PyTorch: ``profile --framework torch``.
+
+Why a second forward timer: ``profile`` times the forward pass in onnxruntime, the runtime ``run`` and ``check``
+use, but onnxruntime runs on a GPU only in its CUDA build (onnxruntime-gpu, a separate wheel of several hundred
+MB). A machine whose PyTorch has CUDA and whose onnxruntime has not (the common case on training machines, and
+the lent GPU machines here) can still time every op on the GPU: forward and backward both in torch, the kernels
+the torch backend (``unity-eq train``) runs. ``--framework auto`` chooses this when ``--device cuda|auto`` finds
+no CUDA in onnxruntime but finds it in torch, and says so.
+
+The calibration is the same three measurements as :func:`unity_eq.profile.timing.calibrate` (a large float32
+MatMul, a large elementwise Add of a scalar, a one-element Add), run in torch, so the calibrated roofline and the
+ops are timed by one framework.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from unity_eq.profile.backward import BackwardRunner, torch_function
+from unity_eq.profile.instances import ProfiledOp
+from unity_eq.profile.timing import Progress, Timing
+from unity_eq.profile_table import Calibration
+
+__all__ = ["calibrate_torch", "describe_torch_device", "forward_timing"]
+
+
+def _timing(samples: list[float]) -> Timing:
+    return Timing(statistics.median(samples), min(samples), len(samples))
+
+
+def forward_timing(
+    runner: BackwardRunner, instance: ProfiledOp, weights: Mapping[int, np.ndarray], rng: np.random.Generator
+) -> Timing | None:
+    """The op's forward in torch without autograd (None: the torch timer does not build this op)."""
+    import torch
+
+    fn = torch_function(instance)
+    if fn is None:
+        return None
+    tensors = [t.detach() for t in runner.tensors(instance, weights, rng)]
+    with torch.no_grad():
+        return _timing(runner.samples(lambda: fn(*tensors)))
+
+
+def describe_torch_device(device: str, threads: int) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return f"{torch.cuda.get_device_name(torch.device(device))} (PyTorch {torch.__version__})"
+    from unity_eq.profile.timing import describe_local_device
+    from unity_eq.runtime.devices import DeviceChoice
+
+    return f"{describe_local_device(DeviceChoice(['CPUExecutionProvider']), threads)} (PyTorch {torch.__version__})"
+
+
+def calibrate_torch(runner: BackwardRunner, threads: int, progress: Progress | None = None) -> Calibration:
+    """Peak float32 FLOP/s, memory bandwidth and per-op floor of ``runner``'s device, measured in torch with the
+    sizes :func:`~unity_eq.profile.timing.calibrate` uses (each peak the fastest run; the floor the median)."""
+    import torch
+
+    say = progress or (lambda _m: None)
+    device = runner.device
+    details: dict[str, Any] = {}
+    n = 1024
+    while True:
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        with torch.no_grad():
+            timing = _timing(runner.samples(lambda a=a, b=b: a @ b))
+        if timing.min_s >= 0.02 or n >= 8192:
+            break
+        n *= 2
+    peak = 2.0 * n**3 / timing.min_s
+    details["matmul"] = {"n": n, "min_s": timing.min_s, "median_s": timing.median_s, "repeats": timing.repeats}
+    say(f"calibration (torch): MatMul {n}×{n}×{n} in {timing.min_s * 1e3:.2f} ms → {peak / 1e9:.1f} GFLOP/s")
+    elements = 1 << 24
+    while True:
+        x = torch.randn(elements, device=device)
+        y = torch.empty_like(x)  # written in place: a fresh 64 MiB block per run times the CPU's page faults
+        with torch.no_grad():
+            timing = _timing(runner.samples(lambda x=x, y=y: torch.add(x, 1.0, out=y)))
+        if timing.min_s >= 0.005 or elements >= 1 << 28:
+            break
+        elements *= 2
+    bandwidth = 2.0 * 4 * elements / timing.min_s
+    details["add"] = {
+        "elements": elements,
+        "min_s": timing.min_s,
+        "median_s": timing.median_s,
+        "repeats": timing.repeats,
+    }
+    say(
+        f"calibration (torch): Add over {elements * 4 >> 20} MiB in {timing.min_s * 1e3:.2f} ms → "
+        f"{bandwidth / 1e9:.1f} GB/s"
+    )
+    one = torch.randn(1, device=device)
+    with torch.no_grad():
+        floor = _timing(runner.samples(lambda: one + 1.0))
+    details["floor"] = {"min_s": floor.min_s, "median_s": floor.median_s, "repeats": floor.repeats}
+    say(f"calibration (torch): one-element Add in {floor.median_s * 1e6:.1f} µs (per-op floor, median)")
+    if device.startswith("cuda"):
+        memory = float(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    else:
+        import os
+
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return Calibration(describe_torch_device(device, threads), peak, bandwidth, floor.median_s, memory, details)
