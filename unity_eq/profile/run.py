@@ -24,7 +24,7 @@ from unity_eq.profile.models import single_op_model
 from unity_eq.profile.timing import Progress, Runner, Timing, calibrate, calibrated_machine, measure
 from unity_eq.profile.torch_timing import calibrate_torch, forward_timing
 from unity_eq.profile_table import PROFILE_FORMAT_VERSION, ProfileTable, jsonable
-from unity_eq.runtime.devices import DeviceChoice, available_cores, choose_device
+from unity_eq.runtime.devices import DeviceChoice, available_cores, choose_device, cuda_problem
 from unity_eq.version import __version__
 
 
@@ -244,8 +244,8 @@ def choose_framework(framework: str, device: str, choice: DeviceChoice) -> tuple
                 "torch",
                 target,
                 (
-                    f"onnxruntime has no CUDA here ({choice.note or 'CPU build'}); PyTorch has: every op is timed "
-                    f"forward and backward in PyTorch on {target} ({torch.cuda.get_device_name(0)})"
+                    f"onnxruntime has no CUDA here ({cuda_problem(0) or 'no CUDA provider'}); PyTorch has: every "
+                    f"op is timed forward and backward in PyTorch on {target} ({torch.cuda.get_device_name(0)})"
                 ),
             )
         return "torch", target, ""

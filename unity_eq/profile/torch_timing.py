@@ -14,6 +14,7 @@ ops are timed by one framework.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Mapping
 from typing import Any
@@ -70,7 +71,7 @@ def calibrate_torch(runner: BackwardRunner, threads: int, progress: Progress | N
         a = torch.randn(n, n, device=device)
         b = torch.randn(n, n, device=device)
         with torch.no_grad():
-            timing = _timing(runner.samples(lambda a=a, b=b: a @ b))
+            timing = _timing(runner.samples(functools.partial(torch.matmul, a, b)))
         if timing.min_s >= 0.02 or n >= 8192:
             break
         n *= 2
@@ -82,7 +83,7 @@ def calibrate_torch(runner: BackwardRunner, threads: int, progress: Progress | N
         x = torch.randn(elements, device=device)
         y = torch.empty_like(x)  # written in place: a fresh 64 MiB block per run times the CPU's page faults
         with torch.no_grad():
-            timing = _timing(runner.samples(lambda x=x, y=y: torch.add(x, 1.0, out=y)))
+            timing = _timing(runner.samples(functools.partial(torch.add, x, 1.0, out=y)))
         if timing.min_s >= 0.005 or elements >= 1 << 28:
             break
         elements *= 2
