@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 BATCH, SEQ, HIDDEN, FFN, HEADS = 8, 128, 256, 1024, 8
 HEAD_DIM = HIDDEN // HEADS
@@ -49,12 +49,23 @@ class Size:
         return cls(batch, seq, hidden, 4 * hidden, heads)
 
 
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes  # onnx's own dependency: numpy has no bfloat16
+
+        return np.dtype(ml_dtypes.bfloat16)
+    if name not in ("float32", "float16"):
+        raise SystemExit(f"error: --dtype {name}: expected float32, float16 or bfloat16")
+    return np.dtype(name)
+
+
 class _Builder:
     """Collects nodes and initializers; names every node after its output."""
 
-    def __init__(self, seed: int, size: Size = Size()) -> None:
+    def __init__(self, seed: int, size: Size = Size(), dtype: str = "float32") -> None:
         self.rng = np.random.default_rng(seed)
         self.size = size
+        self.dtype = _numpy_dtype(dtype)  # float values are drawn in float32 (the same draws), stored in dtype
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
 
@@ -63,6 +74,8 @@ class _Builder:
         return self.const(name, value)
 
     def const(self, name: str, value: np.ndarray) -> str:
+        if value.dtype == np.float32:
+            value = value.astype(self.dtype)
         self.initializers.append(numpy_helper.from_array(value, name))
         return name
 
@@ -86,11 +99,12 @@ class _Builder:
 
     def model(self, name: str, x: str, y: str) -> onnx.ModelProto:
         shape = [self.size.batch, self.size.seq, self.size.hidden]
+        elem = helper.np_dtype_to_tensor_dtype(self.dtype)
         graph = helper.make_graph(
             self.nodes,
             name,
-            [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
-            [helper.make_tensor_value_info(y, TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info(x, elem, shape)],
+            [helper.make_tensor_value_info(y, elem, shape)],
             self.initializers,
         )
         model = helper.make_model(
@@ -111,10 +125,10 @@ def make_mlp(seed: int = SEED) -> onnx.ModelProto:
     return b.model("mlp", "X", "Y")
 
 
-def make_transformer(seed: int = SEED, size: Size = Size()) -> onnx.ModelProto:
+def make_transformer(seed: int = SEED, size: Size = Size(), dtype: str = "float32") -> onnx.ModelProto:
     """One pre-LN encoder block: X + Attn(LN(X)), then that + FFN(LN(that)); the bundled one at the default
     size, a GPU-sized one with ``--transformer`` (benchmarks/gpu.sh)."""
-    b = _Builder(seed, size)
+    b = _Builder(seed, size, dtype)
     head_dim = size.hidden // size.heads
     heads_shape = b.const("heads_shape", np.array([size.batch, size.seq, size.heads, head_dim], np.int64))
     hidden_shape = b.const("hidden_shape", np.array([size.batch, size.seq, size.hidden], np.int64))
@@ -166,11 +180,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Write the bundled example models (or one sized transformer).")
     parser.add_argument("--transformer", help="B,S,H,HEADS: write one transformer block of this size to --out")
     parser.add_argument("--out", type=Path, help="where --transformer writes its model")
+    parser.add_argument("--dtype", default="float32", help="float32, float16 or bfloat16 (--transformer only)")
     args = parser.parse_args()
     if args.transformer:
         if args.out is None:
             raise SystemExit("error: --transformer needs --out PATH")
-        onnx.save(make_transformer(SEED, Size.parse(args.transformer)), args.out)
+        onnx.save(make_transformer(SEED, Size.parse(args.transformer), args.dtype), args.out)
         print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.1f} MiB)")
         return
     for name, make in (("mlp", make_mlp), ("transformer", make_transformer), ("branches", make_branches)):

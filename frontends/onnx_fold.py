@@ -16,6 +16,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
+from unity_eq.dtypes import is_float
 from unity_eq.errors import ModelError
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, static_type
 from unity_eq.frontends.onnx_read import one_line, shape_only
@@ -101,7 +102,7 @@ def folded_origin(node: onnx.NodeProto, origins: Mapping[str, WeightOrigin], val
     inputs = [origins.get(name, WeightOrigin.constant()) for name in node.input if name]
     ops = (*dict.fromkeys(op for o in inputs for op in o.ops), node.op_type)
     sources = tuple(sorted({s for o in inputs if o.trainable for s in o.sources}))
-    if not sources or not np.issubdtype(value.dtype, np.floating):
+    if not sources or not is_float(value.dtype):
         return WeightOrigin.constant(ops)
     return WeightOrigin("folded", sources, ops)
 

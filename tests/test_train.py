@@ -431,3 +431,38 @@ def test_train_on_cuda_where_there_is_one(one_device_plan: Path) -> None:
     np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-3)  # float32 on both; the GPU sums in another order
     said = gpu.stdout + gpu.stderr  # the step-time summary is a message (stderr), the losses are output (stdout)
     assert "step time: measured" in said and "plan.json predicts" in said
+
+
+def test_check_training_of_a_one_device_plan_finishes(one_device_plan: Path) -> None:
+    """One rank, which gets every core: it used to be forked after the one-device reference had run torch's
+    OpenMP pool, and hung in its first parallel region (unity_eq.train.spawn.start_method)."""
+    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(one_device_plan), "--training", "--steps", "1",
+                     "--loss", "mean", timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok gradient of 'attn.q.weight'" in result.stdout
+
+
+def test_a_bfloat16_model_trains_checks_and_saves_in_bfloat16(tmp_path: Path) -> None:
+    """bfloat16 weights are parameters (ml_dtypes' bfloat16 is no numpy float), so they train, their gradients
+    are all-reduced as priced, and the checkpoint keeps their type; `check --training` judges them with
+    bfloat16's allowance, as `check` judges outputs."""
+    sys.path.insert(0, str(EXAMPLES))
+    import onnx
+    from make_examples import Size, make_transformer
+
+    model = tmp_path / "bf16.onnx"
+    onnx.save(make_transformer(size=Size(4, 16, 64, 64 * 4, 4), dtype="bfloat16"), model)
+    plan = tmp_path / "plan"
+    made = run_cli("optimize", str(model), "--objective", "training", "--devices", "2", "--mesh", "2", "-o",
+                   str(plan), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    weights = json.loads((plan / "plan.json").read_text())["weights"]
+    assert weights["ffn.up.weight"]["trainable"] and weights["ln1.scale"]["trainable"]
+    checked = run_cli("check", str(model), str(plan), "--training", "--steps", "2", "--loss", "mean", timeout=240)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok gradient of 'ffn.up.weight'" in checked.stdout
+    ckpt = tmp_path / "bf16.pt"
+    trained = _torchrun(2, "train", str(plan), "--steps", "2", "--loss", "mean", "--save", str(ckpt))
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["ffn.up.weight"].dtype == torch.bfloat16 and list(saved["ffn.up.weight"].shape) == [64, 256]

@@ -6,14 +6,31 @@ asks "is this a float", "how precise is it" or "may these values become that typ
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-__all__ = ["is_float", "is_integral", "relative_precision"]
+__all__ = ["as_dtype", "is_float", "is_integral", "relative_precision"]
 
 
-def is_float(dtype: np.dtype) -> bool:
-    """Floating point, numpy's own (float16/32/64) or ml_dtypes' (bfloat16, float8, float4)."""
-    dtype = np.dtype(dtype)
+def as_dtype(dtype: Any) -> np.dtype:
+    """``np.dtype(dtype)``, also for ml_dtypes' names (``bfloat16``), which numpy knows only once ml_dtypes is
+    imported."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        import ml_dtypes  # onnx's own dependency; importing it registers its names with numpy
+
+        return (
+            np.dtype(getattr(ml_dtypes, dtype))
+            if isinstance(dtype, str) and hasattr(ml_dtypes, dtype)
+            else np.dtype(dtype)
+        )
+
+
+def is_float(dtype: Any) -> bool:
+    """Floating point, numpy's own (float16/32/64) or ml_dtypes' (bfloat16, float8, float4); a dtype or its name."""
+    dtype = as_dtype(dtype)
     return dtype.kind == "f" or (dtype.type.__module__ == "ml_dtypes" and "float" in dtype.name)
 
 

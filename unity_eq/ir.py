@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from unity_eq.dtypes import is_float
 from unity_eq.errors import OptionError
 from unity_eq.placement import Partial, Placement, Replicate, Shard, parse_placement
 
@@ -88,7 +89,7 @@ def is_parameter_type(dtype: str | np.dtype[Any], rank: int) -> bool:
     exporter's constant (GELU's 0.5, a Pow's exponent, sqrt(d), a mask's fill value: torch's dynamo exporter
     writes them as initializers), never a module's parameter. The one rule the frontend, the cost model, the
     memory model and the torch backend share (docs/training.md, "What is trainable")."""
-    return rank >= 1 and np.issubdtype(np.dtype(dtype), np.floating)
+    return rank >= 1 and is_float(dtype)
 
 
 #: how a weight of the graph comes from the source model's parameters (plan.json ``weights[].how``)
@@ -188,7 +189,7 @@ class Graph:
             if name in parameters:
                 names = tuple(parameters[name])
                 array = self.initializers[name]
-                if not np.issubdtype(array.dtype, np.floating):
+                if not is_float(array.dtype):
                     raise OptionError(
                         f"`--parameters`: {name!r} is a {array.dtype.name} tensor, not a float one; it cannot be a "
                         "parameter."

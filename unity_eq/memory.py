@@ -52,6 +52,7 @@ from collections.abc import Collection
 import numpy as np
 from typing_extensions import assert_never
 
+from unity_eq.dtypes import is_float
 from unity_eq.ir import WeightOrigin
 from unity_eq.memory_usage import (
     ZERO_LEVELS,
@@ -108,7 +109,7 @@ def tensor_kinds(plan: Plan) -> dict[str, str]:
                 for name in outputs:
                     if name:
                         dtype = plan.tensors[name].dtype
-                        floating = dtype == "none" or np.issubdtype(np.dtype(dtype), np.floating)
+                        floating = dtype == "none" or is_float(dtype)
                         kinds[name] = "activation" if floating else "nograd"  # no gradient flows through it
             case _:
                 assert_never(step)

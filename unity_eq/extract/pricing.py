@@ -13,6 +13,7 @@ import numpy as np
 
 from unity_eq.collectives import TERMS, by_term
 from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
+from unity_eq.dtypes import is_float
 from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
 from unity_eq.ir import Partial, Placement, Replicate, Shard
 from unity_eq.ops.registry import spec_for
@@ -124,7 +125,7 @@ def source_kinds(data: EGraphData, constants: Collection[str] = frozenset()) -> 
 
 def floating_dtype(dtype: str | None) -> bool:
     """Whether a tensor of ``dtype`` can carry a gradient (unknown or absent: assumed so)."""
-    return dtype in (None, "none") or bool(np.issubdtype(np.dtype(dtype), np.floating))
+    return dtype in (None, "none") or is_float(dtype)
 
 
 def foldable(op: str) -> bool:

@@ -19,7 +19,7 @@ Relative error is ``max |plan - reference| / max |reference|`` per weight, as ``
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from unity_eq.errors import CheckFailed, ModelError, OptionError
 from unity_eq.planfile import ExplainRecord
 from unity_eq.train.predict import Key, predicted_collectives, predicted_spmd, priced_gradless
 from unity_eq.train.spawn import TrainJob, free_port, init_rank, make_optimizer, spawn_ranks
+from unity_eq.train.torch_ops import array_of, tensor_of
 
 __all__ = [
     "TrainingCheck",
@@ -75,8 +76,7 @@ def reference_training(job: TrainJob, float64: bool = False) -> dict[str, Any]:
         source = wide
     module = OnnxModule(source, trainable=job.trainable)
     opt = make_optimizer(job.optimizer, module.parameters(), job.lr)
-    feeds = {name: torch.from_numpy(np.ascontiguousarray(_widened(a) if float64 else a))
-             for name, a in job.inputs.items()}  # fmt: skip
+    feeds = {name: tensor_of(_widened(a) if float64 else a) for name, a in job.inputs.items()}
     batch = len(next(iter(feeds.values())))
     own = model_batch(job.model) or batch
     passes = batch // own if own < batch and batch % own == 0 else 1
@@ -96,11 +96,29 @@ def reference_training(job: TrainJob, float64: bool = False) -> dict[str, Any]:
         losses.append(total)
         magnitudes.append(magnitude)
         if k == 0:
-            grads = {n: (p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, np.float32))
+            grads = {n: (array_of(p.grad) if p.grad is not None else np.zeros(p.shape, np.float32))
                      for n, p in module.parameters_by_name().items()}  # fmt: skip
         opt.step()
-    weights = {n: p.detach().numpy().copy() for n, p in module.parameters_by_name().items()}
+    weights = {n: array_of(p) for n, p in module.parameters_by_name().items()}
     return {"losses": losses, "grads": grads, "weights": weights, "magnitudes": magnitudes}
+
+
+def noise_share(values: Iterable[np.ndarray]) -> float:
+    """The share of the largest value below which a value is rounding noise on both sides: ``1e-3`` (float32
+    rounding is far below it), or the machine epsilon of the narrowest float type trained, where that is larger
+    (7.8e-3 for bfloat16, whose 8-bit mantissa rounds each sum to that share of its largest term)."""
+    from unity_eq.dtypes import is_float, relative_precision
+
+    return max([1e-3] + [relative_precision(v.dtype) for v in values if is_float(v.dtype)])
+
+
+def _tolerance_of(weights: Iterable[np.ndarray], tolerance: float) -> float:
+    """``--tolerance`` (meant for float32), or more for a model that trains narrower weights: the loosest of
+    their types' allowances (``runtime.comparison.tolerance_for``: 7.8e-2 for bfloat16, as ``check`` allows its
+    outputs)."""
+    from unity_eq.runtime.comparison import tolerance_for
+
+    return max((tolerance_for(w.dtype, tolerance) for w in weights), default=tolerance)
 
 
 def _widened(array: np.ndarray) -> np.ndarray:
@@ -148,10 +166,11 @@ def _compare_pieces(
     """Every rank's pieces against the reference's regions; every trained weight covered.
 
     A weight whose values are far smaller than the model's largest is judged against a floor: ``1e-3`` of
-    the largest element over every weight. A gradient that is zero in exact arithmetic (attention's key bias:
-    softmax ignores a shift of a row) is float32 rounding noise in both runs, and noise has no relative error;
-    an error above ``tolerance`` of the floor is still a mismatch."""
-    floor = 1e-3 * max((float(np.max(np.abs(v))) for v in reference.values() if v.size), default=0.0)
+    the largest element over every weight (:func:`noise_share`: more for a narrower type). A gradient that is
+    zero in exact arithmetic (attention's key bias: softmax ignores a shift of a row) is rounding noise in both
+    runs, and noise has no relative error; an error above ``tolerance`` of the floor is still a mismatch."""
+    largest = max((float(np.max(np.abs(v.astype(np.float64)))) for v in reference.values() if v.size), default=0.0)
+    floor = noise_share(reference.values()) * largest
     worst: dict[str, tuple[float, int]] = {}
     covered: dict[str, np.ndarray] = {}
     for rank, pieces in enumerate(ranks):
@@ -278,7 +297,7 @@ def check_training(
         )  # fmt: skip
         reference = reference_training(job)  # first: a model that cannot train fails before any rank starts
         ranks = spawn_ranks(world, job)
-    result = TrainingCheck(tolerance)
+    result = TrainingCheck(_tolerance_of(reference["weights"].values(), tolerance))
     _compare_values(result, reference, ranks, steps, optimizer)
     if any(not ok and key is not None for (ok, _), key in zip(result.lines, result.keys, strict=True)):
         result = second_opinion(result, job, reference, ranks)
@@ -293,7 +312,7 @@ def _compare_values(
     for k, (want, *got) in enumerate(zip(reference["losses"], *(r["losses"] for r in ranks), strict=True)):
         # a sum whose terms cancel (a LayerNorm output's) is judged against 1e-3 of its terms' magnitudes' sum,
         # as a tiny weight is against the largest: below that its value is float32 rounding on both sides
-        floor = max(1e-3 * reference["magnitudes"][k], 1e-30)
+        floor = max(noise_share(reference["weights"].values()) * reference["magnitudes"][k], 1e-30)
         error = max(abs(g - want) / max(abs(want), floor) for g in got)
         result.add(
             error <= result.tolerance,

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from unity_eq.errors import OptionError
+from unity_eq.train.torch_ops import array_of, tensor_of
 
 __all__ = ["read_checkpoint", "write_checkpoint"]
 
@@ -28,7 +29,7 @@ def write_checkpoint(path: Path, weights: Mapping[str, np.ndarray]) -> Path:
     """Write ``weights`` to ``path`` (``.safetensors`` in safetensors' format when it is installed; any other
     name, or without it, ``torch.save``'s)."""
     partial = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tensors = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in weights.items()}
+    tensors = {name: tensor_of(value) for name, value in weights.items()}
     try:
         if path.suffix == ".safetensors" and _safetensors():
             from safetensors.torch import save_file
@@ -63,4 +64,4 @@ def read_checkpoint(path: Path) -> dict[str, np.ndarray]:
         raise OptionError(f"`--load` {path}: not a readable checkpoint ({type(exc).__name__}: {exc}).") from None
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise OptionError(f"`--load` {path}: expected a dict of tensors by parameter name.")
-    return {str(name): value.detach().cpu().numpy() for name, value in loaded.items()}
+    return {str(name): array_of(value) for name, value in loaded.items()}

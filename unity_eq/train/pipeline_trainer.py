@@ -35,12 +35,14 @@ import torch
 import torch.distributed as dist
 
 from unity_eq.collectives import torch_autograd as coll
+from unity_eq.dtypes import is_float
 from unity_eq.errors import PlanError
 from unity_eq.planfile import ExplainRecord
 from unity_eq.runtime.pipeline import PipelinePlan
 from unity_eq.train.buckets import all_reduce_in_buckets
 from unity_eq.train.rank import Region
 from unity_eq.train.session import RankTrainer, assemble
+from unity_eq.train.torch_ops import array_of
 
 __all__ = ["DATA_AXIS", "PIPELINE_AXIS", "STAGES_AXIS", "PipelineTrainer", "SharedWeight", "schedule_order"]
 
@@ -81,7 +83,7 @@ class SharedWeight:
 
 
 def _float(dtype: str) -> bool:
-    return bool(np.issubdtype(np.dtype(dtype), np.floating))
+    return is_float(dtype)
 
 
 @dataclass
@@ -238,7 +240,7 @@ class PipelineTrainer(RankTrainer):
         for name, region, value in self.pieces(what):  # under ZeRO gathered from the replicas' shards
             if value is None:
                 value = torch.zeros(tuple(n for _, n in region.box))
-            mine.append((name, region.box, value.detach().cpu().numpy(), self.plan_module.source_shapes[name]))
+            mine.append((name, region.box, array_of(value), self.plan_module.source_shapes[name]))
         pieces: list[Any] = [None] * self.world_size
         dist.all_gather_object(pieces, mine)
         if self.rank != 0:

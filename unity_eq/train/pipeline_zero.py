@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from unity_eq.collectives import torch_autograd as coll
+from unity_eq.dtypes import is_float
 from unity_eq.errors import PlanError
 from unity_eq.planfile import ExplainRecord, WeightStepRecord
 from unity_eq.train.recompute import Recomputed
@@ -72,7 +72,7 @@ def stage_sources(record: ExplainRecord) -> set[str]:
                 out.update(weight.sources if weight.trainable else ())
                 continue
             t = record.tensors[step.out]  # a plan without the section: the frontend's rule (docs/training.md)
-            if np.issubdtype(np.dtype(t.dtype), np.floating) and len(t.shape) > 0:
+            if is_float(t.dtype) and len(t.shape) > 0:
                 out.add(step.name)
     return out
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from unity_eq.dtypes import is_float
 from unity_eq.planfile import (
     CombineStepRecord,
     ComputeStepRecord,
@@ -155,12 +156,12 @@ def predicted_p2p(plan: PipelinePlan, records: Sequence[ExplainRecord], stage: i
     if here.sends is not None:
         shape, dtype = _output_spec(records[stage], here.sends)
         add("send", "forward", _nbytes(shape, dtype))
-        if np.issubdtype(np.dtype(dtype), np.floating):
+        if is_float(dtype):
             add("recv", "backward", _nbytes(shape, dtype))
     if here.receives is not None:
         spec = records[stage].model.inputs[here.receives]
         add("recv", "forward", _nbytes(spec.shape, spec.dtype))
-        if np.issubdtype(np.dtype(spec.dtype), np.floating):
+        if is_float(spec.dtype):
             add("send", "backward", _nbytes(spec.shape, spec.dtype))
     for name in here.side_receives:
         spec = records[stage].model.inputs[name]

@@ -30,6 +30,7 @@ from typing_extensions import assert_never
 
 from unity_eq.collectives import torch_autograd as coll
 from unity_eq.collectives import torch_op as _op
+from unity_eq.dtypes import is_float
 from unity_eq.errors import PlanError
 from unity_eq.planfile import (
     CombineStepRecord,
@@ -41,7 +42,7 @@ from unity_eq.planfile import (
     ReplicateStepRecord,
     WeightStepRecord,
 )
-from unity_eq.train.torch_ops import refuse_unknown, run_op
+from unity_eq.train.torch_ops import refuse_unknown, run_op, tensor_of
 
 __all__ = ["RankModule", "Region", "depends_on_inputs"]
 
@@ -189,15 +190,15 @@ class RankModule(torch.nn.Module):
             value = np.asarray(weights[name])
             self.source_shapes[name] = tuple(value.shape)
             chains = uses.parts[name]
-            if name in trainable and np.issubdtype(value.dtype, np.floating):
+            if name in trainable and is_float(value.dtype):
                 own = chains[0] if len(chains) == 1 else ()
                 piece = value[self.region(value.shape, own).index()]
                 self._param_index[name] = len(self.param_names)
                 self.param_names.append(name)
                 self.param_parts.append(own)
-                self.param_list.append(torch.nn.Parameter(torch.tensor(np.array(piece), device=device)))
+                self.param_list.append(torch.nn.Parameter(tensor_of(piece, device)))
             else:
-                self._consts[name] = torch.tensor(np.array(value), device=device)
+                self._consts[name] = tensor_of(value, device)
         #: replicate step out -> its mesh axis: a parameter's deferred all-reduces (issued by sync_deferred or in
         #: buckets; those on an ``unsynced`` axis are ZeRO's)
         self.deferred: dict[str, str] = {}
@@ -295,7 +296,7 @@ class RankModule(torch.nn.Module):
             i: torch.zeros(shape, dtype=getattr(torch, dtype), device=self.device)
             for i, shape, dtype in derivation.placeholders
         }
-        env.update({i: torch.tensor(np.array(value), device=self.device) for i, value in derivation.constants})
+        env.update({i: tensor_of(value, self.device) for i, value in derivation.constants})
         for source in derivation.sources:
             value, own = self._base(source)
             assert own == (), "a folded weight's sources are held whole"

@@ -8,14 +8,13 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import torch
 from onnx import numpy_helper
 
 from unity_eq.errors import ModelError
 from unity_eq.ir import is_parameter_type
-from unity_eq.train.torch_ops import refuse_unknown, run_op
+from unity_eq.train.torch_ops import refuse_unknown, run_op, tensor_of
 
 __all__ = ["OnnxModule", "node_attrs", "trainable_names"]
 
@@ -69,7 +68,7 @@ class OnnxModule(torch.nn.Module):
         self.params = torch.nn.ParameterList()
         self.consts: dict[str, torch.Tensor] = {}
         for tensor in self.graph.initializer:
-            value = torch.tensor(np.array(numpy_helper.to_array(tensor)), device=device)
+            value = tensor_of(numpy_helper.to_array(tensor), device)
             if tensor.name in train:
                 self.names.append(tensor.name)
                 self.params.append(torch.nn.Parameter(value))

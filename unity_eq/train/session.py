@@ -24,6 +24,7 @@ from unity_eq.collectives import torch_autograd as coll
 from unity_eq.errors import OptionError, PlanError
 from unity_eq.planfile import ExplainRecord, read_explain_record
 from unity_eq.train.rank import RankModule, Region
+from unity_eq.train.torch_ops import array_of, tensor_of
 from unity_eq.train.zero import Zero3Module, ZeroOptimizer
 
 __all__ = ["RankTrainer", "loss_of", "mesh_groups", "read_training_plan"]
@@ -191,7 +192,7 @@ class RankTrainer:
 
     def inputs(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Model inputs as tensors on this rank's device (every rank passes the whole batch)."""
-        return {name: torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for name, a in arrays.items()}
+        return {name: tensor_of(a, self.device) for name, a in arrays.items()}
 
     def shards(self) -> list[tuple[str, Region, torch.nn.Parameter]]:
         return self.plan_module.named_shards()
@@ -225,7 +226,7 @@ class RankTrainer:
         for name, region, value in self.pieces(what):
             if value is None:
                 value = torch.zeros(tuple(n for _, n in region.box))
-            mine.append((name, region.box, value.cpu().numpy()))
+            mine.append((name, region.box, array_of(value)))
         pieces: list[Any] = [None] * self.world_size
         dist.all_gather_object(pieces, mine)
         if self.rank != 0:
@@ -258,7 +259,7 @@ class RankTrainer:
                     f"`--load` {path}: parameter {name!r} has shape {list(value.shape)}, the model's is "
                     f"{list(expected)}. Load a checkpoint of this model."
                 )
-            values.append(torch.from_numpy(np.ascontiguousarray(value[region.index()])).to(self.device))
+            values.append(tensor_of(value[region.index()], self.device))
         if isinstance(self.module, Zero3Module):
             self.module.sharded.set_full(values)
             return

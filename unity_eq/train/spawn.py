@@ -18,6 +18,7 @@ import torch
 
 from unity_eq.errors import OptionError, RuntimeBackendError, UnityEqError
 from unity_eq.train.predict import Key, predicted_pipeline, priced_gradless
+from unity_eq.train.torch_ops import array_of
 
 __all__ = ["TrainJob", "free_port", "init_rank", "make_optimizer", "spawn_ranks"]
 
@@ -61,7 +62,7 @@ def init_rank(rank: int, world: int, port: int) -> None:
     """Join the ranks' gloo group on this machine; the CPU's cores shared among the ranks."""
     import torch.distributed as dist
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(rank_threads(world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
@@ -86,11 +87,11 @@ def _rank_main(rank: int, world: int, port: int, job: TrainJob) -> None:
             loss = trainer.forward_backward(feeds, job.loss)
             losses.append(float(loss))
             if k == 0:
-                grads = [(n, r.box, g.numpy().copy() if g is not None else None) for n, r, g in trainer.pieces("grads")]
+                grads = [(n, r.box, array_of(g) if g is not None else None) for n, r, g in trainer.pieces("grads")]
             opt.step()
             if k == 0:  # after the step: ZeRO all-gathers the updated weights there
                 ledger = trainer.ledger.as_rows()
-        weights = [(n, r.box, w.numpy().copy()) for n, r, w in trainer.pieces("weights") if w is not None]
+        weights = [(n, r.box, array_of(w)) for n, r, w in trainer.pieces("weights") if w is not None]
         result = {
             "losses": losses,
             "grads": grads,
@@ -156,6 +157,20 @@ def _rank_notes(trainer: Any) -> list[str]:
     ]
 
 
+def rank_threads(world: int) -> int:
+    """Intra-op threads of each of ``world`` ranks on this machine: its cores shared among them."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def start_method(world: int) -> str:
+    """``fork`` where each rank runs one thread: the ranks inherit this process's imports (torch, the frontend),
+    which under load took most of a check's time when each rank imported them again. ``spawn`` where a rank
+    gets several: this process has already run torch's OpenMP thread pool (the one-device reference trains
+    first), and a forked child that enters a parallel region of it waits for threads that do not exist in it:
+    a one-rank check on a machine of 2 cores hung so, float32 or bfloat16."""
+    return "fork" if rank_threads(world) == 1 else "spawn"
+
+
 def spawn_ranks(world: int, job: TrainJob) -> list[dict[str, Any]]:
     """Run ``job`` on ``world`` processes; their results in rank order, or the first failed rank's error (the
     others are stopped: torch's spawn terminates them)."""
@@ -167,9 +182,9 @@ def spawn_ranks(world: int, job: TrainJob) -> list[dict[str, Any]]:
     level = logger.level
     logger.setLevel(logging.ERROR)  # its "Terminating process N via signal SIGTERM" lines: the error says it
     try:
-        # fork: the ranks inherit this process's imports (torch, the frontend), which under load took most of
-        # a check's time when each rank imported them again; gloo and the CPU need nothing fork cannot give
-        mp.start_processes(_rank_main, args=(world, free_port(), job), nprocs=world, join=True, start_method="fork")
+        mp.start_processes(
+            _rank_main, args=(world, free_port(), job), nprocs=world, join=True, start_method=start_method(world)
+        )
     except mp.ProcessExitedException as exc:
         raise _rank_error(Path(job.out_dir), exc.error_index, exc.signal_name, exc.exit_code) from None
     except mp.ProcessRaisedException as exc:

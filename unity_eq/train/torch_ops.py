@@ -43,6 +43,31 @@ def torch_dtype(dtype: str | np.dtype[Any]) -> torch.dtype:
     return getattr(torch, name)
 
 
+def _is_bfloat16(dtype: np.dtype[Any]) -> bool:
+    return dtype.name == "bfloat16"  # ml_dtypes' bfloat16, which onnx's numpy_helper returns
+
+
+def tensor_of(array: Any, device: torch.device | str | None = None) -> Tensor:
+    """A torch tensor holding a copy of numpy ``array``, bfloat16 included (torch cannot read ml_dtypes'
+    bfloat16 arrays: their bits are moved as uint16 and viewed as torch's bfloat16)."""
+    value = np.ascontiguousarray(np.asarray(array))
+    if _is_bfloat16(value.dtype):
+        tensor = torch.from_numpy(value.view(np.uint16).copy()).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(value.copy())
+    return tensor if device is None else tensor.to(device)
+
+
+def array_of(tensor: Tensor) -> np.ndarray:
+    """A numpy copy of ``tensor`` on the host; bfloat16 as ml_dtypes' bfloat16 (numpy has none)."""
+    value = tensor.detach().cpu()
+    if value.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return value.view(torch.uint16).numpy().copy().view(ml_dtypes.bfloat16)
+    return value.numpy().copy()
+
+
 def _one(fn: Callable[..., Tensor]) -> OpFn:
     """An op with one output computed from its present inputs."""
     return lambda inputs, attrs: [fn(*inputs)]
@@ -182,14 +207,14 @@ def _constant(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
                 array = array.astype(np.float32)
             elif key.startswith("value_int"):
                 array = array.astype(np.int64)
-            return [torch.from_numpy(np.array(array))]
+            return [tensor_of(array)]
     raise PlanError(f"Constant: no value among {sorted(attrs)}")
 
 
 def _constant_of_shape(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
     value = attrs.get("value")
     array = np.asarray(value) if value is not None else np.zeros(1, np.float32)
-    fill = torch.from_numpy(np.array(array.reshape(-1)[:1]))
+    fill = tensor_of(array.reshape(-1)[:1])
     return [fill.reshape(()).expand(ints(inputs[0])).clone()]
 
 
