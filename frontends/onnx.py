@@ -35,6 +35,7 @@ import onnx
 from onnx import helper
 
 from unity_eq.errors import ModelError, OptionError
+from unity_eq.frontends.onnx_attention import attention_nodes
 from unity_eq.frontends.onnx_fold import fold_to_fixpoint, unique_name, used_names
 from unity_eq.frontends.onnx_inputs import fix_input_shapes, parse_input_shape
 from unity_eq.frontends.onnx_normalize import MIN_OPSET, Work, run_checker, upgrade
@@ -130,18 +131,15 @@ def _build_graph(work: Work, types: dict[str, TensorType], path: str | Path) -> 
             "inference. "
             "Pass `--input-shape` for the dynamic inputs, or re-export the model with static shapes."
         )
-    nodes = [
-        Node(
-            name,
-            node.op_type,
-            tuple(node.input),
-            # An output no one reads with an unknown type (e.g. an optional mask) is dropped, as ONNX allows.
-            tuple(o if o in types else "" for o in node.output),
-            {a.name: _attr_value(a) for a in node.attribute},
-            node.domain,
-        )
-        for node, name in zip(work.nodes, names, strict=True)
-    ]
+    nodes: list[Node] = []
+    for node, name in zip(work.nodes, names, strict=True):
+        # An output no one reads with an unknown type (e.g. an optional mask) is dropped, as ONNX allows.
+        outputs = tuple(o if o in types else "" for o in node.output)
+        attrs = {a.name: _attr_value(a) for a in node.attribute}
+        if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):  # ONNX's op, not the term of that name
+            nodes += attention_nodes(name, tuple(node.input), outputs, attrs, types, work.where)
+            continue
+        nodes.append(Node(name, node.op_type, tuple(node.input), outputs, attrs, node.domain))
     inputs = {i.name: types[i.name] for i in work.inputs}
     tensors = used | set(inputs) | set(work.consts) | {o for n in nodes for o in n.outputs if o}
     return Graph(

@@ -231,3 +231,79 @@ def test_attention_is_sharded_where_parallelism_pays(tmp_path: Path) -> None:
     placement = record["tensors"][step["inputs"][0]]["placement"]
     assert placement in (["S(0)"], ["S(1)"]), placement
     assert check(model, tmp_path / "plan").passed
+
+
+def _onnx_attention_model(
+    path: Path,
+    q: tuple[int, ...],
+    kv: tuple[int, ...],
+    mask: tuple[int, ...] | None = None,
+    bool_mask: bool = False,
+    **attrs: Any,
+) -> Path:
+    """A model holding ONNX's own Attention op (opset 23): keys (b, h_kv, s_kv, d), not transposed."""
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q)),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, list(kv)),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, list(kv))]  # fmt: skip
+    names = ["q", "k", "v"]
+    if mask is not None:
+        inputs.append(
+            helper.make_tensor_value_info("m", TensorProto.BOOL if bool_mask else TensorProto.FLOAT, list(mask))
+        )
+        names.append("m")
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [*q[:3], kv[3]])
+    graph = helper.make_graph([helper.make_node("Attention", names, ["y"], name="attn", **attrs)], "a", inputs, [out])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("q", "kv", "mask", "attrs"),
+    [
+        ((2, 4, 8, 16), (2, 4, 8, 16), None, {}),  # s_kv != d: read as the term, the keys' transpose failed to run
+        ((2, 4, 16, 16), (2, 4, 16, 16), None, {"is_causal": 1}),  # s_kv == d: it ran, with wrong values
+        ((2, 4, 16, 16), (2, 1, 16, 16), (2, 1, 16, 16), {"scale": 0.3}),  # one key/value head, an additive mask
+    ],
+)  # fmt: skip
+def test_onnx_attention_is_planned_as_onnx_defines_it(
+    q: tuple[int, ...], kv: tuple[int, ...], mask: tuple[int, ...] | None, attrs: dict[str, Any], tmp_path: Path
+) -> None:
+    """ONNX's Attention shares its name, not its signature, with the term (keys transposed, scale 1): the frontend
+    rewrites it (frontends/onnx_attention.py), so the plan checks against onnxruntime's run of the model, and the
+    torch backend's interpreter runs the file's node as ONNX's too."""
+    from conftest import run_cli
+
+    torch = pytest.importorskip("torch")
+    from unity_eq.train.reference import OnnxModule
+
+    model = _onnx_attention_model(tmp_path / "a.onnx", q, kv, mask, **attrs)
+    plan = tmp_path / "plan"
+    made = run_cli("optimize", str(model), "--devices", "2", "-o", str(plan), "-q")
+    assert made.returncode == 0, made.stderr
+    checked = run_cli("check", str(model), str(plan))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rng = np.random.default_rng(0)
+    feeds = {"q": rng.standard_normal(q), "k": rng.standard_normal(kv), "v": rng.standard_normal(kv)}
+    if mask is not None:
+        feeds["m"] = rng.standard_normal(mask)
+    feeds = {n: a.astype(np.float32) for n, a in feeds.items()}
+    want = ort.InferenceSession(str(model)).run(None, feeds)[0]
+    got = OnnxModule(str(model))({n: torch.from_numpy(a) for n, a in feeds.items()})["y"].detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kv", "mask", "bool_mask", "needle"),
+    [((2, 2, 8, 16), None, False, "2 key/value heads for 4 query heads"),
+     ((2, 4, 8, 16), (2, 4, 8, 8), True, "boolean mask")],
+)  # fmt: skip
+def test_onnx_attention_forms_the_term_does_not_mean_are_refused_in_one_line(
+    kv: tuple[int, ...], mask: tuple[int, ...] | None, bool_mask: bool, needle: str, tmp_path: Path
+) -> None:
+    from conftest import run_cli
+
+    model = _onnx_attention_model(tmp_path / "a.onnx", (2, 4, 8, 16), kv, mask, bool_mask)
+    made = run_cli("optimize", str(model), "--devices", "2", "-o", str(tmp_path / "plan"))
+    errors = [line for line in made.stderr.splitlines() if line.startswith("error:")]
+    assert made.returncode != 0 and len(errors) == 1 and needle in errors[0] and "'attn'" in errors[0], made.stderr
+    assert "Traceback" not in made.stderr and not (tmp_path / "plan").exists()

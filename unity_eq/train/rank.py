@@ -303,7 +303,7 @@ class RankModule(torch.nn.Module):
             env[source] = value
         for op, domain, inputs, outputs, attrs in derivation.nodes:
             args = [env[i] if i in env else self._base(i)[0] if i else None for i in inputs]
-            for out, value in zip(outputs, run_op(op, args, attrs, len(outputs), domain), strict=False):
+            for out, value in zip(outputs, run_op(op, args, attrs, len(outputs), domain, onnx=True), strict=False):
                 env[out] = value
         return env[name], ()
 

@@ -85,7 +85,7 @@ class OnnxModule(torch.nn.Module):
         env.update(inputs)
         for node, attrs in zip(self.graph.node, self.attrs, strict=True):
             args = [env[i] if i else None for i in node.input]
-            results = run_op(node.op_type, args, attrs, len(node.output), node.domain)
+            results = run_op(node.op_type, args, attrs, len(node.output), node.domain, onnx=True)
             for name, value in zip(node.output, results, strict=False):
                 if name:
                     env[name] = value

@@ -228,8 +228,14 @@ def _trilu(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
 
 
 def _sdpa(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
-    """ONNX ``Attention`` (opset 23) for 4-d q, k, v of equal head counts: torch's scaled_dot_product_attention."""
+    """ONNX ``Attention`` (opset 23) for 4-d q, k, v: torch's scaled_dot_product_attention, grouped-query heads
+    each read by their group of query heads (ONNX's layout); a KV cache or 3-d inputs are refused."""
     q, k, v = inputs[0], inputs[1], inputs[2]
+    if (len(inputs) > 4 and any(i is not None for i in inputs[4:])) or q.dim() != 4:
+        raise PlanError("ONNX Attention with a KV cache or 3-d inputs has no PyTorch semantics in unity-eq yet")
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     mask = inputs[3] if len(inputs) > 3 else None
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
@@ -311,11 +317,20 @@ TORCH_OPS: dict[str, OpFn] = {
 }
 
 
-def run_op(op: str, inputs: list[Any], attrs: Mapping[str, Any], outputs: int = 1, domain: str = "") -> list[Tensor]:
-    """The outputs of ONNX op ``op`` on torch ``inputs`` (``None`` for an absent optional input)."""
+#: ONNX ops that share their name with an e-graph term of other semantics: ``Attention`` is ONNX's (keys
+#: ``(b, h, s, d)``, default scale ``1/sqrt(d)``) in a model file and the attention family's (keys transposed,
+#: scale 1) in a plan's steps; ``run_op(..., onnx=True)`` runs a model file's node as ONNX defines it.
+ONNX_NAMESAKES = frozenset({"Attention"})
+
+
+def run_op(
+    op: str, inputs: list[Any], attrs: Mapping[str, Any], outputs: int = 1, domain: str = "", onnx: bool = False
+) -> list[Tensor]:
+    """The outputs of op ``op`` on torch ``inputs`` (``None`` for an absent optional input): a plan step's term,
+    or with ``onnx`` a model file's node (:data:`ONNX_NAMESAKES`)."""
     if domain not in ("", "ai.onnx"):
         raise PlanError(f"op {domain}::{op} has no PyTorch semantics in unity-eq's torch backend")
-    hook = _family_hook(op)
+    hook = None if onnx and op in ONNX_NAMESAKES else _family_hook(op)
     if hook is not None:
         return list(hook(op, inputs, attrs))
     if op in MULTI_OUTPUT_OPS:

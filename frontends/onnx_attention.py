@@ -1,0 +1,71 @@
+"""ONNX's own ``Attention`` op (opset 23) read into unity-eq's ``Attention`` term (unity_eq/ops/attention.py).
+
+The two share a name and not a signature. ONNX's takes the keys as ``K`` ``(b, h_kv, s_kv, d)``, a default scale
+of ``1/sqrt(d)``, ``is_causal``, a boolean or additive mask, grouped-query heads, 3-D inputs with head counts,
+a KV cache and a soft cap. The term takes the keys *transposed* (``KT``, as exported graphs hold them before a
+MatMul), ``scale`` (default 1), ``causal``, an additive mask and a fill. Read by name, an ONNX ``Attention``
+node would be planned as attention over its keys' transpose: a wrong plan, which ``check`` failed on with
+onnxruntime's shape error where ``s_kv != d`` and would have failed on values where they are equal.
+
+So the frontend rewrites the node into what the term means: ``Transpose(K, [0, 1, 3, 2])`` then
+``Attention(Q, KT, V, mask, scale=<ONNX's scale or 1/sqrt(d)>, causal=is_causal)``, for the forms whose meaning
+the term has: 4-D inputs, one key/value head or as many as the queries, an additive float mask, no KV cache,
+no soft cap, one output. Any other form is refused with one error naming the node and what to change; it is
+never planned as something else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from unity_eq.errors import ModelError
+from unity_eq.ir import Node, TensorType
+
+__all__ = ["attention_nodes"]
+
+
+def _refuse(where: str, name: str, why: str) -> ModelError:
+    return ModelError(
+        f"{where}: node {name!r}: ONNX Attention {why}; unity-eq plans ONNX's Attention with 4-D Q, K, V, one key/"
+        "value head or as many as the query heads, an additive float mask, no KV cache, no softcap and one "
+        "output. Export the attention unfused (opset 22 or below, or without torch's fused attention) instead."
+    )
+
+
+def attention_nodes(
+    name: str,
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    attrs: Mapping[str, Any],
+    types: dict[str, TensorType],
+    where: str,
+) -> list[Node]:
+    """The IR nodes of ONNX ``Attention`` node ``name``: the keys' Transpose (its output typed in ``types``) and
+    the term. Refuses (one :class:`ModelError`) a form the term does not mean."""
+    present = [i for i in inputs if i]
+    if len(inputs) > 4 and any(inputs[4:]):
+        raise _refuse(where, name, "with a KV cache (past_key, past_value) or nonpad_kv_seqlen")
+    if len([o for o in outputs if o]) > 1 or (outputs and not outputs[0]):
+        raise _refuse(where, name, "with outputs beyond Y (present_key, present_value, qk_matmul_output)")
+    if float(attrs.get("softcap", 0.0)) != 0.0:
+        raise _refuse(where, name, f"with softcap {attrs['softcap']}")
+    q, k, v = (types[i] for i in present[:3])
+    if not len(q.shape) == len(k.shape) == len(v.shape) == 4:
+        raise _refuse(where, name, f"with {len(q.shape)}-D inputs (3-D ones carry their head counts as attributes)")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads not in (1, heads) or v.shape[1] != kv_heads:
+        raise _refuse(where, name, f"with {kv_heads} key/value heads for {heads} query heads (grouped-query)")
+    mask = inputs[3] if len(inputs) > 3 else ""
+    if mask and types[mask].dtype == "bool":
+        raise _refuse(where, name, "with a boolean mask (True = attend)")
+    causal = int(attrs.get("is_causal", 0))
+    scale = float(attrs["scale"]) if "scale" in attrs else 1.0 / math.sqrt(q.shape[3])
+    term_attrs = {"scale": scale, "causal": causal}
+    keys_t = f"{inputs[1]}/transposed_for_{name}"
+    types[keys_t] = TensorType((k.shape[0], k.shape[1], k.shape[3], k.shape[2]), k.dtype)
+    return [
+        Node(f"{name}/keys_transposed", "Transpose", (inputs[1],), (keys_t,), {"perm": [0, 1, 3, 2]}, ""),
+        Node(name, "Attention", (inputs[0], keys_t, inputs[2], mask, ""), (outputs[0],), term_attrs, ""),
+    ]
