@@ -18,6 +18,7 @@ from unity_eq.extract import node_costs
 from unity_eq.frontends.onnx import load_onnx
 from unity_eq.ir import Mesh
 from unity_eq.machine import default_machine
+from unity_eq.ops.registry import ONNX_NAMESAKES
 from unity_eq.profile import calibrated_machine, op_instances, profile_model
 from unity_eq.profile_table import PROFILE_FORMAT_VERSION, ProfileError, ProfileTable, load_profile
 from unity_eq.rulefile.manifest import load_rule_files
@@ -147,8 +148,8 @@ def test_torch_ops_compute_what_onnxruntime_computes(examples: Path) -> None:
     instances, weights = op_instances(data, encoding, graph, mesh)
     checked: set[str] = set()
     for instance in instances:
-        if instance.op in checked or torch_function(instance) is None:
-            continue
+        if instance.op in checked or torch_function(instance) is None or instance.op in ONNX_NAMESAKES:
+            continue  # a namesake term has no one-node ONNX model to compare with (test_attention.py checks it)
         model, feeds = single_op_model(instance, weights.get(instance, {}), np.random.default_rng(0))
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = session.run(None, feeds)[instance.output_index]

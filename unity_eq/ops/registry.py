@@ -24,7 +24,24 @@ from unity_eq.ops.slicing import SLICING
 from unity_eq.ops.space_to_depth import SPACE_TO_DEPTH
 from unity_eq.ops.spec import Family, OpSpec
 
-__all__ = ["FAMILIES", "OPS", "PLUGINS", "check_plugin_kinds", "family_for", "plugin_for", "rule_file_for", "spec_for"]
+__all__ = [
+    "FAMILIES",
+    "ONNX_NAMESAKES",
+    "OPS",
+    "PLUGINS",
+    "check_plugin_kinds",
+    "family_for",
+    "plugin_for",
+    "rule_file_for",
+    "spec_for",
+]
+
+#: Terms that share their name, not their meaning, with an ONNX op: ``Attention`` is the attention family's
+#: (keys transposed, scale 1) in the e-graph and a plan's steps, and ONNX's (keys ``(b, h, s, d)``, scale
+#: ``1/sqrt(d)``) in a model file. The frontend rewrites ONNX's into the term (frontends/onnx_attention.py); the
+#: torch interpreter of a model file runs ONNX's (unity_eq.train.torch_ops.run_op ``onnx=True``); profile builds
+#: no one-node ONNX model of the term (unity_eq.profile.models).
+ONNX_NAMESAKES = frozenset({"Attention"})
 
 #: The families that ship with unity-eq (their rule files are in rulefile.manifest.CORE_RULE_FILES).
 BUILTINS: tuple[OpFamily, ...] = (

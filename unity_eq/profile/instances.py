@@ -101,7 +101,7 @@ def _tensor_input(
     cls = data.classes[cid]
     shape = locals_[cid] or ()
     dtype = cls.dtype or "float32"
-    if any(n.op == "NoneT" for n in cls.nodes):
+    if cls.dtype == "none" or any(n.op == "NoneT" for n in cls.nodes):  # an optional operand left out
         return InputSpec((), "", "absent"), None
     if kinds.get(cid) == "weight":
         value = _weight_value(cid, data, graph, shape)

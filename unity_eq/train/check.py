@@ -116,9 +116,11 @@ def _tolerance_of(weights: Iterable[np.ndarray], tolerance: float) -> float:
     """``--tolerance`` (meant for float32), or more for a model that trains narrower weights: the loosest of
     their types' allowances (``runtime.comparison.tolerance_for``: 7.8e-2 for bfloat16, as ``check`` allows its
     outputs)."""
+    from unity_eq.dtypes import is_float
     from unity_eq.runtime.comparison import tolerance_for
 
-    return max((tolerance_for(w.dtype, tolerance) for w in weights), default=tolerance)
+    narrow = [w.dtype for w in weights if is_float(w.dtype) and w.dtype.itemsize < 4]  # float32's is `--tolerance`
+    return max((tolerance_for(d, tolerance) for d in narrow), default=tolerance)
 
 
 def _widened(array: np.ndarray) -> np.ndarray:

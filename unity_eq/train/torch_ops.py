@@ -317,19 +317,15 @@ TORCH_OPS: dict[str, OpFn] = {
 }
 
 
-#: ONNX ops that share their name with an e-graph term of other semantics: ``Attention`` is ONNX's (keys
-#: ``(b, h, s, d)``, default scale ``1/sqrt(d)``) in a model file and the attention family's (keys transposed,
-#: scale 1) in a plan's steps; ``run_op(..., onnx=True)`` runs a model file's node as ONNX defines it.
-ONNX_NAMESAKES = frozenset({"Attention"})
-
-
 def run_op(
     op: str, inputs: list[Any], attrs: Mapping[str, Any], outputs: int = 1, domain: str = "", onnx: bool = False
 ) -> list[Tensor]:
     """The outputs of op ``op`` on torch ``inputs`` (``None`` for an absent optional input): a plan step's term,
-    or with ``onnx`` a model file's node (:data:`ONNX_NAMESAKES`)."""
+    or with ``onnx`` a model file's node (``unity_eq.ops.registry.ONNX_NAMESAKES``)."""
     if domain not in ("", "ai.onnx"):
         raise PlanError(f"op {domain}::{op} has no PyTorch semantics in unity-eq's torch backend")
+    from unity_eq.ops.registry import ONNX_NAMESAKES
+
     hook = None if onnx and op in ONNX_NAMESAKES else _family_hook(op)
     if hook is not None:
         return list(hook(op, inputs, attrs))
