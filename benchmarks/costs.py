@@ -145,9 +145,10 @@ def _whole_model_torch(proto: Any, feeds: Mapping[str, Any], device: str, thread
     from unity_eq.profile.backward import BackwardRunner
     from unity_eq.runtime.devices import available_cores
     from unity_eq.train.reference import OnnxModule
+    from unity_eq.train.torch_ops import tensor_of
 
     module = OnnxModule(proto, device)
-    inputs = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
+    inputs = {k: tensor_of(v, device) for k, v in feeds.items()}
     runner = BackwardRunner(device, threads or available_cores(), 3, 10, 0.2)
     with torch.no_grad():
         return statistics.median(runner.samples(lambda: module(inputs)))

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from unity_eq.dtypes import as_dtype, is_float
 from unity_eq.profile.instances import ProfiledOp
 
 __all__ = ["BackwardRunner", "BackwardTiming", "torch_device_for"]
@@ -249,14 +250,14 @@ class BackwardRunner:
     def tensors(self, instance: ProfiledOp, weights: Mapping[int, np.ndarray], rng: np.random.Generator) -> list[Any]:
         """The op's tensor inputs on the device: floating ones (but one-element constants) require gradients;
         integer ones (Gather's indices) hold known values or valid random ones; boolean ones random."""
-        import torch
+        from unity_eq.train.torch_ops import tensor_of
 
         tensors: list[Any] = []
         for position, spec in enumerate(instance.inputs):
             if not _present(spec):
                 continue
             value = weights.get(position)
-            dtype = np.dtype(spec.dtype)
+            dtype = as_dtype(spec.dtype)
             if dtype.kind in "iu" and instance.op == "Gather":  # valid row numbers of the table
                 high = max(instance.inputs[0].shape[int(dict(instance.attrs).get("axis", 0))], 1)
                 value = rng.integers(0, high, size=spec.shape) if value is None else np.mod(value, high)
@@ -267,8 +268,8 @@ class BackwardRunner:
                     value = rng.random(spec.shape) < 0.5
                 else:
                     value = rng.standard_normal(spec.shape).astype(dtype)
-            tensor = torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
-            if dtype.kind == "f" and tensor.numel() > 1:
+            tensor = tensor_of(value, self.device)
+            if is_float(dtype) and tensor.numel() > 1:
                 tensor.requires_grad_(True)
             tensors.append(tensor)
         return tensors

@@ -147,7 +147,8 @@ def calibrated_machine(calibration: Calibration, devices: int = 1) -> Machine:
     measured what is achievable), so that the roofline can be compared with measurements."""
     spec = DeviceSpec(
         calibration.device,
-        {"float32": calibration.peak_flops},
+        # float32's peak, and the 16-bit types' where the calibration measured them (tensor cores)
+        {"float32": calibration.peak_flops, **calibration.details.get("peak_flops", {})},
         calibration.memory_bandwidth,
         calibration.memory_bytes,
     )

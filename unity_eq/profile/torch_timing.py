@@ -58,6 +58,20 @@ def describe_torch_device(device: str, threads: int) -> str:
     return f"{describe_local_device(DeviceChoice(['CPUExecutionProvider']), threads)} (PyTorch {torch.__version__})"
 
 
+def _matmul_peak(runner: BackwardRunner, device: str, dtype: str, say: Progress) -> float:
+    """FLOP/s of an 8192³ MatMul in ``dtype`` (its fastest run)."""
+    import torch
+
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        timing = _timing(runner.samples(functools.partial(torch.matmul, a, b)))
+    peak = 2.0 * n**3 / timing.min_s
+    say(f"calibration (torch): {dtype} MatMul {n}³ in {timing.min_s * 1e3:.2f} ms → {peak / 1e12:.1f} TFLOP/s")
+    return peak
+
+
 def calibrate_torch(runner: BackwardRunner, threads: int, progress: Progress | None = None) -> Calibration:
     """Peak float32 FLOP/s, memory bandwidth and per-op floor of ``runner``'s device, measured in torch with the
     sizes :func:`~unity_eq.profile.timing.calibrate` uses (each peak the fastest run; the floor the median)."""
@@ -78,6 +92,8 @@ def calibrate_torch(runner: BackwardRunner, threads: int, progress: Progress | N
     peak = 2.0 * n**3 / timing.min_s
     details["matmul"] = {"n": n, "min_s": timing.min_s, "median_s": timing.median_s, "repeats": timing.repeats}
     say(f"calibration (torch): MatMul {n}×{n}×{n} in {timing.min_s * 1e3:.2f} ms → {peak / 1e9:.1f} GFLOP/s")
+    if device.startswith("cuda"):  # tensor cores: the 16-bit types' peak is another number, not float32's
+        details["peak_flops"] = {name: _matmul_peak(runner, device, name, say) for name in ("bfloat16", "float16")}
     elements = 1 << 24
     while True:
         x = torch.randn(elements, device=device)
