@@ -358,8 +358,10 @@ def torch_semantics(op: str, inputs: Sequence[Any], attrs: Mapping[str, Any]) ->
             hidden = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device).triu(1)
             blocked = torch.zeros(s_q, s_kv, dtype=q.dtype, device=q.device).masked_fill(hidden, float("-inf"))
             attn_mask = blocked if mask is None else mask + blocked
+        # the keys made contiguous: the flash and memory-efficient kernels need a unit stride in the last dim, and
+        # the transpose of KT has none (a copy of K, against the math kernel's s × s scores: H200, bf16, 30×)
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, kt.transpose(-2, -1), v, attn_mask=attn_mask, scale=scale
+            q, kt.transpose(-2, -1).contiguous(), v, attn_mask=attn_mask, scale=scale
         )
         return [out]
     scores = torch.matmul(q, kt)
