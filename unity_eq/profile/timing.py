@@ -100,29 +100,37 @@ def _memory_bytes(choice: DeviceChoice) -> float:
         return 0.0
 
 
-def calibrate(runner: Runner, progress: Progress | None = None) -> Calibration:
+@dataclass(frozen=True)
+class Timers:
+    """How one framework times the calibration's three ops: an n×n×n float32 MatMul, an Add of a scalar to
+    ``elements`` floats, and a one-element Add."""
+
+    matmul: Callable[[int], Timing]
+    add: Callable[[int], Timing]
+    floor: Callable[[], Timing]
+
+
+def run_calibration(
+    timers: Timers, say: Progress, label: str = "calibration"
+) -> tuple[float, float, float, dict[str, Any]]:
     """Peak FLOP/s (MatMul n×n×n, n doubled from 1024 while it runs under 20 ms), bandwidth (Add of a scalar
-    to 2^24 floats, doubled while under 5 ms) and the per-op floor (Add on one element).
+    to 2^24 floats, doubled while under 5 ms) and the per-op floor (Add on one element), with the details.
 
     Peaks are what the device achieves at best, so each uses the fastest of its runs (a run slowed by
-    another process says nothing about the device); op entries keep the median.
-    """
-    say = progress or (lambda _m: None)
+    another process says nothing about the device); op entries keep the median."""
     details: dict[str, Any] = {}
     n = 1024
     while True:
-        model, feeds = matmul_model(n)
-        timing = measure(runner, model, feeds)
+        timing = timers.matmul(n)
         if timing.min_s >= 0.02 or n >= 8192:
             break
         n *= 2
     peak = 2.0 * n**3 / timing.min_s
     details["matmul"] = {"n": n, "min_s": timing.min_s, "median_s": timing.median_s, "repeats": timing.repeats}
-    say(f"calibration: MatMul {n}×{n}×{n} in {timing.min_s * 1e3:.2f} ms → {peak / 1e9:.1f} GFLOP/s")
+    say(f"{label}: MatMul {n}×{n}×{n} in {timing.min_s * 1e3:.2f} ms → {peak / 1e9:.1f} GFLOP/s")
     elements = 1 << 24
     while True:
-        model, feeds = add_model(elements)
-        timing = measure(runner, model, feeds)
+        timing = timers.add(elements)
         if timing.min_s >= 0.005 or elements >= 1 << 28:
             break
         elements *= 2
@@ -133,13 +141,23 @@ def calibrate(runner: Runner, progress: Progress | None = None) -> Calibration:
         "median_s": timing.median_s,
         "repeats": timing.repeats,
     }
-    say(f"calibration: Add over {elements * 4 >> 20} MiB in {timing.min_s * 1e3:.2f} ms → {bandwidth / 1e9:.1f} GB/s")
-    model, feeds = add_model(1)
-    floor = measure(runner, model, feeds)
+    say(f"{label}: Add over {elements * 4 >> 20} MiB in {timing.min_s * 1e3:.2f} ms → {bandwidth / 1e9:.1f} GB/s")
+    floor = timers.floor()
     details["floor"] = {"min_s": floor.min_s, "median_s": floor.median_s, "repeats": floor.repeats}
-    say(f"calibration: one-element Add in {floor.median_s * 1e6:.1f} µs (per-op floor, median)")
+    say(f"{label}: one-element Add in {floor.median_s * 1e6:.1f} µs (per-op floor, median)")
+    return peak, bandwidth, floor.median_s, details
+
+
+def calibrate(runner: Runner, progress: Progress | None = None) -> Calibration:
+    """The device as a roofline spec, timed in onnxruntime (:func:`run_calibration`)."""
+    timers = Timers(
+        matmul=lambda n: measure(runner, *matmul_model(n)),
+        add=lambda elements: measure(runner, *add_model(elements)),
+        floor=lambda: measure(runner, *add_model(1)),
+    )
+    peak, bandwidth, floor, details = run_calibration(timers, progress or (lambda _m: None))
     device = describe_local_device(runner.choice, runner.threads)
-    return Calibration(device, peak, bandwidth, floor.median_s, _memory_bytes(runner.choice), details)
+    return Calibration(device, peak, bandwidth, floor, _memory_bytes(runner.choice), details)
 
 
 def calibrated_machine(calibration: Calibration, devices: int = 1) -> Machine:

@@ -17,13 +17,12 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from unity_eq.profile.backward import BackwardRunner, torch_function
 from unity_eq.profile.instances import ProfiledOp
-from unity_eq.profile.timing import Progress, Timing
+from unity_eq.profile.timing import Progress, Timers, Timing, run_calibration
 from unity_eq.profile_table import Calibration
 
 __all__ = ["calibrate_torch", "describe_torch_device", "forward_timing"]
@@ -74,55 +73,35 @@ def _matmul_peak(runner: BackwardRunner, device: str, dtype: str, say: Progress)
 
 def calibrate_torch(runner: BackwardRunner, threads: int, progress: Progress | None = None) -> Calibration:
     """Peak float32 FLOP/s, memory bandwidth and per-op floor of ``runner``'s device, measured in torch with the
-    sizes :func:`~unity_eq.profile.timing.calibrate` uses (each peak the fastest run; the floor the median)."""
+    sizes onnxruntime's calibration uses (:func:`~unity_eq.profile.timing.run_calibration`); on a GPU also the
+    16-bit types' MatMul peaks (tensor cores), which the calibrated machine prices those dtypes with."""
     import torch
 
     say = progress or (lambda _m: None)
     device = runner.device
-    details: dict[str, Any] = {}
-    n = 1024
-    while True:
-        a = torch.randn(n, n, device=device)
-        b = torch.randn(n, n, device=device)
+
+    def matmul(n: int) -> Timing:
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         with torch.no_grad():
-            timing = _timing(runner.samples(functools.partial(torch.matmul, a, b)))
-        if timing.min_s >= 0.02 or n >= 8192:
-            break
-        n *= 2
-    peak = 2.0 * n**3 / timing.min_s
-    details["matmul"] = {"n": n, "min_s": timing.min_s, "median_s": timing.median_s, "repeats": timing.repeats}
-    say(f"calibration (torch): MatMul {n}×{n}×{n} in {timing.min_s * 1e3:.2f} ms → {peak / 1e9:.1f} GFLOP/s")
-    if device.startswith("cuda"):  # tensor cores: the 16-bit types' peak is another number, not float32's
-        details["peak_flops"] = {name: _matmul_peak(runner, device, name, say) for name in ("bfloat16", "float16")}
-    elements = 1 << 24
-    while True:
+            return _timing(runner.samples(functools.partial(torch.matmul, a, b)))
+
+    def add(elements: int) -> Timing:
         x = torch.randn(elements, device=device)
         y = torch.empty_like(x)  # written in place: a fresh 64 MiB block per run times the CPU's page faults
         with torch.no_grad():
-            timing = _timing(runner.samples(functools.partial(torch.add, x, 1.0, out=y)))
-        if timing.min_s >= 0.005 or elements >= 1 << 28:
-            break
-        elements *= 2
-    bandwidth = 2.0 * 4 * elements / timing.min_s
-    details["add"] = {
-        "elements": elements,
-        "min_s": timing.min_s,
-        "median_s": timing.median_s,
-        "repeats": timing.repeats,
-    }
-    say(
-        f"calibration (torch): Add over {elements * 4 >> 20} MiB in {timing.min_s * 1e3:.2f} ms → "
-        f"{bandwidth / 1e9:.1f} GB/s"
-    )
-    one = torch.randn(1, device=device)
-    with torch.no_grad():
-        floor = _timing(runner.samples(lambda: one + 1.0))
-    details["floor"] = {"min_s": floor.min_s, "median_s": floor.median_s, "repeats": floor.repeats}
-    say(f"calibration (torch): one-element Add in {floor.median_s * 1e6:.1f} µs (per-op floor, median)")
+            return _timing(runner.samples(functools.partial(torch.add, x, 1.0, out=y)))
+
+    def floor() -> Timing:
+        one = torch.randn(1, device=device)
+        with torch.no_grad():
+            return _timing(runner.samples(functools.partial(torch.add, one, 1.0)))
+
+    peak, bandwidth, floor_s, details = run_calibration(Timers(matmul, add, floor), say, "calibration (torch)")
     if device.startswith("cuda"):
+        details["peak_flops"] = {name: _matmul_peak(runner, device, name, say) for name in ("bfloat16", "float16")}
         memory = float(torch.cuda.get_device_properties(torch.device(device)).total_memory)
     else:
         import os
 
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    return Calibration(describe_torch_device(device, threads), peak, bandwidth, floor.median_s, memory, details)
+    return Calibration(describe_torch_device(device, threads), peak, bandwidth, floor_s, memory, details)
