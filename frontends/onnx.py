@@ -137,7 +137,10 @@ def _build_graph(work: Work, types: dict[str, TensorType], path: str | Path) -> 
         outputs = tuple(o if o in types else "" for o in node.output)
         attrs = {a.name: _attr_value(a) for a in node.attribute}
         if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):  # ONNX's op, not the term of that name
-            nodes += attention_nodes(name, tuple(node.input), outputs, attrs, types, work.where)
+            made = len(work.consts)
+            nodes += attention_nodes(name, tuple(node.input), outputs, attrs, types, work.consts, work.where)
+            for fill in list(work.consts)[made:]:  # a masked row's zero fill: a constant, never trained
+                work.origins[fill] = default_origin(fill, work.consts[fill].dtype.name, 0)
             continue
         nodes.append(Node(name, node.op_type, tuple(node.input), outputs, attrs, node.domain))
     inputs = {i.name: types[i.name] for i in work.inputs}

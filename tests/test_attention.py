@@ -239,21 +239,29 @@ def _onnx_attention_model(
     kv: tuple[int, ...],
     mask: tuple[int, ...] | None = None,
     bool_mask: bool = False,
+    opset: int = 23,
+    mask_value: np.ndarray | None = None,
     **attrs: Any,
 ) -> Path:
-    """A model holding ONNX's own Attention op (opset 23): keys (b, h_kv, s_kv, d), not transposed."""
+    """A model holding ONNX's own Attention op (opset 23): keys (b, h_kv, s_kv, d), not transposed; the mask a
+    model input, or the initializer ``mask_value``."""
     inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, list(q)),
               helper.make_tensor_value_info("k", TensorProto.FLOAT, list(kv)),
               helper.make_tensor_value_info("v", TensorProto.FLOAT, list(kv))]  # fmt: skip
     names = ["q", "k", "v"]
-    if mask is not None:
+    initializers = []
+    if mask_value is not None:
+        initializers.append(onnx.numpy_helper.from_array(mask_value, "m"))
+        names.append("m")
+    elif mask is not None:
         inputs.append(
             helper.make_tensor_value_info("m", TensorProto.BOOL if bool_mask else TensorProto.FLOAT, list(mask))
         )
         names.append("m")
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [*q[:3], kv[3]])
-    graph = helper.make_graph([helper.make_node("Attention", names, ["y"], name="attn", **attrs)], "a", inputs, [out])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10), path)
+    node = helper.make_node("Attention", names, ["y"], name="attn", **attrs)
+    graph = helper.make_graph([node], "a", inputs, [out], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), path)
     return path
 
 
@@ -263,6 +271,7 @@ def _onnx_attention_model(
         ((2, 4, 8, 16), (2, 4, 8, 16), None, {}),  # s_kv != d: read as the term, the keys' transpose failed to run
         ((2, 4, 16, 16), (2, 4, 16, 16), None, {"is_causal": 1}),  # s_kv == d: it ran, with wrong values
         ((2, 4, 16, 16), (2, 1, 16, 16), (2, 1, 16, 16), {"scale": 0.3}),  # one key/value head, an additive mask
+        ((2, 4, 16, 16), (2, 4, 16, 16), (1, 1, 16, 16), {"is_causal": 1}),  # both: ONNX adds the causal bias
     ],
 )  # fmt: skip
 def test_onnx_attention_is_planned_as_onnx_defines_it(
@@ -293,17 +302,43 @@ def test_onnx_attention_is_planned_as_onnx_defines_it(
 
 
 @pytest.mark.parametrize(
-    ("kv", "mask", "bool_mask", "needle"),
-    [((2, 2, 8, 16), None, False, "2 key/value heads for 4 query heads"),
-     ((2, 4, 8, 16), (2, 4, 8, 8), True, "boolean mask")],
+    ("kv", "mask", "bool_mask", "attrs", "needle"),
+    [((2, 2, 8, 16), None, False, {}, "2 key/value heads for 4 query heads"),
+     ((2, 4, 8, 16), (2, 4, 8, 8), True, {}, "boolean mask"),
+     ((2, 4, 8, 16), (8, 8), False, {}, "a mask of shape [8, 8]"),  # rank 2: the sharding rules read rank 4
+     ((2, 4, 8, 16), None, False, {"softcap": 30.0}, "softcap 30.0"),
+     ((2, 4, 8, 16), None, False, {"left_window_size": 2, "opset": 25}, "left_window_size 2")],
 )  # fmt: skip
 def test_onnx_attention_forms_the_term_does_not_mean_are_refused_in_one_line(
-    kv: tuple[int, ...], mask: tuple[int, ...] | None, bool_mask: bool, needle: str, tmp_path: Path
+    kv: tuple[int, ...],
+    mask: tuple[int, ...] | None,
+    bool_mask: bool,
+    attrs: dict[str, Any],
+    needle: str,
+    tmp_path: Path,
 ) -> None:
     from conftest import run_cli
 
-    model = _onnx_attention_model(tmp_path / "a.onnx", (2, 4, 8, 16), kv, mask, bool_mask)
+    model = _onnx_attention_model(tmp_path / "a.onnx", (2, 4, 8, 16), kv, mask, bool_mask, **attrs)
     made = run_cli("optimize", str(model), "--devices", "2", "-o", str(tmp_path / "plan"))
     errors = [line for line in made.stderr.splitlines() if line.startswith("error:")]
     assert made.returncode != 0 and len(errors) == 1 and needle in errors[0] and "'attn'" in errors[0], made.stderr
     assert "Traceback" not in made.stderr and not (tmp_path / "plan").exists()
+
+
+def test_onnx_attention_gives_a_fully_masked_row_zeros_as_onnx_does(tmp_path: Path) -> None:
+    """ONNX's Attention (with its errata; onnxruntime agrees) gives a row whose every key is masked zeros, where
+    softmax over -inf alone is NaN: the frontend gives the term a zero fill, so the plan checks."""
+    from conftest import run_cli
+
+    mask = np.zeros((1, 1, 8, 8), np.float32)
+    mask[0, 0, 3, :] = -np.inf  # query 3 sees no key
+    model = _onnx_attention_model(tmp_path / "a.onnx", (2, 4, 8, 16), (2, 4, 8, 16), mask_value=mask)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((2, 4, 8, 16)).astype(np.float32) for n in "qkv"}
+    want = ort.InferenceSession(str(model)).run(None, feeds)[0]
+    assert np.all(want[:, :, 3] == 0) and np.all(np.isfinite(want))
+    plan = tmp_path / "plan"
+    assert run_cli("optimize", str(model), "--devices", "2", "-o", str(plan), "-q").returncode == 0
+    checked = run_cli("check", str(model), str(plan))
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -199,3 +199,18 @@ def test_float_inputs_for_an_integer_input_are_refused_not_cast(tmp_path: Path) 
             "int64. Save it as int64 (numpy: array.astype(np.int64))."
         ], proc.stderr
         assert run_cli(*command, "--inputs", str(tmp_path / "int.npz"), "-q").returncode == 0
+
+
+def test_bfloat16_weights_are_parameters_and_float8_ones_are_not() -> None:
+    """bfloat16 is trained (numpy calls it no float: ml_dtypes' kind is V), float8 is a quantized weight, stored
+    and read, not trained; names resolve through ml_dtypes only for its element types."""
+    import pytest
+
+    from unity_eq.dtypes import as_dtype, is_float
+    from unity_eq.ir import is_parameter_type
+
+    assert is_parameter_type("bfloat16", 2) and is_parameter_type(as_dtype("bfloat16"), 1)
+    assert not is_parameter_type("float8_e4m3fn", 2) and is_float("float8_e4m3fn")
+    assert not is_parameter_type("bfloat16", 0) and not is_parameter_type("int64", 2)
+    with pytest.raises(TypeError):
+        as_dtype("finfo")

@@ -21,11 +21,10 @@ def as_dtype(dtype: Any) -> np.dtype:
     except TypeError:
         import ml_dtypes  # onnx's own dependency; importing it registers its names with numpy
 
-        return (
-            np.dtype(getattr(ml_dtypes, dtype))
-            if isinstance(dtype, str) and hasattr(ml_dtypes, dtype)
-            else np.dtype(dtype)
-        )
+        kind = getattr(ml_dtypes, dtype, None) if isinstance(dtype, str) else None
+        if isinstance(kind, type) and issubclass(kind, np.generic):  # its element types, not `finfo` and the like
+            return np.dtype(kind)
+        raise
 
 
 def is_float(dtype: Any) -> bool:

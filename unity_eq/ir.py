@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from unity_eq.dtypes import is_float
+from unity_eq.dtypes import as_dtype, is_float
 from unity_eq.errors import OptionError
 from unity_eq.placement import Partial, Placement, Replicate, Shard, parse_placement
 
@@ -83,13 +83,18 @@ class Node:
     domain: str = ""
 
 
+#: The float types a parameter is trained in: float8 and float4 initializers are quantized weights, stored
+#: and read, not trained (and the torch backend has no such tensors).
+_PARAMETER_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
 def is_parameter_type(dtype: str | np.dtype[Any], rank: int) -> bool:
     """Whether an initializer of the source file with this dtype and rank is one of the model's parameters: a
     float tensor of rank 1 or more. Integer and bool ones are shapes, indices and masks; a float scalar is an
     exporter's constant (GELU's 0.5, a Pow's exponent, sqrt(d), a mask's fill value: torch's dynamo exporter
     writes them as initializers), never a module's parameter. The one rule the frontend, the cost model, the
     memory model and the torch backend share (docs/training.md, "What is trainable")."""
-    return rank >= 1 and is_float(dtype)
+    return rank >= 1 and as_dtype(dtype).name in _PARAMETER_DTYPES
 
 
 #: how a weight of the graph comes from the source model's parameters (plan.json ``weights[].how``)

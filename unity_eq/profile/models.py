@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from unity_eq.dtypes import as_dtype, is_float
 from unity_eq.ops.registry import ONNX_NAMESAKES
 from unity_eq.profile.instances import ProfiledOp
 
@@ -76,9 +77,9 @@ def single_op_model(
 
 
 def _random(shape: Sequence[int], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    kind = np.dtype(dtype).kind
-    if kind == "f":
-        return rng.standard_normal(tuple(shape)).astype(dtype)
+    kind = as_dtype(dtype).kind
+    if is_float(dtype):
+        return rng.standard_normal(tuple(shape)).astype(as_dtype(dtype))
     if kind == "b":
         return rng.random(tuple(shape)) < 0.5
     return np.zeros(tuple(shape), dtype=dtype)  # integers index things: 0 is always in range

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from unity_eq.blocks import saturate_pieces
 from unity_eq.cost import CostModel, Objective, cheaper
+from unity_eq.dtypes import is_float
 from unity_eq.egraph import Limits
 from unity_eq.errors import OptionError
 from unity_eq.extract import Extractor, Restriction, candidate_restrictions, extract_variants
@@ -109,7 +110,7 @@ def _weight_itemsize(graph: Graph, piece: Piece) -> int:
         graph.initializers[name].dtype.itemsize
         for node in piece.nodes
         for name in node.inputs
-        if name in graph.initializers and graph.initializers[name].dtype.kind == "f"
+        if name in graph.initializers and is_float(graph.initializers[name].dtype)
     ]
     return max(sizes, default=4)
 

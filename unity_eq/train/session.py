@@ -105,6 +105,8 @@ def resolve_device(device: str, ranks_here: int = 1) -> tuple[str, str]:
         note = "" if device == "auto" else "`--device cuda`: torch sees no CUDA device; training on the CPU (gloo)"
         return "cpu", note
     count = torch.cuda.device_count()
+    if ranks_here > count and device == "auto":
+        return "cpu", f"`--device auto`: {ranks_here} ranks on this node and {count} GPU(s); training on the CPU (gloo)"
     if ranks_here > count:
         raise OptionError(
             f"`--device {device}`: {ranks_here} ranks on this node and {count} GPU{'s' if count != 1 else ''}; NCCL "

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from unity_eq.errors import PlanError
+from unity_eq.errors import ModelError, PlanError
 from unity_eq.train.torch_layout import LAYOUT_OPS, MULTI_OUTPUT_OPS, OpFn, Tensor, ints, op_axes
 
 __all__ = ["TORCH_OPS", "refuse_unknown", "run_op", "torch_dtype"]
@@ -51,6 +51,8 @@ def tensor_of(array: Any, device: torch.device | str | None = None) -> Tensor:
     """A torch tensor holding a copy of numpy ``array``, bfloat16 included (torch cannot read ml_dtypes'
     bfloat16 arrays: their bits are moved as uint16 and viewed as torch's bfloat16)."""
     value = np.ascontiguousarray(np.asarray(array))
+    if value.dtype.type.__module__ == "ml_dtypes" and not _is_bfloat16(value.dtype):
+        raise ModelError(f"the torch backend has no {value.dtype.name} tensors (bfloat16 is the narrow float it takes)")
     if _is_bfloat16(value.dtype):
         tensor = torch.from_numpy(value.view(np.uint16).copy()).view(torch.bfloat16)
     else:
@@ -239,11 +241,14 @@ def _sdpa(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
     mask = inputs[3] if len(inputs) > 3 else None
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
+    causal = bool(int(attrs.get("is_causal", 0)))
+    if causal and mask is not None:  # ONNX applies both: the causal bias added to (or anded with) the mask
+        seen = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        mask = mask & seen if mask.dtype == torch.bool else mask.masked_fill(~seen, float("-inf"))
     scale = attrs.get("scale")
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=bool(int(attrs.get("is_causal", 0))) and mask is None,
-        scale=None if scale is None else float(scale),
-    )  # fmt: skip
+        q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=None if scale is None else float(scale)
+    )
     return [out]
 
 
