@@ -226,7 +226,7 @@ def test_profile_cli_errors(examples: Path, tmp_path: Path) -> None:
 
 
 def test_profile_on_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, tmp_path: Path) -> None:
-    import torch
+    torch = pytest.importorskip("torch")
 
     from unity_eq.runtime import cuda_problem
 
