@@ -10,7 +10,7 @@
 #   costs-bf16  the same block in bfloat16, on the local shapes of 1 device;
 #   costs-4     the float32 block on the local shapes of 4 devices;
 #   train       its one-device training plan trained on the GPU (`unity-eq train --device cuda`, NCCL, one rank),
-#               planned with the datasheet machine (examples/machines/h200.toml) and with the measured table;
+#               planned with the datasheet machine (benchmarks/machines/h200.toml) and with the measured table;
 #   plans       whole one-device plans of several blocks (float32, bfloat16) run on the GPU against their
 #               prediction, inference and training (python -m benchmarks.gpu_plans);
 #   tests       the test suite's CUDA tests (they skip without CUDA; here they run).
@@ -52,11 +52,11 @@ if wants costs-bf16; then
 fi
 wants costs-4 && step "costs, 4 devices' shapes" costs costs-4 "$MODEL" 4
 if wants train; then
-    step "plan (datasheet machine)" ue optimize "$MODEL" --machine examples/machines/h200.toml \
+    step "plan (datasheet machine)" ue optimize "$MODEL" --machine benchmarks/machines/h200.toml \
         --objective training -o "$WORK/plan-sheet" -q
     step "train (datasheet plan)" trainrun "$WORK/plan-sheet" --steps 20 --loss mean --device cuda
     if [ -f "$WORK/costs-1.profile.json" ]; then
-        step "plan (measured table)" ue optimize "$MODEL" --machine examples/machines/h200.toml \
+        step "plan (measured table)" ue optimize "$MODEL" --machine benchmarks/machines/h200.toml \
             --objective training --profile "$WORK/costs-1.profile.json" -o "$WORK/plan-measured" -q
         step "train (measured plan)" trainrun "$WORK/plan-measured" --steps 20 --loss mean --device cuda
     fi

@@ -3,7 +3,7 @@
     python -m benchmarks.gpu_plans --out benchmarks/results/gpu-h200/plans     # benchmarks/gpu.sh runs it
 
 For each transformer block of :data:`MODELS` (examples/make_examples.py ``--transformer``, float32 and
-bfloat16), ``optimize`` plans it for one device of ``--machine`` (default examples/machines/h200.toml, the
+bfloat16), ``optimize`` plans it for one device of ``--machine`` (default benchmarks/machines/h200.toml, the
 datasheet), for inference and for training, and the plan runs on the GPU:
 
 - inference: the plan's device program (device_0.onnx) forward in the torch backend's interpreter
@@ -151,7 +151,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--machine", default=str(ROOT / "examples" / "machines" / "h200.toml"))
+    parser.add_argument("--machine", default=str(ROOT / "benchmarks" / "machines" / "h200.toml"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu-plans"))
     parser.add_argument("--device", default="cuda", help="cuda; cpu only for a dry run of this script")
     parser.add_argument("--models", help="B,S,H,HEADS:dtype;... instead of MODELS (a small one for a dry run)")

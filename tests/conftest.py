@@ -47,6 +47,14 @@ def _console_script() -> str:
     return str(beside) if beside.exists() else "unity-eq"
 
 
+def torchrun(n: int) -> list[str]:
+    """The command that starts ``n`` ranks under torchrun. ``--standalone``: its rendezvous on a free port of
+    this host, where torchrun's default (master port 29500) let two tests running at once on the two xdist
+    workers share one store: a rank of one then aborted at exit ("terminate called without an active
+    exception", seen in a full run, never alone)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n)]
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     """Run the installed console script as a user would."""
     return subprocess.run(

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import EXAMPLES, run_cli  # noqa: E402
+from conftest import EXAMPLES, run_cli, torchrun  # noqa: E402
 
 from unity_eq.train.reference import OnnxModule  # noqa: E402
 
@@ -183,7 +183,7 @@ def test_a_damaged_pipeline_plan_is_refused_in_one_line(tmp_path: Path) -> None:
 
 def _torchrun(n: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "unity_eq", *args]
+    command = [*torchrun(n), "-m", "unity_eq", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
 
 
@@ -221,7 +221,7 @@ def test_python_api_example_of_the_docs_runs(plans: dict[str, Path], tmp_path: P
         code.replace('"plan/"', repr(str(plans["mlp2"]))).replace('"model.pt"', repr(str(tmp_path / "m.pt")))
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    command = [*torchrun(2), str(script)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     losses = [float(line.split()[1]) for line in result.stdout.splitlines()]

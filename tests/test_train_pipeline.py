@@ -14,14 +14,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import EXAMPLES, run_cli  # noqa: E402
+from conftest import EXAMPLES, run_cli, torchrun  # noqa: E402
 
 from unity_eq.stages.schedule import in_flight  # noqa: E402
 from unity_eq.train.pipeline import schedule_order  # noqa: E402
@@ -336,7 +335,7 @@ def test_zero2_of_a_weight_two_stages_train_is_refused_before_any_rank_starts(pl
 
 def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "unity_eq", *args]
+    command = [*torchrun(n), "-m", "unity_eq", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.distributed as dist  # noqa: E402
-from conftest import EXAMPLES, run_cli  # noqa: E402
+from conftest import EXAMPLES, run_cli, torchrun  # noqa: E402
 
 from unity_eq.collectives import torch_autograd as coll  # noqa: E402
 from unity_eq.errors import OptionError  # noqa: E402
@@ -247,7 +246,7 @@ def test_zero_options_are_checked_before_any_rank_starts(plans: dict[str, Path])
 
 def _torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "unity_eq", *args]
+    command = [*torchrun(n), "-m", "unity_eq", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, env=env)
 
 
