@@ -342,3 +342,25 @@ def test_onnx_attention_gives_a_fully_masked_row_zeros_as_onnx_does(tmp_path: Pa
     assert run_cli("optimize", str(model), "--devices", "2", "-o", str(plan), "-q").returncode == 0
     checked = run_cli("check", str(model), str(plan))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_an_inference_plan_prices_the_attention_lowering_writes() -> None:
+    """bfloat16 Attention is lowered as its composition (onnxruntime has no bfloat16 Attention kernel), so an
+    inference plan, which runs that program, pays for the s × s scores; a training plan runs the torch backend's
+    fused kernel and keeps the flash price, as float32's lowering does for both."""
+    from unity_eq.cost import INFERENCE, TRAINING
+
+    machine = load_machine(Path(__file__).resolve().parents[1] / "examples" / "machines" / "dgx-h100x2.toml")
+    mesh = Mesh(("x",), (machine.device_count,))
+    q, kt, out = (2, 8, 1024, 64), (2, 8, 64, 1024), (2, 8, 1024, 64)
+
+    def priced(dtype: str, objective: Any) -> float:
+        item = 2 if dtype == "bfloat16" else 4
+        ins = (q, kt, out)
+        op = OpInstance("Attention", ins, float(sum(np.prod(s) for s in ins)) * item, out, float(np.prod(out)) * item,
+                        dtype)  # fmt: skip
+        return CostModel(machine, mesh, objective).forward(op)
+
+    scores_bytes = 2 * 8 * 1024 * 1024 * 2
+    assert priced("bfloat16", INFERENCE) > priced("bfloat16", TRAINING) + 3 * scores_bytes / 3.35e12
+    assert priced("float32", INFERENCE) == priced("float32", TRAINING)

@@ -38,10 +38,16 @@ def op_class(op_type: str) -> str:
     return family.op_class(op_type) if family is not None else "memory"
 
 
-def forward_work(op: OpInstance) -> Work:
+def forward_work(op: OpInstance, lowered: bool = False) -> Work:
     """The forward pass of one op: its family's own account (a view moves nothing, Gather the rows it gathers)
-    or the default: read every input, write the output, one kernel. In elements of the op's output type."""
+    or the default: read every input, write the output, one kernel. In elements of the op's output type.
+    ``lowered``: the device program's forward, where lowering writes another thing than the op's kernel for the
+    op's dtype (``OpFamily.lowered_work``: Attention in bfloat16 is written as its composition)."""
     family = family_for(op.op_type)
+    if lowered and family is not None and family.lowered_work is not None:
+        work = family.lowered_work(op.op_type, op.in_shapes, op.out_shape, op.dtype)
+        if work is not None:
+            return work
     if family is not None and family.forward_work is not None:
         work = family.forward_work(op.op_type, op.in_shapes, op.out_shape)
         if work is not None:
@@ -128,9 +134,9 @@ class CostModel(MeshTopology):
                 return measured
         return self.roofline(op, self._forward_work(op))
 
-    @staticmethod
-    def _forward_work(op: OpInstance) -> Work:
-        work = forward_work(op)
+    def _forward_work(self, op: OpInstance) -> Work:
+        # inference plans run their device programs (what lowering wrote); training plans the torch backend
+        work = forward_work(op, lowered=not self.objective.training)
         if op.outputs > 1:  # one output's share of the node's input read (its own output's write is whole)
             work = Work(work.flops, work.read / op.outputs, work.written, work.kernels)
         return work

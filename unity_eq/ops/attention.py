@@ -30,12 +30,18 @@ that opset) or, where that computes something else, the composition (:func:`lowe
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from unity_eq.ops.attention_costs import (
+    FUSED_LOWERING_DTYPES,
+    attention_flops,
+    attention_saved_bytes,
+    flops,
+    lowered_work,
+)
 from unity_eq.ops.elementwise import ELEMENTWISE
 from unity_eq.ops.family import Instance, InstanceRanges, LowerContext, OpFamily, Saved, ShapeError
 from unity_eq.ops.matmul import MATMUL
@@ -156,34 +162,6 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
                             )  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Prices
-
-
-def attention_flops(q: Sequence[int], kt: Sequence[int], out: Sequence[int]) -> float:
-    """A flash kernel's arithmetic: the two products (2·s_q·s_kv·d and 2·s_q·s_kv·d_v per batch and head) and
-    the softmax (about 5 operations per score: scale/mask, max, exp, sum, divide), nothing else: the scores
-    are never written to memory, which the roofline's byte term sees (inputs and output only)."""
-    d, s_kv = kt[-2], kt[-1]
-    batch_heads = math.prod(out[:-2])
-    s_q, d_v = out[-2], out[-1]
-    return float(batch_heads * s_q * s_kv * (2 * d + 2 * d_v + 5))
-
-
-def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
-    """:func:`attention_flops` on local shapes."""
-    q, kt = in_shapes[0], in_shapes[1]
-    if q is None or kt is None:
-        return 0.0
-    return attention_flops(q, kt, out_shape)
-
-
-def attention_saved_bytes(out: Sequence[int]) -> int:
-    """The row statistics a flash kernel keeps for its backward pass beside Q, K, V and the output: one float32
-    log-sum-exp per (batch, head, query) row: ``b·h·s_q`` floats (PyTorch's ``logsumexp``)."""
-    return 4 * math.prod(out[:-1])
-
-
 def axioms(v: Any) -> None:
     """The definition, for the shape-generic prover: an Attention term is its composition (one axiom per
     absent or present mask and fill), where the softmax's axis is the scores' last (Q and KT of one rank
@@ -257,7 +235,7 @@ def lower(
 def _fused_lowering_fits(inputs: Sequence[str], ctx: LowerContext) -> bool:
     """ONNX's Attention takes (b, h, s, d) operands whose heads divide (grouped-query attention) and a mask
     that broadcasts to (b, h, s_q, s_kv); the fill must be zeros, a value known when the plan is lowered."""
-    if ctx.opset() < ONNX_ATTENTION_OPSET or ctx.dtype(0) not in (np.dtype(np.float32), np.dtype(np.float16)):
+    if ctx.opset() < ONNX_ATTENTION_OPSET or ctx.dtype(0) not in tuple(np.dtype(d) for d in FUSED_LOWERING_DTYPES):
         return False
     q, kt, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
     if q is None or kt is None or v is None or not len(q) == len(kt) == len(v) == 4:
@@ -385,6 +363,7 @@ ATTENTION = OpFamily(
     evaluate=evaluate,
     instances=instances,
     flops=flops,
+    lowered_work=lowered_work,
     ranges=(
         "rank-4 Q (b, h, s_q, d), KT (b, h or 1, d, s_kv), V (b, h or 1, s_kv, d_v): b and h over {1, 2, 4},"
         " s_q, s_kv, d and d_v 1-2; mask absent or any rank-4 shape broadcasting to (b, h, s_q, s_kv) (each dim"

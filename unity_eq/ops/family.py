@@ -162,6 +162,9 @@ FREE = Work(kernels=0.0)
 #: A family's forward or backward work on local shapes: ``(op, in_shapes, out_shape)`` (list inputs flattened,
 #: as :meth:`OpFamily.flops` gets them); None for an op it does not model (the cost model's default then).
 WorkFn = Callable[[str, Sequence[Sequence[int] | None], Sequence[int]], "Work | None"]
+#: The forward work of what lowering writes for the op in this dtype, where that is not the op's own kernel:
+#: ``(op, in_shapes, out_shape, dtype)``; None where lowering writes the op's kernel.
+LoweredWorkFn = Callable[[str, Sequence[Sequence[int] | None], Sequence[int], str], "Work | None"]
 
 
 class LowerContext(Protocol):
@@ -244,6 +247,9 @@ class OpFamily:
     torch: Callable[[str, Sequence[Any], Mapping[str, Any]], Sequence[Any]] | None = None
     forward_work: WorkFn | None = None
     backward_work: WorkFn | None = None
+    # the device program's forward where lowering writes something else than the op's kernel for a dtype (an
+    # inference plan runs that program; a training plan runs the torch backend, whose kernel forward_work prices)
+    lowered_work: LoweredWorkFn | None = None
     compute_class: str = "memory"  # one of COMPUTE_CLASSES: which of the machine's efficiencies applies
     compute_classes: Mapping[str, str] = field(default_factory=dict)  # an op's own class, where it differs
     # (op, inputs, outputs, attrs, ctx) -> a list of onnx.NodeProto
@@ -286,5 +292,6 @@ HOOKS = (
     "torch",
     "forward_work",
     "backward_work",
+    "lowered_work",
     "lower",
 )

@@ -1,0 +1,67 @@
+"""What the Attention term costs (unity_eq/ops/attention.py): a flash kernel's arithmetic and what it keeps for
+the backward pass, and, where lowering writes the composition instead (a bfloat16 plan: onnxruntime has no such
+kernel), the composition's memory traffic, which an inference plan's device program pays."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from unity_eq.ops.family import Work
+
+__all__ = ["FUSED_LOWERING_DTYPES", "attention_flops", "attention_saved_bytes", "flops", "lowered_work"]
+
+
+def attention_flops(q: Sequence[int], kt: Sequence[int], out: Sequence[int]) -> float:
+    """A flash kernel's arithmetic: the two products (2·s_q·s_kv·d and 2·s_q·s_kv·d_v per batch and head) and
+    the softmax (about 5 operations per score: scale/mask, max, exp, sum, divide), nothing else: the scores
+    are never written to memory, which the roofline's byte term sees (inputs and output only)."""
+    d, s_kv = kt[-2], kt[-1]
+    batch_heads = math.prod(out[:-2])
+    s_q, d_v = out[-2], out[-1]
+    return float(batch_heads * s_q * s_kv * (2 * d + 2 * d_v + 5))
+
+
+def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
+    """:func:`attention_flops` on local shapes."""
+    q, kt = in_shapes[0], in_shapes[1]
+    if q is None or kt is None:
+        return 0.0
+    return attention_flops(q, kt, out_shape)
+
+
+#: The dtypes whose Attention lowering writes ONNX's fused op (``_fused_lowering_fits``): onnxruntime has no
+#: bfloat16 Attention kernel on the CPU (measured: NOT_IMPLEMENTED), so a bfloat16 one is written as its composition.
+FUSED_LOWERING_DTYPES = ("float32", "float16")
+
+
+def lowered_work(
+    op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int], dtype: str
+) -> Work | None:
+    """The device program's forward where lowering writes the composition (a dtype outside
+    :data:`FUSED_LOWERING_DTYPES`, operands not of rank 4): the scores' MatMul writes the ``s_q × s_kv`` scores,
+    the mask's Add (when there is a mask) reads and writes them, Softmax reads them and writes the
+    probabilities, the fill's IsNaN and Where (when there is a fill) read and write them, and the last MatMul
+    reads them; None where the fused op is written (its flash price, the default)."""
+    q, kt = in_shapes[0], in_shapes[1]
+    if q is None or kt is None:
+        return None
+    if dtype in FUSED_LOWERING_DTYPES and all(s is None or len(s) == 4 for s in in_shapes[:3]):
+        return None
+    scores = float(math.prod((*out_shape[:-1], kt[-1])))
+    v, mask, fill = (in_shapes[i] if len(in_shapes) > i else None for i in (2, 3, 4))
+    size = [float(math.prod(s)) if s is not None else 0.0 for s in (q, kt, v, mask)]
+    read = size[0] + size[1] + scores + scores + size[2]  # the two MatMuls and Softmax
+    written = scores + scores + float(math.prod(out_shape))
+    kernels = 3.0
+    if mask is not None:
+        read, written, kernels = read + scores + size[3], written + scores, kernels + 1
+    if fill is not None:
+        read, written, kernels = read + 2 * scores, written + 2 * scores, kernels + 2
+    return Work(attention_flops(q, kt, out_shape), read, written, kernels)
+
+
+def attention_saved_bytes(out: Sequence[int]) -> int:
+    """The row statistics a flash kernel keeps for its backward pass beside Q, K, V and the output: one float32
+    log-sum-exp per (batch, head, query) row: ``b·h·s_q`` floats (PyTorch's ``logsumexp``)."""
+    return 4 * math.prod(out[:-1])
