@@ -329,9 +329,7 @@ def run_op(
     or with ``onnx`` a model file's node (``unity_eq.ops.registry.ONNX_NAMESAKES``)."""
     if domain not in ("", "ai.onnx"):
         raise PlanError(f"op {domain}::{op} has no PyTorch semantics in unity-eq's torch backend")
-    from unity_eq.ops.registry import ONNX_NAMESAKES
-
-    hook = None if onnx and op in ONNX_NAMESAKES else _family_hook(op)
+    hook = _family_hook(op, onnx)
     if hook is not None:
         return list(hook(op, inputs, attrs))
     if op in MULTI_OUTPUT_OPS:
@@ -339,9 +337,13 @@ def run_op(
     return TORCH_OPS[op](inputs, attrs)
 
 
-def _family_hook(op: str) -> Callable[..., Any] | None:
-    """The op family's own PyTorch semantics (``OpFamily.torch``), which come before this table's."""
-    from unity_eq.ops.registry import family_for
+def _family_hook(op: str, onnx: bool = False) -> Callable[..., Any] | None:
+    """The op family's own PyTorch semantics (``OpFamily.torch``), which come before this table's; none for a
+    model file's node (``onnx``) whose op only shares its name with the family's term."""
+    from unity_eq.ops.registry import ONNX_NAMESAKES, family_for
+
+    if onnx and op in ONNX_NAMESAKES:
+        return None
 
     family = family_for(op)
     return family.torch if family is not None else None
