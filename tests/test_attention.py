@@ -364,3 +364,54 @@ def test_an_inference_plan_prices_the_attention_lowering_writes() -> None:
     scores_bytes = 2 * 8 * 1024 * 1024 * 2
     assert priced("bfloat16", INFERENCE) > priced("bfloat16", TRAINING) + 3 * scores_bytes / 3.35e12
     assert priced("float32", INFERENCE) == priced("float32", TRAINING)
+
+
+def test_the_flash_backward_recomputes_the_scores_and_writes_no_score_matrix() -> None:
+    """Attention's backward is the flash algorithm's (what scaled_dot_product_attention runs in training): about
+    2.5 times the forward's arithmetic (five products against two), reading Q, Kᵀ, V, the output and its
+    gradient and writing dQ, dK, dV, never an s × s tensor; with a fill the torch backend runs the composition,
+    whose backward the flat factor prices (no flash work stated)."""
+    from unity_eq.ops.attention_costs import attention_flops, backward_work
+
+    b, h, s, d = 2, 8, 1024, 64
+    q, kt, v = (b, h, s, d), (b, h, d, s), (b, h, s, d)
+    work = backward_work("Attention", [q, kt, v], q)
+    assert work is not None
+    assert 2.3 < work.flops / attention_flops(q, kt, q) < 2.6
+    qkv = 3 * b * h * s * d
+    assert work.written == qkv and work.read == qkv + 2 * b * h * s * d  # the operands, the output and dO
+    assert work.read + work.written < b * h * s * s  # nothing of size s × s moves
+    masked = backward_work("Attention", [q, kt, v, (b, 1, s, s)], q)
+    assert masked is not None and masked.read == work.read + b * s * s  # the mask is read, not written
+    assert backward_work("Attention", [q, kt, v, (b, 1, s, s), ()], q) is None
+
+
+def test_attention_has_its_own_efficiency_class_in_machine_files() -> None:
+    """The ``attention`` efficiency prices the fused kernel and nothing else; a machine file without it prices
+    attention at its plain efficiency, as before the class existed; the bfloat16 composition an inference plan
+    runs is streaming kernels, priced at the ``memory`` efficiency."""
+    from dataclasses import replace
+
+    from unity_eq.cost import INFERENCE, TRAINING
+
+    machine = load_machine("h100x8")
+    assert machine.efficiency_for(machine.devices[0], "attention") == machine.efficiency
+    slow = replace(machine, efficiencies={**machine.efficiencies, "attention": machine.efficiency / 4})
+    mesh = Mesh(("x",), (1,))
+    q, kt = (4, 16, 2048, 128), (4, 16, 128, 2048)
+
+    def op(op_type: str, ins: tuple[tuple[int, ...], ...], out: tuple[int, ...], dtype: str) -> OpInstance:
+        item = 2 if dtype == "bfloat16" else 4
+        return OpInstance(op_type, ins, float(sum(np.prod(s) for s in ins)) * item, out,
+                          float(np.prod(out)) * item, dtype)  # fmt: skip
+
+    attention = op("Attention", (q, kt, q), q, "float16")
+    matmul = op("MatMul", ((4, 2048, 4096), (4096, 4096)), (4, 2048, 4096), "float16")
+    for objective in (INFERENCE, TRAINING):
+        fast, quarter = (CostModel(m, mesh, objective) for m in (machine, slow))
+        assert quarter.compute(attention).total > 3 * fast.compute(attention).total
+        assert quarter.compute(matmul).total == fast.compute(matmul).total
+    composition = op("Attention", (q, kt, q), q, "bfloat16")  # lowered as MatMul, Softmax, MatMul
+    assert CostModel(slow, mesh, INFERENCE).forward(composition) == CostModel(machine, mesh, INFERENCE).forward(
+        composition
+    )

@@ -256,3 +256,27 @@ def test_the_one_device_baseline_is_the_same_on_any_device_count(examples: Path)
         report = optimize(examples / "mlp.onnx", devices=devices, max_axes=1).plan.report
         costs.add(round(report.baselines["one_device"].total_s, 15))
     assert len(costs) == 1
+
+
+def test_gpu_plans_repredicts_committed_measurements_without_a_gpu(tmp_path: Path) -> None:
+    """``benchmarks.gpu_plans --repredict``: the models of a measured result planned again by today's cost model,
+    each against the time measured then (kept as it was); the error is recomputed from the new prediction."""
+    import json
+
+    from benchmarks import gpu_plans
+
+    measured = tmp_path / "plans.json"
+    meta = {"device": "a GPU", "torch": "x", "machine": "h200.toml", "date": "2026-01-01", "args": "--out x"}
+    rows = [{"model": "block 2,16,32,4 float32", "objective": o, "predicted_s": 1.0, "measured_s": 1e-3}
+            for o in ("inference", "training")]  # fmt: skip
+    measured.write_text(json.dumps({"meta": meta, "plans": rows, "summary": {}}))
+    machine = str(Path(__file__).resolve().parents[1] / "benchmarks" / "machines" / "h200.toml")
+    gpu_plans.main(["--repredict", str(measured), "--machine", machine, "--out", str(tmp_path / "again")])
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert [r["measured_s"] for r in again["plans"]] == [1e-3, 1e-3]
+    inference, training = (r["predicted_s"] for r in again["plans"])
+    assert 0 < inference < training < 1.0  # planned again: not the recorded 1.0 s
+    row = again["plans"][0]
+    assert row["relative_error"] == pytest.approx(abs(inference - 1e-3) / 1e-3)
+    assert again["meta"]["date"] == "2026-01-01" and "repredicted" in again["meta"]
+    assert "Predicted again" in (tmp_path / "again.md").read_text()

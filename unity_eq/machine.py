@@ -99,7 +99,7 @@ DTYPES = ("float64", "float32", "float16", "bfloat16", "float8", "int64", "int32
 _TOP = {"name", "description", "launch_overhead_us", "efficiency", "memory_fraction", "devices", "links", "nodes"}
 _DEVICE = {"peak_tflops", "memory_bandwidth_gbs", "memory_gib", "efficiency"}
 #: op classes an ``efficiency`` table may name (unity_eq.ops.family.COMPUTE_CLASSES)
-_CLASSES = ("gemm", "memory", "layout")
+_CLASSES = ("gemm", "memory", "layout", "attention")
 _LINK = {"bandwidth_gbs", "latency_us"}
 _NODE = {"name", "devices", "link", "network", "nics", "count"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from unity_eq.cost.collectives import AlphaBeta, ring_all_gather, ring_all_reduce, ring_all_to_all, ring_send
@@ -138,7 +138,7 @@ class CostModel(MeshTopology):
         # inference plans run their device programs (what lowering wrote); training plans the torch backend
         work = forward_work(op, lowered=not self.objective.training)
         if op.outputs > 1:  # one output's share of the node's input read (its own output's write is whole)
-            work = Work(work.flops, work.read / op.outputs, work.written, work.kernels)
+            work = replace(work, read=work.read / op.outputs)
         return work
 
     def backward(self, op: OpInstance, forward: float | None = None) -> float:
@@ -162,10 +162,10 @@ class CostModel(MeshTopology):
 
     def roofline(self, op: OpInstance, work: Work) -> float:
         """``max(FLOPs / (peak × e), bytes / (bandwidth × e)) + kernels × launch floor`` on the slowest device,
-        ``e`` the machine's efficiency for the op's class on that device; a multi-output node's e-node pays
-        1/outputs of the launches."""
+        ``e`` the machine's efficiency for the op's class (or the work's own) on that device; a multi-output
+        node's e-node pays 1/outputs of the launches."""
         device = self._device()
-        eff = self.machine.efficiency_for(device, op_class(op.op_type))
+        eff = self.machine.efficiency_for(device, work.compute_class or op_class(op.op_type))
         moved = work.elements * _itemsize(op)
         seconds = max(work.flops / (device.peak(op.dtype) * eff), moved / (device.memory_bandwidth * eff))
         return seconds + self.machine.launch_overhead * work.kernels / op.outputs

@@ -39,6 +39,7 @@ from unity_eq.ops.attention_costs import (
     FUSED_LOWERING_DTYPES,
     attention_flops,
     attention_saved_bytes,
+    backward_work,
     flops,
     lowered_work,
 )
@@ -364,6 +365,8 @@ ATTENTION = OpFamily(
     instances=instances,
     flops=flops,
     lowered_work=lowered_work,
+    backward_work=backward_work,
+    compute_class="attention",
     ranges=(
         "rank-4 Q (b, h, s_q, d), KT (b, h or 1, d, s_kv), V (b, h or 1, s_kv, d_v): b and h over {1, 2, 4},"
         " s_q, s_kv, d and d_v 1-2; mask absent or any rank-4 shape broadcasting to (b, h, s_q, s_kv) (each dim"

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 
 from unity_eq.ops.family import Work
 
-__all__ = ["FUSED_LOWERING_DTYPES", "attention_flops", "attention_saved_bytes", "flops", "lowered_work"]
+__all__ = [
+    "FUSED_LOWERING_DTYPES",
+    "attention_flops",
+    "attention_saved_bytes",
+    "backward_work",
+    "flops",
+    "lowered_work",
+]
 
 
 def attention_flops(q: Sequence[int], kt: Sequence[int], out: Sequence[int]) -> float:
@@ -42,7 +49,8 @@ def lowered_work(
     :data:`FUSED_LOWERING_DTYPES`, operands not of rank 4): the scores' MatMul writes the ``s_q × s_kv`` scores,
     the mask's Add (when there is a mask) reads and writes them, Softmax reads them and writes the
     probabilities, the fill's IsNaN and Where (when there is a fill) read and write them, and the last MatMul
-    reads them; None where the fused op is written (its flash price, the default)."""
+    reads them; None where the fused op is written (its flash price, the default). Streaming kernels: priced
+    at the ``memory`` class's efficiency, not the fused kernel's."""
     q, kt = in_shapes[0], in_shapes[1]
     if q is None or kt is None:
         return None
@@ -58,7 +66,31 @@ def lowered_work(
         read, written, kernels = read + scores + size[3], written + scores, kernels + 1
     if fill is not None:
         read, written, kernels = read + 2 * scores, written + 2 * scores, kernels + 2
-    return Work(attention_flops(q, kt, out_shape), read, written, kernels)
+    return Work(attention_flops(q, kt, out_shape), read, written, kernels, compute_class="memory")
+
+
+def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work | None:
+    """A flash kernel's backward pass (what PyTorch's ``scaled_dot_product_attention`` runs): it recomputes the
+    scores block by block (``2·d`` per score), forms dV (``2·d_v``), dP (``2·d_v``), dS (about 5 per score),
+    dQ and dK (``2·d`` each), so about 2.5 times the forward's arithmetic, never writing an ``s_q × s_kv``
+    tensor; it reads Q, Kᵀ, V, the output, its gradient and a mask, writes dQ, dK and dV, in about three
+    kernels (the ``rowsum(dO·O)`` pre-pass, the main one, dQ's conversion). None with a fill: the torch backend
+    runs that term as its composition (``scaled_dot_product_attention`` gives a fully masked row NaN), whose
+    backward the flat factor prices."""
+    q, kt, v = (in_shapes[i] if len(in_shapes) > i else None for i in range(3))
+    if q is None or kt is None or v is None:
+        return None
+    mask, fill = (in_shapes[i] if len(in_shapes) > i else None for i in (3, 4))
+    if fill is not None:
+        return None
+    d, s_kv = kt[-2], kt[-1]
+    batch_heads = math.prod(out_shape[:-2])
+    s_q, d_v = out_shape[-2], out_shape[-1]
+    flops = float(batch_heads * s_q * s_kv * (6 * d + 4 * d_v + 5))
+    out = float(math.prod(out_shape))
+    operands = float(math.prod(q) + math.prod(kt) + math.prod(v))
+    read = operands + 2 * out + (float(math.prod(mask)) if mask is not None else 0.0)
+    return Work(flops, read, operands, kernels=3.0)
 
 
 def attention_saved_bytes(out: Sequence[int]) -> int:

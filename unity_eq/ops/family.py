@@ -41,8 +41,10 @@ Shape = tuple[int, ...]
 #: The efficiency classes of ops (machine files give an efficiency per class and device kind): ``gemm``, the
 #: tensor-core kernels (MatMul, Gemm, Conv); ``memory``, the streaming memory-bound kernels (elementwise,
 #: normalizations, reductions, Gather's contiguous rows); ``layout``, the data-movement copies (Transpose,
-#: Expand, Split, Concat, Slice: strided reads or writes, slower than a streaming kernel over the same bytes).
-COMPUTE_CLASSES = ("gemm", "memory", "layout")
+#: Expand, Split, Concat, Slice: strided reads or writes, slower than a streaming kernel over the same bytes);
+#: ``attention``, a fused attention kernel (flash): its own fraction of the peak, measured far below a GEMM's
+#: (the softmax between its products, and a float32 kernel without tensor cores).
+COMPUTE_CLASSES = ("gemm", "memory", "layout", "attention")
 
 
 class ShapeError(ValueError):
@@ -141,6 +143,9 @@ class Work:
     read: float = 0.0
     written: float = 0.0
     kernels: float = 1.0
+    #: the efficiency class this work runs at where it is not the op's (Attention's bfloat16 lowering writes
+    #: MatMuls and a Softmax, streaming kernels, not the fused kernel its class describes); None: the op's
+    compute_class: str | None = None
 
     def __add__(self, other: Work) -> Work:
         return Work(
@@ -148,6 +153,7 @@ class Work:
             self.read + other.read,
             self.written + other.written,
             self.kernels + other.kernels,
+            self.compute_class if self.compute_class == other.compute_class else None,
         )
 
     @property
