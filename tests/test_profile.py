@@ -65,6 +65,12 @@ def test_table_format(mlp_table: ProfileTable, tmp_path: Path) -> None:
     assert data["device"]["provider"] == "CPUExecutionProvider" and data["device"]["threads"] >= 1
     cal = data["calibration"]
     assert cal["peak_flops"]["float32"] > 1e8 and cal["memory_bandwidth"] > 1e8 and cal["launch_overhead_s"] > 0
+    # fused attention's own efficiency: ONNX's Attention op in onnxruntime, forward
+    attention = cal["details"]["attention"]
+    assert attention["passes"] == "forward" and 0 < attention["efficiency"] <= 1
+    assert attention["efficiency"] == pytest.approx(
+        min(1.0, attention["flops"] / attention["min_s"] / cal["peak_flops"]["float32"])
+    )
     entry = next(e for e in data["entries"] if e["op"] == "MatMul")
     assert {"op", "attrs", "inputs", "key", "median_s", "min_s", "repeats", "roofline_s"} <= set(entry)
     assert [i["kind"] for i in entry["inputs"]] == ["activation", "weight"]
@@ -124,6 +130,10 @@ def test_calibrated_machine_predicts_with_the_calibration(mlp_table: ProfileTabl
     assert cal is not None
     machine = calibrated_machine(cal, 2)
     assert machine.device_count == 2 and machine.efficiency == 1.0
+    # fused attention at the efficiency the calibration measured, every other class at 1
+    measured = cal.details["attention"]["efficiency"]
+    assert machine.efficiency_for(machine.devices[0], "attention") == measured
+    assert machine.efficiency_for(machine.devices[0], "gemm") == 1.0
     model = CostModel(machine, Mesh(("x",), (2,)))
     flops = 2.0 * 64 * 64 * 64
     got = model.compute(
@@ -274,6 +284,8 @@ def test_profile_framework_torch_times_every_op_and_calibrates_in_torch(examples
     )
     assert table.meta["device"]["framework"] == "torch" and table.meta["device"]["provider"] == "torch:cpu"
     assert "PyTorch" in table.meta["calibration"]["device"] and table.meta["calibration"]["peak_flops"]["float32"] > 0
+    timed = table.meta["calibration"]["details"]["attention"]  # scaled_dot_product_attention, as train runs it
+    assert timed["passes"] == "forward and backward" and 0 < timed["efficiency"] <= 1
 
     def keys(t: ProfileTable) -> list[tuple[str, str]]:
         return sorted((e["op"], json.dumps(e["key"])) for e in t.entries)

@@ -110,3 +110,20 @@ def add_model(elements: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
     return model, {"X": np.random.default_rng(0).standard_normal(elements).astype(np.float32)}
+
+
+def attention_model(b: int, h: int, s: int, d: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """ONNX's own fused ``Attention`` (opset 23) on float32 (b, h, s, d) Q, K and V: the kernel the
+    calibration's ``attention`` efficiency is measured on in onnxruntime."""
+    from unity_eq.ops.attention import ONNX_ATTENTION_OPSET
+
+    shape = [b, h, s, d]
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["Q", "K", "V"], ["Y"])],
+        "calibrate.attention",
+        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape) for name in "QKV"],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_ATTENTION_OPSET)], ir_version=10)
+    rng = np.random.default_rng(0)
+    return model, {name: rng.standard_normal(shape).astype(np.float32) for name in "QKV"}

@@ -17,7 +17,8 @@ import onnx
 
 from unity_eq.lower.onnxrt import make_session
 from unity_eq.machine import DeviceSpec, LinkSpec, Machine
-from unity_eq.profile.models import add_model, matmul_model
+from unity_eq.ops.attention_costs import attention_flops
+from unity_eq.profile.models import add_model, attention_model, matmul_model
 from unity_eq.profile_table import Calibration
 from unity_eq.runtime.devices import DeviceChoice
 
@@ -102,12 +103,47 @@ def _memory_bytes(choice: DeviceChoice) -> float:
 
 @dataclass(frozen=True)
 class Timers:
-    """How one framework times the calibration's three ops: an n×n×n float32 MatMul, an Add of a scalar to
-    ``elements`` floats, and a one-element Add."""
+    """How one framework times the calibration's ops: an n×n×n float32 MatMul, an Add of a scalar to
+    ``elements`` floats, a one-element Add, and (where the framework has a fused kernel) float32 attention of
+    :data:`ATTENTION_SHAPE` at a sequence length ``s``, answering its timing and the FLOPs the cost model counts
+    for what it ran (forward, or forward and backward)."""
 
     matmul: Callable[[int], Timing]
     add: Callable[[int], Timing]
     floor: Callable[[], Timing]
+    attention: Callable[[int], tuple[Timing, float, str]] | None = None
+
+
+#: (batch, heads, head dim) of the calibration's attention; its sequence length doubles from 128
+ATTENTION_SHAPE = (1, 8, 64)
+
+
+def _calibrate_attention(timers: Timers, peak: float, say: Progress, label: str, details: dict[str, Any]) -> None:
+    """The fused attention kernel's efficiency (the cost model's ``attention`` class): the FLOPs it counts over
+    the fastest run's time and the float32 peak, the sequence doubled from 128 while a run is under 10 ms (at
+    most 4096). A flash kernel reaches far less of the peak than a GEMM (measured on an H200: 0.40 against
+    0.76), so the calibrated machine prices it with its own."""
+    if timers.attention is None:
+        return
+    s = 128
+    while True:
+        timing, flops, passes = timers.attention(s)
+        if timing.min_s >= 0.01 or s >= 4096:
+            break
+        s *= 2
+    efficiency = min(1.0, flops / timing.min_s / peak)
+    b, h, d = ATTENTION_SHAPE
+    details["attention"] = {
+        "shape": [b, h, s, d],
+        "passes": passes,
+        "flops": flops,
+        "min_s": timing.min_s,
+        "median_s": timing.median_s,
+        "repeats": timing.repeats,
+        "efficiency": efficiency,
+    }
+    say(f"{label}: attention {passes} (b={b}, {h} heads, s={s}, d={d}) in {timing.min_s * 1e3:.2f} ms → "
+        f"{efficiency:.2f} of the float32 peak")  # fmt: skip
 
 
 def run_calibration(
@@ -145,15 +181,23 @@ def run_calibration(
     floor = timers.floor()
     details["floor"] = {"min_s": floor.min_s, "median_s": floor.median_s, "repeats": floor.repeats}
     say(f"{label}: one-element Add in {floor.median_s * 1e6:.1f} µs (per-op floor, median)")
+    _calibrate_attention(timers, peak, say, label, details)
     return peak, bandwidth, floor.median_s, details
 
 
 def calibrate(runner: Runner, progress: Progress | None = None) -> Calibration:
     """The device as a roofline spec, timed in onnxruntime (:func:`run_calibration`)."""
+
+    def attention(s: int) -> tuple[Timing, float, str]:
+        b, h, d = ATTENTION_SHAPE
+        flops = attention_flops((b, h, s, d), (b, h, d, s), (b, h, s, d))
+        return measure(runner, *attention_model(b, h, s, d)), flops, "forward"
+
     timers = Timers(
         matmul=lambda n: measure(runner, *matmul_model(n)),
         add=lambda elements: measure(runner, *add_model(elements)),
         floor=lambda: measure(runner, *add_model(1)),
+        attention=attention,
     )
     peak, bandwidth, floor, details = run_calibration(timers, progress or (lambda _m: None))
     device = describe_local_device(runner.choice, runner.threads)
@@ -162,7 +206,8 @@ def calibrate(runner: Runner, progress: Progress | None = None) -> Calibration:
 
 def calibrated_machine(calibration: Calibration, devices: int = 1) -> Machine:
     """``devices`` copies of the calibrated device as a :class:`Machine` (efficiency 1: the calibration
-    measured what is achievable), so that the roofline can be compared with measurements."""
+    measured what is achievable; fused attention its own, where the calibration measured it), so that the
+    roofline can be compared with measurements."""
     spec = DeviceSpec(
         calibration.device,
         # float32's peak, and the 16-bit types' where the calibration measured them (tensor cores)
@@ -171,6 +216,7 @@ def calibrated_machine(calibration: Calibration, devices: int = 1) -> Machine:
         calibration.memory_bytes,
     )
     link = LinkSpec(bandwidth=calibration.memory_bandwidth, latency=calibration.launch_overhead_s)
+    attention = calibration.details.get("attention", {}).get("efficiency")
     return Machine(
         f"{devices}x calibrated {calibration.device}",
         (spec,) * devices,
@@ -178,4 +224,5 @@ def calibrated_machine(calibration: Calibration, devices: int = 1) -> Machine:
         link,
         launch_overhead=calibration.launch_overhead_s,
         efficiency=1.0,
+        efficiencies={} if attention is None else {"attention": float(attention)},
     )

@@ -7,9 +7,9 @@ the lent GPU machines here) can still time every op on the GPU: forward and back
 the torch backend (``unity-eq train``) runs. ``--framework auto`` chooses this when ``--device cuda|auto`` finds
 no CUDA in onnxruntime but finds it in torch, and says so.
 
-The calibration is the same three measurements as :func:`unity_eq.profile.timing.calibrate` (a large float32
-MatMul, a large elementwise Add of a scalar, a one-element Add), run in torch, so the calibrated roofline and the
-ops are timed by one framework.
+The calibration is the same measurements as :func:`unity_eq.profile.timing.calibrate` (a large float32 MatMul, a
+large elementwise Add of a scalar, a one-element Add, fused attention: here scaled_dot_product_attention forward
+and backward), run in torch, so the calibrated roofline and the ops are timed by one framework.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from unity_eq.ops.attention_costs import attention_flops
+from unity_eq.ops.attention_costs import backward_work as attention_backward_work
 from unity_eq.profile.backward import BackwardRunner, torch_function
 from unity_eq.profile.instances import ProfiledOp
-from unity_eq.profile.timing import Progress, Timers, Timing, run_calibration
+from unity_eq.profile.timing import ATTENTION_SHAPE, Progress, Timers, Timing, run_calibration
 from unity_eq.profile_table import Calibration
 
 __all__ = ["calibrate_torch", "describe_torch_device", "forward_timing"]
@@ -96,7 +98,22 @@ def calibrate_torch(runner: BackwardRunner, threads: int, progress: Progress | N
         with torch.no_grad():
             return _timing(runner.samples(functools.partial(torch.add, one, 1.0)))
 
-    peak, bandwidth, floor_s, details = run_calibration(Timers(matmul, add, floor), say, "calibration (torch)")
+    def attention(s: int) -> tuple[Timing, float, str]:
+        """scaled_dot_product_attention forward and backward, as the torch backend trains the Attention term."""
+        b, h, d = ATTENTION_SHAPE
+        q, k, v = (torch.randn(b, h, s, d, device=device, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, s, d, device=device)
+
+        def step() -> None:
+            torch.nn.functional.scaled_dot_product_attention(q, k, v).backward(grad)
+
+        shapes = ((b, h, s, d), (b, h, d, s), (b, h, s, d))
+        backward = attention_backward_work("Attention", shapes, shapes[0])
+        flops = attention_flops(*shapes) + (backward.flops if backward is not None else 0.0)
+        return _timing(runner.samples(step)), flops, "forward and backward"
+
+    timers = Timers(matmul, add, floor, attention)
+    peak, bandwidth, floor_s, details = run_calibration(timers, say, "calibration (torch)")
     if device.startswith("cuda"):
         details["peak_flops"] = {name: _matmul_peak(runner, device, name, say) for name in ("bfloat16", "float16")}
         memory = float(torch.cuda.get_device_properties(torch.device(device)).total_memory)
