@@ -60,9 +60,7 @@ def local_steps(plan_dir: Path, feeds: dict[str, np.ndarray], repeat: int) -> di
         times = [RankTimes() for _ in range(world)]
         results: list[Any] = [None] * world
 
-        def work(
-            rank: int, board: Board = board, times: list[RankTimes] = times, results: list[Any] = results
-        ) -> None:
+        def work(rank: int, board: Board = board, times: list[RankTimes] = times, results: list[Any] = results) -> None:
             results[rank] = execute_rank(programs[rank], feeds, LocalCommunicator(rank, board), times[rank])
 
         threads = [threading.Thread(target=work, args=(r,)) for r in range(world)]

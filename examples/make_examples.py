@@ -144,9 +144,7 @@ def make_transformer(seed: int = SEED, size: Size = Size(), dtype: str = "float3
     scale = b.const("attn.scale", np.array(1.0 / math.sqrt(head_dim), np.float32))
     scores = b.op("Mul", [b.op("MatMul", [q, k], "attn.scores"), scale], "attn.scaled")
     probs = b.op("Softmax", [scores], "attn.probs", axis=-1)
-    context = b.op(
-        "Transpose", [b.op("MatMul", [probs, v], "attn.context")], "attn.context.t", perm=[0, 2, 1, 3]
-    )
+    context = b.op("Transpose", [b.op("MatMul", [probs, v], "attn.context")], "attn.context.t", perm=[0, 2, 1, 3])
     merged = b.op("Reshape", [context, hidden_shape], "attn.merged")
     h = b.op("Add", ["X", b.linear(merged, "attn.o", size.hidden, size.hidden)], "residual1")
 
@@ -156,9 +154,7 @@ def make_transformer(seed: int = SEED, size: Size = Size(), dtype: str = "float3
     one = b.const("gelu.one", np.array(1.0, np.float32))
     sqrt2 = b.const("gelu.sqrt2", np.array(math.sqrt(2.0), np.float32))
     erf = b.op("Erf", [b.op("Div", [up, sqrt2], "gelu.div")], "gelu.erf")
-    gelu = b.op(
-        "Mul", [b.op("Mul", [up, half], "gelu.half_x"), b.op("Add", [erf, one], "gelu.one_plus")], "gelu"
-    )
+    gelu = b.op("Mul", [b.op("Mul", [up, half], "gelu.half_x"), b.op("Add", [erf, one], "gelu.one_plus")], "gelu")
     down = b.linear(gelu, "ffn.down", size.ffn, size.hidden)
     b.op("Add", [h, down], "Y")
     return b.model("transformer", "X", "Y")

@@ -22,9 +22,7 @@ __all__ = ["ABSENT_SUFFIX", "export_meta"]
 ABSENT_SUFFIX = ".absent"  # the external data file named by the model, never written
 
 
-def export_meta(
-    module: Any, args: Sequence[Any], path: str | Path, kwargs: Mapping[str, Any] | None = None
-) -> Path:
+def export_meta(module: Any, args: Sequence[Any], path: str | Path, kwargs: Mapping[str, Any] | None = None) -> Path:
     """Export ``module`` called on ``args`` (tensors on the meta device, or anywhere: their values are never
     read) to ``path``; its weights become absent external data. Returns the path written."""
     import onnx

@@ -100,8 +100,18 @@ def test_check_training_float64_second_opinion_reports_what_it_measured(plans: d
     """With a tolerance below float32 rounding every comparison mismatches, so each is judged again against
     one-device training in float64, and the line gives both figures: the plan's error and one-device float32
     training's against float64. Both are float32 rounding (above 0, far below 1e-4), and the verdict stays."""
-    result = run_cli("check", str(EXAMPLES / "transformer.onnx"), str(plans["tf4"]), "--training", "--loss", "mean",
-                     "--steps", "1", "--tolerance", "1e-12")  # fmt: skip (data parallel: sums in another order)
+    result = run_cli(
+        "check",
+        str(EXAMPLES / "transformer.onnx"),
+        str(plans["tf4"]),
+        "--training",
+        "--loss",
+        "mean",
+        "--steps",
+        "1",
+        "--tolerance",
+        "1e-12",
+    )  # fmt: skip (data parallel: sums in another order)
     assert result.returncode == 1, result.stdout + result.stderr
     found = re.findall(r"plan off by ([0-9.e+-]+), one-device float32 off by ([0-9.e+-]+)", result.stdout)
     assert len(found) >= 3, result.stdout  # gradients and weights that differ in float32 rounding
@@ -389,7 +399,6 @@ def test_check_training_llama_with_grouped_query_attention(tmp_path: Path) -> No
     trained = re.findall(r"ok gradient of '([^']+)'", result.stdout)
     assert sorted(trained) == sorted(json.loads(params.read_text())), trained
     assert "ok collectives all_reduce on axis x (gradient), rank 0" in result.stdout
-
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ ODD_FILES = {
         "refuted",
     ),
     # an absent optional input (a Clip bound) reaching Max crashed the z3 backend
-    "absent-to-max": ("(rewrite (Clip a b c) (Max a b) :name \"odd\")", "refuted"),
+    "absent-to-max": ('(rewrite (Clip a b c) (Max a b) :name "odd")', "refuted"),
     # Gemm's absent C reaching Add
     "absent-to-add": (
         '(rewrite (Gemm a b c al be ta tb) (Add (Gemm a b (NoneT) al be ta tb) c) :name "odd")',

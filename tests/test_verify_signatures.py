@@ -19,7 +19,7 @@ from unity_eq.verify._signatures import by_signature
 
 TWICE = '(rewrite (Transpose (Transpose a p) p) a :ruleset algebra :name "transpose-twice")\n'
 SPLIT_RELU = (
-    '(rewrite (Relu (Combine (Partition a d ax) d ax)) (Combine (Relu (Partition a d ax)) d ax)'
+    "(rewrite (Relu (Combine (Partition a d ax) d ax)) (Combine (Relu (Partition a d ax)) d ax)"
     ' :ruleset parallel :name "relu-through-partition")\n'
 )
 

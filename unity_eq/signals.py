@@ -26,7 +26,6 @@ __all__ = [
 ]
 
 
-
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM arrived; ``signum`` says which. A KeyboardInterrupt, so code that already cleans up
     after Ctrl-C does the same after SIGTERM, and ``except Exception`` never swallows it."""
