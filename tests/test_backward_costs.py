@@ -6,6 +6,7 @@ and device kind from machine files."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import replace
 
 import pytest
@@ -166,3 +167,21 @@ def test_a_table_with_backward_times_prices_training_with_them(h100: Machine) ->
     ratio = model.roofline(add, backward_work(add) or Work()) / model.roofline(add, forward_work(add))
     assert model.compute(add).total == pytest.approx(1e-3 * (1 + ratio))  # the roofline's ratio scales it
     assert CostModel(h100, MESH, profile=measured).compute(add).total == pytest.approx(1e-3)
+
+
+def test_an_eager_derivative_chain_pays_each_kernel() -> None:
+    """Erf's PyTorch derivative is five eager kernels (pow, neg, exp, a scale, the product), not one: on the H200
+    machine file its backward at 8 × 1024 × 4096 float32 is priced near the 422 µs measured there
+    (benchmarks/results/gpu-h200/costs-1.profile.json), where one kernel's price was 110 µs; Tanh's is one fused
+    kernel (tanh_backward)."""
+    h200 = load_machine(str(Path(__file__).resolve().parents[1] / "benchmarks" / "machines" / "h200.toml"))
+    shape = (8, 1024, 4096)
+    erf = _op("Erf", [shape], shape, itemsize=4)
+    erf = replace(erf, dtype="float32")
+    model = CostModel(h200, MESH, "training")
+    assert model.backward(erf) == pytest.approx(422e-6, rel=0.1)
+    chain = backward_work(erf)
+    tanh = backward_work(_op("Tanh", [shape], shape))
+    assert chain is not None and tanh is not None and (chain.kernels, tanh.kernels) == (5, 1)
+    pow_base = backward_work(_op("Pow", [shape, ()], shape))
+    assert pow_base is not None and pow_base.kernels == 4  # the one-element exponent gets no gradient
