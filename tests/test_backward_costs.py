@@ -6,8 +6,8 @@ and device kind from machine files."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
