@@ -103,17 +103,44 @@ def attention_nodes(
         raise _refuse(where, name, f"with Q {list(q.shape)}, K {list(k.shape)}, V {list(v.shape)}")
     mask = inputs[3] if len(inputs) > 3 else ""
     fill = ""
+    nodes: list[Node] = []
     if mask:
         _check_mask(types[mask], q, k, where, name)
         fill = unique_name(f"{name}/masked_row_fill", set(types) | set(constants))
         constants[fill] = np.zeros((), as_dtype(q.dtype))
         types[fill] = TensorType((), q.dtype)
+        nodes, mask = _lowest_as_minus_infinity(name, mask, types, constants)
     causal = int(attrs.get("is_causal", 0))
     scale = float(attrs["scale"]) if "scale" in attrs else 1.0 / math.sqrt(q.shape[3])
     term_attrs = {"scale": scale, "causal": causal}
     keys_t = unique_name(f"{inputs[1]}/transposed_for_{name}", set(types) | set(constants))
     types[keys_t] = TensorType((k.shape[0], k.shape[1], k.shape[3], k.shape[2]), k.dtype)
     return [
+        *nodes,
         Node(f"{name}/keys_transposed", "Transpose", (inputs[1],), (keys_t,), {"perm": [0, 1, 3, 2]}, ""),
         Node(name, "Attention", (inputs[0], keys_t, inputs[2], mask, fill), (outputs[0],), term_attrs, ""),
     ]
+
+
+def _lowest_as_minus_infinity(
+    name: str, mask: str, types: dict[str, TensorType], constants: dict[str, np.ndarray]
+) -> tuple[list[Node], str]:
+    """``Where(mask <= lowest, -inf, mask)``: onnxruntime's Attention reads a mask entry of the type's lowest
+    value (what torch's exporters write for "masked") as -inf, so a row whose every key is so masked gives zeros
+    there (measured, onnxruntime 1.31), where the term's softmax of equal finite scores would give the mean of V.
+    As -inf the row's probabilities are NaN and the term's zero fill gives the zeros onnxruntime gives."""
+    mtype = types[mask]
+    dtype = as_dtype(mtype.dtype)
+    taken = set(types) | set(constants)
+    lowest, minus_inf = (unique_name(f"{name}/mask_{w}", taken | {mask}) for w in ("lowest", "minus_inf"))
+    constants[lowest] = np.asarray(np.finfo(dtype).min, dtype=dtype)
+    constants[minus_inf] = np.asarray(-np.inf, dtype=dtype)
+    types[lowest] = types[minus_inf] = TensorType((), mtype.dtype)
+    below = unique_name(f"{mask}/is_lowest", set(types) | set(constants))
+    types[below] = TensorType(mtype.shape, "bool")
+    out = unique_name(f"{mask}/lowest_as_minus_inf", set(types) | set(constants))
+    types[out] = mtype
+    return [
+        Node(f"{name}/mask_is_lowest", "LessOrEqual", (mask, lowest), (below,), {}, ""),
+        Node(f"{name}/mask_lowest_as_minus_inf", "Where", (below, minus_inf, mask), (out,), {}, ""),
+    ], out

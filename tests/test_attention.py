@@ -18,6 +18,7 @@ from unity_eq.ir import Mesh
 from unity_eq.machine import load_machine
 from unity_eq.ops.attention import ATTENTION, attention_saved_bytes
 from unity_eq.ops.registry import family_for, plugin_for
+from unity_eq.report import price_plan
 
 
 class _Numbers:
@@ -102,51 +103,86 @@ class _Context:
         return self.version
 
 
-@pytest.mark.parametrize("opset", [20, 23])
-@pytest.mark.parametrize("causal", [0, 1])
-def test_lowering_runs_in_onnxruntime_as_the_semantics_say(causal: int, opset: int) -> None:
-    """The ONNX nodes the lowering writes (what `check` runs) compute the family's semantics, NaN fill
-    included (a row whose every score is -inf gives a zero row, as torch's kernel does): at opset 23 ONNX's
-    Attention (K/V with one head read by both query heads), below it the composition."""
-    rng = np.random.default_rng(1)
-    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 2, 3, 4), (2, 1, 4, 5), (2, 1, 5, 3)))
-    mask = rng.standard_normal((2, 1, 3, 5)).astype(np.float32)
-    mask[1, 0, 2, :] = -np.inf  # a fully masked row: NaN probabilities, filled with 0
-    fill = np.zeros((), np.float32)
-    ctx = _Context([q.shape, kt.shape, v.shape, mask.shape, ()], [None, None, None, None, fill], opset)
-    names = ["q", "kt", "v", "mask", "fill"]
-    nodes = ATTENTION.lower("Attention", names, ["out"], {"scale": 0.5, "causal": causal}, ctx)  # type: ignore[misc]
-    assert ("Attention" in [n.op_type for n in nodes]) == (opset >= 23)
-    arrays = (q, kt, v, mask, fill)
+def _run_lowered(
+    nodes: list[Any], ctx: _Context, names: list[str], arrays: tuple[Any, ...], opset: int, shape: tuple[int, ...]
+) -> Any:
     inputs = [
         helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in zip(names, arrays, strict=True)
     ]
-    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 2, 3, 3])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, list(shape))
     graph = helper.make_graph(nodes, "g", inputs, [out], ctx.inits)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=11 if opset >= 23 else 8
     )
     onnx.checker.check_model(model)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    (got,) = session.run(None, dict(zip(names, arrays, strict=True)))
-    scores = (q @ kt).astype(np.float64) * 0.5 + mask
+    return session.run(None, dict(zip(names, arrays, strict=True)))[0]
+
+
+def _reference(q: Any, kt: Any, v: Any, mask: Any, causal: int, scale: float) -> Any:
+    """The composition in float64: softmax of the scaled scores plus the mask, NaN rows filled with 0."""
+    scores = (q @ kt).astype(np.float64) * scale + (0 if mask is None else mask.astype(np.float64))
     if causal:
-        scores = scores + np.where(np.triu(np.ones((3, 5), bool), 1), -np.inf, 0)
+        scores = scores + np.where(np.triu(np.ones(scores.shape[-2:], bool), 1), -np.inf, 0)
     with np.errstate(invalid="ignore"):
         e = np.exp(scores - scores.max(-1, keepdims=True))
         p = np.nan_to_num(e / e.sum(-1, keepdims=True), nan=0.0)
-    np.testing.assert_allclose(got, p @ v, rtol=1e-5, atol=1e-5)
-    assert not got[1, :, 2].any()  # the fully masked row
+    return p @ v
 
 
-def test_a_fill_other_than_zeros_is_lowered_as_the_composition() -> None:
-    """onnxruntime's Attention gives a fully masked row zeros: a fill of another (or unknown) value is
-    written as the composition, which fills the probabilities with it."""
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("opset", [20, 23])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_lowering_runs_in_onnxruntime_as_the_semantics_say(causal: int, opset: int, masked: bool) -> None:
+    """The ONNX nodes the lowering writes (what `check` runs) compute the family's semantics, NaN fill
+    included (a row whose every score is -inf gives a zero row, as torch's kernel does): at opset 23 without a
+    mask ONNX's Attention (K/V with one head read by both query heads); with a mask, or below opset 23, the
+    composition."""
+    rng = np.random.default_rng(1)
+    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 2, 3, 4), (2, 1, 4, 5), (2, 1, 5, 3)))
+    mask = rng.standard_normal((2, 1, 3, 5)).astype(np.float32) if masked else None
+    if mask is not None:
+        mask[1, 0, 2, :] = -np.inf  # a fully masked row: NaN probabilities, filled with 0
+    fill = np.zeros((), np.float32)
+    ctx = _Context([q.shape, kt.shape, v.shape, None if mask is None else mask.shape, ()],
+                   [None, None, None, None, fill], opset)  # fmt: skip
+    names = ["q", "kt", "v", "mask", "fill"] if masked else ["q", "kt", "v", "", "fill"]
+    nodes = ATTENTION.lower("Attention", names, ["out"], {"scale": 0.5, "causal": causal}, ctx)  # type: ignore[misc]
+    assert ("Attention" in [n.op_type for n in nodes]) == (opset >= 23 and not masked)
+    feeds = [(n, a) for n, a in zip(names, (q, kt, v, mask, fill), strict=True) if n]
+    got = _run_lowered(nodes, ctx, [n for n, _ in feeds], tuple(a for _, a in feeds), opset, (2, 2, 3, 3))
+    np.testing.assert_allclose(got, _reference(q, kt, v, mask, causal, 0.5), rtol=1e-5, atol=1e-5)
+    if masked:
+        assert not got[1, :, 2].any()  # the fully masked row
+
+
+def test_a_fully_masked_row_under_a_finite_mask_is_the_mean_of_v_as_the_model_computes() -> None:
+    """The dynamo exports mask with float32's lowest value, not -inf: a row whose every key is masked is then a
+    softmax of equal scores, the mean of V's rows, in the model and in the composition; onnxruntime's fused
+    Attention gives it zeros (issue 26's audit: a left-padded GPT-2 ran with exit 0 and those rows wrong). So
+    a term with a mask, whatever its fill, is lowered as the composition, which computes the mean."""
+    rng = np.random.default_rng(2)
+    q, kt, v = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 3, 4), (1, 2, 4, 3), (1, 2, 3, 2)))
+    lowest = np.finfo(np.float32).min
+    mask = np.zeros((1, 1, 3, 3), np.float32)
+    mask[0, 0, 0, :] = lowest  # query 0 sees no key
+    names = ["q", "kt", "v", "mask", "fill"]
+    for fill in (np.zeros((), np.float32), np.ones((), np.float32), None):
+        ctx = _Context([q.shape, kt.shape, v.shape, mask.shape, () if fill is not None else None],
+                       [None, None, None, None, fill], 23)  # fmt: skip
+        used = names if fill is not None else names[:4]
+        nodes = ATTENTION.lower("Attention", used, ["out"], {"scale": 1.0, "causal": 0}, ctx)  # type: ignore[misc]
+        assert "Attention" not in [n.op_type for n in nodes]
+        arrays = (q, kt, v, mask, fill)[: len(used)]
+        got = _run_lowered(nodes, ctx, used, arrays, 23, (1, 2, 3, 2))
+        np.testing.assert_allclose(got[0, :, 0], v[0].mean(axis=1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, _reference(q, kt, v, mask, 0, 1.0), rtol=1e-5, atol=1e-6)
+    # without a mask no row is fully masked, so a fill changes nothing: the fused op, whatever the fill
     shapes = [(1, 1, 2, 2), (1, 1, 2, 2), (1, 1, 2, 2), None, ()]
     for fill in (np.ones((), np.float32), None):
         ctx = _Context(shapes, [None, None, None, None, fill], 23)
         nodes = ATTENTION.lower("Attention", ["q", "kt", "v", "", "f"], ["o"], {}, ctx)  # type: ignore[misc]
-        assert "Attention" not in [n.op_type for n in nodes] and "Where" in [n.op_type for n in nodes]
+        assert "Attention" in [n.op_type for n in nodes]
 
 
 def test_registered_as_a_plug_in_family() -> None:
@@ -158,8 +194,10 @@ def test_priced_as_a_flash_kernel_below_the_unfused_ops_at_a_long_sequence() -> 
     """b=2, 32 heads, s=2048, d=128 in fp16 on an H100 (issue 24's measurement): the fused op moves Q, K, V and
     the output only (no s x s scores), so it is cheaper than the five unfused kernels, and its backward keeps
     Q, K, V, the output and b*h*s statistics instead of the s x s probabilities."""
+    from unity_eq.cost import INFERENCE, TRAINING
+
     b, h, s, d, item = 2, 32, 2048, 128, 2
-    model = CostModel(load_machine("h100x8"), Mesh(("x",), (1,)))
+    machine, mesh = load_machine("h100x8"), Mesh(("x",), (1,))
     qkv = (b, h, s, d)
     scores = (b, h, s, s)
     mask = (b, 1, s, s)
@@ -168,19 +206,20 @@ def test_priced_as_a_flash_kernel_below_the_unfused_ops_at_a_long_sequence() -> 
         nbytes = sum(float(np.prod(x)) * item for x in ins if x is not None)
         return OpInstance(op_type, tuple(ins), nbytes, out, float(np.prod(out)) * item, "float16")
 
-    fused = model.compute(op("Attention", [qkv, (b, h, d, s), qkv, mask, ()], qkv)).total
-    unfused = sum(
-        model.compute(o).total
-        for o in (
-            op("MatMul", [qkv, (b, h, d, s)], scores),
-            op("Add", [scores, mask], scores),
-            op("Softmax", [scores], scores),
-            op("IsNaN", [scores], scores),
-            op("Where", [scores, (), scores], scores),
-            op("MatMul", [scores, qkv], qkv),
-        )
-    )
-    assert fused < unfused / 2, (fused, unfused)
+    def chain(masked: bool) -> list[OpInstance]:
+        first = [op("MatMul", [qkv, (b, h, d, s)], scores), *([op("Add", [scores, mask], scores)] if masked else [])]
+        return [*first, op("Softmax", [scores], scores), op("MatMul", [scores, qkv], qkv)]
+
+    # where the fused kernel runs: training (the torch backend's scaled_dot_product_attention, a mask too) and
+    # an unmasked inference plan (ONNX's Attention); a masked one is lowered as the chain, and priced so
+    for objective, masked in ((TRAINING, True), (TRAINING, False), (INFERENCE, False)):
+        model = CostModel(machine, mesh, objective)
+        fused = model.compute(op("Attention", [qkv, (b, h, d, s), qkv, mask if masked else None], qkv)).total
+        unfused = sum(model.compute(o).total for o in chain(masked))
+        assert fused < unfused / 2, (objective, masked, fused, unfused)
+    model = CostModel(machine, mesh, INFERENCE)
+    lowered = model.compute(op("Attention", [qkv, (b, h, d, s), qkv, mask], qkv)).total
+    assert lowered > sum(model.compute(o).total for o in chain(True)) / 2
     # what the backward keeps: the family's saved hook against the unfused ops' (Softmax's output and the
     # second MatMul's probabilities: s x s each)
     kept_fused = 4 * np.prod(qkv) * item + np.prod(mask) * item + attention_saved_bytes(qkv)
@@ -198,8 +237,10 @@ def _export(kind: str, folder: Path) -> Path:
 @pytest.mark.parametrize(("kind", "devices"), [("gpt2", 1), ("bert", 2), ("llama", 4)])
 def test_nan_fill_fusion_on_dynamo_exports_gives_plans_that_check(kind: str, devices: int, tmp_path: Path) -> None:
     """torch's SDPA decomposition of GPT-2, BERT and LLaMA (mask and NaN fill) is rewritten into Attention by
-    the shipped rules (rules/algebra/attention_exports.egg, certified: no opt-out for unproven rules), the
-    chosen plan uses it (ONNX's Attention, opset 23) and onnxruntime computes the original outputs from it."""
+    the shipped rules (rules/algebra/attention_exports.egg, certified: no opt-out for unproven rules), a
+    training plan uses it (the torch backend's fused kernel: the flash price), and an inference plan computes
+    the original outputs, rows whose every key is masked included (a left-padded row under a causal mask:
+    with a mask the term is lowered as its composition, since onnxruntime's fused kernel zeroes such rows)."""
     pytest.importorskip("transformers")
     from model_zoo import masked_inputs
 
@@ -207,10 +248,13 @@ def test_nan_fill_fusion_on_dynamo_exports_gives_plans_that_check(kind: str, dev
 
     model = _export(kind, tmp_path)
     shapes = {"input_ids": (2, 16), "attention_mask": (2, 16)}
-    result = optimize(model, devices=devices, output_dir=tmp_path / "plan", input_shapes=shapes)
-    ops = [getattr(step, "op_type", "") for step in result.plan.steps]
+    trained = optimize(model, devices=devices, input_shapes=shapes, objective="training", plan_only=True)
+    ops = [getattr(step, "op_type", "") for step in trained.plan.steps]
     assert "Attention" in ops and "Softmax" not in ops, ops
-    outcome = check(model, tmp_path / "plan", inputs=masked_inputs(2))
+    optimize(model, devices=devices, output_dir=tmp_path / "plan", input_shapes=shapes)
+    inputs = masked_inputs(2)
+    assert not inputs["attention_mask"][1, :2].any()  # the left padding
+    outcome = check(model, tmp_path / "plan", inputs=inputs)
     assert outcome.passed, outcome.describe()
 
 
@@ -225,12 +269,17 @@ def test_attention_is_sharded_where_parallelism_pays(tmp_path: Path) -> None:
     from unity_eq import check, optimize
 
     model = export_torch_transformer(tmp_path / "layer.onnx", d_model=256, nhead=8, ffn=1024, batch=8, seq=128)
-    optimize(model, devices=4, output_dir=tmp_path / "plan")
+    result = optimize(model, devices=4, output_dir=tmp_path / "plan")
     record = json.loads((tmp_path / "plan" / "plan.json").read_text())
     (step,) = [s for s in record["steps"] if s.get("op") == "Attention"]
     placement = record["tensors"][step["inputs"][0]]["placement"]
     assert placement in (["S(0)"], ["S(1)"]), placement
     assert check(model, tmp_path / "plan").passed
+    # re-priced step by step, the plan costs what its e-nodes cost: an absent mask and fill are absent in both
+    # (extraction once priced them as scalars, and the flash price never applied)
+    plan = result.plan
+    again = price_plan(plan, CostModel(plan.machine, plan.mesh, plan.objective))
+    assert [c.total for c in again] == pytest.approx([c.total for c in plan.step_costs], rel=1e-9, abs=1e-15)
 
 
 def _onnx_attention_model(
@@ -326,13 +375,17 @@ def test_onnx_attention_forms_the_term_does_not_mean_are_refused_in_one_line(
     assert "Traceback" not in made.stderr and not (tmp_path / "plan").exists()
 
 
-def test_onnx_attention_gives_a_fully_masked_row_zeros_as_onnx_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("masked", [-np.inf, np.finfo(np.float32).min])
+def test_onnx_attention_gives_a_fully_masked_row_zeros_as_onnx_does(masked: float, tmp_path: Path) -> None:
     """ONNX's Attention (with its errata; onnxruntime agrees) gives a row whose every key is masked zeros, where
-    softmax over -inf alone is NaN: the frontend gives the term a zero fill, so the plan checks."""
+    softmax over -inf alone is NaN: the frontend gives the term a zero fill, so the plan checks. onnxruntime
+    reads float32's lowest value as -inf too (a softmax of equal finite scores would give the mean of V): the
+    frontend makes it -inf before the term (issue 26's audit)."""
     from conftest import run_cli
 
     mask = np.zeros((1, 1, 8, 8), np.float32)
-    mask[0, 0, 3, :] = -np.inf  # query 3 sees no key
+    mask[0, 0, 3, :] = masked  # query 3 sees no key
+    mask[0, 0, 5, :4] = masked  # query 5 sees half of them
     model = _onnx_attention_model(tmp_path / "a.onnx", (2, 4, 8, 16), (2, 4, 8, 16), mask_value=mask)
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal((2, 4, 8, 16)).astype(np.float32) for n in "qkv"}

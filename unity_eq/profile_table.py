@@ -135,9 +135,9 @@ class ProfileTable:
         dtype: str,
         attrs: Mapping[str, Any] | None,
     ) -> list[dict[str, Any]]:
-        if not all(s is not None for s in in_shapes):
-            return []
-        found = self._index.get(self._key(op_type, in_shapes, out_shape, dtype), [])  # type: ignore[arg-type]
+        # an absent optional operand (None) is keyed as ``()``, as the profile's instances write it
+        shapes = [() if s is None else s for s in in_shapes]
+        found = self._index.get(self._key(op_type, shapes, out_shape, dtype), [])
         if attrs is not None:
             wanted = {k: jsonable(frozen_value(v)) for k, v in attrs.items()}
             found = [e for e in found if e["attrs"] == wanted]

@@ -269,7 +269,9 @@ def _price(
 def enode_instance(
     node: ENode, cls: EClass, data: EGraphData, locals_: Mapping[str, tuple[int, ...] | None]
 ) -> OpInstance | None:
-    """A compute e-node on its local shapes (None when one of them is unknown: it cannot be priced)."""
+    """A compute e-node on its local shapes (None when one of them is unknown: it cannot be priced); an absent
+    optional operand is None in its position (a scalar fill and an absent mask are told apart), trailing ones
+    left out."""
     out_shape = locals_.get(cls.id)
     if out_shape is None:
         return None
@@ -283,10 +285,15 @@ def enode_instance(
         if members is None:
             return None
         for member in members:
+            if data.classes[member].dtype == "none":  # an absent optional input (NoneT): no operand
+                in_shapes.append(None)
+                continue
             if locals_.get(member) is None:
                 return None
             in_shapes.append(locals_[member])
             in_bytes += class_bytes(member, data, locals_)
+    while in_shapes and in_shapes[-1] is None:  # as a plan step leaves them out (report.step_instance)
+        in_shapes.pop()
     op = node.args[0] if node.op == "Opaque" else node.op
     spec = spec_for(node.op)
     sizes = spec.output_sizes_in(node.args) if spec is not None else None

@@ -144,7 +144,7 @@ def _mask_shapes(b: int, h: int, sq: int, skv: int) -> list[tuple[int, ...] | No
 def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     """Rank-4 attention ``(b, h, s, d)``: batch and heads over ``rank4_dims`` (the dims the sharding rules
     split: 4 splits over axes of 2 and 4, 2 over 2, 1 nowhere), query and key lengths 1-2 (square and not, so
-    causal masking shows), head dims (d, d_v) 1-2, K/V
+    causal masking shows) and three keys for one or two queries (unmasked, head dims 1), head dims (d, d_v) 1-2, K/V
     with every head or one (read by all), the masks of :func:`_mask_shapes`, fill absent or a scalar, causal 0
     and 1, scale free. Head dims 1 and 2: at 1 a per-feature factor is one number per row and scales KT's
     rows and columns alike, so a rule that moves it without transposing it passes; at 2 it does not."""
@@ -161,6 +161,13 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
                                  "fill": fill},
                                 {"causal": causal},
                             )  # fmt: skip
+        # more keys than queries (a KV cache): where causal masking cuts a row short of the last key, which at
+        # s_kv <= 2 only the first of two queries shows (issue 21's fourth adversary)
+        for sq, causal in itertools.product((1, 2), (0, 1)):
+            yield (
+                {"Q": (b, h, sq, 1), "KT": (b, h, 1, 3), "V": (b, h, 3, 1), "mask": None, "fill": None},
+                {"causal": causal},
+            )
 
 
 def axioms(v: Any) -> None:
@@ -206,7 +213,11 @@ def axioms(v: Any) -> None:
     v.add("Attention", FA([q, c], z3.Implies(scalar, v.shape(divided) == v.shape(q)), patterns=[divided]))
     moved = mm(divided, kt)
     nonzero = z3.And(two, v.rel["nonzero-values"](c))
-    v.add("Attention", FA([q, kt, c], z3.Implies(nonzero, moved == v.ew[2](div, mm(q, kt), c)), patterns=[moved]))
+    # group ``.reals``: an integer proof leaves it out (int64 [[3]] / 2 · [[2]] is 2, [[6]] / 2 is 3)
+    v.add(
+        "Attention.reals",
+        FA([q, kt, c], z3.Implies(nonzero, moved == v.ew[2](div, mm(q, kt), c)), patterns=[moved]),
+    )
 
 
 def saved(op: str) -> Saved:
@@ -224,8 +235,8 @@ def lower(
     op: str, inputs: Sequence[str], outputs: Sequence[str], attrs: Mapping[str, Any], ctx: LowerContext
 ) -> list[Any]:
     """ONNX's ``Attention`` (opset 23; onnxruntime's CPU kernel runs it, K/V with fewer heads included) where
-    it computes the same thing: rank-4 float32/float16 operands and no fill or a fill of zeros (onnxruntime
-    gives a fully masked row zeros, as the fill does). Otherwise the composition itself. A plan step leaves
+    it computes the same thing: rank-4 float32/float16 operands and no mask (:func:`_fused_lowering_fits`).
+    Otherwise the composition itself. A plan step leaves
     out trailing absent inputs: they are ``""`` here."""
     inputs = [*inputs, *[""] * (len(SPECS[0].tensor_args) - len(inputs))]
     if _fused_lowering_fits(inputs, ctx):
@@ -234,8 +245,13 @@ def lower(
 
 
 def _fused_lowering_fits(inputs: Sequence[str], ctx: LowerContext) -> bool:
-    """ONNX's Attention takes (b, h, s, d) operands whose heads divide (grouped-query attention) and a mask
-    that broadcasts to (b, h, s_q, s_kv); the fill must be zeros, a value known when the plan is lowered."""
+    """ONNX's Attention takes (b, h, s, d) operands whose heads divide (grouped-query attention), and no mask:
+    onnxruntime's kernel gives a row whose every key is masked zeros, where the composition (and the model it
+    came from) gives the mean of V's rows when the mask is finite (the dynamo exports mask with float32's
+    lowest value, so a left-padded sequence under a causal mask has such rows) and NaN when it is −inf. A
+    mask is a runtime input, so whether a row is fully masked is not known here: with a mask the composition
+    is written (issue 26's audit: `run` gave those rows zeros, exit 0). Without a mask no row is fully masked
+    (a causal one keeps key 0 for every query), so a fill changes nothing there."""
     if ctx.opset() < ONNX_ATTENTION_OPSET or ctx.dtype(0) not in tuple(np.dtype(d) for d in FUSED_LOWERING_DTYPES):
         return False
     q, kt, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
@@ -243,13 +259,7 @@ def _fused_lowering_fits(inputs: Sequence[str], ctx: LowerContext) -> bool:
         return False
     if q[0] != kt[0] or kt[0] != v[0] or kt[1] != v[1] or q[1] % kt[1]:
         return False
-    mask = ctx.shape(3) if inputs[3] else None
-    if mask is not None and len(mask) > 4:
-        return False
-    if inputs[4]:
-        fill = ctx.value(4)
-        return fill is not None and not np.any(fill)
-    return True
+    return not inputs[3]
 
 
 def _lower_fused(
@@ -286,7 +296,7 @@ def _lower_composition(
 ) -> list[Any]:
     """The composition as ONNX nodes (MatMul, Mul by the scale, Add of the mask and of a causal -inf mask,
     Softmax, the NaN fill, MatMul): exactly what :func:`evaluate` computes, at any opset."""
-    from onnx import helper
+    from onnx import helper, numpy_helper
 
     q, kt, v, mask, fill = inputs
     scale, causal = float(attrs.get("scale", 1.0)), int(attrs.get("causal", 0))
@@ -298,16 +308,21 @@ def _lower_composition(
         nodes.append(helper.make_node(op_type, args, [out], name=ctx.fresh(f"{outputs[0]}/{op_type}"), **kw))
         return out
 
+    def literal(value: np.ndarray, what: str) -> str:
+        # a Constant node, as the fused op's scale is an attribute: `check` compares initializers with the
+        # model's weights, and these are the term's attributes, not weights
+        return step("Constant", [], what, value=numpy_helper.from_array(value))
+
     scores = step("MatMul", [q, kt], "scores")
     if scale != 1.0:
-        scores = step("Mul", [scores, ctx.constant(np.asarray(scale, dtype=dtype), "attention.scale")], "scaled")
+        scores = step("Mul", [scores, literal(np.asarray(scale, dtype=dtype), "scale")], "scaled")
     if mask:
         scores = step("Add", [scores, mask], "masked")
     if causal:
         q_shape, kt_shape = ctx.shape(0), ctx.shape(1)
         assert q_shape is not None and kt_shape is not None
         hidden = np.triu(np.ones((q_shape[-2], kt_shape[-1]), dtype=bool), k=1)
-        tri = ctx.constant(np.where(hidden, -np.inf, 0).astype(dtype), "attention.causal")
+        tri = literal(np.where(hidden, -np.inf, 0).astype(dtype), "causal_bias")
         scores = step("Add", [scores, tri], "causal")
     probs = step("Softmax", [scores], "probs", axis=-1)
     if fill:
@@ -369,8 +384,9 @@ ATTENTION = OpFamily(
     compute_class="attention",
     ranges=(
         "rank-4 Q (b, h, s_q, d), KT (b, h or 1, d, s_kv), V (b, h or 1, s_kv, d_v): b and h over {1, 2, 4},"
-        " s_q, s_kv, d and d_v 1-2; mask absent or any rank-4 shape broadcasting to (b, h, s_q, s_kv) (each dim"
-        " full or 1); fill absent or a scalar; causal 0 and 1; scale a free real"
+        " s_q, s_kv, d and d_v 1-2, and s_kv 3 for s_q 1-2 (head dims 1, no mask); mask absent or any rank-4"
+        " shape broadcasting to (b, h, s_q, s_kv) (each dim full or 1); fill absent or a scalar; causal 0 and 1;"
+        " scale a free real"
     ),
     axioms=axioms,
     saved=saved,

@@ -46,7 +46,8 @@ def lowered_work(
     op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int], dtype: str
 ) -> Work | None:
     """The device program's forward where lowering writes the composition (a dtype outside
-    :data:`FUSED_LOWERING_DTYPES`, operands not of rank 4): the scores' MatMul writes the ``s_q × s_kv`` scores,
+    :data:`FUSED_LOWERING_DTYPES`, operands not of rank 4, a mask: onnxruntime's kernel zeroes a fully masked row,
+    the composition does not): the scores' MatMul writes the ``s_q × s_kv`` scores,
     the mask's Add (when there is a mask) reads and writes them, Softmax reads them and writes the
     probabilities, the fill's IsNaN and Where (when there is a fill) read and write them, and the last MatMul
     reads them; None where the fused op is written (its flash price, the default). Streaming kernels: priced
@@ -54,10 +55,10 @@ def lowered_work(
     q, kt = in_shapes[0], in_shapes[1]
     if q is None or kt is None:
         return None
-    if dtype in FUSED_LOWERING_DTYPES and all(s is None or len(s) == 4 for s in in_shapes[:3]):
+    v, mask, fill = (in_shapes[i] if len(in_shapes) > i else None for i in (2, 3, 4))
+    if dtype in FUSED_LOWERING_DTYPES and mask is None and all(s is None or len(s) == 4 for s in in_shapes[:3]):
         return None
     scores = float(math.prod((*out_shape[:-1], kt[-1])))
-    v, mask, fill = (in_shapes[i] if len(in_shapes) > i else None for i in (2, 3, 4))
     size = [float(math.prod(s)) if s is not None else 0.0 for s in (q, kt, v, mask)]
     read = size[0] + size[1] + scores + scores + size[2]  # the two MatMuls and Softmax
     written = scores + scores + float(math.prod(out_shape))

@@ -53,10 +53,9 @@ class ProfiledOp:
 
     @property
     def in_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """Every input's local shape (an instance is only made when all are known)."""
-        shapes = tuple(s for s in self.priced.in_shapes if s is not None)
-        assert len(shapes) == len(self.priced.in_shapes)
-        return shapes
+        """Every input's local shape (an instance is only made when all are known); ``()`` for an absent
+        optional one (the table's key: :meth:`ProfileTable.lookup` reads a priced instance's None so)."""
+        return tuple(() if s is None else tuple(s) for s in self.priced.in_shapes)
 
     @property
     def out_shape(self) -> tuple[int, ...]:

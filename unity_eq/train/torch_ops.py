@@ -240,7 +240,9 @@ def _sdpa(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     mask = inputs[3] if len(inputs) > 3 else None
     if mask is not None and mask.dtype != torch.bool:
+        # onnxruntime reads the type's lowest value as -inf (a row so masked gives zeros: below)
         mask = mask.to(q.dtype)
+        mask = mask.masked_fill(mask <= torch.finfo(mask.dtype).min, float("-inf"))
     causal = bool(int(attrs.get("is_causal", 0)))
     if causal and mask is not None:  # ONNX applies both: the causal bias added to (or anded with) the mask
         seen = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
@@ -249,6 +251,9 @@ def _sdpa(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=causal and mask is None, scale=None if scale is None else float(scale)
     )
+    if mask is not None:  # a row whose every key is masked: NaN in torch, zeros in onnxruntime's kernel
+        dead = (~mask).all(-1, keepdim=True) if mask.dtype == torch.bool else (mask == float("-inf")).all(-1, True)
+        out = out.masked_fill(dead, 0.0)
     return [out]
 
 
