@@ -793,3 +793,174 @@ def _maxpool_same_upper_dilated() -> tuple[Side, Side]:
 def _an_expand_shape() -> tuple[Side, Side]:
     x, s = f32((2, 3)), i64(3)
     return (lambda: shape_of(run("Expand", x, s))), (lambda: s)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The fourth adversary (same rules of engagement): default attribute forms (Slice and Squeeze with no axes),
+# an axiom group leaking into integer proofs, dims beyond the constants, rank-4 odd dims, a step function
+# under float rounding, four-part Splits, three new Expand dims, rank-3 Gather indices, a KV cache under a
+# causal mask, unsigned wraparound and float16 overflow.
+
+BIG = np.iinfo(np.int64).max
+
+
+def _attention_plain(q, kt, v):
+    """Attention(q, kt, v, none, none, 1, 0): MatMul(Softmax(MatMul(q, kt), -1), v)."""
+    return run("MatMul", run("Softmax", run("MatMul", q, kt), axis=-1), v)
+
+
+# ------------------------------------------------------------------------------------------- Slice axes
+@counterexample("adv4-slice-split-one-axis-default-axes")
+def _slice_default_axes() -> tuple[Side, Side]:
+    # axes left out (the IVec is empty): ONNX slices dims 0 .. len(starts) - 1, here dim 0, the split dim
+    a = f32((4,))
+
+    def sl(x):
+        return run("Slice", x, i64(1), i64(3))
+
+    return (lambda: sl(a)), (lambda: gather([sl(p) for p in chunks(a, 0, 2)], 0))
+
+
+# ---------------------------------------------------------------------------------- integer Div, MatMul
+@counterexample("adv4-int-div-through-matmul-attention-guard")
+def _int_div_matmul() -> tuple[Side, Side]:
+    # the guard holds: attention over (q, kt, kt^T) has q's shape [1, 1]
+    q, kt, c = np.array([[3]], np.int64), np.array([[2]], np.int64), np.array(2, np.int64)
+    return (lambda: run("MatMul", run("Div", q, c), kt)), (lambda: run("Div", run("MatMul", q, kt), c))
+
+
+# ------------------------------------------------------------------------------ Reshape, dims past 4
+@counterexample("adv4-reshape-pairs-split-at-least-one-pair-each")
+def _reshape_pairs() -> tuple[Side, Side]:
+    # x [6], mesh 2: 6 is even and >= 2 * 2, but each device's 3 elements are no whole number of pairs
+    x = f32((6,))
+    return (lambda: run("Reshape", x, i64(-1, 2))), (
+        lambda: gather([run("Reshape", p, i64(-1, 2)) for p in chunks(x, 0, 2)], 0)
+    )
+
+
+# ------------------------------------------------------------------------------- rank 4, odd dims
+@counterexample("adv4-rank4-sum-as-two-halves")
+def _sum_halves() -> tuple[Side, Side]:
+    # x [1, 1, 1, 3] (RGB last): h = 1, the halves [0:1] and [1:2] leave x[..., 2] out
+    x = f32((1, 1, 1, 3))
+
+    def s(t):
+        return run("ReduceSum", t, i64(3), keepdims=1)
+
+    return (lambda: s(x)), (
+        lambda: run(
+            "Add",
+            s(run("Slice", x, i64(0), i64(1), i64(3), i64(1))),
+            s(run("Slice", x, i64(1), i64(2), i64(3), i64(1))),
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------- unsigned Sub
+@counterexample("adv4-uint-sub-compare-antisymmetric")
+def _uint_sub() -> tuple[Side, Side]:
+    a, b = np.array([2], np.uint8), np.array([1], np.uint8)  # 2 - 1 = 1, 1 - 2 = 255
+    return (lambda: run("Greater", run("Sub", a, b), run("Sub", b, a))), (lambda: run("Greater", a, b))
+
+
+# ------------------------------------------------------------------- rank-4 Where on a 2 x 2 mesh
+@counterexample("adv4-rank4-2axis-where-same-dim-combine-order")
+def _where_2axis() -> tuple[Side, Side]:
+    # mesh a1 = 2 x a2 = 2, d = 1: device (i, j) holds block 2 i + j of each operand (Partition on a1, then a2)
+    c = np.array([True, False, True, False]).reshape(1, 4, 1, 1)
+    x, y = f32((1, 4, 1, 1)), f32((1, 4, 1, 1), 1)
+    blocks = {(i, j): [t[:, 2 * i + j : 2 * i + j + 1] for t in (c, x, y)] for i in range(2) for j in range(2)}
+    out = {k: run("Where", *v) for k, v in blocks.items()}
+    # Combine on a1 first (over i, for each j), then on a2 (over j)
+    by_j = [gather([out[(i, j)] for i in range(2)], 1) for j in range(2)]
+    return (lambda: run("Where", c, x, y)), (lambda: gather(by_j, 1))
+
+
+# --------------------------------------------------------------------- grouped Conv, input channels
+@counterexample("adv4-conv-grouped-input-channel-split")
+def _conv_grouped_k() -> tuple[Side, Side]:
+    a, w = f32((1, 4, 1, 1)), f32((2, 2, 1, 1), 1)
+    pieces = zip(chunks(a, 1, 2), chunks(w, 1, 2), strict=True)
+    return (lambda: run("Conv", a, w, group=2)), (lambda: sum(run("Conv", ap, wp, group=2) for ap, wp in pieces))
+
+
+# ----------------------------------------------------- float rounding into a step function (not "discrete")
+@counterexample("adv4-float-thresholded-relu-cancel-addend")
+def _thresholded_relu() -> tuple[Side, Side]:
+    # float32: 1e8 + 1000001 rounds to 101000000 (spacing 8), so (a + c) - c = 1000000 <= alpha: the step flips
+    a, c, alpha = np.array([1000001.0], np.float32), np.array([1e8], np.float32), 1000000.5
+    return (lambda: run("ThresholdedRelu", run("Sub", run("Add", a, c), c), alpha=alpha)), (
+        lambda: run("ThresholdedRelu", a, alpha=alpha)
+    )
+
+
+# ----------------------------------------------------------------------- Split into more than 3 parts
+@counterexample("adv4-split-concat-first-three-parts")
+def _split_four() -> tuple[Side, Side]:
+    x, s = f32((4,)), i64(1, 1, 1, 1)
+    parts = lambda: [run("Split", x, s, axis=0, outputs=4, index=j) for j in range(3)]  # noqa: E731
+    return (lambda: run("Concat", *parts(), axis=0)), (lambda: x)
+
+
+# ------------------------------------------------------------------------- float16 overflow (inf)
+@counterexample("adv4-fp16-doubled-compare-overflow")
+def _fp16_double() -> tuple[Side, Side]:
+    a, b = np.array([40000], np.float16), np.array([50000], np.float16)  # 2 a and 2 b overflow to inf
+    return (lambda: run("Less", run("Add", a, a), run("Add", b, b))), (lambda: run("Less", a, b))
+
+
+# ------------------------------------------------------------------ causal attention, 3 keys (KV cache)
+def _attention_causal(q, kt, v, causal):
+    scores = run("MatMul", q, kt)
+    if causal:
+        sq, skv = scores.shape[-2:]
+        mask = np.where(np.tril(np.ones((sq, skv), bool)), 0.0, -np.inf).astype(np.float32)
+        scores = run("Add", scores, mask)
+    return run("MatMul", run("Softmax", scores, axis=-1), v)
+
+
+@counterexample("adv4-attention-causal-second-query-unmasked")
+def _causal_second_query() -> tuple[Side, Side]:
+    # q [1, 1, 2, 1], kt [1, 1, 1, 3], v [1, 1, 3, 1]: query 1 sees keys 0 and 1 of 3, not key 2
+    q, kt, v = f32((1, 1, 2, 1)), f32((1, 1, 1, 3), 1), f32((1, 1, 3, 1), 2)
+    sz = i64(1, 1)
+    return (lambda: run("Split", _attention_causal(q, kt, v, 1), sz, axis=2, outputs=2, index=1)), (
+        lambda: _attention_causal(run("Split", q, sz, axis=2, outputs=2, index=1), kt, v, 0)
+    )
+
+
+# ---------------------------------------------------------------- Expand adding three leading dims
+@counterexample("adv4-expand-split-two-new-leading-dims")
+def _expand_three_new() -> tuple[Side, Side]:
+    # x [4], s = (1, 1, 4, 4), mesh 2: the core's output is S(2) with local shape (1, 1, 2, 4) (lowering's
+    # local target); each device's x piece [2] does not broadcast to it
+    x = f32((4,))
+    return (lambda: run("Expand", x, i64(1, 1, 4, 4))), (
+        lambda: gather([run("Expand", p, i64(1, 1, 2, 4)) for p in chunks(x, 0, 2)], 2)
+    )
+
+
+# ------------------------------------------------------------------------- Gather, indices of rank 3
+@counterexample("adv4-gather-split-last-index-dim-rank3")
+def _gather_rank3_indices() -> tuple[Side, Side]:
+    a, i = f32((4, 1)), np.array([[[0, 3]]], np.int64)  # output [1, 1, 2, 1]: the index dim 2 is output dim 2
+    return (lambda: run("Gather", a, i, axis=0)), (
+        lambda: gather([run("Gather", a, p, axis=0) for p in chunks(i, 2, 2)], 1)
+    )
+
+
+# --------------------------------------------------------- dtype guard spelled as an exclusion (refuted)
+@counterexample("adv4-div-distribute-excluding-int64")
+def _div_int32() -> tuple[Side, Side]:
+    a = b = np.array([1], np.int32)
+    c = np.array([2], np.int32)
+    return (lambda: run("Div", run("Add", a, b), c)), (lambda: run("Add", run("Div", a, c), run("Div", b, c)))
+
+
+# ------------------------------------------------------- Squeeze with no axes (squeeze every size-1 dim)
+@counterexample("adv4-squeeze-split-rank2-default-axes")
+def _squeeze_all_split() -> tuple[Side, Side]:
+    # a [2, 3] has no size-1 dim (Squeeze is the identity); each device's chunk [1, 3] squeezes to [3]
+    a = f32((2, 3))
+    return (lambda: run("Squeeze", a)), (lambda: gather([run("Squeeze", p) for p in chunks(a, 0, 2)], 0))

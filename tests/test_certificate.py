@@ -82,7 +82,7 @@ def test_bounded_rule_fires_only_inside_the_domain_its_proof_enumerated(tmp_path
     path.write_text(RULES)
     code, text = _verify(path)
     assert code == 0, text
-    assert "within a: rank 0-4" in text
+    assert "within a: float rank 0-4" in text
     cert = json.loads((tmp_path / "my.proofs.json").read_text())
     entry = cert["rules"]["drop-identity-under-relu"]
     assert entry["proof"] == "bounded" and entry["rows"] == [[0], [1], [2], [3], [4]]

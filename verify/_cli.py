@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,8 +25,9 @@ __all__ = ["main", "render", "run"]
 
 #: what every proof assumes, printed under the summary (docs/verify.md, "NaN and float rounding")
 NAN_FREE = (
-    "note: proofs are over the reals and assume NaN-free, finite inputs (a rule right only because NaN never "
-    "occurs is proven); float32 rounding is checked where it feeds a discrete op (docs/verify.md)"
+    "note: proofs are over the reals and assume NaN-free, finite inputs and values that do not overflow (float16 "
+    "does at 65504; a rule right only because NaN never occurs is proven); float32 rounding is checked where it "
+    "feeds a discrete op (docs/verify.md)"
 )
 
 _STYLE = {"proven": "green", "refuted": "bold red", "partial": "yellow", "unknown": "yellow"}
@@ -252,7 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs=args.jobs,
     )
     from unity_eq.errors import UnityEqError
+    from unity_eq.verify._memory import cap_memory
 
+    cap_memory(args.jobs or (os.cpu_count() or 1))
     try:
         return run(args.paths, args.rule, options, args.json_path, args.quiet, write_certificate=args.write_certificate)
     except UnityEqError as exc:

@@ -330,6 +330,14 @@ def decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[A
     rule cannot end ``unity-eq verify`` with a traceback and hide the verdicts on the others."""
     try:
         return _decide_both(rule, facts, options, cache)
+    except MemoryError:  # the memory cap of a verify run (verify/_memory.py): this rule's cases outgrew it
+        cache.clear()
+        message = (
+            "ran out of memory enumerating its cases (the verify process's cap: 80 % of the memory available "
+            "over --jobs): its left-hand side nests more ops than a bounded check can enumerate; split it into "
+            "smaller rules, or give it guards that fix its shapes"
+        )
+        return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
     except Exception as exc:  # reported as the rule's verdict, with the exception: not swallowed
         message = f"the verifier failed on this rule ({type(exc).__name__}: {exc}): a bug of unity_eq.verify"
         return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)

@@ -9,7 +9,8 @@ both sides are evaluated in float32 on stressed inputs (values drawn from a smal
 magnitudes, so sums absorb small addends and equal values tie), and:
 
 * an output of a discrete op (a comparison, ``Not``/``And``/``Or``/``Xor``, ``Floor``/``Ceil``/``Round``/``Sign``,
-  ``IsNaN``, ``Cast`` to an integer or bool) must be **exactly** equal on both sides;
+  ``IsNaN``, the step ``ThresholdedRelu``, ``Cast`` to an integer or bool) must be **exactly** equal on both
+  sides;
 * any other output may differ by ``FLOAT32_RTOL`` times the magnitude of the values it is computed from, per
   element (:class:`MagnitudeBackend`: the same evaluation on absolute values, sums of magnitudes, a Where
   taking the larger of its branches' magnitudes, never its condition's). A Where whose choice flips shows as
@@ -54,6 +55,10 @@ DISCRETE = frozenset(
         "Round",
         "Sign",
         "IsNaN",
+        # a step (0 up to alpha, then its input): a rounding of its operand that crosses alpha moves the output
+        # by the step's height, not by a last bit, as a comparison flips (issue 21's fourth adversary:
+        # ``(a + c) − c`` under it was "proven"); so its output, too, must be equal
+        "ThresholdedRelu",
     }
 )
 #: ONNX dtypes (TensorProto) a Cast to which is discrete: the integers and bool
@@ -155,7 +160,7 @@ def _stressed(rng: np.random.Generator, shape: Sequence[int]) -> np.ndarray:
 
 class Float32Backend(NumpyBackend):
     """Every arithmetic operation rounded to float32, on stressed inputs; the discrete unary ops (Floor,
-    Round, Sign, Cast…) with their real meaning (uninterpreted functions elsewhere stay the numeric
+    Round, Sign, ThresholdedRelu, Cast…) with their real meaning (uninterpreted functions elsewhere stay the numeric
     back-up's smooth functions)."""
 
     name = "float32"
@@ -181,6 +186,9 @@ class Float32Backend(NumpyBackend):
             return np.sign(x)
         if base == "IsNaN":
             return _f32(np.isnan(x))
+        if base == "ThresholdedRelu":  # its float attribute alpha is the extra argument
+            alpha = np.float32(args[1]) if len(args) > 1 else np.float32(1.0)
+            return _f32(np.where(x > alpha, x, 0))
         if base == "Not":
             return _f32(x == 0)
         if base in ("And", "Or", "Xor"):

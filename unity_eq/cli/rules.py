@@ -50,7 +50,10 @@ def verify(
     numeric back-up) where float arithmetic feeds a discrete op: a comparison, a Where's condition, Floor, a
     Cast to an integer. See docs/verify.md.
     """
+    import os
+
     from unity_eq.verify import Options, run_verify
+    from unity_eq.verify._memory import cap_memory
 
     options = Options(
         generic=not no_generic,
@@ -62,6 +65,7 @@ def verify(
     )
     if json_path and json_path != "-":
         check_output_file(Path(json_path), "`--json`")
+    cap_memory(jobs or (os.cpu_count() or 1))  # a rule whose cases outgrow it gets an unknown verdict
     code = run_verify(paths or None, rule, options, json_path, quiet, out, write_certificate)
     if code:
         raise typer.Exit(code)

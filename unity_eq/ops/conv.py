@@ -153,7 +153,8 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
 
 def _oa_instances(ranges: InstanceRanges) -> Iterator[Instance]:
     """(N, C, M) from the orthogonal array over ``dims``, each with a 1-D window (and every other row a 2-D
-    one) from the lists above, groups 1 and 2, with and without bias, ``auto_pad`` VALID now and then."""
+    one) from the lists above, groups 1 and 2, with and without bias, ``auto_pad`` VALID now and then; and four
+    input channels in groups of 2 and 1 under a 1-wide window."""
     d = ranges.dims
     for i, row in enumerate(oa16()):
         n, c, m = d[row[0]], d[row[1]], d[row[2]]
@@ -179,6 +180,13 @@ def _oa_instances(ranges: InstanceRanges) -> Iterator[Instance]:
                     strides=strides,
                 )
                 yield {"X": x, "W": w, "B": (m,) if with_bias else None}, attrs
+    # several channels per group (C = 4, groups 2 and 4), with and without bias: a split of the input channels
+    # re-groups them on each device, which the rows above may meet only with a bias (issue 21's fourth
+    # adversary: only the numeric back-up refuted such a split)
+    for m, g, with_bias in itertools.product((2, 4), (2, 4), (False, True)):
+        if m % g == 0:
+            attrs = dict(auto_pad="NOTSET", dilations=(1,), group=g, kernel_shape=(1,), pads=(0, 0), strides=(1,))
+            yield {"X": (1, 4, 2), "W": (m, 4 // g, 1), "B": (m,) if with_bias else None}, attrs
 
 
 def flops(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> float:
@@ -263,7 +271,8 @@ CONV = OpFamily(
         " pads 0-2, 2-D windows whose axes differ and 2-D windows equal in both axes, each with (N, C, M) ="
         " (1, 1, 1) and (2, 2, 2), groups 1 and 2, with and without bias; and (N, C, M) from an orthogonal array"
         " over dims 1-4 with a few windows; 2-D windows whose kernel equals their stride (kernels 1-3 unpadded,"
-        " kernel 2 with every pad 0-1 and dilation 1-2) on (N, C, M) = (1, 1, 1)"
+        " kernel 2 with every pad 0-1 and dilation 1-2) on (N, C, M) = (1, 1, 1); four input channels in groups"
+        " of 2 and 1 (M = 2, 4), width-1 windows"
     ),
     compute_class="gemm",
     **OpFamily.hooks_in(globals()),

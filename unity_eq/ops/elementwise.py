@@ -228,6 +228,9 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
         rows: Sequence[tuple[tuple[int, tuple[bool, ...]], ...]] = list(itertools.product(positions, repeat=r))
         if r >= 4 and k <= 2 and not cfg.sample:
             rows = [*rows, *rows_with_one_wide_dim(k, r, max(cfg.rank4_dims))]
+        elif r >= 4 and not cfg.sample:  # Where: the wide dim too, every operand full (a dim cut on both axes)
+            wide = rows_with_one_wide_dim(k, r, max(cfg.rank4_dims))
+            rows = [*rows, *(row for row in wide if not any(any(ones) for _n, ones in row))]
         if cfg.sample and r >= 3:
             rows = rows[:: max(1, len(rows) // 32)]
         for row in rows:

@@ -136,6 +136,26 @@ def _factorizations(total: int, rank: int, limit: int = 8) -> list[tuple[int, ..
     return out
 
 
+#: element counts beyond the dims' products that tell a guard ">= n·b" from "n·b divides it" (n an axis size,
+#: b a rule's constant, both 2-4: 6, 12 and 20 are the multiples of n and b, at least n·b, whose share of n is no
+#: multiple of b; docs/verify.md, "Dims beyond the rule's constants"), as rank-1 tensors and as every 2-D
+#: shape of them, each reshaped to every target of rank 1-2 (issue 21's fourth adversary: a pairs-reshape
+#: split guarded by "H even and H >= 2n" was "proven" on dims 1-4)
+LARGE_COUNTS = (6, 12, 20)
+
+
+def _large_reshape_cases() -> Iterator[Instance]:
+    """:data:`LARGE_COUNTS` as rank-1 tensors and every 2-D shape of them without a 1, each reshaped to every
+    target of rank 1-2 (every factor, in every spelling of ranks 1-2)."""
+    for total in LARGE_COUNTS:
+        shapes = [t for r in (1, 2) for t in _factorizations(total, r, total) if r == 1 or min(t) > 1]
+        for shape in shapes:
+            for target in (t for r in (1, 2) for t in _factorizations(total, r, total)):
+                yield {"data": shape}, {"shape": target, "allowzero": 0}
+                for spelled, allowzero in _target_spellings(shape, target):
+                    yield {"data": shape}, {"shape": spelled, "allowzero": allowzero}
+
+
 def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     pool = other_shapes(cfg)
     for i, shape in enumerate(pool):
@@ -154,6 +174,7 @@ def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
             for axis in range(len(shape) + 1):
                 yield {"X": shape}, {"axis": axis}
         elif spec.name == "Squeeze":
+            yield {"data": shape}, {"axes": ()}  # ONNX's default: every size-1 dim (of a chunk too)
             ones = [d for d, n in enumerate(shape) if n == 1]
             for size in range(1, len(ones) + 1):
                 for axes in itertools.combinations(ones, size):
@@ -168,6 +189,8 @@ def _reshape_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
                     yield {"data": shape}, {"axes": axes}
                     if not cfg.sample:
                         yield {"data": shape}, {"axes": _negative_first(axes, rank + size)}
+    if spec.name == "Reshape" and not cfg.sample:
+        yield from _large_reshape_cases()
 
 
 def _negative_first(axes: tuple[int, ...], rank: int) -> tuple[int, ...]:
@@ -213,12 +236,12 @@ def _transpose_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
 
 
 def _expand_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    """Every target shape of every input shape up to ``other_rank``: a size-1 dim expands to each of
-    ``dims``, a larger one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new
-    leading dim of each size, or two of sizes 1-3 (up to rank 4: a rule that counts the new dims as one met
-    none before); and every target shorter than the input (0 to rank - 1 of its trailing dims, each as
-    above): ONNX's Expand broadcasts the two both ways, so the output keeps the input's leading dims and its
-    rank is the larger of the two (issue 21: a rule that reads the target as the output met no such case)."""
+    """Every target shape of every input shape up to ``other_rank``: a size-1 dim expands to each of ``dims``, a larger
+    one is kept as itself or as 1 (ONNX broadcasts the target too), and up to one new leading dim of each size, or
+    two of sizes 1-3 (up to rank 4: a rule that counts the new dims as one met none before), or three of sizes 1-2
+    (inputs of rank 0-1); and every target shorter than the input (0 to rank - 1 of its trailing dims, each as
+    above): ONNX's Expand broadcasts the two both ways, so the output keeps the input's leading dims and its rank is
+    the larger of the two (issue 21: a rule that reads the target as the output met no such case)."""
     for shape in shape_pool(cfg, range(0, min(cfg.other_rank, cfg.max_rank) + 1)):
         per_dim = [cfg.dims if n == 1 else (n, 1) for n in shape]
         leads: list[tuple[int, ...]] = [()]
@@ -226,6 +249,8 @@ def _expand_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
             leads += [(n,) for n in cfg.dims]
         if len(shape) + 2 <= cfg.max_rank and not cfg.sample:
             leads += [(a, b) for a in cfg.dims[:3] for b in cfg.dims[:3]]  # two new leading dims
+        if len(shape) + 3 <= cfg.max_rank and not cfg.sample:  # three (a rule for "two or more" met only two)
+            leads += list(itertools.product(cfg.dims[:2], repeat=3))
         for j, (lead, rest) in enumerate(itertools.product(leads, itertools.product(*per_dim))):
             if cfg.sample and j % 3:
                 continue
@@ -287,8 +312,12 @@ def reshape_pairs(src: tuple[int, ...], dst: tuple[int, ...]) -> Iterator[tuple[
     """Dimension pairs (d, d2) where splitting d of ``src`` equals splitting d2 of the reshaped ``dst``.
 
     They are the dims, both of size > 1, before which the two shapes hold the same number of elements: a
-    contiguous chunking of the data at that point is the same chunking in either shape.
+    contiguous chunking of the data at that point is the same chunking in either shape. None of an empty
+    tensor: after a dim of 0 every prefix holds 0 elements, which would pair any two dims (issue 21's axiom
+    audit: Unsqueeze of a [0, 2, 2] chunk along its dim 2 gave [1, 0, 2, 1], the output's chunk [1, 0, 1, 2]).
     """
+    if 0 in src or 0 in dst:
+        return
     prefix_dst: dict[int, list[int]] = {}
     acc = 1
     for d2, n in enumerate(dst):
@@ -347,12 +376,15 @@ RESHAPE = OpFamily(
     specs=SPECS,
     rule_file="parallel/layout.egg",
     ranges=(
-        "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same"
-        " number of elements (ranks 1-2: also spelled with 0, -1 and allowzero 1), Flatten at every axis,"
-        " Squeeze of every set of size-1 dims, Unsqueeze of every one or two new axes (each set also with its"
-        " first axis negative); Transpose: rank 1-4 and six rank-5 shapes, every permutation; Expand: input"
-        " rank 0-3, every target (a size-1 dim expanded to each of 1-4, a larger dim kept or written as 1, up to"
-        " one new leading dim of each size, or two of sizes 1-3, or fewer dims than the input)"
+        "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same "
+        "number of elements (ranks 1-2: also spelled with 0, -1 and allowzero 1), and 6, 12 and 20 elements (rank"
+        " 1 and every 2-D shape without a 1) to every target of rank 1-2, Flatten at every axis, Squeeze "
+        "of every set of size-1 dims and with no axes (ONNX: every size-1 dim), Unsqueeze of every one or two new"
+        " axes (each set also with its first axis negative); Transpose: rank 1-4 and six rank-5 shapes, every "
+        "permutation; Expand: input rank 0-3, every target (a size-1 dim expanded to each of 1-4, a larger dim "
+        "kept or written as 1, up to one new leading dim of each size, or two of sizes 1-3, or three of sizes 1-2"
+        " (inputs of rank 0-1), or fewer dims than "
+        "the input)"
     ),
     compute_class="layout",
     axioms=axioms,

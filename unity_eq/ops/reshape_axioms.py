@@ -45,6 +45,9 @@ def axioms(v: Any) -> None:
     ):
         o = build(x)
         bound = [x, d, d2, i, n, axis if name == "Flatten" else axes]
+        # Squeeze with no axes squeezes every size-1 dim (ONNX): of the chunk too, whose dim d is 1 where x's is
+        # n, so without axes the chunk's dim d must not be 1 (a [2, 3] cut in 2 along dim 0: [1, 3] → [3])
+        whole = z3.Or(v.vlen(axes) > 0, v.vget(v.shape(x), d) != n) if name == "Squeeze" else z3.BoolVal(True)
         v.add(
             name,
             FA(
@@ -54,6 +57,7 @@ def axioms(v: Any) -> None:
                         rel["reshape-map"](v.shape(x), v.shape(o), d, d2),
                         v.div(x, d, n),
                         v.vget(v.shape(o), d2) % n == 0,
+                        whole,
                     ),
                     build(ch(x, d, i, n)) == ch(o, d2, i, n),
                 ),

@@ -180,7 +180,7 @@ def _with_a_zero(total: int, parts: int) -> list[tuple[int, ...]]:
 
 
 def _split_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    """Every composition of the dim into 1-3 parts and, into 2 and 3 parts, with one empty part (its
+    """Every composition of the dim into 1-3 parts (1-4 at ranks 1-2) and, into 2 and 3 parts, with one empty part (its
     neighbours' output indices shift: a rule that counts outputs by position met none before), at every
     rank; every output, the empty one included (a rule that spells the empty part as a slice ``-0:`` gets
     the whole dim there). Ranks 1-2 alone do not suffice (issue 21): the certificate records a bounded rule's
@@ -192,6 +192,8 @@ def _split_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     for i, shape in enumerate(shape_pool(cfg, range(1, cfg.max_rank + 1))):
         for axis in range(len(shape)):
             options = [c for p in (1, 2, 3) for c in _compositions(shape[axis], p)]
+            if len(shape) <= 2:  # four parts (of a dim of 4): a rule for "three parts or more" met only three
+                options += _compositions(shape[axis], 4)
             if len(shape) <= 2 or all(n <= 2 for d, n in enumerate(shape) if d != axis):
                 options += [c for p in (2, 3) for c in _with_a_zero(shape[axis], p)]
             for j, sizes in enumerate(dict.fromkeys(options)):
@@ -241,7 +243,9 @@ def _large_slices(n: int) -> list[tuple[int, int, int]]:
 
 def _slice_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Every one-axis slice of every shape (:func:`_axis_slices`, empty ones with step 1); two-axis slices of rank-2
-    shapes from the smaller per-axis set; slices of :data:`LARGE_DIMS` along the last axis of ``(n,)``,
+    shapes from the smaller per-axis set; those along dims 0, 1, ... also with their axes left out (ONNX's
+    default: a rule that reads "no axes" as "no axis" met none, issue 21's fourth adversary); slices of
+    :data:`LARGE_DIMS` along the last axis of ``(n,)``,
     ``(2, n)`` and ``(3, n)`` (splits of the other dim while a strided slice runs along it)."""
     if not cfg.sample:
         for n in LARGE_DIMS:
@@ -269,10 +273,12 @@ def _slice_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
                     steps=tuple(sl[2] for sl in picked),
                 )
                 yield {"data": shape}, given
+                if axes == tuple(range(len(axes))):  # the same slice with its axes left out (ONNX: 0, 1, ...)
+                    yield {"data": shape}, {**given, "axes": ()}
 
 
 def _gather_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
-    idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,)]
+    idx_shapes = [(), (1,), (2,), (3,), (2, 2), (1, 2), (4,), (1, 1, 2)]  # indices of rank 0-3
     for i, shape in enumerate(other_shapes(cfg)):
         for axis in range(len(shape)):
             picked = (idx_shapes[(i + axis) % len(idx_shapes)], idx_shapes[(i + axis + 3) % len(idx_shapes)])
@@ -374,13 +380,13 @@ SLICING = OpFamily(
     rule_file="parallel/layout.egg",
     ranges=(
         "Concat: rank 1-4, every axis, 1-3 operands (three beyond rank 2: sizes 1-2), every size of every operand"
-        " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts, also with"
-        " one empty part (ranks 3-4: other dims 1-2), every output of a 2-part split, every non-empty one of a"
-        " 3-part split; Slice: rank 1-3, every axis, every (start, end, step) that selects at least one element"
-        " (starts -n-2 and -n … n-1, ends -n … n and past the end, steps 1-3) and every empty one with step 1,"
-        " two-axis slices of rank-2 tensors (starts 0, 1, -1 and -n-2), dims 5-12 sliced with steps 1-4;"
-        " Gather: data rank 1-3,"
-        " every axis, indices of shape (), (1), (2), (3), (4), (1, 2) and (2, 2) with values in range"
+        " along the axis; Split: rank 1-4, every axis, every composition of the dim into 1-3 parts (and 4 at "
+        "ranks 1-2), also with one empty part (ranks 3-4: other dims 1-2), every output of a 2-part split, every "
+        "non-empty one of a 3-part split; Slice: rank 1-3, every axis, every (start, end, step) that selects at "
+        "least one element (starts -n-2 and -n … n-1, ends -n … n and past the end, steps 1-3) and every empty "
+        "one with step 1, two-axis slices of rank-2 tensors (starts 0, 1, -1 and -n-2), those along dims 0 (and "
+        "1) also with their axes left out, dims 5-12 sliced with steps 1-4; Gather: data rank 1-3, every axis, "
+        "indices of shape (), (1), (2), (3), (4), (1, 2), (2, 2) and (1, 1, 2) with values in range"
     ),
     implied_attrs={"Split": frozenset({"num_outputs"})},
     compute_class="layout",

@@ -75,7 +75,13 @@ def axioms(v: Any) -> None:
         FA(
             [x, s, s2, axes, s3, d, i, n],
             z3.Implies(
-                z3.And(d >= 0, z3.Not(rel["vec-contains"](axes, d)), z3.Not(rel["vec-contains"](axes, d - rank))),
+                # axes given: without them ONNX slices dims 0 .. len(starts) − 1, which "d not in axes" misses
+                z3.And(
+                    d >= 0,
+                    v.vlen(axes) > 0,
+                    z3.Not(rel["vec-contains"](axes, d)),
+                    z3.Not(rel["vec-contains"](axes, d - rank)),
+                ),
                 sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
             ),
             patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],

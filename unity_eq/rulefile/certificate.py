@@ -69,7 +69,10 @@ UNPROVEN = "unproven"
 #: of another dtype (bool) matches no row.
 TENSOR_KIND = "tkind"
 _REAL = ("float16", "float32", "float64", "bfloat16", "float8")
-_INDEX = ("int64", "int32", "int16", "int8", "uint8")
+#: signed integers only: an unsigned one wraps below zero at ordinary values (uint8 1 − 2 is 255), where the
+#: integer proofs count over the integers, so no domain holds an unsigned tensor and no rule fires on one
+#: (issue 21's fourth adversary: ``a − b > b − a`` → ``a > b`` is right on int8, wrong on uint8)
+_INDEX = ("int64", "int32", "int16", "int8")
 
 #: Put before analysis.egg's first line (on it: line numbers stay), whose own rewrites may need it.
 RULESET_DECLARATION = f"(ruleset {UNPROVEN}) "

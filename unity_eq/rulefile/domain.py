@@ -101,7 +101,10 @@ def describe_domain(entry: dict[str, Any]) -> str:
         if kind == "tensor":
             real = [v for v in col if isinstance(v, int) and 0 <= v < 100]
             index = [v - 100 for v in col if isinstance(v, int) and v >= 100]
-            bits = ([f"rank {_ranges(real)}"] if real else []) + ([f"index rank {_ranges(index)}"] if index else [])
+            # the dtype class is part of the domain: a rule proven on float tensors does not fire on integer ones
+            bits = ([f"float rank {_ranges(real)}"] if real else []) + (
+                [f"signed-integer rank {_ranges(index)}"] if index else []
+            )
             bits += ["absent"] if -1 in col else []
             parts.append(f"{var}: {', '.join(bits)}")
         elif kind == "length":
