@@ -55,7 +55,7 @@ def test_reoptimizing_keeps_files_that_only_look_like_the_plans(examples: Path, 
     meta["written"] = [name for name in meta["written"] if name not in {f"device_{r}.onnx" for r in (1, 2, 3)}]
     (plan / "plan.json").write_text(json.dumps(meta))
     proc = run_cli(*args, "--devices", "2")
-    assert proc.returncode == 2 and "not a file of the plan in this folder" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "not a file of a unity-eq plan in this folder" in proc.stderr, proc.stderr
     assert (plan / "device_1.onnx").read_text() == "mine too"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
@@ -72,6 +72,29 @@ def test_outputs_may_not_overwrite_the_plan_or_its_model(examples: Path, tmp_pat
     assert {p.name: p.read_bytes() for p in (plan / "plan.json", plan / "device_1.onnx", model)} == before
     proc = run_cli("run", str(plan), "-q", "--outputs", str(plan / "out.npz"))  # the user's own file: fine
     assert proc.returncode == 0, proc.stderr
+    # `explain -o` and `train --save` neither (issue 26's audit: each overwrote them with exit 0)
+    for target in (plan / "plan.json", plan / "device_1.onnx", model):
+        for args in (("explain", str(plan), "--format", "html", "-o", str(target)),
+                     ("explain", str(plan), "--json", "-o", str(target)),
+                     ("train", str(plan), "--steps", "1", "--save", str(target))):  # fmt: skip
+            proc = run_cli(*args)
+            assert proc.returncode == 2 and "would destroy" in proc.stderr, (args, proc.stderr)
+    assert {p.name: p.read_bytes() for p in (plan / "plan.json", plan / "device_1.onnx", model)} == before
+
+
+def test_a_folder_with_another_tools_plan_json_is_the_users(examples: Path, tmp_path: Path) -> None:
+    """A plan.json that is not unity-eq's (unreadable, or another tool's JSON) owns nothing: `optimize -o`
+    there refuses to write over the user's files instead of replacing them (issue 26's audit)."""
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    (plan / "device_0.onnx").write_text("my own model")
+    for foreign in ("not json", json.dumps({"some": "other tool config"})):
+        (plan / "plan.json").write_text(foreign)
+        proc = run_cli("optimize", str(examples / "mlp.onnx"), "--devices", "2", "-q", "-o", str(plan))
+        assert proc.returncode == 2 and "not a file of a unity-eq plan" in proc.stderr, proc.stderr
+        assert (plan / "plan.json").read_text() == foreign
+        assert (plan / "device_0.onnx").read_text() == "my own model"
+    assert sorted(p.name for p in plan.iterdir()) == ["device_0.onnx", "plan.json"]
 
 
 def test_a_collective_whose_groups_are_not_its_axis_is_refused(mlp_plan: Path, tmp_path: Path) -> None:

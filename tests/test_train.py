@@ -475,3 +475,30 @@ def test_a_bfloat16_model_trains_checks_and_saves_in_bfloat16(tmp_path: Path) ->
     assert trained.returncode == 0, trained.stdout + trained.stderr
     saved = torch.load(ckpt, weights_only=True)
     assert saved["ffn.up.weight"].dtype == torch.bfloat16 and list(saved["ffn.up.weight"].shape) == [64, 256]
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cumsum_runs_in_torch_as_onnxruntime_runs_it(exclusive: int, reverse: int) -> None:
+    """The exporters' position ids (``cumsum(mask) - 1``) are a CumSum in the original model, which `check
+    --training`'s one-device reference runs in torch: it was refused there while `train` ran the plan (issue
+    26's audit)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from unity_eq.train.torch_ops import TORCH_OPS
+
+    x = np.random.default_rng(0).integers(0, 5, (2, 5)).astype(np.int64)
+    node = helper.make_node("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [2, 5]),
+         helper.make_tensor_value_info("a", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2, 5])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for axis in (0, 1, -1):
+        want = session.run(None, {"x": x, "a": np.array(axis)})[0]
+        got = TORCH_OPS["CumSum"]([torch.tensor(x), torch.tensor(axis)], {"exclusive": exclusive, "reverse": reverse})
+        np.testing.assert_array_equal(got[0].numpy(), want)

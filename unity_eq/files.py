@@ -237,7 +237,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def _keep_user_entries(old: Path, new: Path, rel: str, owned: set[str], manifest: bool, writes: set[str]) -> None:
     """Put every entry of ``old`` (the plan folder, or a folder in it at ``rel``) that the earlier plan did not
     write into ``new``, folders merged. A user's file where the new plan writes one is refused when the earlier
-    plan's manifest says it is not the plan's (an older plan.json, with no manifest, lets the plan's names go)."""
+    plan's manifest says it is not the plan's, or when there is no unity-eq plan at all (``manifest`` True);
+    an older plan.json, with no manifest, lets the plan's names go."""
     for entry in old.iterdir():
         name = f"{rel}{entry.name}"
         target = new / entry.name
@@ -255,8 +256,8 @@ def _keep_user_entries(old: Path, new: Path, rel: str, owned: set[str], manifest
         if name in writes:
             if manifest:
                 raise PlanError(
-                    f"{old / entry.name}: not a file of the plan in this folder (its plan.json does not list it), "
-                    f"and the new plan writes {name}; move the file away or pass another `-o`."
+                    f"{old / entry.name}: not a file of a unity-eq plan in this folder (no plan.json of ours lists "
+                    f"it), and the new plan writes {name}; move the file away or pass another `-o`."
                 )
             continue
         _link_or_copy(entry, target)
@@ -280,7 +281,9 @@ def replace_plan_files(new: Path, target: Path) -> None:
         new.replace(target)
         return
     shutil.copystat(target, new)
-    owned, manifest = plan_files(target) or (set(), False)
+    found = plan_files(target)
+    # no unity-eq plan here: every file is the user's, and one where the new plan writes is refused
+    owned, manifest = found if found is not None else (set(), True)
     _keep_user_entries(target, new, "", owned, manifest, set(manifest_of(new)))
     backup = target.with_name(f".{target.name}.old-{_owner_tag()}swap")
     target.replace(backup)

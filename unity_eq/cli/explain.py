@@ -41,6 +41,10 @@ def explain(
 
     if as_json and fmt not in ("text", "json"):
         raise OptionError(f"`--json` and `--format {fmt}` disagree: pass one of them.")
+    if output is not None:  # never over a file of the plan, the model it was made from or its data
+        from unity_eq.runtime.plandir import refuse_plan_output
+
+        refuse_plan_output(output, plan_dir, "`-o`")
     fmt = "json" if as_json else fmt
     from unity_eq.planfile.pipeline import is_pipeline_plan
 

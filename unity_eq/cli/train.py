@@ -43,13 +43,15 @@ def train(
     import torch.distributed as dist
 
     from unity_eq.runtime.draws import random_inputs
-    from unity_eq.runtime.plandir import check_inputs
+    from unity_eq.runtime.plandir import check_inputs, refuse_plan_output
     from unity_eq.train.check import make_optimizer
     from unity_eq.train.session import resolve_device
 
     if steps < 1:
         raise OptionError(f"`--steps` must be at least 1, got {steps}.")
     plan, world, predicted = _read_plan(plan_dir)  # before the process group: a wrong world is one line, not a hang
+    if save is not None:  # before any step: never over a file of the plan, its model or the model's data
+        refuse_plan_output(save, plan_dir, "`--save`")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise OptionError(
             f"`train` runs one process per rank under torchrun: `torchrun --nproc_per_node {world} -m unity_eq train "

@@ -28,9 +28,10 @@ def manifest_of(folder: Path) -> tuple[str, ...]:
 def plan_files(folder: Path) -> tuple[set[str], bool] | None:
     """The files the plan in ``folder`` owns, and whether a manifest says so (True) or they were inferred from
     an older plan.json's ``files`` and stage directories (False); None when ``folder`` holds no readable
-    plan.json (then it owns nothing)."""
+    unity-eq plan.json (then it owns nothing, and every file in it is the user's: issue 26's audit found a
+    user's device_0.onnx replaced beside another tool's plan.json)."""
     raw = _raw(folder / PLAN_JSON)
-    if raw is None:
+    if raw is None or "unity_eq_version" not in raw:  # unreadable, or another tool's plan.json: not ours
         return None
     written = raw.get("written")
     if isinstance(written, list) and all(isinstance(name, str) for name in written):

@@ -223,14 +223,14 @@ def refuse_plan_output(output: Path, plan_dir: Path, what: str = "`--outputs`") 
     for name in sorted(owned[0]) if owned else ():
         if (root / name).resolve() == target:
             raise OptionError(
-                f"{what} {output}: is {name}, a file of the plan in {plan_dir}; writing the outputs there would "
-                "destroy the plan. Pass another path."
+                f"{what} {output}: is {name}, a file of the plan in {plan_dir}; writing there would destroy the "
+                "plan. Pass another path."
             )
     for model in _source_files(root):
         if model.resolve() == target:
             raise OptionError(
-                f"{what} {output}: is {model}, the model the plan was made from (or its weight data); writing the "
-                "outputs there would destroy it. Pass another path."
+                f"{what} {output}: is {model}, the model the plan was made from (or its weight data); writing "
+                "there would destroy it. Pass another path."
             )
 
 

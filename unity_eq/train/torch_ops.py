@@ -224,6 +224,18 @@ def _range(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
     return torch.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype)
 
 
+def _cumsum(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
+    """ONNX CumSum: the running sum along ``axis`` (an input), ``exclusive`` leaving out each element itself,
+    ``reverse`` from the end (the exporters' position ids: ``cumsum(mask) - 1``)."""
+    x, axis = inputs[0], int(inputs[1].reshape(-1)[0].item())
+    if int(attrs.get("reverse", 0)):
+        x = x.flip(axis)
+    out = torch.cumsum(x, dim=axis)
+    if int(attrs.get("exclusive", 0)):
+        out = out - x
+    return [out.flip(axis) if int(attrs.get("reverse", 0)) else out]
+
+
 def _trilu(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
     k = int(inputs[1].item()) if len(inputs) > 1 and inputs[1] is not None else 0
     return [torch.triu(inputs[0], k) if int(attrs.get("upper", 1)) else torch.tril(inputs[0], k)]
@@ -323,6 +335,7 @@ TORCH_OPS: dict[str, OpFn] = {
     "ConstantOfShape": _constant_of_shape,
     "Range": _one(_range),
     "Trilu": _trilu,
+    "CumSum": _cumsum,
     "Attention": _sdpa,
 }
 
