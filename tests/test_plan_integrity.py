@@ -97,6 +97,23 @@ def test_a_folder_with_another_tools_plan_json_is_the_users(examples: Path, tmp_
     assert sorted(p.name for p in plan.iterdir()) == ["device_0.onnx", "plan.json"]
 
 
+def test_a_collective_moved_to_another_axis_with_its_groups_is_refused(examples: Path, tmp_path: Path) -> None:
+    """plan.json edited to run a collective on the other axis of a 2 x 2 mesh, with that axis's groups (so the
+    two agree): `run` ran it with exit 0 and a wrong answer (issue 26's audit). The device files' metadata
+    says which collectives lowering wrote; `run` compares."""
+    plan = tmp_path / "plan"
+    optimize(examples / "mlp.onnx", devices=4, mesh="2x2", objective="training", output_dir=plan)
+    meta = json.loads((plan / "plan.json").read_text())
+    first = meta["collectives"][0]
+    other = next(axis for axis in ("x", "y") if axis != first["axis"])
+    # the mesh's axes (x, y), rank = 2·x + y: x's groups hold ranks 2 apart, y's neighbours
+    first["axis"], first["groups"] = other, [[0, 2], [1, 3]] if other == "x" else [[0, 1], [2, 3]]
+    (plan / "plan.json").write_text(json.dumps(meta))
+    proc = run_cli("run", str(plan), "-q")
+    assert proc.returncode == 2 and "plan.json was edited" in proc.stderr, proc.stderr
+    assert f"axis '{other}' where it has '{'xy'.replace(other, '')}'" in proc.stderr, proc.stderr
+
+
 def test_a_collective_whose_groups_are_not_its_axis_is_refused(mlp_plan: Path, tmp_path: Path) -> None:
     """`check` ran the collectives of plan.json's groups whatever its axis said."""
     copy = tmp_path / "plan"

@@ -6,6 +6,7 @@ directory.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,36 @@ def check_identity(plan: PlanDir, rank: int, model: onnx.ModelProto, path: Path)
             f"{path}: is the device file of rank {props[META_RANK]}, expected rank {rank}. "
             "The plan's files were swapped or renamed; restore them or re-run `unity-eq optimize`."
         )
+    _check_collectives(plan, rank, props, path)
+
+
+def _check_collectives(plan: PlanDir, rank: int, props: Mapping[str, str], path: Path) -> None:
+    """plan.json's collectives are the ones lowering wrote into the device file (its metadata: kind, mesh
+    axis, dim, this rank's peers, the tensors cut): a plan.json edited to run another collective, or one on
+    another axis with groups to match, is refused before anything runs (issue 26's audit: such a plan ran with
+    exit 0 and a wrong answer)."""
+    from unity_eq.weightfile import META_COLLECTIVES
+
+    if META_COLLECTIVES not in props:
+        raise PlanError(f"{path}: its metadata names no collectives; re-run `unity-eq optimize`.")
+    cuts = json.loads(props[META_COLLECTIVES])
+    planned = plan.record.collectives
+    if len(cuts) != len(planned):
+        raise PlanError(
+            f"{plan.path / 'plan.json'}: lists {len(planned)} collective(s), {path.name} was written with "
+            f"{len(cuts)}; plan.json was edited. Restore it or re-run `unity-eq optimize`."
+        )
+    for cut, c in zip(cuts, planned, strict=True):
+        peers = next((list(g) for g in c.groups if rank in g), [])
+        said = {"kind": c.kind, "axis": c.axis, "dim": c.dims().get("dim"), "peers": peers, "src": c.src,
+                "dst": c.dst}  # fmt: skip
+        wrote = {key: cut.get(key) for key in said}
+        if said != wrote:
+            differ = ", ".join(f"{k} {said[k]!r} where it has {wrote[k]!r}" for k in said if said[k] != wrote[k])
+            raise PlanError(
+                f"{plan.path / 'plan.json'}: collectives[{c.id}] says {differ} in {path.name}; plan.json was "
+                "edited. Restore it or re-run `unity-eq optimize`."
+            )
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray]:
