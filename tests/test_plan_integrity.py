@@ -179,3 +179,21 @@ def test_check_compares_every_weight_bit_for_bit(mlp_plan: Path, examples: Path,
         check(examples / "mlp.onnx", copy)
     proc = run_cli("check", str(examples / "mlp.onnx"), str(copy), "-q")
     assert proc.returncode == 1 and "differs from the model's slice at index [1, 2]" in proc.stderr + proc.stdout
+
+
+def test_check_draws_inputs_for_a_pipeline_of_a_static_batch_export(tmp_path: Path) -> None:
+    """A GPT-2 exported with a static batch of 2 (the TorchScript exporter), planned as a pipeline of batch 6
+    (`--batch`): `check` without `--inputs` drew its integer ranges from the model loaded at the plan's batch,
+    which the static model refuses, and exited 2 naming an `--input-shape` the user never passed (issue 26's
+    audit). It now checks, running the original in passes of its own batch."""
+    pytest.importorskip("transformers")
+    from model_zoo import export_masked_transformer
+
+    model = export_masked_transformer("gpt2", tmp_path / "gpt2.onnx", layers=2, dynamo=False)
+    plan = tmp_path / "plan"
+    made = run_cli("optimize", str(model), "--devices", "2", "--pipeline", "--stages", "2", "--batch", "6",
+                   "-q", "-o", str(plan))  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    checked = run_cli("check", str(model), str(plan), "-q")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "input-shape" not in checked.stderr
