@@ -170,3 +170,52 @@ def test_analysis_facts_are_checked_against_their_meaning(analysis_reports: dict
     assert report.name.startswith("analysis ")
     if status == "refuted":
         assert report.counterexample is not None and report.counterexample.case
+
+
+def test_a_rule_whose_cases_outgrow_memory_is_unknown_not_a_killed_run(tmp_path: Path) -> None:
+    """An Attention nested in a Where's condition: its bounded enumeration grew one process to 11.7 GB and the
+    kernel killed `unity-eq verify` with no output (issue 21's fourth adversary). Under a memory cap (here a
+    small one set before the run: `cap_memory` keeps a lower limit) the rule gets an *unknown* verdict that says
+    why, the run ends with its summary and exit 1, no traceback."""
+    import subprocess
+    import sys
+
+    rule = tmp_path / "nested.egg"
+    rule.write_text(
+        "(rewrite (Where (Greater (Attention aq ak av m f s k) z) (MatMul (Div q c) kt) y)\n"
+        "         (Where (Greater (Attention aq ak av m f s k) z) (Div (MatMul q kt) c) y)\n"
+        "         :when ((nonzero-values c) (= 0 (vec-length (shape c))) (= 2 (vec-length (shape q)))\n"
+        "                (= 2 (vec-length (shape kt))))\n"
+        '         :ruleset algebra :name "nested-attention-condition")\n'
+    )
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (int(1.6 * 2**30), resource.RLIM_INFINITY))\n"
+        "from unity_eq.verify._cli import main\n"
+        f"sys.exit(main([{str(rule)!r}, '--jobs', '1']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text
+    assert "ran out of memory enumerating its cases" in text and "Traceback" not in text, text
+    assert "1 unknown" in text
+
+
+def test_a_verify_process_caps_its_memory_at_its_share() -> None:
+    """`cap_memory(jobs)`: the address space of a verify process (and the workers it forks) is limited to 80 % of
+    the available memory over the workers, at least 3 GiB; set in a child process, as the command line does."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, resource\n"
+        "from unity_eq.verify._memory import cap_memory\n"
+        "limit = cap_memory(2)\n"
+        "page = os.sysconf('SC_PAGE_SIZE')\n"
+        "total, free = page * os.sysconf('SC_PHYS_PAGES'), page * os.sysconf('SC_AVPHYS_PAGES')\n"
+        "print(limit, resource.getrlimit(resource.RLIMIT_AS)[0], total, free)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    limit, soft, total, _free = (float(v) for v in done.stdout.split())
+    assert soft == limit
+    assert 3 * 2**30 <= limit <= max(3 * 2**30, 0.8 * total / 2)
