@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from unity_eq.dtypes import as_dtype
+from unity_eq.dtypes import lowest as lowest_value
 from unity_eq.errors import ModelError
 from unity_eq.frontends.onnx_fold import unique_name
 from unity_eq.ir import Node, TensorType
@@ -133,7 +134,7 @@ def _lowest_as_minus_infinity(
     dtype = as_dtype(mtype.dtype)
     taken = set(types) | set(constants)
     lowest, minus_inf = (unique_name(f"{name}/mask_{w}", taken | {mask}) for w in ("lowest", "minus_inf"))
-    constants[lowest] = np.asarray(np.finfo(dtype).min, dtype=dtype)
+    constants[lowest] = np.asarray(lowest_value(dtype), dtype=dtype)
     constants[minus_inf] = np.asarray(-np.inf, dtype=dtype)
     types[lowest] = types[minus_inf] = TensorType((), mtype.dtype)
     below = unique_name(f"{mask}/is_lowest", set(types) | set(constants))

@@ -219,3 +219,14 @@ def test_a_verify_process_caps_its_memory_at_its_share() -> None:
     limit, soft, total, _free = (float(v) for v in done.stdout.split())
     assert soft == limit
     assert 3 * 2**30 <= limit <= max(3 * 2**30, 0.8 * total / 2)
+
+
+def test_the_cli_restores_the_memory_limit_it_found() -> None:
+    """`unity-eq verify` called in a process of its own caller (a test, an API user) caps memory for the run
+    only: the address-space limit is the one it found afterwards (a cap left behind broke later work in the
+    same process: torch, CUDA and thread stacks reserve address space)."""
+    import resource
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    cli_main(["verify", "--rule", "no-such-rule"])
+    assert resource.getrlimit(resource.RLIMIT_AS) == before

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_dtype", "is_float", "is_integral", "relative_precision"]
+__all__ = ["as_dtype", "is_float", "is_integral", "lowest", "relative_precision"]
 
 
 def as_dtype(dtype: Any) -> np.dtype:
@@ -45,3 +45,11 @@ def relative_precision(dtype: np.dtype) -> float:
     import ml_dtypes
 
     return float(ml_dtypes.finfo(np.dtype(dtype)).eps)
+
+
+def lowest(dtype: Any) -> Any:
+    """The most negative finite value of a float type, bfloat16 and the float8s included (numpy's ``finfo``
+    refuses ml_dtypes' types)."""
+    import ml_dtypes
+
+    return ml_dtypes.finfo(np.dtype(as_dtype(dtype))).min

@@ -89,8 +89,15 @@ class ProfileTable:
 
     def __post_init__(self) -> None:
         for entry in self.entries:
-            key = self._key(entry["op"], entry["key"]["in_shapes"], entry["key"]["out_shape"], entry["key"]["dtype"])
-            self._index.setdefault(key, []).append(entry)
+            shapes, out, dtype = list(entry["key"]["in_shapes"]), entry["key"]["out_shape"], entry["key"]["dtype"]
+            self._index.setdefault(self._key(entry["op"], shapes, out, dtype), []).append(entry)
+            # tables written when a trailing absent operand was keyed as [] (pricing now leaves it out) are
+            # found under today's key too (a trailing scalar operand looks the same: its timing is the op's)
+            stripped = list(shapes)
+            while stripped and not stripped[-1]:
+                stripped.pop()
+            if len(stripped) < len(shapes):
+                self._index.setdefault(self._key(entry["op"], stripped, out, dtype), []).append(entry)
 
     @staticmethod
     def _key(op: str, in_shapes: Iterable[Iterable[int]], out_shape: Iterable[int], dtype: str) -> tuple[Any, ...]:

@@ -254,11 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs=args.jobs,
     )
     from unity_eq.errors import UnityEqError
-    from unity_eq.verify._memory import cap_memory
+    from unity_eq.verify._memory import memory_capped
 
-    cap_memory(args.jobs or (os.cpu_count() or 1))
     try:
-        return run(args.paths, args.rule, options, args.json_path, args.quiet, write_certificate=args.write_certificate)
+        with memory_capped(args.jobs or (os.cpu_count() or 1)):
+            return run(
+                args.paths, args.rule, options, args.json_path, args.quiet, write_certificate=args.write_certificate
+            )
     except UnityEqError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}")
         return exc.exit_code

@@ -8,6 +8,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import z3
+
 from unity_eq.ops.dtypes import INTEGER_SENSITIVE
 from unity_eq.ops.elementwise import INTERPRETED
 from unity_eq.ops.registry import OPS
@@ -330,7 +332,10 @@ def decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[A
     rule cannot end ``unity-eq verify`` with a traceback and hide the verdicts on the others."""
     try:
         return _decide_both(rule, facts, options, cache)
-    except MemoryError:  # the memory cap of a verify run (verify/_memory.py): this rule's cases outgrew it
+    except (MemoryError, z3.Z3Exception) as exc:  # the memory cap of a verify run (verify/_memory.py)
+        if isinstance(exc, z3.Z3Exception) and "out of memory" not in str(exc):
+            message = f"the verifier failed on this rule (Z3Exception: {exc}): a bug of unity_eq.verify"
+            return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
         cache.clear()
         message = (
             "ran out of memory enumerating its cases (the verify process's cap: 80 % of the memory available "

@@ -53,7 +53,7 @@ def verify(
     import os
 
     from unity_eq.verify import Options, run_verify
-    from unity_eq.verify._memory import cap_memory
+    from unity_eq.verify._memory import memory_capped
 
     options = Options(
         generic=not no_generic,
@@ -65,8 +65,8 @@ def verify(
     )
     if json_path and json_path != "-":
         check_output_file(Path(json_path), "`--json`")
-    cap_memory(jobs or (os.cpu_count() or 1))  # a rule whose cases outgrow it gets an unknown verdict
-    code = run_verify(paths or None, rule, options, json_path, quiet, out, write_certificate)
+    with memory_capped(jobs or (os.cpu_count() or 1)):  # a rule whose cases outgrow it gets an unknown verdict
+        code = run_verify(paths or None, rule, options, json_path, quiet, out, write_certificate)
     if code:
         raise typer.Exit(code)
 

@@ -355,10 +355,12 @@ class DeviceGraphBuilder:
         """A collective as data for the model's metadata: kind, mesh axis, dim, this rank's peers (the ranks it
         runs with, itself included) and the bytes of its result on each rank."""
         step = next(s for s in self.plan.collectives() if s.out == out)
+        dims = step.dims()
         return {
             "kind": step.kind.name,
             "axis": step.axis,
-            "dim": step.dims().get("dim"),
+            "dim": dims.get("dim"),
+            **{name: value for name, value in dims.items() if name != "dim"},  # all_to_all's split and concat
             "peers": list(self.mesh.group(self.rank, step.axis)),
             "bytes": self.plan.tensors[out].local_bytes(self.mesh),
         }

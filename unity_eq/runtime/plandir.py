@@ -176,8 +176,8 @@ def _check_collectives(plan: PlanDir, rank: int, props: Mapping[str, str], path:
         )
     for cut, c in zip(cuts, planned, strict=True):
         peers = next((list(g) for g in c.groups if rank in g), [])
-        said = {"kind": c.kind, "axis": c.axis, "dim": c.dims().get("dim"), "peers": peers, "src": c.src,
-                "dst": c.dst}  # fmt: skip
+        dims = {name: c.dims().get(name) for name in ("dim", "split_dim", "concat_dim")}
+        said = {"kind": c.kind, "axis": c.axis, **dims, "peers": peers, "src": c.src, "dst": c.dst}
         wrote = {key: cut.get(key) for key in said}
         if said != wrote:
             differ = ", ".join(f"{k} {said[k]!r} where it has {wrote[k]!r}" for k in said if said[k] != wrote[k])

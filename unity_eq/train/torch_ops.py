@@ -230,7 +230,7 @@ def _cumsum(inputs: list[Any], attrs: Mapping[str, Any]) -> list[Tensor]:
     x, axis = inputs[0], int(inputs[1].reshape(-1)[0].item())
     if int(attrs.get("reverse", 0)):
         x = x.flip(axis)
-    out = torch.cumsum(x, dim=axis)
+    out = torch.cumsum(x, dim=axis, dtype=x.dtype)  # ONNX keeps the input's type (torch widens int32)
     if int(attrs.get("exclusive", 0)):
         out = out - x
     return [out.flip(axis) if int(attrs.get("reverse", 0)) else out]
