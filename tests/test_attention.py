@@ -468,3 +468,22 @@ def test_attention_has_its_own_efficiency_class_in_machine_files() -> None:
     assert CostModel(slow, mesh, INFERENCE).forward(composition) == CostModel(machine, mesh, INFERENCE).forward(
         composition
     )
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16])
+def test_onnx_attention_masks_of_every_float_type_load(dtype: int, tmp_path: Path) -> None:
+    """The frontend reads a mask's lowest value as -inf (as onnxruntime does) for every float type: numpy's
+    finfo refused bfloat16, and a bfloat16 model with a mask failed to load with a traceback."""
+    from unity_eq.frontends.onnx import load_onnx
+
+    shapes = (("Q", [1, 2, 3, 4]), ("K", [1, 2, 3, 4]), ("V", [1, 2, 3, 4]), ("M", [1, 1, 3, 3]))
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["Q", "K", "V", "M"], ["Y"])], "g",
+        [helper.make_tensor_value_info(n, dtype, s) for n, s in shapes],
+        [helper.make_tensor_value_info("Y", dtype, [1, 2, 3, 4])],
+    )  # fmt: skip
+    path = tmp_path / "a.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10), path)
+    loaded = load_onnx(path, {})
+    ops = [n.op_type for n in loaded.nodes]
+    assert ops.count("Attention") == 1 and "LessOrEqual" in ops and "Where" in ops, ops
