@@ -39,8 +39,11 @@ def _plan_ops(result: Any) -> list[str]:
 
 
 def _optimize_and_check(model: Path, out: Path, devices: int, inputs: dict[str, Any] | None = None) -> Any:
-    """Optimize with the shipped rules only (no opt-out for unproven ones), then check the plan."""
-    result = optimize(model, devices=devices, output_dir=out, input_shapes=SHAPES)
+    """Optimize with the shipped rules only (no opt-out for unproven ones), then check the plan. A training plan:
+    it runs the fused kernel (the torch backend's), so the fused term is what it prices; an inference plan lowers
+    a masked term as its composition (onnxruntime's fused kernel zeroes a fully masked row), whose price is the
+    unfused chain's, so either may be chosen there."""
+    result = optimize(model, devices=devices, output_dir=out, input_shapes=SHAPES, objective="training")
     ops = _plan_ops(result)
     assert ops.count("Attention") == 1 and "Softmax" not in ops, ops
     outcome = check(model, out, inputs=inputs if inputs is not None else masked_inputs(2, seq=SEQ))
@@ -100,7 +103,8 @@ def test_grouped_query_attention_fuses_and_shards_by_heads(tmp_path: Path) -> No
     machine = tmp_path / "slow.toml"
     machine.write_text(SLOW_DEVICES)
     shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
-    result = optimize(model, devices=2, output_dir=tmp_path / "plan", input_shapes=shapes, machine=machine)
+    result = optimize(model, devices=2, output_dir=tmp_path / "plan", input_shapes=shapes, machine=machine,
+                      objective="training")  # fmt: skip  (the fused kernel runs in training: _optimize_and_check)
     ops = _plan_ops(result)
     assert ops.count("Attention") == 1 and "Softmax" not in ops, ops
     record = json.loads((tmp_path / "plan" / "plan.json").read_text())

@@ -5,6 +5,7 @@ with each ZeRO level and recomputation set by hand, against one-device training.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -173,7 +174,8 @@ def test_the_collectives_are_the_ones_the_stage_search_prices(
 # --- plans: `check --training` with ZeRO and recomputation set by hand (SPMD plans choose neither) -------------
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The transformer data parallel on 4 devices (axis x), the MLP on a 2x2 mesh (x: tensor, y: data)."""
+    """The transformer data parallel on 4 devices (axis x), the MLP on a 2x2 mesh (one tensor axis, one data
+    axis: :func:`_data_and_tensor_axes`)."""
     out = tmp_path_factory.mktemp("zero-plans")
     made = {}
     for name, model, mesh in [("tf4", "transformer", "4"), ("mlp22", "mlp", "2x2")]:
@@ -182,6 +184,15 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert result.returncode == 0, result.stderr
         made[name] = out / name
     return made
+
+
+def _data_and_tensor_axes(plan: Path) -> tuple[str, str]:
+    """The 2 x 2 MLP plan's data axis (the weights replicated over it) and tensor axis (a weight partitioned
+    over it): the two axes are alike, so which one the extraction makes which is a tie the cost model breaks."""
+    record = json.loads((plan / "plan.json").read_text())
+    weights = {s["out"] for s in record["steps"] if s["kind"] == "weight"}
+    tensor = next(s["axis"] for s in record["steps"] if s["kind"] == "partition" and s["src"] in weights)
+    return next(a for a in record["mesh"]["axes"] if a != tensor), tensor
 
 
 def _lines(result: TrainingCheck) -> dict[str, bool]:
@@ -222,14 +233,16 @@ def _counted(what: str, count: int, nbytes: int) -> str:
 
 
 def test_zero_over_the_data_axis_of_a_2x2_mesh_and_not_over_the_tensor_axis(plans: dict[str, Path]) -> None:
-    """ZeRO-2 over y (the data axis: the batch is split there, the weights replicated) trains as one device;
-    over x (the tensor axis: fc1 and fc2 sharded, each rank's gradient is its own shard's) the reduce-scatter
-    sums different weights' gradients, and the check fails on a gradient."""
+    """ZeRO-2 over the data axis (the batch is split there, the weights replicated) trains as one device; over
+    the tensor axis (fc1 and fc2 sharded, each rank's gradient is its own shard's) the reduce-scatter sums
+    different weights' gradients, and the check fails on a gradient."""
     model = EXAMPLES / "mlp.onnx"
-    good = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis="y")
+    data, tensor = _data_and_tensor_axes(plans["mlp22"])
+    good = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis=data)
     assert good.passed, good.first_failure()
-    assert any(t.startswith("collectives reduce_scatter on axis y (gradient), rank 0: issued 1") for t in _lines(good))
-    bad = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis="x")
+    said = f"collectives reduce_scatter on axis {data} (gradient), rank 0: issued 1"
+    assert any(t.startswith(said) for t in _lines(good))
+    bad = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis=tensor)
     failure = bad.first_failure()
     assert failure is not None and failure.startswith("gradient of 'fc"), failure
 
@@ -262,11 +275,12 @@ def test_train_under_torchrun_with_zero_3_loads_and_saves_the_whole_model(
         tmp_path / "a.pt", {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
     )
     second = tmp_path / "b.pt"
+    data, _tensor = _data_and_tensor_axes(plans["mlp22"])
     run = _torchrun(4, "train", str(plans["mlp22"]), "--steps", "1", "--loss", "mean", "--zero", "3", "--zero-axis",
-                    "y", "--recompute", "--lr", "0", "--load", str(first), "--save", str(second))  # fmt: skip
+                    data, "--recompute", "--lr", "0", "--load", str(first), "--save", str(second))  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "reduce_scatter on axis y (gradient): 1 per step" in run.stderr
-    assert "all_gather on axis y (backward): 1 per step" in run.stderr
+    assert f"reduce_scatter on axis {data} (gradient): 1 per step" in run.stderr
+    assert f"all_gather on axis {data} (backward): 1 per step" in run.stderr
     a, b = read_checkpoint(first), read_checkpoint(second)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 

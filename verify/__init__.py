@@ -23,6 +23,7 @@ from unity_eq.verify._bounded import BoundedResult, Counterexample
 from unity_eq.verify._cli import main, render
 from unity_eq.verify._cli import run as run_verify
 from unity_eq.verify._generic import GenericResult
+from unity_eq.verify._memory import memory_capped
 from unity_eq.verify._numeric import NumericResult
 from unity_eq.verify._verify import (
     Options,
@@ -54,6 +55,7 @@ __all__ = [
     "generate_rules",
     "load_program",
     "main",
+    "memory_capped",
     "parse_program",
     "render",
     "render_report",

@@ -52,8 +52,7 @@ def verify(
     """
     import os
 
-    from unity_eq.verify import Options, run_verify
-    from unity_eq.verify._memory import memory_capped
+    from unity_eq.verify import Options, memory_capped, run_verify
 
     options = Options(
         generic=not no_generic,

@@ -355,15 +355,9 @@ class DeviceGraphBuilder:
         """A collective as data for the model's metadata: kind, mesh axis, dim, this rank's peers (the ranks it
         runs with, itself included) and the bytes of its result on each rank."""
         step = next(s for s in self.plan.collectives() if s.out == out)
-        dims = step.dims()
-        return {
-            "kind": step.kind.name,
-            "axis": step.axis,
-            "dim": dims.get("dim"),
-            **{name: value for name, value in dims.items() if name != "dim"},  # all_to_all's split and concat
-            "peers": list(self.mesh.group(self.rank, step.axis)),
-            "bytes": self.plan.tensors[out].local_bytes(self.mesh),
-        }
+        peers, nbytes = list(self.mesh.group(self.rank, step.axis)), self.plan.tensors[out].local_bytes(self.mesh)
+        # all_to_all's split and concat dims beside a gather's dim
+        return {"kind": step.kind.name, "axis": step.axis, "dim": None, **step.dims(), "peers": peers, "bytes": nbytes}
 
     def describe_cut(self, index: int, out: str) -> str:
         """``collective 0: all_gather on mesh axis x (dim 2) with ranks [0, 1], 4096 bytes per rank`` for Netron
