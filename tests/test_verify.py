@@ -386,6 +386,7 @@ def test_public_api_is_pinned() -> None:
         "generate_rules",
         "load_program",
         "main",
+        "memory_capped",
         "parse_program",
         "render",
         "render_report",

@@ -190,7 +190,7 @@ def test_a_rule_whose_cases_outgrow_memory_is_unknown_not_a_killed_run(tmp_path:
     )
     script = (
         "import resource, sys\n"
-        "resource.setrlimit(resource.RLIMIT_AS, (int(1.6 * 2**30), resource.RLIM_INFINITY))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (int(2.0 * 2**30), resource.RLIM_INFINITY))\n"
         "from unity_eq.verify._cli import main\n"
         f"sys.exit(main([{str(rule)!r}, '--jobs', '1']))\n"
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import replace
@@ -333,19 +334,22 @@ def decide_rule(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[A
     try:
         return _decide_both(rule, facts, options, cache)
     except (MemoryError, z3.Z3Exception) as exc:  # the memory cap of a verify run (verify/_memory.py)
-        if isinstance(exc, z3.Z3Exception) and "out of memory" not in str(exc):
+        if not isinstance(exc, MemoryError) and "out of memory" not in str(exc):
             message = f"the verifier failed on this rule (Z3Exception: {exc}): a bug of unity_eq.verify"
             return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
-        cache.clear()
-        message = (
-            "ran out of memory enumerating its cases (the verify process's cap: 80 % of the memory available "
-            "over --jobs): its left-hand side nests more ops than a bounded check can enumerate; split it into "
-            "smaller rules, or give it guards that fix its shapes"
-        )
-        return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
     except Exception as exc:  # reported as the rule's verdict, with the exception: not swallowed
         message = f"the verifier failed on this rule ({type(exc).__name__}: {exc}): a bug of unity_eq.verify"
         return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
+    # out of memory: built here, out of the handler, once the exception's frames (and the cases they held) are
+    # released; building it inside could run out of memory again
+    cache.clear()
+    gc.collect()
+    message = (
+        "ran out of memory enumerating its cases (the verify process's cap: 80 % of the memory available "
+        "over --jobs): its left-hand side nests more ops than a bounded check can enumerate; split it into "
+        "smaller rules, or give it guards that fix its shapes"
+    )
+    return RuleReport(rule.name, rule.file, rule.line, "unknown", "none", 0.0, message=message)
 
 
 def _decide_both(rule: Rule, facts: DerivedFacts, options: Options, cache: dict[Any, Any]) -> RuleReport:
