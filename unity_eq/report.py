@@ -100,11 +100,8 @@ def step_instance(plan: Plan, step: Compute, out: str, mesh: Mesh) -> OpInstance
     """The op instance of one output of a compute step on ``mesh``: what its e-node was priced as."""
     refs = [i for i in step.inputs if isinstance(i, str)]
     # an absent optional input holds its position (None), as extraction priced it; literals are no operands
-    shapes = [plan.tensors[i].local_shape(mesh) if isinstance(i, str) else None for i in step.inputs
-              if isinstance(i, str) or i is None]  # fmt: skip
-    while shapes and shapes[-1] is None:
-        shapes.pop()
-    in_shapes = tuple(shapes)
+    in_shapes = tuple(plan.tensors[i].local_shape(mesh) if isinstance(i, str) else None for i in step.inputs
+                      if isinstance(i, str) or i is None)  # fmt: skip
     in_bytes = sum(float(plan.tensors[i].local_bytes(mesh)) for i in refs)
     tensor = plan.tensors[out]
     out_bytes = float(tensor.local_bytes(mesh))

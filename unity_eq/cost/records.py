@@ -66,6 +66,14 @@ class OpInstance:
     dtype: str
     outputs: int = 1
 
+    def __post_init__(self) -> None:
+        # an absent optional operand is None in its position; trailing ones are left out, as a plan step leaves
+        # them out, so an e-node and the step it became are one instance
+        shapes = self.in_shapes
+        while shapes and shapes[-1] is None:
+            shapes = shapes[:-1]
+        object.__setattr__(self, "in_shapes", tuple(shapes))
+
 
 @dataclass(frozen=True)
 class Cost:

@@ -292,8 +292,6 @@ def enode_instance(
                 return None
             in_shapes.append(locals_[member])
             in_bytes += class_bytes(member, data, locals_)
-    while in_shapes and in_shapes[-1] is None:  # as a plan step leaves them out (report.step_instance)
-        in_shapes.pop()
     op = node.args[0] if node.op == "Opaque" else node.op
     spec = spec_for(node.op)
     sizes = spec.output_sizes_in(node.args) if spec is not None else None
