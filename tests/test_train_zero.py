@@ -234,17 +234,84 @@ def _counted(what: str, count: int, nbytes: int) -> str:
 
 def test_zero_over_the_data_axis_of_a_2x2_mesh_and_not_over_the_tensor_axis(plans: dict[str, Path]) -> None:
     """ZeRO-2 over the data axis (the batch is split there, the weights replicated) trains as one device; over
-    the tensor axis (fc1 and fc2 sharded, each rank's gradient is its own shard's) the reduce-scatter sums
-    different weights' gradients, and the check fails on a gradient."""
+    the tensor axis (fc1 and fc2 sharded, each rank's gradient is its own shard's) a reduce-scatter would sum
+    different weights' gradients: no weight is data-parallel there, and it is refused (unity_eq.train.zero_plan;
+    it used to run and fail the check on a gradient)."""
     model = EXAMPLES / "mlp.onnx"
     data, tensor = _data_and_tensor_axes(plans["mlp22"])
     good = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis=data)
     assert good.passed, good.first_failure()
     said = f"collectives reduce_scatter on axis {data} (gradient), rank 0: issued 1"
     assert any(t.startswith(said) for t in _lines(good))
-    bad = check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis=tensor)
-    failure = bad.first_failure()
-    assert failure is not None and failure.startswith("gradient of 'fc"), failure
+    with pytest.raises(OptionError, match=f"ZeRO-2 on axis '{tensor}': no weight of .* is data-parallel"):
+        check_training(model, plans["mlp22"], None, steps=1, loss="mean", zero=2, zero_axis=tensor)
+
+
+def _pooled_model(path: Path) -> Path:
+    """x[64,16,256] + bias, @ encoder.weight, relu, @ Transpose(mixer.weight) (the frontend folds the transpose
+    into an initializer), relu, the first token (a Gather of a scalar index), @ head.weight, tanh: a BERT
+    pooler's shape, small."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def weight(shape: tuple[int, ...], name: str) -> Any:
+        return numpy_helper.from_array((0.05 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    node = helper.make_node
+    nodes = [
+        node("Add", ["x", "encoder.bias"], ["xb"]),
+        node("MatMul", ["xb", "encoder.weight"], ["h"]),
+        node("Relu", ["h"], ["r"]),
+        node("Transpose", ["mixer.weight"], ["mixer.weight_t"], perm=[1, 0]),
+        node("MatMul", ["r", "mixer.weight_t"], ["m"]),
+        node("Relu", ["m"], ["mr"]),
+        node("Gather", ["mr", "first"], ["cls"], axis=1),
+        node("MatMul", ["cls", "head.weight"], ["p"]),
+        node("Tanh", ["p"], ["y"]),
+    ]
+    inits = [weight((256,), "encoder.bias"), weight((256, 256), "encoder.weight"),
+             weight((256, 256), "mixer.weight"), weight((256, 256), "head.weight"),
+             numpy_helper.from_array(np.array(0, dtype=np.int64), "first")]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 256])], inits,
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_zero_shards_only_the_weights_the_plan_sums_over_its_axis(tmp_path: Path) -> None:
+    """ZeRO sums each replica's gradient over its axis, which is right for a data-parallel weight only. Here the
+    plan reads ``head.weight`` after the batch is gathered (every replica computes its whole gradient: summed
+    over 2 replicas it doubled, and `check --training --zero 1` failed on the loss), and trains the folded
+    ``Transpose(mixer.weight)`` whose all-reduce plan.json prices at the folded tensor's bytes. ZeRO now shards
+    the encoder's weights alone (unity_eq.train.zero_plan); the others keep the plan's all-reduce and a whole
+    optimizer state, and every level trains as one device with the collectives plan.json prices. Also the
+    scalar Gather index: the torch backend made a 0-d initializer 1-d and the rank crashed."""
+    from unity_eq.planfile import CombineStepRecord, ComputeStepRecord
+    from unity_eq.train.session import read_training_plan
+    from unity_eq.train.torch_ops import tensor_of
+    from unity_eq.train.zero_plan import zero_sharding
+
+    assert tensor_of(np.array(3, dtype=np.int64)).shape == ()
+    model = _pooled_model(tmp_path / "pooled.onnx")
+    plan = tmp_path / "plan"
+    made = run_cli("optimize", str(model), "--devices", "4", "--mesh", "2x2", "--objective", "training",
+                   "--input-shape", "x=64x16x256", "-o", str(plan), "-q")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    record = read_training_plan(plan)
+    gathered = {s.out for s in record.steps if isinstance(s, CombineStepRecord)}
+    (head,) = [s for s in record.steps if isinstance(s, ComputeStepRecord) and "head.weight" in s.inputs]
+    assert set(head.inputs) & gathered, "precondition: the plan reads head.weight after a combine"
+    sharding = zero_sharding(record, "x")
+    assert sharding.params == {"encoder.weight", "encoder.bias"}
+    for level in (1, 2, 3):
+        result = check_training(model, plan, None, steps=2, loss="mean", zero=level, zero_axis="x")
+        assert result.passed, (level, result.first_failure())
+        said = "collectives reduce_scatter on axis x (gradient), rank 0: issued 1 (263168 bytes)"  # 256·257 floats
+        assert any(t.startswith(said) for t in _lines(result)), _lines(result)
 
 
 def test_zero_options_are_checked_before_any_rank_starts(plans: dict[str, Path]) -> None:

@@ -28,6 +28,7 @@ from unity_eq.train.session import (
 )
 from unity_eq.train.weights import source_weights
 from unity_eq.train.zero import Zero3Module, check_level
+from unity_eq.train.zero_plan import zero_sharding
 
 __all__ = ["load_rank"]
 
@@ -78,17 +79,31 @@ def load_rank(
     ledger = coll.Ledger()
     torch_device, ordered = rank_device(device, rank, ordered_sum)
     groups = make_groups(record, rank, ledger, ordered)
-    unsynced = frozenset({axis} if axis else ())
+    sharding = zero_sharding(record, axis) if axis else None
+    if sharding is not None and not sharding.params:
+        raise OptionError(
+            f"ZeRO-{zero} on axis {axis!r}: no weight of {plan_dir} is data-parallel on that axis (each is split "
+            "on it, or read whole after a combine), so there is no state to shard. Train without `--zero`, or "
+            "pick the data axis with `--zero-axis`."
+        )
     # the weight-gradient all-reduces in the cost model's buckets, from hooks on the parameters (ZeRO-3 runs the
     # module on gathered copies of them, which the hooks would not see: its all-reduces stay in autograd)
     plan_module = RankModule(
-        record, rank, weights, trainable, groups, torch_device, derived, unsynced, bucket_weight_sync=zero != 3
+        record,
+        rank,
+        weights,
+        trainable,
+        groups,
+        torch_device,
+        derived,
+        (sharding.params, sharding.replicates) if sharding is not None else None,
+        bucket_weight_sync=zero != 3,
     )
     group = groups.get(axis) if axis else None
     module: torch.nn.Module = plan_module
     if zero == 3:
         assert group is not None
-        module = Zero3Module(plan_module, group, recompute)
+        module = Zero3Module(plan_module, group, recompute, keep=plan_module.zero_split()[1])
     elif recompute:
         module = Recomputed(plan_module, ledger)
     return RankTrainer(record, rank, module, ledger, torch_device, plan_module, zero, group)

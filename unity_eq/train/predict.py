@@ -48,15 +48,18 @@ def predicted_collectives(
     replicate of a tensor no model input flows into: a weight's gradient sync). ``skip``: steps whose backward
     carries no gradient at run time (priced, not needed).
 
-    ``zero``: ZeRO over ``zero_axis`` replaces the weights' gradient all-reduces on that axis by its own
-    collectives on the same bytes (unity_eq.train.zero.zero_collectives, as the cost model prices them);
+    ``zero``: ZeRO over ``zero_axis`` replaces the data-parallel weights' gradient all-reduces on that axis
+    (:func:`unity_eq.train.zero_plan.zero_sharding`) by its own collectives on the same bytes
+    (unity_eq.train.zero.zero_collectives, as the cost model prices them);
     ``recompute``: the forward's collectives again, in phase ``recompute`` (a recomputed forward repeats them, as
     the stage search prices it)."""
     from unity_eq.train.rank import depends_on_inputs
     from unity_eq.train.zero import zero_collectives
+    from unity_eq.train.zero_plan import zero_sharding
 
     sizes = dict(zip(record.mesh.axes, record.mesh.sizes, strict=True))
     from_inputs = depends_on_inputs(record.steps)
+    zeroed = zero_sharding(record, zero_axis).replicates if zero and zero_axis is not None else frozenset()
     sharded: dict[str, int] = {}  # dtype -> bytes of the weight gradients ZeRO reduce-scatters
     out: dict[Key, list[int]] = {}
 
@@ -77,7 +80,7 @@ def predicted_collectives(
                     add(("all_gather", axis, "backward"), _local_bytes(record, src))
             case ReplicateStepRecord(out=o, src=src, axis=axis):
                 if (step.communication_s or 0) > 0 and o not in skip:
-                    if zero and axis == zero_axis and src not in from_inputs:  # a weight's: ZeRO sums it
+                    if o in zeroed:  # a data-parallel weight's: ZeRO sums it (unity_eq.train.zero_plan)
                         dtype = record.tensors[src].dtype
                         sharded[dtype] = sharded.get(dtype, 0) + _local_bytes(record, src)
                         continue

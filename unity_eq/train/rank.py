@@ -44,7 +44,7 @@ from unity_eq.planfile import (
 )
 from unity_eq.train.torch_ops import refuse_unknown, run_op, tensor_of
 
-__all__ = ["RankModule", "Region", "depends_on_inputs"]
+__all__ = ["RankModule", "Region", "depends_on_inputs", "weight_uses"]
 
 Parts = tuple[tuple[int, str], ...]  # the (dim, mesh axis) of each partition, in order
 
@@ -126,6 +126,39 @@ class _Uses:
         self.replicates.setdefault(chain.name, set()).update(chain.replicates)
 
 
+def weight_uses(steps: Iterable[Any], outputs: Iterable[str]) -> _Uses:
+    """How the steps read each source weight: every chain (the weight, its partitions and replicates) that an
+    op, a combine, a reduce or a model output reads. One walk for the rank's parameters and for ZeRO's choice
+    of what it shards (unity_eq.train.zero_plan), so the two agree."""
+    uses = _Uses()
+    chains: dict[str, _Chain] = {}
+    for step in steps:
+        match step:
+            case WeightStepRecord(out=out, name=name):
+                chains[out] = _Chain(name)
+            case PartitionStepRecord(out=out, src=src, dim=dim, axis=axis) if src in chains:
+                c = chains[src]
+                chains[out] = _Chain(c.name, (*c.parts, (dim, axis)), c.replicates)
+            case ReplicateStepRecord(out=out, src=src, axis=axis) if src in chains:
+                c = chains[src]
+                chains[out] = _Chain(c.name, c.parts, (*c.replicates, (axis, out)))
+            case ComputeStepRecord(inputs=inputs):
+                for i in inputs:
+                    if isinstance(i, str) and i in chains:
+                        uses.add(chains[i])
+            case PartitionStepRecord() | ReplicateStepRecord() | InputStepRecord():
+                pass
+            case CombineStepRecord(src=src) | ReduceStepRecord(src=src):
+                if src in chains:
+                    uses.add(chains[src])
+            case _:
+                assert_never(step)
+    for tid in outputs:
+        if tid in chains:
+            uses.add(chains[tid])
+    return uses
+
+
 class RankModule(torch.nn.Module):
     """One rank of a plan: its parameters are its shards of the source model's weights; ``forward(inputs)``
     returns the model's outputs (replicated on every rank, as the plan makes them)."""
@@ -139,7 +172,7 @@ class RankModule(torch.nn.Module):
         groups: Mapping[str, coll.AxisGroup],
         device: torch.device | str = "cpu",
         derived: Mapping[str, Any] | None = None,
-        unsynced: frozenset[str] = frozenset(),
+        zero: tuple[frozenset[str], frozenset[str]] | None = None,
         defer_weight_sync: bool = False,
         bucket_weight_sync: bool = False,
     ) -> None:
@@ -151,10 +184,12 @@ class RankModule(torch.nn.Module):
         several ways (whole and sliced), or also through a weight folded from it, keeps its all-reduces in
         autograd either way: they apply to one read's gradient, not to the sum."""
         super().__init__()
-        #: mesh axes whose gradient all-reduces of weights (and of tensors computed from weights alone) are left
-        #: out: ZeRO sums those gradients instead (unity_eq.train.zero), so each rank's parameter gradient is
-        #: its own replica's there
-        self.unsynced = unsynced
+        #: ZeRO's share of the plan (unity_eq.train.zero_plan.ZeroSharding: the parameters it shards, the
+        #: replicate steps whose gradient all-reduce is left out, as ZeRO sums those gradients instead, so each
+        #: rank's gradient of those parameters is its own replica's); every other weight keeps the plan's
+        #: all-reduces. None: no ZeRO, or ZeRO over a pipeline stage's replicas (which takes every weight)
+        self.zero_params: frozenset[str] | None = zero[0] if zero is not None else None
+        self.zero_replicates: frozenset[str] = zero[1] if zero is not None else frozenset()
         self.record = record
         self.rank = rank
         self.device = torch.device(device)
@@ -203,9 +238,10 @@ class RankModule(torch.nn.Module):
         #: buckets; those on an ``unsynced`` axis are ZeRO's)
         self.deferred: dict[str, str] = {}
         for name in sorted(self._defer & set(self._param_index)):
-            self.deferred.update({out: axis for axis, out in uses.replicates[name] if axis not in unsynced})
+            self.deferred.update({out: axis for axis, out in uses.replicates[name] if out not in self.zero_replicates})
             ((_, axes),) = uses.reads[name]
-            if kept := [axis for axis in axes if axis not in unsynced]:
+            zeroed = {axis for axis, out in uses.replicates[name] if out in self.zero_replicates}
+            if kept := [axis for axis in axes if axis not in zeroed]:
                 self._deferred_axes[self._param_index[name]] = kept
         self.bucket_sync: Any = None  # BucketedSync when bucket_weight_sync
         if bucket_weight_sync:
@@ -215,33 +251,7 @@ class RankModule(torch.nn.Module):
 
     # --- what the steps read ---------------------------------------------------------------------------------
     def _uses(self) -> _Uses:
-        uses = _Uses()
-        chains: dict[str, _Chain] = {}
-        for step in self.record.steps:
-            match step:
-                case WeightStepRecord(out=out, name=name):
-                    chains[out] = _Chain(name)
-                case PartitionStepRecord(out=out, src=src, dim=dim, axis=axis) if src in chains:
-                    c = chains[src]
-                    chains[out] = _Chain(c.name, (*c.parts, (dim, axis)), c.replicates)
-                case ReplicateStepRecord(out=out, src=src, axis=axis) if src in chains:
-                    c = chains[src]
-                    chains[out] = _Chain(c.name, c.parts, (*c.replicates, (axis, out)))
-                case ComputeStepRecord(inputs=inputs):
-                    for i in inputs:
-                        if isinstance(i, str) and i in chains:
-                            uses.add(chains[i])
-                case PartitionStepRecord() | ReplicateStepRecord() | InputStepRecord():
-                    pass
-                case CombineStepRecord(src=src) | ReduceStepRecord(src=src):
-                    if src in chains:
-                        uses.add(chains[src])
-                case _:
-                    assert_never(step)
-        for tid in self.outputs.values():
-            if tid in chains:
-                uses.add(chains[tid])
-        return uses
+        return weight_uses(self.record.steps, self.outputs.values())
 
     def region(self, shape: Sequence[int], parts: Parts) -> Region:
         return region_of(shape, parts, self.axes, self.sizes, self.coords)
@@ -253,6 +263,13 @@ class RankModule(torch.nn.Module):
             out.append((name, self.region(self.source_shapes[name], parts), param))
         return out
 
+    def zero_split(self) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+        """This rank's parameters ZeRO shards (``zero.params``) and the others (the plan's own all-reduces, a
+        plain optimizer state), each in parameter order."""
+        chosen = self.zero_params or frozenset()
+        pairs = list(zip(self.param_names, self.param_list, strict=True))
+        return [p for n, p in pairs if n in chosen], [p for n, p in pairs if n not in chosen]
+
     # --- running ----------------------------------------------------------------------------------------------
     def _weight(self, chain: _Chain) -> torch.Tensor:
         """A weight chain as the op reads it: the parameter (or constant), sliced where the parameter is
@@ -262,9 +279,9 @@ class RankModule(torch.nn.Module):
             for dim, axis in chain.parts:
                 value = _op("partition")(value, self.groups[axis], {"dim": dim})
         if chain.name in self._defer and chain.name in self._param_index:
-            return value  # its all-reduces are deferred (sync_deferred, buckets) or ZeRO's (unsynced axes)
+            return value  # its all-reduces are deferred (sync_deferred, buckets) or ZeRO's
         for axis, out in chain.replicates:
-            if axis not in self.unsynced or not value.requires_grad:  # a constant's: counted in gradless
+            if out not in self.zero_replicates or not value.requires_grad:  # a constant's: counted in gradless
                 value = self._replicate(out, value, axis, coll.GRADIENT)
         return value
 
@@ -344,7 +361,7 @@ class RankModule(torch.nn.Module):
                     if src in chains:
                         c = chains[src]
                         chains[out] = _Chain(c.name, c.parts, (*c.replicates, (axis, out)))
-                    elif src not in self.from_inputs and axis in self.unsynced and env[src].requires_grad:
+                    elif out in self.zero_replicates and env[src].requires_grad:
                         env[out] = env[src]  # computed from weights alone: ZeRO sums their gradients
                     else:
                         phase = coll.BACKWARD if src in self.from_inputs else coll.GRADIENT

@@ -188,9 +188,17 @@ class RankTrainer:
         otherwise (ZeRO-3's module already holds shards) it is ``make(module.parameters())``."""
         if self.zero in (1, 2):
             assert self.zero_group is not None
-            self.zero_optimizer = ZeroOptimizer(self.module.parameters(), self.zero_group, self.zero, make)
+            sharded, plain = self._zero_split()
+            self.zero_optimizer = ZeroOptimizer(sharded, self.zero_group, self.zero, make, plain)
             return self.zero_optimizer
         return make(self.module.parameters())
+
+    def _zero_split(self) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+        """The parameters ZeRO shards and those it leaves whole: an SPMD plan's choice
+        (unity_eq.train.zero_plan); a pipeline stage's replicas sum every weight, so ZeRO takes them all."""
+        if self.plan_module.zero_params is None:
+            return list(self.module.parameters()), []
+        return self.plan_module.zero_split()
 
     def inputs(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Model inputs as tensors on this rank's device (every rank passes the whole batch)."""
@@ -209,7 +217,8 @@ class RankTrainer:
             assert isinstance(self.module, Zero3Module)
             values = list(self.module.full_weights() if what == "weights" else self.module.full_gradients())
         elif what == "grads" and self.zero_optimizer is not None:
-            values = list(self.zero_optimizer.full_gradients())
+            summed = dict(zip(map(id, self.zero_optimizer.params), self.zero_optimizer.full_gradients(), strict=True))
+            values = [summed.get(id(p), p.grad) for _, _, p in shards]
         else:
             values = [p.detach() if what == "weights" else p.grad for _, _, p in shards]
         return [(name, region, value) for (name, region, _), value in zip(shards, values, strict=True)]
@@ -263,13 +272,14 @@ class RankTrainer:
                 )
             values.append(tensor_of(value[region.index()], self.device))
         if isinstance(self.module, Zero3Module):
-            self.module.sharded.set_full(values)
+            self.module.set_full(values)
             return
         with torch.no_grad():
             for (_, _, param), piece in zip(self.shards(), values, strict=True):
                 param.copy_(piece)
         if self.zero_optimizer is not None:
-            self.zero_optimizer.sharded.set_full(values)
+            by_param = {id(param): piece for (_, _, param), piece in zip(self.shards(), values, strict=True)}
+            self.zero_optimizer.sharded.set_full([by_param[id(p)] for p in self.zero_optimizer.params])
 
 
 def assemble(pieces: Sequence[Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:

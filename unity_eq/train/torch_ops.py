@@ -50,7 +50,7 @@ def _is_bfloat16(dtype: np.dtype[Any]) -> bool:
 def tensor_of(array: Any, device: torch.device | str | None = None) -> Tensor:
     """A torch tensor holding a copy of numpy ``array``, bfloat16 included (torch cannot read ml_dtypes'
     bfloat16 arrays: their bits are moved as uint16 and viewed as torch's bfloat16)."""
-    value = np.ascontiguousarray(np.asarray(array))
+    value = np.array(array, order="C")  # not ascontiguousarray: it makes a 0-d array (a scalar Gather index) 1-d
     if value.dtype.type.__module__ == "ml_dtypes" and not _is_bfloat16(value.dtype):
         raise ModelError(f"the torch backend has no {value.dtype.name} tensors (bfloat16 is the narrow float it takes)")
     if _is_bfloat16(value.dtype):

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from unity_eq.collectives.torch_autograd import BACKWARD, FORWARD, GRADIENT, AxisGroup
 from unity_eq.errors import OptionError
+from unity_eq.train.zero_buffers import ShardedParams, all_gather, reduce_scatter
 
 __all__ = [
     "ZERO_LEVELS",
@@ -81,129 +81,11 @@ def zero_collectives(level: int, axis: str, bucket_bytes: Sequence[int], microba
     return out
 
 
-# --- the two collectives, on flat buffers --------------------------------------------------------------------
-def reduce_scatter(flat: torch.Tensor, g: AxisGroup, phase: str, nbytes: int) -> torch.Tensor:
-    """This rank's chunk of the group's sum of ``flat`` (length a multiple of the group size). Gloo has no
-    reduce-scatter and the plan's reductions sum in group order (equal bits on every rank): there it gathers the
-    pieces and sums them in group order, as ``AxisGroup``'s all-reduce does, keeping this rank's chunk."""
-    size = flat.numel() // g.size
-    if g.size == 1:
-        return flat.clone()
-    g.ledger.record("reduce_scatter", g.axis, phase, nbytes)
-    if not g.ordered_sum:
-        out = torch.empty(size, dtype=flat.dtype, device=flat.device)
-        dist.reduce_scatter_tensor(out, flat.contiguous(), group=g.group)
-        return out
-    pieces = [torch.empty_like(flat) for _ in range(g.size)]
-    dist.all_gather(pieces, flat.contiguous(), group=g.group)
-    start = g.index * size
-    total = pieces[0][start : start + size].clone()
-    for piece in pieces[1:]:
-        total += piece[start : start + size]
-    return total
-
-
-def all_gather(shard: torch.Tensor, g: AxisGroup, phase: str | None, nbytes: int) -> torch.Tensor:
-    """Every rank's ``shard``, concatenated in group order; ``phase`` None: not counted (a diagnostic: the
-    gradients gathered back for ``check --training``, a checkpoint)."""
-    if g.size == 1:
-        return shard.clone()
-    if phase is not None:
-        g.ledger.record("all_gather", g.axis, phase, nbytes)
-    pieces = [torch.empty_like(shard) for _ in range(g.size)]
-    dist.all_gather(pieces, shard.contiguous(), group=g.group)
-    return torch.cat(pieces)
-
-
-@dataclass
-class _Bucket:
-    """The parameters of one dtype packed into a flat buffer: each one's index in the caller's list, offset and
-    shape; the buffer is ``padded`` long (a multiple of the group size), this rank's shard ``padded / size``."""
-
-    indices: list[int]
-    offsets: list[int]
-    shapes: list[torch.Size]
-    numel: int
-    padded: int
-    dtype: torch.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
-
-    def flatten(self, tensors: Sequence[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor:
-        """The tensors (None: zeros) of this bucket packed into one padded flat buffer."""
-        flat = torch.zeros(self.padded, dtype=self.dtype, device=like.device)
-        for i, offset, shape in zip(self.indices, self.offsets, self.shapes, strict=True):
-            value = tensors[i]
-            if value is not None:
-                flat[offset : offset + shape.numel()] = value.detach().reshape(-1)
-        return flat
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Each parameter's tensor as a view of ``flat`` (autograd follows the views back to it)."""
-        return [flat[o : o + s.numel()].view(s) for o, s in zip(self.offsets, self.shapes, strict=True)]
-
-
-class ShardedParams:
-    """Parameters packed into flat buffers per dtype, and this rank's shard of each as a trainable Parameter."""
-
-    def __init__(self, params: Iterable[torch.Tensor], group: AxisGroup) -> None:
-        self.params = list(params)
-        self.group = group
-        if not self.params:
-            raise OptionError("ZeRO: no parameters to shard.")
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        for i, p in enumerate(self.params):
-            by_dtype.setdefault(p.dtype, []).append(i)
-        self.buckets: list[_Bucket] = []
-        for dtype, indices in by_dtype.items():
-            offsets, shapes, n = [], [], 0
-            for i in indices:
-                offsets.append(n)
-                shapes.append(self.params[i].shape)
-                n += self.params[i].numel()
-            padded = -(-n // group.size) * group.size
-            self.buckets.append(_Bucket(indices, offsets, shapes, n, padded, dtype))
-        self.shards = [
-            torch.nn.Parameter(self._my_chunk(b.flatten(self.params, self.params[b.indices[0]]), b).clone())
-            for b in self.buckets
-        ]
-
-    def _my_chunk(self, flat: torch.Tensor, bucket: _Bucket) -> torch.Tensor:
-        size = bucket.padded // self.group.size
-        return flat[self.group.index * size : (self.group.index + 1) * size]
-
-    def bucket_bytes(self) -> list[int]:
-        return [b.nbytes for b in self.buckets]
-
-    def full(self, tensors: Sequence[torch.Tensor | None], phase: str | None) -> list[torch.Tensor]:
-        """Per parameter, its whole tensor assembled from every rank's shard of ``tensors`` (one per bucket)."""
-        out: list[torch.Tensor] = [torch.empty(0)] * len(self.params)
-        for bucket, shard, value in zip(self.buckets, self.shards, tensors, strict=True):
-            piece = value if value is not None else torch.zeros_like(shard)
-            flat = all_gather(piece.detach(), self.group, phase, bucket.nbytes)
-            for i, view in zip(bucket.indices, bucket.views(flat), strict=True):
-                out[i] = view
-        return out
-
-    def set_full(self, values: Sequence[torch.Tensor]) -> None:
-        """Set the shards from whole values of every parameter (a checkpoint loaded)."""
-        with torch.no_grad():
-            for bucket, shard in zip(self.buckets, self.shards, strict=True):
-                shard.copy_(self._my_chunk(bucket.flatten(values, shard), bucket))
-
-    def scatter_gradients(self, grads: Sequence[torch.Tensor | None], phase: str) -> None:
-        """Reduce-scatter each bucket of ``grads`` (this replica's own) and add this rank's chunk of the sum to
-        its shard's gradient."""
-        for bucket, shard in zip(self.buckets, self.shards, strict=True):
-            mine = reduce_scatter(bucket.flatten(grads, shard), self.group, phase, bucket.nbytes)
-            shard.grad = mine if shard.grad is None else shard.grad + mine
-
-
 class ZeroOptimizer:
     """ZeRO-1 or ZeRO-2 over ``params`` (every replica holds them whole): ``make`` builds the optimizer over this
-    rank's shards; :meth:`step` gives every replica the weights plain data-parallel training would have.
+    rank's shards and the ``plain`` parameters (those the plan does not sum over the group: stepped whole on
+    every rank, unity_eq.train.zero_plan); :meth:`step` gives every replica the weights plain data-parallel
+    training would have.
 
     Use it as an optimizer: ``zero_grad()``, ``backward()``, ``step()``. ZeRO-2 reduce-scatters the gradients at
     the end of each backward (hooked on the parameters; a microbatch's gradients are then freed), ZeRO-1 in
@@ -215,12 +97,14 @@ class ZeroOptimizer:
         group: AxisGroup,
         level: int,
         make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
+        plain: Iterable[torch.nn.Parameter] = (),
     ) -> None:
         if check_level(level) not in (1, 2):
             raise OptionError(f"ZeroOptimizer runs ZeRO-1 and ZeRO-2; ZeRO-{level} is Zero3Module's (or none).")
         self.level = level
         self.sharded = ShardedParams(params, group)
-        self.optimizer = make(self.sharded.shards)
+        self.plain = list(plain)
+        self.optimizer = make([*self.sharded.shards, *self.plain])
         self._queued = False
         if level == 2:
             for p in self.sharded.params:
@@ -311,12 +195,25 @@ class Zero3Module(torch.nn.Module):
     inside, so the recomputation gathers the weights again (the backward's all-gather) and nothing else does.
     ``module`` is not a submodule (its own parameters are freed; only the shards are this module's)."""
 
-    def __init__(self, module: torch.nn.Module, group: AxisGroup, recompute: bool = False) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        group: AxisGroup,
+        recompute: bool = False,
+        keep: Iterable[torch.nn.Parameter] = (),
+    ) -> None:
+        """``keep``: parameters of ``module`` left whole on every rank (the plan does not sum them over the
+        group, unity_eq.train.zero_plan): ours to train as they are, never gathered."""
         super().__init__()
-        named = list(module.named_parameters())
+        kept = {id(p) for p in keep}
+        named = [(name, p) for name, p in module.named_parameters() if id(p) not in kept]
         params = [p for _, p in named]
         self.__dict__["inner"] = module  # not registered: its parameters are not ours to train
         self.names: list[str] = [name for name, _ in named]
+        self.order = [name for name, _ in module.named_parameters()]  # inner's order, kept ones included
+        pairs = [(n, p) for n, p in module.named_parameters() if id(p) in kept]
+        self.kept_names = [n for n, _ in pairs]
+        self.kept = torch.nn.ParameterList([p for _, p in pairs])
         self.sharded = ShardedParams(params, group)
         self.shards = torch.nn.ParameterList(self.sharded.shards)
         self.sharded.shards = list(self.shards)
@@ -331,10 +228,24 @@ class Zero3Module(torch.nn.Module):
 
     def full_weights(self) -> list[torch.Tensor]:
         """Every parameter's whole value (in ``inner``'s order), gathered from the shards, not counted."""
-        return self.sharded.full(list(self.shards), None)
+        return self._in_order(self.sharded.full(list(self.shards), None), [p.detach() for p in self.kept])
 
-    def full_gradients(self) -> list[torch.Tensor]:
-        return self.sharded.full([s.grad for s in self.shards], None)
+    def full_gradients(self) -> list[torch.Tensor | None]:
+        gathered = self.sharded.full([s.grad for s in self.shards], None)
+        return self._in_order(gathered, [p.grad for p in self.kept])
+
+    def set_full(self, values: Sequence[torch.Tensor]) -> None:
+        """Set every parameter (in ``inner``'s order) from its whole value: the shards and the kept ones."""
+        by_name = dict(zip(self.order, values, strict=True))
+        self.sharded.set_full([by_name[n] for n in self.names])
+        with torch.no_grad():
+            for name, param in zip(self.kept_names, self.kept, strict=True):
+                param.copy_(by_name[name])
+
+    def _in_order(self, gathered: Sequence[Any], kept: Sequence[Any]) -> list[Any]:
+        by_name = dict(zip(self.names, gathered, strict=True))
+        by_name.update(zip(self.kept_names, kept, strict=True))
+        return [by_name[n] for n in self.order]
 
     def _run(self, *args: Any) -> Any:
         """Gather every bucket, run the module on the whole weights (the argument list ends with the shards)."""
