@@ -964,3 +964,93 @@ def _squeeze_all_split() -> tuple[Side, Side]:
     # a [2, 3] has no size-1 dim (Squeeze is the identity); each device's chunk [1, 3] squeezes to [3]
     a = f32((2, 3))
     return (lambda: run("Squeeze", a)), (lambda: gather([run("Squeeze", p) for p in chunks(a, 0, 2)], 0))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The fifth adversary: guards admitting rank >= 3 only (negative axes, Reshape targets with 0), a literal Slice
+# end, signed zeros, a Gather index range widened by Expand, an odd dim at rank 3.
+
+
+# ---------------------------------------------------------------------- rank 3, axes spelled negative
+@counterexample("adv5-rank3-reducemax-split-batch-negative-axes")
+def _reducemax_rank3_negative_axes() -> tuple[Side, Side]:
+    # axes (-3) is dim 0 at rank 3, the split dim: each device keeps the max of its own batch row
+    a, axes = f32((2, 2, 2)), i64(-3)
+    return (lambda: run("ReduceMax", a, axes, keepdims=1)), (
+        lambda: gather([run("ReduceMax", p, axes, keepdims=1) for p in chunks(a, 0, 2)], 0)
+    )
+
+
+@counterexample("adv5-rank3-slice-split-negative-axis")
+def _slice_rank3_negative_axis() -> tuple[Side, Side]:
+    # axes (-3) is dim 0 at rank 3, the split dim: the pieces cut [1:3] of each half
+    x, st, en, ax, sp = f32((4, 1, 1)), i64(1), i64(3), i64(-3), i64(1)
+    return (lambda: run("Slice", x, st, en, ax, sp)), (
+        lambda: gather([run("Slice", p, st, en, ax, sp) for p in chunks(x, 0, 2)], 0)
+    )
+
+
+# ---------------------------------------------------------------------- rank 3, Reshape targets with 0
+@counterexample("adv5-rank3-reshape-reshape-zero-copies")
+def _reshape_reshape_rank3() -> tuple[Side, Side]:
+    x = f32((2, 3, 4))
+    return (lambda: run("Reshape", run("Reshape", x, i64(4, 3, 2)), i64(0, -1))), (
+        lambda: run("Reshape", x, i64(0, -1))
+    )
+
+
+@counterexample("adv5-rank3-reshape-allowzero-flip")
+def _allowzero_rank3() -> tuple[Side, Side]:
+    x = f32((2, 3, 4))
+    return (lambda: run("Reshape", x, i64(0, 12), allowzero=0)), (lambda: run("Reshape", x, i64(0, 12), allowzero=1))
+
+
+# ------------------------------------------------------------------------------------ signed zeros
+@counterexample("adv5-signed-zero-neg-sub")
+def _signed_zero_neg_sub() -> tuple[Side, Side]:
+    # -(a - b) is -0 and b - a is +0: equal as numbers (np.allclose too), so each side is read through
+    # onnxruntime's Reciprocal, the division that shows the sign of a zero (-inf against +inf)
+    a = b = np.array([1.5], np.float32)
+    return (lambda: run("Reciprocal", run("Neg", run("Sub", a, b)))), (lambda: run("Reciprocal", run("Sub", b, a)))
+
+
+@counterexample("adv5-signed-zero-neg-sub-through-div")
+def _signed_zero_through_div() -> tuple[Side, Side]:
+    a = b = np.array([1.5], np.float32)
+    c = np.array([1.0], np.float32)
+    return (lambda: run("Tanh", run("Div", c, run("Neg", run("Sub", a, b))))), (
+        lambda: run("Tanh", run("Div", c, run("Sub", b, a)))
+    )
+
+
+# ----------------------------------------------------------------------------- Slice, a literal end
+@counterexample("adv5-slice-literal-end6-identity")
+def _slice_end6() -> tuple[Side, Side]:
+    x = f32((8,))
+    return (lambda: run("Slice", x, i64(0), i64(6), i64(0), i64(1))), (lambda: x)
+
+
+# --------------------------------------------------------------------------- Gather through an Expand
+@counterexample("adv5-gather-through-expand-out-of-range")
+def _gather_through_expand() -> tuple[Side, Side]:
+    # index 2 is a row of the expanded [4, 3]; y has one row, and onnxruntime refuses the index there
+    y, s, i = f32((1, 3)), i64(4, 3), i64(2)
+    return (lambda: run("Gather", run("Expand", y, s), i, axis=0)), (lambda: run("Gather", y, i, axis=0))
+
+
+# --------------------------------------------------------------------------- rank 3, an odd last dim
+@counterexample("adv5-rank3-add-sum-as-two-halves")
+def _sum_halves_rank3() -> tuple[Side, Side]:
+    # a, b [1, 1, 3]: h = 1, the halves [0:1] and [1:2] leave element 2 out
+    a, b = f32((1, 1, 3)), f32((1, 1, 3), 1)
+
+    def s(t):
+        return run("ReduceSum", t, i64(2), keepdims=1)
+
+    return (lambda: s(run("Add", a, b))), (
+        lambda: run(
+            "Add",
+            s(run("Slice", run("Add", a, b), i64(0), i64(1), i64(2), i64(1))),
+            s(run("Slice", run("Add", a, b), i64(1), i64(2), i64(2), i64(1))),
+        )
+    )

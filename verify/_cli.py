@@ -26,8 +26,8 @@ __all__ = ["main", "render", "run"]
 #: what every proof assumes, printed under the summary (docs/verify.md, "NaN and float rounding")
 NAN_FREE = (
     "note: proofs are over the reals and assume NaN-free, finite inputs and values that do not overflow (float16 "
-    "does at 65504; a rule right only because NaN never occurs is proven); float32 rounding is checked where it "
-    "feeds a discrete op (docs/verify.md)"
+    "does at 65504; a rule right only because NaN never occurs is proven) and do not tell -0 from +0; float32 "
+    "rounding is checked where it feeds a discrete op (docs/verify.md)"
 )
 
 _STYLE = {"proven": "green", "refuted": "bold red", "partial": "yellow", "unknown": "yellow"}

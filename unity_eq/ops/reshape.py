@@ -202,12 +202,11 @@ def _negative_first(axes: tuple[int, ...], rank: int) -> tuple[int, ...]:
 
 
 def _target_spellings(src: Shape, target: Shape) -> Iterator[tuple[Shape, int]]:
-    """The other ONNX spellings of ``target`` (inputs of rank <= 2): a -1 in place of one dim, a 0 where
-    the input has the same dim at that position (allowzero 0 copies it), both; and the concrete target with
-    allowzero 1 (the same where the target has no 0). A rule that treats 0 or -1 as a dim, or allowzero as
-    irrelevant, meets them here (issue 21)."""
-    if len(src) > 2:
-        return
+    """The other ONNX spellings of ``target`` (inputs of every rank: a rule whose guard pins the input's rank
+    to 3 met none, issue 21's fifth adversary): a -1 in place of one dim, a 0 where the input has the same dim
+    at that position (allowzero 0 copies it), both; and the concrete target with allowzero 1 (the same where
+    the target has no 0). A rule that treats 0 or -1 as a dim, or allowzero as irrelevant, meets them here
+    (issue 21)."""
     yield target, 1
     for j in range(len(target)):
         yield (*target[:j], -1, *target[j + 1 :]), 0

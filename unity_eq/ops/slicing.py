@@ -135,7 +135,15 @@ def _gather(args: Sequence[Any], bk: Any) -> Any:
     for p in np.ndindex(*idx.shape):
         i = idx[p]
         for r in np.ndindex(*rest):
-            expr = moved[(size - 1, *r)]
+            # an index out of range is an error in onnxruntime, not the last row: its value is a fresh symbol
+            # (named by the index, the dim's size and the place, so the same Gather on both sides agrees), and a
+            # right-hand side that may read out of range where the left-hand side does not is refuted (issue
+            # 21's fifth adversary: a Gather moved through an Expand of one row "proven", its index clamped)
+            expr = z3.If(
+                z3.Or(i == size - 1, i == -1),
+                moved[(size - 1, *r)],
+                bk.symbol(f"gather-out-of-range[{i}|{size}|{','.join(map(str, r))}]"),
+            )
             for k in range(size - 2, -1, -1):
                 expr = z3.If(z3.Or(i == k, i == k - size), moved[(k, *r)], expr)
             out[(*p, *r)] = expr
@@ -235,10 +243,14 @@ LARGE_DIMS = (5, 6, 8, 9, 12)
 
 def _large_slices(n: int) -> list[tuple[int, int, int]]:
     """Slices of a large dim: from the start, 1, 2, the last or below ``-n``; to 1, the last, the end or past
-    it; steps 1-4."""
+    it; steps 1-4. With step 1, every start and end from 0 to the end and past it as well: a rule whose guard
+    pins a literal end (`(= en (vec-of 6))`) met it only where 6 is an end of those (dims 5 and 6) and was
+    "proven" to slice nothing off (issue 21's fifth adversary)."""
     starts = sorted({0, 1, 2, -1, -n - 2})
     ends = sorted({1, -1, n - 1, n, n + 3})
-    return [(s, e, st) for s in starts for e in ends for st in (1, 2, 3, 4) if len(range(n)[s:e:st]) > 0]
+    strided = [(s, e, st) for s in starts for e in ends for st in (1, 2, 3, 4) if len(range(n)[s:e:st]) > 0]
+    every = [(s, e, 1) for s in range(n + 1) for e in range(1, n + 2) if s < e and (s, e, 1) not in strided]
+    return strided + every
 
 
 def _slice_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
