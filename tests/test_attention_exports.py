@@ -103,8 +103,9 @@ def test_grouped_query_attention_fuses_and_shards_by_heads(tmp_path: Path) -> No
     machine = tmp_path / "slow.toml"
     machine.write_text(SLOW_DEVICES)
     shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
-    result = optimize(model, devices=2, output_dir=tmp_path / "plan", input_shapes=shapes, machine=machine,
-                      objective="training")  # fmt: skip  (the fused kernel runs in training: _optimize_and_check)
+    result = optimize(
+        model, devices=2, output_dir=tmp_path / "plan", input_shapes=shapes, machine=machine, objective="training"
+    )  # fmt: skip  (the fused kernel runs in training: _optimize_and_check)
     ops = _plan_ops(result)
     assert ops.count("Attention") == 1 and "Softmax" not in ops, ops
     record = json.loads((tmp_path / "plan" / "plan.json").read_text())
