@@ -214,3 +214,18 @@ def test_outputs_may_not_overwrite_the_plan(lowered: tuple[Path, Path]) -> None:
         proc = run_cli("run", str(plan), "-q", "--outputs", str(target))
         assert proc.returncode == 2 and "would destroy" in proc.stderr, proc.stderr
     assert (plan / "plan.json").read_bytes() == before
+
+
+def test_run_and_check_of_a_pipeline_on_cuda_say_once_that_the_cpu_runs_it(lowered: tuple[Path, Path]) -> None:
+    """`--device cuda` where onnxruntime cannot use CUDA: `run` and `check` of a pipeline plan say so in one
+    line and run on the CPU (issue 26's audit: the pipeline path fell back silently, as `check` of any plan)."""
+    from unity_eq import runtime
+
+    if runtime.cuda_problem(0) is None:
+        pytest.skip("this machine has a usable CUDA device")
+    model, plan = lowered
+    for args in (("run", str(plan)), ("check", str(model), str(plan))):
+        proc = run_cli(*args, "--device", "cuda")
+        assert proc.returncode == 0, proc.stderr
+        cuda = [line for line in proc.stderr.splitlines() if "CUDA" in line]
+        assert len(cuda) == 1 and cuda[0].endswith("running on the CPU"), (args[0], proc.stderr)

@@ -281,6 +281,12 @@ def test_run_device_cuda_falls_back_to_the_cpu_with_one_message(examples: Path, 
     cuda_lines = [line for line in proc.stderr.splitlines() if "CUDA" in line]
     assert len(cuda_lines) == 1 and cuda_lines[0].endswith("running on the CPU"), proc.stderr
     assert "[E:" not in proc.stderr and "[W:" not in proc.stderr and "Traceback" not in proc.stderr
+    # `check` says it too (it fell back silently before issue 26's audit)
+    command = [sys.executable, "-m", "unity_eq.cli", "check", str(examples / "mlp.onnx"), str(tmp_path / "plan")]
+    proc = subprocess.run([*command, "--device", "cuda"], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    cuda_lines = [line for line in proc.stderr.splitlines() if "CUDA" in line]
+    assert len(cuda_lines) == 1 and cuda_lines[0].endswith("running on the CPU"), proc.stderr
 
 
 def test_chained_collectives_lower_and_run(tmp_path: Path) -> None:

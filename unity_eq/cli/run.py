@@ -98,7 +98,7 @@ def run(
         live = live_display(quiet, transient=True)
         with live or contextlib.nullcontext():
             if pipeline is not None:
-                results = run_pipeline(pipeline, feeds, device=device, timeout=timeout)
+                results = run_pipeline(pipeline, feeds, device=device, timeout=timeout, on_note=note)
             else:
                 results = run_plan(plan, feeds, device=device, on_note=note, timeout=timeout, tracker=live)
     else:

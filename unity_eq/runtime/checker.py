@@ -15,7 +15,7 @@ from unity_eq.errors import CheckFailed, ModelError, PlanError, RuntimeBackendEr
 from unity_eq.lower.onnxrt import make_session, missing_kernel
 from unity_eq.progress import Tracker
 from unity_eq.runtime.comparison import CheckResult, OutputComparison, compare_outputs
-from unity_eq.runtime.devices import choose_device, run_in_batches, threads_per_rank
+from unity_eq.runtime.devices import choose_device, device_notes, run_in_batches, threads_per_rank
 from unity_eq.runtime.draws import InputDraw, default_draws, random_inputs
 from unity_eq.runtime.execute import execute_local
 from unity_eq.runtime.pipeline import PipelinePlan, read_plan, run_programs, stage_programs
@@ -105,7 +105,7 @@ def check(
     if on_progress:
         on_progress(f"running the original model on {len(trials)} set(s) of inputs")
     expected_by_trial = _expected_outputs(model_path, plan.output_names, trials)
-    execute, where = _executor(plan, pipeline, device)
+    execute, where = _executor(plan, pipeline, device, on_progress)
     worst: dict[str, OutputComparison] = {}
     wide = Float64Reference(model_path)
     tracker.start("check", f"{len(trials)} input set(s) on {where}")
@@ -166,15 +166,18 @@ def second_opinion(
 
 
 def _executor(
-    plan: PlanDir, pipeline: PipelinePlan | None, device: str
+    plan: PlanDir, pipeline: PipelinePlan | None, device: str, on_note: Callable[[str], None] | None = None
 ) -> tuple[Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]], str]:
     """The plan's ranks loaded once (after the original model's session is gone), as a function of checked
-    inputs, and what runs them in words."""
+    inputs, and what runs them in words; ``on_note`` hears the device notes (CUDA not usable: the CPU)."""
     if pipeline is not None:
-        stages = stage_programs(pipeline, device)
+        stages = stage_programs(pipeline, device, on_note)
         return (lambda feeds: run_programs(pipeline, stages, feeds)), pipeline.describe()
     world = plan.world_size
     choices = [choose_device(device, rank) for rank in range(world)]
+    if on_note is not None:
+        for note in device_notes(choices):
+            on_note(note)
     programs = [build_rank_program(plan, r, choices[r].providers, threads_per_rank(world)) for r in range(world)]
     return (lambda feeds: execute_local(programs, feeds)), f"{world} rank(s)"
 

@@ -28,7 +28,7 @@ from unity_eq.planfile.pipeline import (
     is_lowered_pipeline,
     read_pipeline_record,
 )
-from unity_eq.runtime.devices import choose_device, threads_per_rank
+from unity_eq.runtime.devices import choose_device, device_notes, threads_per_rank
 from unity_eq.runtime.execute import execute_local
 from unity_eq.runtime.plandir import PlanDir, check_inputs, load_plan_dir
 from unity_eq.runtime.segments import RankProgram, build_rank_program
@@ -170,14 +170,23 @@ def _load_stage(root: Path, stage: StageRecord, tensor: int) -> PlanDir:
     return directory
 
 
-def stage_programs(plan: PipelinePlan, device: str = "cpu") -> list[list[RankProgram]]:
-    """Each stage's rank programs (one replica's tensor group: every replica runs the same files)."""
+def stage_programs(
+    plan: PipelinePlan, device: str = "cpu", on_note: Callable[[str], None] | None = None
+) -> list[list[RankProgram]]:
+    """Each stage's rank programs (one replica's tensor group: every replica runs the same files).
+    ``on_note`` hears each device note once (CUDA asked for and not usable: the CPU runs them), as
+    ``run_plan``'s does."""
     programs = []
+    notes: list[str] = []
     for stage in plan.stages:
         world = stage.world_size
         choices = [choose_device(device, rank) for rank in range(world)]
+        notes += [note for note in device_notes(choices) if note not in notes]
         threads = threads_per_rank(world)
         programs.append([build_rank_program(stage, r, choices[r].providers, threads) for r in range(world)])
+    if on_note is not None:
+        for note in notes:
+            on_note(note)
     return programs
 
 
@@ -221,8 +230,10 @@ def run_pipeline(
     device: str = "cpu",
     timeout: float | None = None,
     on_microbatch: Callable[[int, int], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Run a lowered pipeline plan on ``inputs`` (the full batch) in this process and return its outputs."""
+    """Run a lowered pipeline plan on ``inputs`` (the full batch) in this process and return its outputs;
+    ``on_note`` hears the device notes (:func:`stage_programs`)."""
     plan = plan_dir if isinstance(plan_dir, PipelinePlan) else load_pipeline_dir(plan_dir)
     feeds = check_inputs(plan.whole, inputs)
-    return run_programs(plan, stage_programs(plan, device), feeds, timeout, on_microbatch)
+    return run_programs(plan, stage_programs(plan, device, on_note), feeds, timeout, on_microbatch)
