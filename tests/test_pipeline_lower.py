@@ -205,6 +205,15 @@ def test_a_stage_list_edited_in_plan_json_is_refused(lowered: tuple[Path, Path],
     (copy / "plan.json").write_text(json.dumps(meta))
     proc = run_cli("run", str(copy), "-q")
     assert proc.returncode == 2 and "stage 1 (stage1/) belongs to another plan" in proc.stderr, proc.stderr
+    # the microbatch edited (with the count, so the batch still divides): onnxruntime's multi-line shape error,
+    # or a message blaming the inputs, before; now one line naming stage 0 and `chosen.microbatch`
+    meta = json.loads(good)
+    meta["chosen"]["microbatch"] //= 2
+    meta["chosen"]["microbatches"] *= 2
+    (copy / "plan.json").write_text(json.dumps(meta))
+    proc = run_cli("run", str(copy), "-q")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "`chosen.microbatch` is 2" in errors[0], proc.stderr
 
 
 def test_outputs_may_not_overwrite_the_plan(lowered: tuple[Path, Path]) -> None:

@@ -132,6 +132,13 @@ def load_pipeline_dir(path: str | Path) -> PipelinePlan:
         )
     check_lowered_stages(record, root / "plan.json")
     stages = [_load_stage(root, stage, record.chosen.tensor) for stage in record.stages]
+    for name, spec in stages[0].input_specs.items():
+        if not spec.shape or spec.shape[0] != record.chosen.microbatch:
+            raise PlanError(
+                f"{root}: stage 0 ({record.stages[0].directory}/) reads {name!r} of shape {list(spec.shape)}, a "
+                f"microbatch of {spec.shape[0] if spec.shape else 'no'} sample(s); plan.json's `chosen.microbatch` "
+                f"is {record.chosen.microbatch}. {REDO_PIPELINE}"
+            )
     made = set(record.stages[0].side_sends)
     for before, after, stage in zip(stages, stages[1:], record.stages[1:], strict=False):
         wanted = [stage.receives, *stage.side_receives]
