@@ -156,3 +156,14 @@ def test_training_refuses_before_any_search(tmp_path: Path) -> None:
     proc = run_cli(*base[:1], str(path), *base[2:], "--objective", "training", "--batch", "4")
     assert proc.returncode == 2 and "has no data" in proc.stderr and "`--plan-only`" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "plan").exists()
+
+
+def test_a_batch_given_twice_with_different_sizes_is_refused(tmp_path: Path) -> None:
+    """`--batch 8` with `--input-shape X=4x...`: the input shape's batch was ignored without a word (issue 26's
+    audit); now the two must agree."""
+    model = _layered_model(tmp_path / "layers.onnx", layers=2)
+    shape = tuple(int(d.dim_value) for d in onnx.load(str(model)).graph.input[0].type.tensor_type.shape.dim[1:])
+    name = onnx.load(str(model)).graph.input[0].name
+    with pytest.raises(OptionError, match=r"`--batch 8` and `--input-shape .*=4x.*` disagree on the batch"):
+        graph_at_batch(model, {name: (4, *shape)}, 8)
+    assert graph_at_batch(model, {name: (8, *shape)}, 8).batch == 8

@@ -120,6 +120,13 @@ def graph_at_batch(
                 f"`--batch` {per_step}: {static_batch_note(micro)}. With this export, pass a multiple of {micro}."
             )
         return BatchedModel(lambda _micro: graph, per_step, (micro,), micro)
+    clashing = sorted(n for n in declared if n in overrides and batch is not None and overrides[n][:1] != (batch,))
+    if clashing:
+        shown = "x".join(map(str, overrides[clashing[0]]))
+        raise OptionError(
+            f"`--batch {batch}` and `--input-shape {clashing[0]}={shown}` disagree on the batch (samples per step): "
+            f"give it once, with `--batch`, or write {batch} as the first dim of `--input-shape`."
+        )
     if batch is None:
         given = {overrides[n][0] for n in declared if n in overrides}
         if len(given) != 1:
