@@ -182,9 +182,13 @@ def test_cli_pipeline_of_gpt2_with_a_mask_writes_what_it_priced(exported: dict[s
     outcome = check(model, plan, inputs=masked_inputs(2))
     assert outcome.passed, outcome.describe()
     text = run_cli("explain", str(plan))
-    assert text.returncode == 0 and "from stage 0" in text.stdout, text.stdout + text.stderr
-
     record = read_pipeline_record(plan / "plan.json")
+    # each later stage's line names what it receives, the main tensor as well as the side ones (the main one
+    # was left out before issue 26's audit)
+    stage1 = next(line for line in text.stdout.splitlines() if line.lstrip().startswith("stage   1:"))
+    assert text.returncode == 0 and f"receives {record.stages[1].receives} from stage 0" in stage1, text.stdout
+    assert "receives side tensors" in stage1, stage1
+
     machine = default_machine(2)
     inference = OBJECTIVES["inference"]
     link = CostModel(machine, Mesh(("p",), (2,), (0, 1)), inference)

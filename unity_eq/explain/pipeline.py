@@ -139,9 +139,10 @@ def render_pipeline(record: PipelinePlanRecord) -> str:
             f"on ranks {stage_ranks(record, st)} ({st.device}): {st.seconds * 1e3:.2f} ms; {_gib(st.weight_bytes)} + "
             f"{_gib(st.weight_state_bytes)} + {_gib(st.activation_bytes)} = {_gib(st.total_bytes)}"
             + ("; recomputes" if st.recomputes else "")
+            + (f"; receives {st.receives} from stage {st.index - 1}" if st.receives else "")
+            + (f"; receives side tensors {', '.join(st.side_receives)} from stage 0" if st.side_receives else "")
             + (f"; sends {st.sends}" if st.sends else "")
             + (f"; sends side tensors {', '.join(st.side_sends)}" if st.side_sends else "")
-            + (f"; receives {', '.join(st.side_receives)} from stage 0" if st.side_receives else "")
             + (f"; in {st.directory}/" if st.directory else "")
         )
     lines.append("")
