@@ -312,6 +312,13 @@ def test_zero_shards_only_the_weights_the_plan_sums_over_its_axis(tmp_path: Path
         assert result.passed, (level, result.first_failure())
         said = "collectives reduce_scatter on axis x (gradient), rank 0: issued 1 (263168 bytes)"  # 256·257 floats
         assert any(t.startswith(said) for t in _lines(result)), _lines(result)
+    # a plan.json without its `weights` section (an older unity-eq's) cannot tell mixer.weight_t from a
+    # parameter: ZeRO on it left the folded weight's gradient unsummed (an audit found it); it is refused
+    meta = json.loads((plan / "plan.json").read_text())
+    del meta["weights"]
+    (plan / "plan.json").write_text(json.dumps(meta))
+    with pytest.raises(OptionError, match="has no `weights` section"):
+        check_training(model, plan, None, steps=1, loss="mean", zero=1, zero_axis="x")
 
 
 def test_zero_options_are_checked_before_any_rank_starts(plans: dict[str, Path]) -> None:

@@ -135,14 +135,16 @@ def _gather(args: Sequence[Any], bk: Any) -> Any:
     for p in np.ndindex(*idx.shape):
         i = idx[p]
         for r in np.ndindex(*rest):
-            # an index out of range is an error in onnxruntime, not the last row: its value is a fresh symbol
-            # (named by the index, the dim's size and the place, so the same Gather on both sides agrees), and a
-            # right-hand side that may read out of range where the left-hand side does not is refuted (issue
-            # 21's fifth adversary: a Gather moved through an Expand of one row "proven", its index clamped)
+            # an index out of range is an error in onnxruntime, not the last row: its value is a fresh symbol,
+            # and a right-hand side that may read out of range where the left-hand side does not is refuted
+            # (issue 21's fifth adversary: a Gather moved through an Expand of one row "proven", its index
+            # clamped). The symbol is named by the index and the column it reads (z3's ids of hash-consed
+            # terms), so the same Gather on both sides agrees and two Gathers of different data never do
+            column = ",".join(_term_id(moved[(k, *r)]) for k in range(size))
             expr = z3.If(
                 z3.Or(i == size - 1, i == -1),
                 moved[(size - 1, *r)],
-                bk.symbol(f"gather-out-of-range[{i}|{size}|{','.join(map(str, r))}]"),
+                bk.symbol(f"gather-out-of-range[{_term_id(i)}|{column}]"),
             )
             for k in range(size - 2, -1, -1):
                 expr = z3.If(z3.Or(i == k, i == k - size), moved[(k, *r)], expr)
@@ -151,6 +153,12 @@ def _gather(args: Sequence[Any], bk: Any) -> Any:
     ri = idx.ndim
     order = list(range(ri, ri + axis)) + list(range(ri)) + list(range(ri + axis, out.ndim))
     return np.transpose(out, order)
+
+
+def _term_id(value: Any) -> str:
+    """A z3 term's id (one per distinct term: z3 hash-conses them) or a constant's repr, for naming a symbol."""
+    get_id = getattr(value, "get_id", None)
+    return f"#{get_id()}" if get_id is not None else repr(value)
 
 
 def _concat_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:

@@ -79,6 +79,12 @@ def load_rank(
     ledger = coll.Ledger()
     torch_device, ordered = rank_device(device, rank, ordered_sum)
     groups = make_groups(record, rank, ledger, ordered)
+    if axis and not record.weights:
+        raise OptionError(
+            f"ZeRO-{zero}: {plan_dir}/plan.json has no `weights` section (an older unity-eq wrote it), which "
+            "tells the source parameters from the weights folded from them; ZeRO shards only the parameters the "
+            "plan sums over its axis. Re-run `unity-eq optimize` to write it, or train without `--zero`."
+        )
     sharding = zero_sharding(record, axis) if axis else None
     if sharding is not None and not sharding.params:
         raise OptionError(

@@ -134,16 +134,15 @@ class _Walk:
 
 def _parameters(record: ExplainRecord) -> dict[str, tuple[str, ...]]:
     """Weight name -> the source parameters its gradient reaches (itself for a parameter; a folded weight's
-    sources; none for a constant or an integer weight), as the ranks train them (unity_eq.train.weights)."""
+    sources; none for a constant or an integer weight), as the ranks train them (unity_eq.train.weights).
+    A plan without the ``weights`` section (an older unity-eq's) cannot tell a folded weight from a parameter
+    here: none (``load_rank`` refuses ZeRO on it)."""
     out: dict[str, tuple[str, ...]] = {}
     for step in record.steps:
         if not isinstance(step, WeightStepRecord) or not is_float(record.tensors[step.out].dtype):
             continue
         origin = record.weights.get(step.name)
-        if origin is None:
-            if not record.weights:  # a plan written before the weights section: every float weight trains
-                out[step.name] = (step.name,)
-        elif origin.trainable:
+        if origin is not None and origin.trainable:
             out[step.name] = tuple(origin.sources)
     return out
 
