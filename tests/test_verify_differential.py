@@ -643,6 +643,9 @@ def _z3_number(expr: Any, memo: dict[int, Any]) -> Any:
         value = z3.IntNumRef(expr.as_ast(), expr.ctx).as_long()
     elif z3.is_true(expr) or z3.is_false(expr):
         value = z3.is_true(expr)
+    elif z3.is_app_of(expr, z3.Z3_OP_ITE):  # the branch taken only: Gather's out-of-range branch is a free symbol
+        cond, then, other = expr.children()
+        value = _z3_number(then if _z3_number(cond, memo) else other, memo)
     else:
         kids = [_z3_number(c, memo) for c in expr.children()]
         kind = expr.decl().kind()

@@ -338,7 +338,8 @@ ELEMENTWISE = OpFamily(
     ranges=(
         "unary ops: every shape of rank 0-4 with dims 1-4 ({1, 2, 4} at rank 4); broadcasting ops: rank 0-4, "
         "every output shape and, at every position, every pattern of full or size-1 operands, every rank "
-        "deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3, {1, 2} at rank 4 plus "
+        "deficit, absent optional operands (dims 1-4 up to rank 2, {1, 2, 4} at rank 3 plus one dim of 3 for one "
+        "or two operands, {1, 2} at rank 4 plus "
         "one dim of 4 for two operands; three operands (Where) over {1, 2} at ranks 3-4, every pattern, the "
         "condition's included); Clip: every input shape, each bound absent, () or [1]"
     ),

@@ -376,7 +376,7 @@ RESHAPE = OpFamily(
     rule_file="parallel/layout.egg",
     ranges=(
         "Reshape, Flatten, Squeeze, Unsqueeze: input rank 1-3; Reshape to every target of rank 1-3 with the same "
-        "number of elements (ranks 1-2: also spelled with 0, -1 and allowzero 1), and 6, 12 and 20 elements (rank"
+        "number of elements (also spelled with 0, -1 and allowzero 1), and 6, 12 and 20 elements (rank"
         " 1 and every 2-D shape without a 1) to every target of rank 1-2, Flatten at every axis, Squeeze "
         "of every set of size-1 dims and with no axes (ONNX: every size-1 dim), Unsqueeze of every one or two new"
         " axes (each set also with its first axis negative); Transpose: rank 1-4 and six rank-5 shapes, every "
