@@ -3,9 +3,11 @@ mesh's axes sit on it, the predicted cost, and the tensors."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from unity_eq.dtypes import as_dtype
 from unity_eq.planfile.codec import Record
 
 
@@ -171,3 +173,8 @@ class TensorRecord(Record):
     local_shape: tuple[int, ...]
     source: str | None = None  # the source model's tensor it equals
     value: str | None = None  # the source model's tensor whose value it holds, sharded or not
+
+    @property
+    def local_bytes(self) -> int:
+        """Bytes of each rank's piece (what a collective of it moves per rank)."""
+        return math.prod(self.local_shape) * as_dtype(self.dtype).itemsize

@@ -32,7 +32,6 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
 from unity_eq.collectives import torch_autograd as coll
@@ -122,8 +121,7 @@ def deferred_collectives(record: ExplainRecord, deferred: Mapping[str, str]) -> 
                 and sizes[step.axis] > 1
             ):
                 t = record.tensors[step.src]
-                nbytes = int(np.prod(t.local_shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
-                priced.append((names[step.src], position, step.axis, (t.dtype, nbytes)))
+                priced.append((names[step.src], position, step.axis, (t.dtype, t.local_bytes)))
     by_axis: dict[str, list[tuple[str, int]]] = {}
     for _, _, axis, entry in sorted(priced):
         by_axis.setdefault(axis, []).append(entry)

@@ -31,8 +31,7 @@ Key = tuple[str, str, str]  # (kind, axis, phase)
 
 
 def _local_bytes(record: ExplainRecord, tid: str) -> int:
-    t = record.tensors[tid]
-    return int(np.prod(t.local_shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+    return record.tensors[tid].local_bytes
 
 
 def predicted_collectives(

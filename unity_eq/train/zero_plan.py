@@ -21,12 +21,11 @@ weights' pieces (so the reduce-scatter and all-gather ZeRO issues are the bytes 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
-from unity_eq.dtypes import is_float
+from unity_eq.dtypes import as_dtype, is_float
 from unity_eq.planfile import (
     ComputeStepRecord,
     ExplainRecord,
@@ -114,7 +113,7 @@ class _Walk:
                 case ReplicateStepRecord(out=out, src=src, axis=on) if src not in from_inputs:
                     carried = grads.get(src, frozenset())
                     if on == axis:
-                        self.crossings.append(_Crossing(out, carried, _local_bytes(record, src)))
+                        self.crossings.append(_Crossing(out, carried, record.tensors[src].local_bytes))
                         carried = frozenset()
                     grads[out] = carried
                 case ComputeStepRecord(inputs=inputs, outputs=outputs):
@@ -161,11 +160,6 @@ def _piece_bytes(record: ExplainRecord, params: Mapping[str, tuple[str, ...]]) -
         t = record.tensors[shapes[name]]
         parts = uses.parts.get(name, [()])
         own = parts[0] if len(parts) == 1 else ()
-        split = int(np.prod([sizes[a] for _, a in own], dtype=np.int64))
-        out[name] = int(np.prod(t.shape, dtype=np.int64)) // split * np.dtype(t.dtype).itemsize
+        split = math.prod(sizes[a] for _, a in own)
+        out[name] = math.prod(t.shape) // split * as_dtype(t.dtype).itemsize
     return out
-
-
-def _local_bytes(record: ExplainRecord, tid: str) -> int:
-    t = record.tensors[tid]
-    return int(np.prod(t.local_shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
