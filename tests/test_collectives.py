@@ -140,8 +140,6 @@ ENUMERATING = {
     # The torch backend (issue 23) runs a kind through its torch_op slot, but still matches the step records:
     "unity_eq/train/rank.py": "a weight's partition and replicate steps are folded into the rank's parameter "
     "(its shard) rather than run; only an activation's go through the kind's torch_op",
-    "unity_eq/train/predict.py": "which phase (forward, backward, gradient sync) each kind's torch op issues its "
-    "collective in, to compare with what ran (should move into the kinds' modules)",
 }
 
 

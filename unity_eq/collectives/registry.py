@@ -24,6 +24,7 @@ __all__ = [
     "COLLECTIVES",
     "RUNTIME_FIELDS",
     "TERMS",
+    "backward_kind",
     "by_term",
     "torch_op",
 ]
@@ -48,6 +49,14 @@ RUNTIME_FIELDS: Mapping[str, tuple[str, ...]] = {c.name: c.dims for c in COLLECT
 def by_term(term: str) -> Collective | None:
     """The kind an e-graph constructor is, or None for any other constructor."""
     return BY_TERM.get(term)
+
+
+def backward_kind(kind: Collective) -> Collective | None:
+    """The kind a kind's backward pass runs on the gradient (a partition's all-gather, a replicate's
+    all-reduce), or None: what ``check --training`` expects the ranks to issue for its step."""
+    if kind.backward_op is None:
+        return None
+    return next(c for c in COLLECTIVES if c.label == kind.backward_op)
 
 
 def torch_op(name: str) -> TorchOp:

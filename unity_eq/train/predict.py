@@ -10,17 +10,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from unity_eq.collectives.registry import BY_RECORD_KIND, backward_kind
 from unity_eq.dtypes import is_float
-from unity_eq.planfile import (
-    CombineStepRecord,
-    ComputeStepRecord,
-    ExplainRecord,
-    InputStepRecord,
-    PartitionStepRecord,
-    ReduceStepRecord,
-    ReplicateStepRecord,
-    WeightStepRecord,
-)
+from unity_eq.planfile import CollectiveStepRecord, ExplainRecord
 from unity_eq.runtime.pipeline import PipelinePlan
 from unity_eq.train.pipeline import recomputes
 from unity_eq.train.pipeline_trainer import DATA_AXIS, PIPELINE_AXIS, STAGES_AXIS
@@ -69,24 +61,21 @@ def predicted_collectives(
             entry[1] += nbytes
 
     for step in record.steps:
-        match step:
-            case CombineStepRecord(out=o, axis=axis):
-                add(("all_gather", axis, "forward"), _local_bytes(record, o))
-            case ReduceStepRecord(out=o, axis=axis):
-                add(("all_reduce", axis, "forward"), _local_bytes(record, o))
-            case PartitionStepRecord(out=o, src=src, axis=axis):
-                if (step.communication_s or 0) > 0 and o not in skip:
-                    add(("all_gather", axis, "backward"), _local_bytes(record, src))
-            case ReplicateStepRecord(out=o, src=src, axis=axis):
-                if (step.communication_s or 0) > 0 and o not in skip:
-                    if o in zeroed:  # a data-parallel weight's: ZeRO sums it (unity_eq.train.zero_plan)
-                        dtype = record.tensors[src].dtype
-                        sharded[dtype] = sharded.get(dtype, 0) + _local_bytes(record, src)
-                        continue
-                    phase = "backward" if src in from_inputs else "gradient"
-                    add(("all_reduce", axis, phase), _local_bytes(record, src))
-            case ComputeStepRecord() | InputStepRecord() | WeightStepRecord():
-                pass
+        if not isinstance(step, CollectiveStepRecord):
+            continue
+        kind = BY_RECORD_KIND[step.KIND]
+        if kind.communicates:  # a forward collective on the result's bytes (combine, reduce)
+            add((kind.name, step.axis, "forward"), _local_bytes(record, step.out))
+            continue
+        back = backward_kind(kind)
+        if back is None or not (step.communication_s or 0) > 0 or step.out in skip:
+            continue
+        if step.out in zeroed:  # a data-parallel weight's gradient: ZeRO sums it (unity_eq.train.zero_plan)
+            dtype = record.tensors[step.src].dtype
+            sharded[dtype] = sharded.get(dtype, 0) + _local_bytes(record, step.src)
+            continue
+        source = "activation" if step.src in from_inputs else "weight"
+        add((back.name, step.axis, kind.phase(source) or "backward"), _local_bytes(record, step.src))
     if recompute:
         for (kind, axis, phase), (count, nbytes) in list(out.items()):
             if phase == "forward":
@@ -124,9 +113,10 @@ def predicted_spmd(
 def priced_gradless(record: ExplainRecord, gradless: set[str]) -> list[str]:
     """Steps plan.json prices a gradient collective for where no gradient flows (a model input or a constant)."""
     return [
-        f"{type(s).__name__.removesuffix('StepRecord').lower()} {s.out} ({s.src})"
+        f"{s.KIND} {s.out} ({s.src})"
         for s in record.steps
-        if isinstance(s, PartitionStepRecord | ReplicateStepRecord)
+        if isinstance(s, CollectiveStepRecord)
+        and backward_kind(BY_RECORD_KIND[s.KIND]) is not None
         and s.out in gradless
         and (s.communication_s or 0) > 0
     ]
