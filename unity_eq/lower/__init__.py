@@ -18,7 +18,8 @@ stage      ``lower`` (check a plan, stage its collectives, hash it), ``write_pla
 device     ``LoweredPlan``: one rank's device file built, its weights streamed, its identity, its validation
 builder    ``DeviceGraphBuilder``: one rank's ONNX graph, step by step (slices, folds, collective cuts)
 names      the tensor and node names of a device graph, taken from the source model
-record     the content of plan.json (``plan_record``, ``step_record``, ``machine_record``) and ``plan_hash``
+record     the content of plan.json (``plan_record``, ``step_record``) and ``plan_hash``
+machine    plan.json's ``machine`` (``machine_record``)
 =========  ================================================================================================
 """
 
@@ -26,8 +27,9 @@ from __future__ import annotations
 
 from unity_eq.files import check_output_dir
 from unity_eq.lower.device import EXTERNAL_DATA_BYTES, LoweredPlan, identity_props, validate_device_file
+from unity_eq.lower.machine import machine_record
 from unity_eq.lower.names import derived_names
-from unity_eq.lower.record import machine_record, plan_hash, plan_record, step_record
+from unity_eq.lower.record import plan_hash, plan_record, step_record
 from unity_eq.lower.stage import collective_stages, lower, refuse_missing_weights, write_plan_dir, write_plan_only
 from unity_eq.weightfile import META_COLLECTIVES, META_COORDS, META_MESH, META_PLAN_HASH, META_RANK
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from typing_extensions import assert_never
 from unity_eq.cost import Cost
 from unity_eq.ir import Graph, Shard
 from unity_eq.lower.device import LoweredPlan
+from unity_eq.lower.machine import machine_record
 from unity_eq.plan import CollectiveStep, Compute, Const, LoadInput, LoadWeight, Plan, Step
 from unity_eq.planfile import (
     PLAN_FORMAT_VERSION,
@@ -21,15 +21,11 @@ from unity_eq.planfile import (
     CollectiveRecord,
     ComputeStepRecord,
     CostRecord,
-    DeviceKindRecord,
     InputStepRecord,
-    LinkRecord,
-    MachineRecord,
     MeshRecord,
     ModelInputRecord,
     ModelOutputRecord,
     ModelRecord,
-    NodeRecord,
     PlanMemoryRecord,
     PlanRecord,
     RankRecord,
@@ -227,52 +223,3 @@ def weight_records(plan: Plan, graph: Graph) -> dict[str, WeightRecord]:
 
 def _costs(plan: Plan) -> list[Cost | None]:
     return list(plan.step_costs) if len(plan.step_costs) == len(plan.steps) else [None] * len(plan.steps)
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def machine_record(plan: Plan) -> MachineRecord:
-    """The machine as plan.json records it: device kinds, nodes and links (SI units: FLOP/s, bytes/s, s)."""
-    from unity_eq.cost import CostModel
-    from unity_eq.planfile.axes import axis_info
-
-    machine = plan.machine
-    kinds = {}
-    for device in machine.devices:
-        kinds[device.name] = DeviceKindRecord(
-            peak_flops=dict(device.flops),
-            memory_bandwidth_bytes_s=device.memory_bandwidth,
-            memory_bytes=device.memory,
-        )
-    nodes = []
-    for index in sorted(set(machine.node_of)):
-        node = machine.node(index)
-        network = node.network
-        nodes.append(
-            NodeRecord(
-                name=node.name,
-                devices=tuple(d for d, n in enumerate(machine.node_of) if n == index),
-                link=LinkRecord(
-                    name=node.link.name, bandwidth_bytes_s=_finite(node.link.bandwidth), latency_s=node.link.latency
-                ),
-                network=None
-                if network is None
-                else LinkRecord(name=network.name, bandwidth_bytes_s=network.bandwidth, latency_s=network.latency),
-                nics=node.nics,
-            )
-        )
-    model = CostModel(machine, plan.mesh, plan.objective)
-    return MachineRecord(
-        name=machine.name,
-        source=machine.source,
-        devices=machine.device_count,
-        nodes=machine.node_count,
-        device_kinds=kinds,
-        node_list=tuple(nodes),
-        launch_overhead_s=machine.launch_overhead,
-        efficiency=machine.efficiency,
-        memory_fraction=machine.memory_fraction,
-        mesh_axes=tuple(axis_info(model, a) for a in plan.mesh.axes),
-    )

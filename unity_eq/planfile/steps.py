@@ -45,34 +45,22 @@ class WeightStepRecord(_LoadStepFields):
     KIND: ClassVar[str] = "weight"
 
 
+@dataclass(frozen=True, kw_only=True)
 class CollectiveStepRecord(Record):
     """The record of a collective kind's step (``KIND`` is the kind's ``record_kind`` in unity_eq.collectives):
-    explain and the pictures match this class once and look the kind up by ``KIND``."""
+    explain and the pictures match this class once and look the kind up by ``KIND``. A kind over an axis with no
+    dim (reduce, replicate) derives from it directly."""
 
     out: str
     src: str
     axis: str
-    compute_s: float | None
-    communication_s: float | None
+    compute_s: float | None = None
+    communication_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class _DimStepFields(CollectiveStepRecord):  # a collective over an axis along a tensor dim: partition, combine
-    out: str
-    src: str
     dim: int
-    axis: str
-    compute_s: float | None = None
-    communication_s: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class _AxisStepFields(CollectiveStepRecord):  # a collective over an axis with no dim: reduce, replicate
-    out: str
-    src: str
-    axis: str
-    compute_s: float | None = None
-    communication_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,12 +74,12 @@ class CombineStepRecord(_DimStepFields):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReduceStepRecord(_AxisStepFields):
+class ReduceStepRecord(CollectiveStepRecord):
     KIND: ClassVar[str] = "reduce"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplicateStepRecord(_AxisStepFields):
+class ReplicateStepRecord(CollectiveStepRecord):
     KIND: ClassVar[str] = "replicate"
 
 
