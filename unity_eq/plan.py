@@ -91,15 +91,19 @@ InputRef = str | Const | None  # a tensor id, a literal, or an absent optional i
 
 
 @dataclass(frozen=True)
-class LoadInput:
+class _Load:  # a step that loads a named tensor of the model as ``out`` (one kind per source, to match on)
     out: str
     name: str
 
 
 @dataclass(frozen=True)
-class LoadWeight:
-    out: str
-    name: str
+class LoadInput(_Load):
+    """Load the model input ``name``."""
+
+
+@dataclass(frozen=True)
+class LoadWeight(_Load):
+    """Load the weight (an initializer) ``name``."""
 
 
 @dataclass(frozen=True)
