@@ -422,8 +422,8 @@ def test_an_inference_plan_prices_the_attention_lowering_writes() -> None:
 def test_the_flash_backward_recomputes_the_scores_and_writes_no_score_matrix() -> None:
     """Attention's backward is the flash algorithm's (what scaled_dot_product_attention runs in training): about
     2.5 times the forward's arithmetic (five products against two), reading Q, Kᵀ, V, the output and its
-    gradient and writing dQ, dK, dV, never an s × s tensor; with a fill the torch backend runs the composition,
-    whose backward the flat factor prices (no flash work stated)."""
+    gradient and writing dQ, dK, dV, never an s × s tensor; with a fill as well (the torch backend runs the
+    kernel there too)."""
     from unity_eq.ops.attention_costs import attention_flops, backward_work
 
     b, h, s, d = 2, 8, 1024, 64
@@ -436,7 +436,7 @@ def test_the_flash_backward_recomputes_the_scores_and_writes_no_score_matrix() -
     assert work.read + work.written < b * h * s * s  # nothing of size s × s moves
     masked = backward_work("Attention", [q, kt, v, (b, 1, s, s)], q)
     assert masked is not None and masked.read == work.read + b * s * s  # the mask is read, not written
-    assert backward_work("Attention", [q, kt, v, (b, 1, s, s), ()], q) is None
+    assert backward_work("Attention", [q, kt, v, (b, 1, s, s), ()], q) == masked
 
 
 def test_attention_has_its_own_efficiency_class_in_machine_files() -> None:
@@ -487,3 +487,47 @@ def test_onnx_attention_masks_of_every_float_type_load(dtype: int, tmp_path: Pat
     loaded = load_onnx(path, {})
     ops = [n.op_type for n in loaded.nodes]
     assert ops.count("Attention") == 1 and "LessOrEqual" in ops and "Where" in ops, ops
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_the_torch_backend_runs_the_kernel_with_a_fill_and_matches_the_composition(causal: int) -> None:
+    """Every dynamo export of a masked transformer carries the NaN fill, so the torch backend runs
+    scaled_dot_product_attention there too (what the flash price assumes). Its answer and gradients are the
+    composition's: rows hidden by -inf get the fill's row (``fill · V``: 0 and 0.5 tried) and finite gradients;
+    a row hidden by float64's lowest, whose gradient that kernel gets wrong (probabilities recomputed from a
+    rounded log-sum-exp), runs the composition, and so does a -inf row without a fill (NaN, as the model)."""
+    torch = pytest.importorskip("torch")
+    from unity_eq.ops.attention import torch_semantics
+
+    rng = np.random.default_rng(0)
+    q, kt, v = (torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((2, 3, 5, 4), (2, 3, 4, 5),
+                                                                                    (2, 3, 5, 4)))  # fmt: skip
+
+    def composition(mask: Any, fill: Any) -> Any:
+        scores = torch.matmul(q, kt) * 0.7 + mask
+        if causal:
+            scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+        probs = torch.softmax(scores, -1)
+        return torch.matmul(probs if fill is None else torch.where(torch.isnan(probs), fill, probs), v)
+
+    def both(mask: Any, fill: Any) -> tuple[Any, Any]:
+        args = [q, kt, v, mask] + ([] if fill is None else [fill])
+        got = torch_semantics("Attention", args, {"scale": 0.7, "causal": causal})[0]
+        return got, composition(mask, fill)
+
+    hidden = torch.zeros(2, 1, 5, 5, dtype=torch.float64)
+    hidden[1, 0, :, :2] = float("-inf")  # left padding: under the causal mask rows 0 and 1 see no key
+    hidden[0, 0, 3, :] = float("-inf")  # one row that sees no key
+    for fill in (torch.tensor(0.0, dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)):
+        got, want = both(hidden, fill)
+        assert torch.allclose(got, want, atol=1e-12, rtol=0)
+        assert all(bool(torch.isfinite(g).all()) for g in torch.autograd.grad(got.sum(), [q, kt, v]))
+    lowest = torch.where(torch.isinf(hidden), torch.finfo(torch.float64).min, hidden)
+    zero = torch.tensor(0.0, dtype=torch.float64)
+    for mask, fill in ((lowest, zero), (lowest, None), (torch.zeros_like(hidden), None)):
+        got, want = both(mask, fill)
+        assert torch.allclose(got, want, atol=1e-12, rtol=0)
+        grads = torch.autograd.grad(got.sum(), [q, kt, v]), torch.autograd.grad(want.sum(), [q, kt, v])
+        assert all(torch.allclose(a, b, atol=1e-12, rtol=0) for a, b in zip(*grads, strict=True))
+    got, _ = both(hidden, None)
+    assert bool(torch.isnan(got).any())  # the model's own NaN row

@@ -75,15 +75,12 @@ def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape:
     scores block by block (``2·d`` per score), forms dV (``2·d_v``), dP (``2·d_v``), dS (about 5 per score),
     dQ and dK (``2·d`` each), so about 2.5 times the forward's arithmetic, never writing an ``s_q × s_kv``
     tensor; it reads Q, Kᵀ, V, the output, its gradient and a mask, writes dQ, dK and dV, in about three
-    kernels (the ``rowsum(dO·O)`` pre-pass, the main one, dQ's conversion). None with a fill: the torch backend
-    runs that term as its composition (``scaled_dot_product_attention`` gives a fully masked row NaN), whose
-    backward the flat factor prices."""
+    kernels (the ``rowsum(dO·O)`` pre-pass, the main one, dQ's conversion). A fill changes nothing here: the
+    torch backend runs the kernel and fills a fully masked row apart (``attention._kernel_mask``)."""
     q, kt, v = (in_shapes[i] if len(in_shapes) > i else None for i in range(3))
     if q is None or kt is None or v is None:
         return None
-    mask, fill = (in_shapes[i] if len(in_shapes) > i else None for i in (3, 4))
-    if fill is not None:
-        return None
+    mask = in_shapes[3] if len(in_shapes) > 3 else None
     d, s_kv = kt[-2], kt[-1]
     batch_heads = math.prod(out_shape[:-2])
     s_q, d_v = out_shape[-2], out_shape[-1]
