@@ -497,7 +497,7 @@ def test_the_torch_backend_runs_the_kernel_with_a_fill_and_matches_the_compositi
     a row hidden by float64's lowest, whose gradient that kernel gets wrong (probabilities recomputed from a
     rounded log-sum-exp), runs the composition, and so does a -inf row without a fill (NaN, as the model)."""
     torch = pytest.importorskip("torch")
-    from unity_eq.ops.attention import torch_semantics
+    from unity_eq.ops.attention_torch import torch_semantics
 
     rng = np.random.default_rng(0)
     q, kt, v = (torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((2, 3, 5, 4), (2, 3, 4, 5),
