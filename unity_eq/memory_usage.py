@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypedDict
 
 from unity_eq.planfile import MemoryUsageRecord
 
 __all__ = [
     "ZERO_LEVELS",
+    "ByteFields",
     "MemoryUsage",
     "gib",
     "infeasible_message",
@@ -76,6 +78,16 @@ def resident_bytes(weights: float, state: float, zero: int, dp: int, trainable: 
     return constants + sharded * weight_f + min(state, sharded) * gradient_f + max(0.0, state - sharded) * optimizer_f
 
 
+class ByteFields(TypedDict):
+    """A usage's bytes under their plan.json keys: the ``memory`` section and each pipeline stage write these
+    four alike (:meth:`MemoryUsage.byte_fields`)."""
+
+    weight_bytes: float
+    weight_state_bytes: float
+    activation_bytes: float
+    total_bytes: float
+
+
 @dataclass(frozen=True)
 class MemoryUsage:
     """Bytes per device; ``capacity`` is the usable memory of the smallest device of the mesh."""
@@ -101,16 +113,19 @@ class MemoryUsage:
     def fits(self) -> bool:
         return self.total <= self.capacity
 
+    def byte_fields(self) -> ByteFields:
+        """Its bytes as plan.json's records name them (``memory``, a pipeline stage's)."""
+        return {
+            "weight_bytes": self.weights,
+            "weight_state_bytes": self.weight_state,
+            "activation_bytes": self.activations,
+            "total_bytes": self.total,
+        }
+
     def to_record(self) -> MemoryUsageRecord:
         """As plan.json's ``memory`` holds it."""
         return MemoryUsageRecord(
-            weight_bytes=self.weights,
-            weight_state_bytes=self.weight_state,
-            activation_bytes=self.activations,
-            total_bytes=self.total,
-            capacity_bytes=self.capacity,
-            fits=self.fits,
-            gradient_bytes=self.gradients,
+            **self.byte_fields(), capacity_bytes=self.capacity, fits=self.fits, gradient_bytes=self.gradients
         )
 
 

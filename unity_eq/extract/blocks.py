@@ -25,7 +25,7 @@ from unity_eq.extract.baselines import Restriction
 from unity_eq.extract.build import PlanBuilder
 from unity_eq.extract.chooser import Chooser, ExtractionMethod, IlpChooser
 from unity_eq.extract.differentiable import DifferentiableChooser
-from unity_eq.extract.extractor import Extraction, Extractor
+from unity_eq.extract.extractor import Extraction, Extractor, PlanExtractor
 from unity_eq.extract.greedy import dag_cost, greedy_dag, repair_choice
 from unity_eq.extract.pricing import INF
 from unity_eq.ir import Graph, Replicate, Shard
@@ -60,7 +60,7 @@ class _Option:
 
 
 @dataclass
-class BlockExtractor:
+class BlockExtractor(PlanExtractor):
     """Extracts plans for a split model on one mesh, with the interface of :class:`Extractor`."""
 
     saturation: BlockSaturation
@@ -151,12 +151,8 @@ class BlockExtractor:
             roots[key] = sol.data.tensor_class[ids[variant_name(OUT, key)]]
         return roots
 
-    def extract(
-        self,
-        restriction: Restriction | None = None,
-        penalty: float = 0.0,
-        method: str = "greedy",
-        time_limit_s: float = 60.0,
+    def extract_with(
+        self, restriction: Restriction, penalty: float, method: ExtractionMethod, time_limit_s: float
     ) -> Extraction:
         """The cheapest stitched plan: each piece extracted per incoming placement, DP over the cuts.
 
@@ -165,8 +161,6 @@ class BlockExtractor:
         ``method="ilp"`` does that and then solves each exactly (unity_eq.extract.ilp) from the cheaper choice,
         sharing ``time_limit_s`` between them. ``stages`` holds the stitched plan after each.
         """
-        method = ExtractionMethod.checked(method)
-        restriction = restriction or Restriction()
         options: dict[tuple[str, Key | None], _Option] = {}
         for signature, sol in self.saturation.solutions.items():
             totals = self.extractors[signature].totals(restriction, penalty)

@@ -6,6 +6,7 @@ starts from the cheaper of the two.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -51,7 +52,32 @@ class Extraction:
     stages: dict[str, Plan] = field(default_factory=dict)
 
 
-class Extractor:
+class PlanExtractor(ABC):
+    """What the search extracts plans with: :class:`Extractor` (one e-graph) or the block DP (pieces,
+    unity_eq.extract.blocks.BlockExtractor). :meth:`extract` states the options and their defaults once, for
+    both; each implements :meth:`extract_with`."""
+
+    def extract(
+        self,
+        restriction: Restriction | None = None,
+        penalty: float = 0.0,
+        method: str = "greedy",
+        time_limit_s: float = 60.0,
+    ) -> Extraction:
+        """The cheapest plan using only nodes ``restriction`` allows (by default, any); ``penalty`` adds seconds
+        per byte of the node memory proxy to steer towards plans that fit. ``method`` names the chain of
+        choosers (unity_eq.extract.chooser.chooser_chain): the ILP gets ``time_limit_s``. ``stages`` holds the
+        plan after each chooser."""
+        return self.extract_with(restriction or Restriction(), penalty, ExtractionMethod.checked(method), time_limit_s)
+
+    @abstractmethod
+    def extract_with(
+        self, restriction: Restriction, penalty: float, method: ExtractionMethod, time_limit_s: float
+    ) -> Extraction:
+        """:meth:`extract` with its options filled in and checked."""
+
+
+class Extractor(PlanExtractor):
     """Extracts plans from one saturated e-graph under one cost model, sharing the pricing between runs."""
 
     def __init__(
@@ -154,17 +180,11 @@ class Extractor:
             relaxed = DifferentiableChooser(memory=self.node_memory(), budget=capacity, layout=self.relax_layout())
         return chooser_chain(method, self.parents, time_limit_s, relaxed)
 
-    def extract(
-        self,
-        restriction: Restriction | None = None,
-        penalty: float = 0.0,
-        method: str = "greedy",
-        time_limit_s: float = 60.0,
+    def extract_with(
+        self, restriction: Restriction, penalty: float, method: ExtractionMethod, time_limit_s: float
     ) -> Extraction:
-        """The cheapest plan using only nodes ``restriction`` allows; ``penalty`` adds seconds per byte of the
-        node memory proxy to steer towards plans that fit. ``method`` names the chain of choosers
-        (:meth:`choosers`): the ILP gets ``time_limit_s``. ``stages`` holds the plan after each chooser."""
-        restriction = restriction or Restriction()
+        """The chain of choosers of ``method`` (:meth:`choosers`) on the e-graph, each from the previous one's
+        choice; a chooser that keeps its start keeps its plan."""
         totals = self.totals(restriction, penalty)
         choice: Choice | None = None
         reports = []

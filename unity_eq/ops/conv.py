@@ -25,14 +25,15 @@ from unity_eq.ops.cases import (
     window_pairs,
     window_product,
 )
-from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
+from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, str_attr, tensor
 from unity_eq.ops.tensors import (
+    InShapes,
     Shape,
     need,
     out_dtype,
     pool_out,
-    product_backward,
+    product_hooks,
     window_attrs,
     window_defaults,
     window_positions,
@@ -248,18 +249,12 @@ def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
     return v
 
 
-def saved(op: str) -> Saved:
-    """Conv keeps its input and its kernel (each one's gradient is a convolution with the other); the bias
-    needs nothing."""
-    return Saved(inputs=("X", "W"))
-
-
-def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work:
-    """Two convolutions of the forward's FLOPs each (the input's gradient, a transposed convolution; the
-    weight's, a correlation of the input with the gradient), each reading the gradient and the other operand;
-    a bias adds a sum of the gradient per channel."""
-    bias = in_shapes[2] if len(in_shapes) > 2 else None
-    return product_backward(flops(op, in_shapes, out_shape), in_shapes, out_shape, bias)
+def _bias(in_shapes: InShapes) -> Sequence[int] | None:
+    """The bias, whose gradient is a sum of the output's gradient per channel. The backward is two convolutions
+    of the forward's FLOPs each (the input's gradient, a transposed convolution; the weight's, a correlation of
+    the input with the gradient), each reading the gradient and the other operand, so Conv keeps its input and
+    its kernel (:func:`~unity_eq.ops.tensors.product_hooks`); the bias needs nothing."""
+    return in_shapes[2] if len(in_shapes) > 2 else None
 
 
 CONV = OpFamily(
@@ -275,5 +270,6 @@ CONV = OpFamily(
         " of 2 and 1 (M = 2, 4), width-1 windows"
     ),
     compute_class="gemm",
+    **product_hooks(("X", "W"), flops, _bias),
     **OpFamily.hooks_in(globals()),
 )

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.cases import broadcast_positions, broadcastable_to
-from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, Saved, ShapeError, Work
+from unity_eq.ops.family import Instance, InstanceRanges, OpFamily, ShapeError
 from unity_eq.ops.spec import Family, OpSpec, float_attr, int_attr, tensor
-from unity_eq.ops.tensors import Shape, bcast, need, product_backward
+from unity_eq.ops.tensors import InShapes, Shape, bcast, need, product_hooks
 
 __all__ = ["MATMUL"]
 
@@ -319,19 +319,14 @@ def axioms(v: Any) -> None:
     _axioms_gemm(v)
 
 
-def saved(op: str) -> Saved:
-    """MatMul and Gemm keep both operands (each one's gradient is the other times the output's); Gemm's C, a
-    bias, needs nothing. A weight operand is counted with the weights, an activation operand as stored."""
-    return Saved(inputs=("A", "B"))
-
-
-def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work:
-    """Two GEMMs of the forward's FLOPs each: ``dA = dY · Bᵀ`` (reads the gradient and B, writes A's size) and
-    ``dB = Aᵀ · dY`` (reads A and the gradient, writes B's; a B broadcast over A's batch is summed inside the
-    GEMM); Gemm's bias C adds a sum of the gradient over its broadcast dims."""
+def _bias(in_shapes: InShapes) -> Sequence[int] | None:
+    """Gemm's C, a bias whose gradient is a sum of the output's over its broadcast dims (none for a scalar C).
+    The backward is two GEMMs of the forward's FLOPs each: ``dA = dY · Bᵀ`` (reads the gradient and B, writes
+    A's size) and ``dB = Aᵀ · dY`` (reads A and the gradient, writes B's; a B broadcast over A's batch is summed
+    inside the GEMM), so MatMul and Gemm keep both operands (:func:`~unity_eq.ops.tensors.product_hooks`); C
+    needs nothing. A weight operand is counted with the weights, an activation operand as stored."""
     c = in_shapes[2] if len(in_shapes) > 2 else None
-    bias = c if c is not None and math.prod(c) > 1 else None
-    return product_backward(flops(op, in_shapes, out_shape), in_shapes, out_shape, bias)
+    return c if c is not None and math.prod(c) > 1 else None
 
 
 MATMUL = OpFamily(
@@ -345,5 +340,6 @@ MATMUL = OpFamily(
         " ([], [1], [n], [1, 1], [1, n], [m, 1], [m, n])"
     ),
     compute_class="gemm",
+    **product_hooks(("A", "B"), flops, _bias),
     **OpFamily.hooks_in(globals()),
 )

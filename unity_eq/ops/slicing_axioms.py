@@ -20,6 +20,15 @@ def axioms(v: Any) -> None:
     # (issue 21: `d != axis` alone let a rule split the dim that axis -1 cuts); a list has no rank here, so
     # Concat's axiom holds for axes written non-negative (the bounded cases spell them negative too)
     rank = v.vlen(v.shape(x))
+
+    def commutes(op: str, bound: list[Any], guard: Any, *args: Any, to: Any = d) -> None:
+        """``op`` (its axioms' group) on the chunk along ``d`` of ``x`` is the chunk along ``to`` (where its
+        result holds that dim: ``d`` unless said) of ``op`` on ``x`` where ``guard`` holds, for every ``bound``
+        value; the chunked side is the trigger. Split, Slice and Gather's data each state it."""
+        fn = v.op(op)
+        chunked = fn(ch(x, d, i, n), *args)
+        v.add(op, FA(bound, z3.Implies(guard, chunked == ch(fn(x, *args), to, i, n)), patterns=[chunked]))
+
     cc = v.op("Concat")
     v.add(
         "Concat",
@@ -56,37 +65,13 @@ def axioms(v: Any) -> None:
             patterns=[v.list_div(v.cons(x, lst), d, n)],
         ),
     )
-    sp = v.op("Split")
-    v.add(
-        "Split",
-        FA(
-            [x, s, axis, k, d, i, n],
-            z3.Implies(
-                z3.And(d >= 0, d != axis, d != axis + rank),
-                sp(ch(x, d, i, n), s, axis, k) == ch(sp(x, s, axis, k), d, i, n),
-            ),
-            patterns=[sp(ch(x, d, i, n), s, axis, k)],
-        ),
-    )
-    sl = v.op("Slice")
+    commutes("Split", [x, s, axis, k, d, i, n], z3.And(d >= 0, d != axis, d != axis + rank), s, axis, k)
     s3 = z3.Const("s3", v.V)
-    v.add(
-        "Slice",
-        FA(
-            [x, s, s2, axes, s3, d, i, n],
-            z3.Implies(
-                # axes given: without them ONNX slices dims 0 .. len(starts) − 1, which "d not in axes" misses
-                z3.And(
-                    d >= 0,
-                    v.vlen(axes) > 0,
-                    z3.Not(rel["vec-contains"](axes, d)),
-                    z3.Not(rel["vec-contains"](axes, d - rank)),
-                ),
-                sl(ch(x, d, i, n), s, s2, axes, s3) == ch(sl(x, s, s2, axes, s3), d, i, n),
-            ),
-            patterns=[sl(ch(x, d, i, n), s, s2, axes, s3)],
-        ),
+    # axes given: without them ONNX slices dims 0 .. len(starts) − 1, which "d not in axes" misses
+    not_sliced = z3.And(
+        d >= 0, v.vlen(axes) > 0, z3.Not(rel["vec-contains"](axes, d)), z3.Not(rel["vec-contains"](axes, d - rank))
     )
+    commutes("Slice", [x, s, s2, axes, s3, d, i, n], not_sliced, s, s2, axes, s3)
     ga = v.op("Gather")
     v.add(
         "Gather",
@@ -96,25 +81,7 @@ def axioms(v: Any) -> None:
             patterns=[ga(x, ch(idx, d, i, n), axis)],
         ),
     )
-    v.add(
-        "Gather",
-        FA(
-            [x, idx, axis, d, i, n],
-            z3.Implies(
-                z3.And(d >= 0, d < z3.If(axis < 0, axis + rank, axis)),
-                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d, i, n),
-            ),
-            patterns=[ga(ch(x, d, i, n), idx, axis)],
-        ),
-    )
-    v.add(
-        "Gather",
-        FA(
-            [x, idx, axis, d, i, n],
-            z3.Implies(
-                z3.And(d < rank, d > z3.If(axis < 0, axis + rank, axis)),
-                ga(ch(x, d, i, n), idx, axis) == ch(ga(x, idx, axis), d + v.vlen(v.shape(idx)) - 1, i, n),
-            ),
-            patterns=[ga(ch(x, d, i, n), idx, axis)],
-        ),
-    )
+    gathered = z3.If(axis < 0, axis + rank, axis)  # the data's dim the indices replace
+    commutes("Gather", [x, idx, axis, d, i, n], z3.And(d >= 0, d < gathered), idx, axis)
+    beyond = z3.And(d < rank, d > gathered)  # a later dim: after the indices' dims
+    commutes("Gather", [x, idx, axis, d, i, n], beyond, idx, axis, to=d + v.vlen(v.shape(idx)) - 1)

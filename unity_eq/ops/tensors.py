@@ -11,13 +11,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
-from unity_eq.ops.family import NotModeled, ShapeError, Work
+from unity_eq.ops.family import NotModeled, Saved, ShapeError, Work
 
 __all__ = [
+    "InShapes",
+    "ProductHooks",
     "Shape",
     "bcast",
     "check_axis",
@@ -27,6 +29,7 @@ __all__ = [
     "out_dtype",
     "pool_out",
     "product_backward",
+    "product_hooks",
     "reduce_elements",
     "window_attrs",
     "window_defaults",
@@ -35,6 +38,9 @@ __all__ = [
 ]
 
 Shape = tuple[int, ...]
+
+#: The input shapes an op gets, as :data:`~unity_eq.ops.family.WorkFn` does (an absent operand is None).
+InShapes = Sequence[Sequence[int] | None]
 
 
 def need(shape: Any) -> Shape:
@@ -200,3 +206,29 @@ def product_backward(
     if bias is not None:
         work = work + Work(float(n), float(n), float(math.prod(bias)))
     return work
+
+
+class ProductHooks(TypedDict):
+    """The hooks :func:`product_hooks` makes, by their :class:`~unity_eq.ops.family.OpFamily` field names."""
+
+    saved: Callable[[str], Saved]
+    backward_work: Callable[[str, InShapes, Sequence[int]], Work]
+
+
+def product_hooks(
+    operands: tuple[str, str],
+    flops: Callable[[str, InShapes, Sequence[int]], float],
+    bias_of: Callable[[InShapes], Sequence[int] | None],
+) -> ProductHooks:
+    """The ``saved`` and ``backward_work`` hooks of a family of products of two ``operands`` (MatMul and Gemm,
+    Conv), passed by keyword to its OpFamily: the backward keeps both operands (each one's gradient is the
+    other times the output's; a bias needs nothing) and is :func:`product_backward` of the forward's ``flops``.
+    ``bias_of`` says which bias, from the input shapes, adds a sum of the gradient (None: none does)."""
+
+    def saved(op: str) -> Saved:
+        return Saved(inputs=operands)
+
+    def backward_work(op: str, in_shapes: InShapes, out_shape: Sequence[int]) -> Work:
+        return product_backward(flops(op, in_shapes, out_shape), in_shapes, out_shape, bias_of(in_shapes))
+
+    return {"saved": saved, "backward_work": backward_work}

@@ -71,7 +71,6 @@ def pipeline_record(
     receives = side_receives(pieces, best.cuts)
     later = set().union(*receives)
     for s, (i, j) in enumerate(best.cuts):
-        memory = best.memory[s]
         stages.append(
             StageRecord(
                 index=s,
@@ -86,10 +85,7 @@ def pipeline_record(
                 device=machine.devices[best.devices[s][0]].name,
                 recomputes=best.recomputed[s] if best.recomputed else False,
                 seconds=best.stage_s[s],
-                weight_bytes=memory.weights,
-                weight_state_bytes=memory.weight_state,
-                activation_bytes=memory.activations,
-                total_bytes=memory.total,
+                **best.memory[s].byte_fields(),
             )
         )
     return PipelinePlanRecord(

@@ -77,9 +77,9 @@ def predicted_collectives(
         source = "activation" if step.src in from_inputs else "weight"
         add((back.name, step.axis, kind.phase(source) or "backward"), _local_bytes(record, step.src))
     if recompute:
-        for (kind, axis, phase), (count, nbytes) in list(out.items()):
+        for (name, axis, phase), (count, nbytes) in list(out.items()):
             if phase == "forward":
-                out[(kind, axis, "recompute")] = [count, nbytes]
+                out[(name, axis, "recompute")] = [count, nbytes]
     if zero and zero_axis is not None and sizes[zero_axis] > 1:
         for key, (count, nbytes) in zero_collectives(zero, zero_axis, list(sharded.values())).items():
             entry = out.setdefault(key, [0, 0])
