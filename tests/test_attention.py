@@ -531,3 +531,40 @@ def test_the_torch_backend_runs_the_kernel_with_a_fill_and_matches_the_compositi
         assert all(torch.allclose(a, b, atol=1e-12, rtol=0) for a, b in zip(*grads, strict=True))
     got, _ = both(hidden, None)
     assert bool(torch.isnan(got).any())  # the model's own NaN row
+
+
+def test_the_composition_price_counts_the_scale_and_the_causal_passes_lowering_writes(tmp_path: Path) -> None:
+    """An inference plan of an Attention term with a mask runs the composition, where a scale other than 1
+    writes a Mul and ``causal`` an Add of a constant bias over the ``s × s`` scores: the price reads the term's
+    attributes (``OpFamily.priced_attrs``) from its e-node in extraction and from its plan step when the plan is
+    priced again, and both count those passes (ONNX's Attention node with scale 0.3 and is_causal 1)."""
+    from unity_eq import optimize
+    from unity_eq.ops.attention_costs import lowered_work
+
+    b, h, s, d = 2, 4, 64, 16
+    qkv, kt, mask = (b, h, s, d), (b, h, d, s), (b, 1, s, s)
+    plain = lowered_work("Attention", [qkv, kt, qkv, mask], qkv, "float32", {})
+    both = lowered_work("Attention", [qkv, kt, qkv, mask], qkv, "float32", {"scale": 0.3, "causal": 1})
+    assert plain is not None and both is not None
+    scores = b * h * s * s
+    assert both.read - plain.read == 2 * scores + s * s  # the Mul's and the causal Add's reads, and the bias
+    assert both.written - plain.written == 2 * scores and both.kernels == plain.kernels + 2
+    # without a mask (and float32, GQA heads that divide) the fused op is written: its flash price, attributes
+    # or not; with heads that do not divide the composition is written and priced so
+    assert lowered_work("Attention", [qkv, kt, qkv], qkv, "float32", {"scale": 0.3}) is None
+    assert lowered_work("Attention", [qkv, (b, 3, d, s), (b, 3, s, d)], qkv, "float32", {}) is not None
+
+    model = _onnx_attention_model(tmp_path / "a.onnx", qkv, qkv, mask, scale=0.3, is_causal=1)
+    plan = optimize(model, devices=1, plan_only=True).plan
+    step = next(i for i, st in enumerate(plan.steps) if getattr(st, "op_type", "") == "Attention")
+    assert dict(plan.steps[step].attrs) == {"scale": pytest.approx(0.3), "causal": 1}
+    again = price_plan(plan, CostModel(plan.machine, plan.mesh, plan.objective))
+    assert again[step].total == pytest.approx(plan.step_costs[step].total, rel=1e-12)
+    unscaled = CostModel(plan.machine, plan.mesh, plan.objective)
+    from unity_eq.report import step_instance
+
+    instance = step_instance(plan, plan.steps[step], plan.steps[step].outputs[0], plan.mesh)
+    assert dict(instance.attrs) == {"scale": pytest.approx(0.3), "causal": 1}
+    bare = OpInstance(*(getattr(instance, f) for f in ("op_type", "in_shapes", "in_bytes", "out_shape", "out_bytes",
+                                                        "dtype", "outputs")))  # fmt: skip
+    assert unscaled.compute(instance).total > unscaled.compute(bare).total

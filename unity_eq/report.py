@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from typing_extensions import assert_never
@@ -32,6 +32,7 @@ from typing_extensions import assert_never
 from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
 from unity_eq.ir import Mesh, Replicate
 from unity_eq.memory import tensor_kinds
+from unity_eq.ops.registry import family_for, spec_for
 from unity_eq.plan import CollectiveStep, Compute, LoadInput, LoadWeight, Plan, Step
 from unity_eq.planfile import AxisTrafficRecord, CostRecord, OverlapRecord, ParallelismRecord
 
@@ -106,8 +107,24 @@ def step_instance(plan: Plan, step: Compute, out: str, mesh: Mesh) -> OpInstance
     tensor = plan.tensors[out]
     out_bytes = float(tensor.local_bytes(mesh))
     return OpInstance(
-        step.op_type, in_shapes, in_bytes, tensor.local_shape(mesh), out_bytes, tensor.dtype, len(step.outputs)
+        step.op_type,
+        in_shapes,
+        in_bytes,
+        tensor.local_shape(mesh),
+        out_bytes,
+        tensor.dtype,
+        len(step.outputs),
+        priced_attrs(step.op_type, step.attrs),
     )
+
+
+def priced_attrs(op_type: str, attrs: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The attributes an op's family prices by (``OpFamily.priced_attrs``), from a plan step's ``attrs`` (an
+    attribute the step leaves out takes its spec's default), as its e-node gave them to extraction's price."""
+    family, spec = family_for(op_type), spec_for(op_type)
+    if family is None or spec is None:
+        return ()
+    return tuple((n, attrs.get(n, spec.args[spec.arg_index(n)].default)) for n in family.priced_attrs)
 
 
 def price_plan(plan: Plan, model: CostModel) -> list[Cost]:

@@ -45,7 +45,7 @@ def forward_work(op: OpInstance, lowered: bool = False) -> Work:
     op's dtype (``OpFamily.lowered_work``: Attention in bfloat16 is written as its composition)."""
     family = family_for(op.op_type)
     if lowered and family is not None and family.lowered_work is not None:
-        work = family.lowered_work(op.op_type, op.in_shapes, op.out_shape, op.dtype)
+        work = family.lowered_work(op.op_type, op.in_shapes, op.out_shape, op.dtype, dict(op.attrs))
         if work is not None:
             return work
     if family is not None and family.forward_work is not None:

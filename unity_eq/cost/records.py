@@ -4,6 +4,7 @@ a price (:class:`Cost`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class OpInstance:
     out_bytes: float
     dtype: str
     outputs: int = 1
+    #: the values of the attributes its family prices by (``OpFamily.priced_attrs``), as (name, value) pairs
+    attrs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         # an absent optional operand is None in its position; trailing ones are left out, as a plan step leaves

@@ -16,7 +16,7 @@ from unity_eq.cost import ZERO, Cost, CostModel, OpInstance
 from unity_eq.dtypes import is_float
 from unity_eq.egraph import ClassRef, EClass, EGraphData, ENode
 from unity_eq.ir import Partial, Placement, Replicate, Shard
-from unity_eq.ops.registry import spec_for
+from unity_eq.ops.registry import family_for, spec_for
 
 INF = math.inf
 
@@ -297,7 +297,9 @@ def enode_instance(
     sizes = spec.output_sizes_in(node.args) if spec is not None else None
     outputs = len(sizes) if sizes else 1
     out_bytes = class_bytes(cls.id, data, locals_)
-    return OpInstance(str(op), tuple(in_shapes), in_bytes, tuple(out_shape), out_bytes, cls.dtype or "", outputs)
+    family = family_for(node.op)
+    attrs = tuple((n, node.args[spec.arg_index(n)]) for n in family.priced_attrs) if family and spec else ()
+    return OpInstance(str(op), tuple(in_shapes), in_bytes, tuple(out_shape), out_bytes, cls.dtype or "", outputs, attrs)
 
 
 CostTable = Mapping[str, Cost] | Mapping[str, float]

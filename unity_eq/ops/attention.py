@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 
 from unity_eq.ops.attention_costs import (
-    FUSED_LOWERING_DTYPES,
     attention_flops,
     attention_saved_bytes,
     backward_work,
     flops,
+    fused_lowering_fits,
     lowered_work,
 )
 from unity_eq.ops.attention_torch import torch_semantics
@@ -246,21 +246,18 @@ def lower(
 
 
 def _fused_lowering_fits(inputs: Sequence[str], ctx: LowerContext) -> bool:
-    """ONNX's Attention takes (b, h, s, d) operands whose heads divide (grouped-query attention), and no mask:
+    """ONNX's Attention (``attention_costs.fused_lowering_fits``, which the price asks too) takes (b, h, s, d)
+    operands whose heads divide (grouped-query attention), and no mask:
     onnxruntime's kernel gives a row whose every key is masked zeros, where the composition (and the model it
     came from) gives the mean of V's rows when the mask is finite (the dynamo exports mask with float32's
     lowest value, so a left-padded sequence under a causal mask has such rows) and NaN when it is −inf. A
     mask is a runtime input, so whether a row is fully masked is not known here: with a mask the composition
     is written (issue 26's audit: `run` gave those rows zeros, exit 0). Without a mask no row is fully masked
     (a causal one keeps key 0 for every query), so a fill changes nothing there."""
-    if ctx.opset() < ONNX_ATTENTION_OPSET or ctx.dtype(0) not in tuple(np.dtype(d) for d in FUSED_LOWERING_DTYPES):
-        return False
     q, kt, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
-    if q is None or kt is None or v is None or not len(q) == len(kt) == len(v) == 4:
+    if ctx.opset() < ONNX_ATTENTION_OPSET or q is None or kt is None:
         return False
-    if q[0] != kt[0] or kt[0] != v[0] or kt[1] != v[1] or q[1] % kt[1]:
-        return False
-    return not inputs[3]
+    return fused_lowering_fits(np.dtype(ctx.dtype(0)).name, q, kt, v, bool(inputs[3]))
 
 
 def _lower_fused(
@@ -342,6 +339,7 @@ ATTENTION = OpFamily(
     instances=instances,
     flops=flops,
     lowered_work=lowered_work,
+    priced_attrs=("scale", "causal"),
     backward_work=backward_work,
     compute_class="attention",
     ranges=(

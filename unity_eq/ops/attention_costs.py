@@ -5,7 +5,8 @@ kernel), the composition's memory traffic, which an inference plan's device prog
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from unity_eq.ops.family import Work
 
@@ -15,6 +16,7 @@ __all__ = [
     "attention_saved_bytes",
     "backward_work",
     "flops",
+    "fused_lowering_fits",
     "lowered_work",
 ]
 
@@ -43,31 +45,49 @@ FUSED_LOWERING_DTYPES = ("float32", "float16")
 
 
 def lowered_work(
-    op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int], dtype: str
+    op: str,
+    in_shapes: Sequence[Sequence[int] | None],
+    out_shape: Sequence[int],
+    dtype: str,
+    attrs: Mapping[str, Any],
 ) -> Work | None:
-    """The device program's forward where lowering writes the composition (a dtype outside
-    :data:`FUSED_LOWERING_DTYPES`, operands not of rank 4, a mask: onnxruntime's kernel zeroes a fully masked row,
-    the composition does not): the scores' MatMul writes the ``s_q × s_kv`` scores,
-    the mask's Add (when there is a mask) reads and writes them, Softmax reads them and writes the
-    probabilities, the fill's IsNaN and Where (when there is a fill) read and write them, and the last MatMul
-    reads them; None where the fused op is written (its flash price, the default). Streaming kernels: priced
-    at the ``memory`` class's efficiency, not the fused kernel's."""
+    """The device program's forward where lowering writes the composition (:func:`fused_lowering_fits` says
+    where it does not): the scores' MatMul writes the ``s_q × s_kv`` scores, the scale's Mul (``scale`` not 1)
+    reads and writes them, the mask's Add (when there is a mask) and the causal Add (``causal``: a constant
+    ``s_q × s_kv`` bias) read and write them, Softmax reads them and writes the probabilities, the fill's IsNaN
+    and Where (when there is a fill) read and write them, and the last MatMul reads them; None where the fused
+    op is written (its flash price, the default). Streaming kernels: priced at the ``memory`` class's
+    efficiency, not the fused kernel's."""
     q, kt = in_shapes[0], in_shapes[1]
     if q is None or kt is None:
         return None
     v, mask, fill = (in_shapes[i] if len(in_shapes) > i else None for i in (2, 3, 4))
-    if dtype in FUSED_LOWERING_DTYPES and mask is None and all(s is None or len(s) == 4 for s in in_shapes[:3]):
+    if fused_lowering_fits(dtype, q, kt, v, mask is not None):
         return None
     scores = float(math.prod((*out_shape[:-1], kt[-1])))
     size = [float(math.prod(s)) if s is not None else 0.0 for s in (q, kt, v, mask)]
     read = size[0] + size[1] + scores + scores + size[2]  # the two MatMuls and Softmax
     written = scores + scores + float(math.prod(out_shape))
     kernels = 3.0
+    if float(attrs.get("scale", 1.0)) != 1.0:
+        read, written, kernels = read + scores, written + scores, kernels + 1
     if mask is not None:
         read, written, kernels = read + scores + size[3], written + scores, kernels + 1
+    if int(attrs.get("causal", 0)):
+        read, written, kernels = read + scores + float(out_shape[-2] * kt[-1]), written + scores, kernels + 1
     if fill is not None:
         read, written, kernels = read + 2 * scores, written + 2 * scores, kernels + 2
     return Work(attention_flops(q, kt, out_shape), read, written, kernels, compute_class="memory")
+
+
+def fused_lowering_fits(dtype: str, q: Sequence[int], kt: Sequence[int], v: Sequence[int] | None, masked: bool) -> bool:
+    """Where lowering writes ONNX's fused ``Attention`` (onnxruntime's kernel, opset 23) for local shapes: a
+    dtype of :data:`FUSED_LOWERING_DTYPES`, (b, h, s, d) operands whose batch agrees and whose query heads are
+    a multiple of the key/value heads (grouped-query attention), and no mask (attention.py's
+    ``_fused_lowering_fits`` asks this of the device graph it writes)."""
+    if dtype not in FUSED_LOWERING_DTYPES or masked or v is None or not len(q) == len(kt) == len(v) == 4:
+        return False
+    return q[0] == kt[0] == v[0] and kt[1] == v[1] and q[1] % kt[1] == 0
 
 
 def backward_work(op: str, in_shapes: Sequence[Sequence[int] | None], out_shape: Sequence[int]) -> Work | None:

@@ -169,8 +169,9 @@ FREE = Work(kernels=0.0)
 #: as :meth:`OpFamily.flops` gets them); None for an op it does not model (the cost model's default then).
 WorkFn = Callable[[str, Sequence[Sequence[int] | None], Sequence[int]], "Work | None"]
 #: The forward work of what lowering writes for the op in this dtype, where that is not the op's own kernel:
-#: ``(op, in_shapes, out_shape, dtype)``; None where lowering writes the op's kernel.
-LoweredWorkFn = Callable[[str, Sequence[Sequence[int] | None], Sequence[int], str], "Work | None"]
+#: ``(op, in_shapes, out_shape, dtype, attrs)`` (``attrs``: the family's ``priced_attrs`` by name); None where
+#: lowering writes the op's kernel.
+LoweredWorkFn = Callable[[str, Sequence[Sequence[int] | None], Sequence[int], str, Mapping[str, Any]], "Work | None"]
 
 
 class LowerContext(Protocol):
@@ -256,6 +257,9 @@ class OpFamily:
     # the device program's forward where lowering writes something else than the op's kernel for a dtype (an
     # inference plan runs that program; a training plan runs the torch backend, whose kernel forward_work prices)
     lowered_work: LoweredWorkFn | None = None
+    # the attributes its prices read (``lowered_work``'s: Attention's scale and causal add passes to the
+    # composition lowering writes), carried in the op's cost instance from its e-node or plan step
+    priced_attrs: tuple[str, ...] = ()
     compute_class: str = "memory"  # one of COMPUTE_CLASSES: which of the machine's efficiencies applies
     compute_classes: Mapping[str, str] = field(default_factory=dict)  # an op's own class, where it differs
     # (op, inputs, outputs, attrs, ctx) -> a list of onnx.NodeProto
