@@ -1054,3 +1054,140 @@ def _sum_halves_rank3() -> tuple[Side, Side]:
             s(run("Slice", run("Add", a, b), i64(1), i64(2), i64(2), i64(1))),
         )
     )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The sixth adversary: empty tensors (a dim of 0), float32 rounding the stressed pool does not hit (a comparison,
+# a negative base under Pow), sizes the instances lack (three-operand Concat, a rank 2 -> 3 Reshape, an odd
+# rank-4 head dim, three causal queries), a broadcast operand under a dim cut on both axes of a 2-D mesh, a
+# Concat list's element rank, one dim named twice in axes.
+
+
+# ------------------------------------------------------------------------------ empty tensors (a dim of 0)
+@counterexample("adv6-empty-reducesum-singleton-le1")
+def _empty_reducesum() -> tuple[Side, Side]:
+    # x [0, 3] (an empty KV cache): the sum over dim 0 is [1, 3] of zeros
+    x = np.zeros((0, 3), np.float32)
+    return (lambda: run("ReduceSum", x, i64(0), keepdims=1)), (lambda: x)
+
+
+@counterexample("adv6-empty-matmul-k-le1-as-outer")
+def _empty_matmul() -> tuple[Side, Side]:
+    # K = 0: MatMul gives zeros [2, 3]; Mul of [2, 0] and [0, 3] does not broadcast, onnxruntime refuses it
+    a, b = np.zeros((2, 0), np.float32), np.zeros((0, 3), np.float32)
+    return (lambda: run("MatMul", a, b)), (lambda: run("Mul", a, b))
+
+
+# ------------------------------------------------------------------ float32 rounding into a comparison
+@counterexample("adv6-f32-equal-cancel-nonzero-factor")
+def _f32_equal_factor() -> tuple[Side, Side]:
+    # a = 2 - 2^-23, b = 2 - 2^-22 (neighbouring floats), c = 1 + 2^-23: both products round to 2
+    a, b, c = (np.array([v], np.float32) for v in (2 - 2**-23, 2 - 2**-22, 1 + 2**-23))
+    return (lambda: run("Equal", run("Mul", a, c), run("Mul", b, c))), (lambda: run("Equal", a, b))
+
+
+@counterexample("adv6-f32-equal-cancel-nonzero-divisor")
+def _f32_equal_divisor() -> tuple[Side, Side]:
+    # neighbouring floats a, b (exact float32 values): a / c and b / c both round to 1.5877151
+    a, b, c = (np.array([v], np.float32) for v in (1.9315895, 1.9315896, 1.2165844))
+    return (lambda: run("Equal", run("Div", a, c), run("Div", b, c))), (lambda: run("Equal", a, b))
+
+
+# ------------------------------------------------------------------ float32 rounding into Pow's exponent
+@counterexample("adv6-f32-pow-exponent-cancel-addend")
+def _f32_pow_exponent() -> tuple[Side, Side]:
+    # (2 + 0.1) - 0.1 is 1.9999999 in float32, and (-2) ** 1.9999999 is NaN where (-2) ** 2 = 4
+    a, b, c = (np.array([v], np.float32) for v in (-2.0, 2.0, 0.1))
+    return (lambda: run("Pow", a, run("Sub", run("Add", b, c), c))), (lambda: run("Pow", a, b))
+
+
+# ------------------------------------------------------------------ three-operand Concat, sizes above 2
+@counterexample("adv6-concat3-rank3-middle-third")
+def _concat3_middle_third() -> tuple[Side, Side]:
+    # a, c [1, 1, 1], b [1, 1, 4], k = 2: the Concat is 6 long, and its middle third (2, 2, 2) is [b1, b2]
+    a, b, c = f32((1, 1, 1)), f32((1, 1, 4), 1), f32((1, 1, 1), 2)
+    return (lambda: run("Split", run("Concat", a, b, c, axis=2), i64(2, 2, 2), axis=2, outputs=3, index=1)), (lambda: b)
+
+
+# ------------------------------------------------------- a dim cut on both axes, a broadcast operand
+@counterexample("adv6-2axis-residual-sum-split-both-operands")
+def _residual_sum_2axis() -> tuple[Side, Side]:
+    # mesh dp = 2 x tp = 2, d = 1, axes (2): y [1, 4, 1, 1] is broadcast along dim 2 of x [1, 4, 2, 1], so the
+    # left-hand side adds it twice per row and the right-hand side's own sum of y once
+    x, y, axes = f32((1, 4, 2, 1)), f32((1, 4, 1, 1), 1), i64(2)
+
+    def side(t):
+        # device (i, j) holds chunk j (on tp) of chunk i (on dp); Combine on tp, then on dp
+        blocks = [[run("ReduceSum", q, axes, keepdims=1) for q in chunks(p, 1, 2)] for p in chunks(t, 1, 2)]
+        return gather([gather(row, 1) for row in blocks], 1)
+
+    return (lambda: run("ReduceSum", run("Add", x, y), axes, keepdims=1)), (lambda: run("Add", side(x), side(y)))
+
+
+# ------------------------------------------------------------------ RoPE pairs: rank 2 -> 3 Reshape
+@counterexample("adv6-rope-pairs-reshape-split-features")
+def _rope_pairs_split() -> tuple[Side, Side]:
+    # x [1, 6], mesh 2: 6 is even and >= 2 * 2, but each device's [1, 3] holds 1.5 pairs
+    x, t = f32((1, 6)), i64(1, -1, 2)
+    return (lambda: run("Reshape", x, t)), (lambda: gather([run("Reshape", p, t) for p in chunks(x, 1, 2)], 1))
+
+
+# ------------------------------------------------------------------ rank-4 MatMul, an odd head dim
+@counterexample("adv6-rank4-scores-matmul-head-dim-halves")
+def _matmul_head_dim_halves() -> tuple[Side, Side]:
+    # head dim 3: h = 1, and a Split (1, 1) of a dim of 3 is refused (read as the first 2 h columns, it would
+    # leave the third term out)
+    a, b, s = f32((1, 1, 1, 3)), f32((1, 1, 3, 1), 1), i64(1, 1)
+
+    def half(k):
+        return run(
+            "MatMul", run("Split", a, s, axis=3, outputs=2, index=k), run("Split", b, s, axis=2, outputs=2, index=k)
+        )
+
+    return (lambda: run("MatMul", a, b)), (lambda: run("Add", half(0), half(1)))
+
+
+# ------------------------------------------------------------------ causal attention, three queries
+@counterexample("adv6-attention-causal-rows-after-first-unmasked")
+def _causal_rows_after_first() -> tuple[Side, Side]:
+    # q [1, 1, 3, 1], kt [1, 1, 1, 3], v [1, 1, 3, 1], sz = (1, 2): query 1 sees keys 0 and 1 of 3, not key 2
+    q, kt, v = f32((1, 1, 3, 1)), f32((1, 1, 1, 3), 1), f32((1, 1, 3, 1), 2)
+    sz = i64(1, 2)
+    return (lambda: run("Split", _attention_causal(q, kt, v, 1), sz, axis=2, outputs=2, index=1)), (
+        lambda: _attention_causal(run("Split", q, sz, axis=2, outputs=2, index=1), kt, v, 0)
+    )
+
+
+# ----------------------------------------------------------------- a Concat list's element rank
+@counterexample("adv6-tlist-rank5-concat-axis3-is-last")
+def _concat_rank5_axis3() -> tuple[Side, Side]:
+    # two [1, 1, 1, 1, 2]: axis 3 is not the last at rank 5 ([1, 1, 1, 2, 2] against [1, 1, 1, 1, 4])
+    a, b = f32((1, 1, 1, 1, 2)), f32((1, 1, 1, 1, 2), 1)
+    return (lambda: run("Concat", a, b, axis=3)), (lambda: run("Concat", a, b, axis=-1))
+
+
+# ------------------------------------------------------------------ one dim named twice in axes
+@counterexample("adv6-dupaxes-unsqueeze-squeeze-roundtrip")
+def _dupaxes_roundtrip() -> tuple[Side, Side]:
+    # x [2, 3, 1], axes (2, -1): Squeeze removes dim 2 once, Unsqueeze inserts two dims ([2, 3, 1, 1])
+    x, axes = f32((2, 3, 1)), i64(2, -1)
+    return (lambda: run("Unsqueeze", run("Squeeze", x, axes), axes)), (lambda: x)
+
+
+@counterexample("adv6-dupaxes-keepdims1-as-unsqueeze-of-keepdims0")
+def _dupaxes_keepdims() -> tuple[Side, Side]:
+    # x [2, 3], axes (1, -1): the sum keeps [2, 1]; Unsqueeze of the [2] by two axes gives [2, 1, 1]
+    x, axes = f32((2, 3)), i64(1, -1)
+    return (lambda: run("ReduceSum", x, axes, keepdims=1)), (
+        lambda: run("Unsqueeze", run("ReduceSum", x, axes, keepdims=0), axes)
+    )
+
+
+@counterexample("adv6-dupaxes-reducesum-split-keepdims0")
+def _dupaxes_reduce_split() -> tuple[Side, Side]:
+    # x [2, 2, 4], axes (0, -3) (dim 0 twice), d = 2, mesh 2: reduce-map counted two removed dims and Combines
+    # along 0, where onnxruntime removes dim 0 once and dim 2 lands on output dim 1 ([2, 4] against [4, 2])
+    x, axes = f32((2, 2, 4)), i64(0, -3)
+    return (lambda: run("ReduceSum", x, axes, keepdims=0)), (
+        lambda: gather([run("ReduceSum", p, axes, keepdims=0) for p in chunks(x, 2, 2)], 0)
+    )

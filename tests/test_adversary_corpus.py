@@ -33,7 +33,8 @@ from unity_eq.verify._verify import verify_analyses
 
 CORPUS = Path(__file__).parent / "data" / "adversary_corpus.egg"
 NAMES = re.findall(r':name "([^"]+)"', CORPUS.read_text())
-# ``adv-*`` (the first three adversaries), ``adv4-*`` (the fourth); ``-ok-`` after the prefix: a look-alike
+# ``adv-*`` (the first three adversaries), ``adv4-*`` .. ``adv6-*`` (the later ones); ``-ok-`` after the
+# prefix: a look-alike
 LOOK_ALIKES = [n for n in NAMES if re.match(r"adv\d*-ok-", n)]
 UNSOUND = [n for n in NAMES if re.match(r"adv\d*-", n) and n not in LOOK_ALIKES]
 # analysis declarations (``(rule ...)`` that only add facts): `unity-eq verify` counts them, proves nothing
@@ -61,6 +62,61 @@ ESCAPES: dict[str, str] = {
     "adv5-signed-zero-neg-sub-through-div": "proven (bounded): over the reals -(a - b) = b - a, so c / -(a - b) "
     "= c / (b - a); with a = b the divisor is -0 against +0 and c / 0 is -inf against +inf (Tanh: -1 against "
     "1), a non-finite intermediate the documented assumption (finite values, docs/verify.md) excludes",
+    # sixth adversary
+    "adv6-empty-reducesum-singleton-le1": "proven (bounded): no instance has a dim of 0, where a dim of size <= 1 "
+    "is an empty one that ReduceSum turns into a dim of 1 (x [0, 3] sums to [1, 3] of zeros); nor does any typed "
+    "term: the encoder keeps a node that reads or writes an empty tensor opaque "
+    "(tests/test_engine.py::test_a_node_with_an_empty_tensor_stays_opaque), so the rule never meets its "
+    "counterexample",
+    "adv6-empty-matmul-k-le1-as-outer": "proven (bounded): no instance has a dim of 0, where K <= 1 is K = 0 "
+    "(a [2, 0], b [0, 3]: MatMul gives zeros [2, 3], and Mul does not broadcast); nor does any typed term: the "
+    "encoder keeps a node that reads or writes an empty tensor opaque "
+    "(tests/test_engine.py::test_a_node_with_an_empty_tensor_stays_opaque), so the rule never meets its "
+    "counterexample",
+    "adv6-dupaxes-unsqueeze-squeeze-roundtrip": "proven: the verifier's semantics refuse axes naming one dim "
+    "twice (never an instance), where Squeeze removes the dim once and Unsqueeze inserts two; the encoder keeps "
+    "such a node opaque (tests/test_engine.py::test_a_node_naming_one_dim_twice_in_its_axes_stays_opaque), so "
+    "the rule never fires on one",
+    "adv6-dupaxes-reducesum-split-keepdims0": "proven: the verifier's semantics refuse axes naming one dim twice "
+    "(never an instance), and the encoder keeps such a node opaque "
+    "(tests/test_engine.py::test_a_node_naming_one_dim_twice_in_its_axes_stays_opaque); before that fix the "
+    "shipped reduce-sum-split, this rule's text, fired on one (reduce-map counted dim 0 named twice as two "
+    "removed dims)",
+    "adv6-dupaxes-keepdims1-as-unsqueeze-of-keepdims0": "proven: the verifier's semantics refuse axes naming one "
+    "dim twice (never an instance), where the reduction removes the dim once and Unsqueeze inserts two; the "
+    "encoder keeps such a node opaque "
+    "(tests/test_engine.py::test_a_node_naming_one_dim_twice_in_its_axes_stays_opaque), so neither this rule nor "
+    "adv-ok-keepdims1-as-unsqueeze-nonempty-axes fires on one",
+    "adv6-tlist-rank5-concat-axis3-is-last": "proven within lists of rank-4 elements (the domain's `tensors` "
+    "component), where axis 3 is the last; at rank 5 it is not, and the engine fires the rule on no other list "
+    "(tests/test_certificate.py::test_a_list_variable_fires_only_on_lists_of_the_ranks_its_proof_took)",
+    "adv6-f32-equal-cancel-nonzero-factor": "proven over the reals, where a c = b c with c != 0 is a = b; the "
+    "float32 pass samples a pool of magnitudes and never draws neighbouring floats whose products round to one "
+    "value (2 - 2^-23 and 2 - 2^-22 times 1 + 2^-23): float32 rounding into a comparison is sampled, not proven "
+    "(docs/verify.md)",
+    "adv6-f32-equal-cancel-nonzero-divisor": "proven over the reals, where a / c = b / c is a = b; the float32 "
+    "pass samples a pool of magnitudes and never draws neighbouring floats whose quotients round to one value "
+    "(1.9315895 and 1.9315896 over 1.2165844): float32 rounding into a comparison is sampled, not proven "
+    "(docs/verify.md)",
+    "adv6-f32-pow-exponent-cancel-addend": "proven over the reals, where (b + c) - c is b; in float32 the "
+    "exponent rounds (2 + 0.1 - 0.1 = 1.9999999), and a negative base to a non-integer exponent is NaN: Pow is "
+    "not one of the float32 pass's discontinuous ops, and a case whose value is NaN is no case",
+    "adv6-concat3-rank3-middle-third": "proven (bounded): a three-operand Concat at rank >= 3 only has operands "
+    "of sizes 1-2 along the axis in the instances, where equal thirds force b's size to a's; the rule reads dim "
+    "sizes (Split's split), trusted at other sizes on an argument that fails here (b 4 long between two of 1)",
+    "adv6-rope-pairs-reshape-split-features": "proven (bounded): a rank-2 -> rank-3 Reshape never meets D = 6, "
+    "12 or 20 in the instances (an even D >= 2 n that 2 n does not divide); the rule reads dim sizes, trusted "
+    "at other sizes on an argument that fails here (each device's 3 of x [1, 6] are 1.5 pairs)",
+    "adv6-rank4-scores-matmul-head-dim-halves": "proven (bounded): the instances' rank-4 MatMul dims are 1, 2 "
+    "and 4, never 3, so K >= 2 is always even there; the rule reads dim sizes, trusted at other sizes on an "
+    "argument that fails here (an odd head dim 3 does not split (1, 1))",
+    "adv6-attention-causal-rows-after-first-unmasked": "proven (bounded): Attention's s_q is 1-2 in the "
+    "instances, so under the causal mask every query but the first sees every key when s_kv <= s_q; the rule "
+    "reads dim sizes, trusted at other sizes on an argument that fails here (3 queries: query 1 does not see "
+    "key 2)",
+    "adv6-2axis-residual-sum-split-both-operands": "proven (bounded): the documented gap (docs/verify.md): a "
+    "broadcast operand at another dim while one dim is cut on both axes of a 2-D mesh (y [1, 4, 1, 1] broadcast "
+    "along the summed dim 2 is counted once on the right, twice on the left)",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).

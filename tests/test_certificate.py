@@ -224,3 +224,50 @@ def test_a_rule_stating_facts_beside_its_unions_never_fires_even_with_an_entry(t
     ((_start, _end, cmd),) = _commands(fine, "mine.egg")
     cert = Certificate(tmp_path / "mine.proofs.json", {"smuggle": {"digest": command_digest(cmd), "proof": "generic"}})
     assert guard_text(fine, "mine.egg", cert).skipped == []
+
+
+CONCAT_RULE = '(rewrite (Concat l 3) (Concat l -1) :ruleset algebra :name "concat-axis3-is-last")\n'
+
+
+def _concat_fires(rule_file: Path, ranks: list[int]) -> bool:
+    """Whether ``concat-axis3-is-last`` rewrites a Concat along axis 3 of tensors of these ranks."""
+    egraph = bindings.EGraph()
+    for f in load_rule_files([rule_file]):
+        egraph.run_program(*egraph.parse_program(f.text, filename=str(f.path)))
+    lets = "".join(
+        f'(let $x{i} (Input "x{i}")) (set (shape $x{i}) (vec-of {" ".join(["2"] * r)})) (set (dtype $x{i}) "float32")'
+        for i, r in enumerate(ranks)
+    )
+    items = "(TNil)"
+    for i in reversed(range(len(ranks))):
+        items = f"(TCons $x{i} {items})"
+    egraph.run_program(
+        *egraph.parse_program(
+            f"{lets}(let $e (Concat {items} 3))"
+            "(run-schedule (saturate (run analysis)) (run algebra) (saturate (run analysis)))"
+        )
+    )
+    try:
+        egraph.run_program(*egraph.parse_program(f"(check (= $e (Concat {items} -1)))"))
+    except bindings.EggSmolError:
+        return False
+    return True
+
+
+def test_a_list_variable_fires_only_on_lists_of_the_ranks_its_proof_took(tmp_path: Path) -> None:
+    """A ``TList`` variable's elements' class is part of the domain (the engine's ``tlkind``): "axis 3 is the
+    last" holds at rank 4, which the verifier's lists take, and is wrong at rank 5, which they do not; without
+    the component the rule, proven on rank-4 lists, fired on rank-5 ones (issue 21, sixth adversary)."""
+    from unity_eq.verify._semantics import VarSpec
+
+    assert component_value("tensors", [VarSpec((2, 3)), VarSpec((2, 2))]) == 2
+    assert component_value("tensors", [VarSpec((2,)), VarSpec((2, 2))]) == -2
+    assert component_value("tensors", []) == -1
+    path = tmp_path / "concat.egg"
+    path.write_text(CONCAT_RULE)
+    code, text = _verify(path)
+    assert code == 0, text
+    entry = json.loads((tmp_path / "concat.proofs.json").read_text())["rules"]["concat-axis3-is-last"]
+    assert entry["components"] == [["l", "tensors"]] and entry["rows"] == [[4]], entry
+    assert _concat_fires(path, [4, 4]) and _concat_fires(path, [4])
+    assert not _concat_fires(path, [5, 5]) and not _concat_fires(path, [5])

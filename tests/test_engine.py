@@ -211,3 +211,46 @@ def test_every_op_belongs_to_one_family_whose_rules_ship() -> None:
     for family in FAMILIES:
         assert family.rule_file in CORE_RULE_FILES, family.name
         assert family.ranges, f"{family.name}: say its proof ranges in words (docs/verify.md)"
+
+
+def _one_node_graph(op: str, x: tuple[int, ...], out: tuple[int, ...], axes: list[int], **attrs: object) -> Graph:
+    t = lambda *s: TensorType(tuple(s), "float32")  # noqa: E731
+    return Graph(
+        op.lower(),
+        {"X": t(*x)},
+        ["Y"],
+        [Node("n", op, ("X", "axes"), ("Y",), dict(attrs))],
+        {"axes": np.asarray(axes, np.int64)},
+        {"X": t(*x), "axes": TensorType((len(axes),), "int64"), "Y": t(*out)},
+        18,
+    )
+
+
+@pytest.mark.parametrize(
+    ("op", "x", "out", "axes", "attrs"),
+    [
+        ("ReduceSum", (2, 2, 4), (2, 4), [0, -3], {"keepdims": 0}),  # onnxruntime removes dim 0 once
+        ("ReduceMax", (2, 3), (2, 1), [1, -1], {"keepdims": 1}),
+        ("Squeeze", (2, 3, 1), (2, 3), [2, -1], {}),
+        ("Unsqueeze", (2, 3), (2, 3, 1, 1), [2, -1], {}),  # distinct at the output's rank: typed
+    ],
+)  # fmt: skip
+def test_a_node_naming_one_dim_twice_in_its_axes_stays_opaque(
+    op: str, x: tuple[int, ...], out: tuple[int, ...], axes: list[int], attrs: dict[str, object]
+) -> None:
+    """ONNX leaves a repeated axis undefined and onnxruntime counts it once, while the rules' analyses
+    (``reduce-map``) and the verifier take each axis as its own dim: the shipped ``reduce-sum-split`` fired on
+    ``ReduceSum(x, (0, -3))`` at rank 3 and combined the wrong dim (issue 21, sixth adversary). Such a node is
+    carried opaquely; Unsqueeze's (2, -1) names two dims of its rank-4 output and is typed."""
+    enc = encode(_one_node_graph(op, x, out, axes, **attrs), Mesh(("x",), (2,)))
+    assert enc.opaque_count == (0 if op == "Unsqueeze" else 1), enc.program
+
+
+def test_a_node_with_an_empty_tensor_stays_opaque() -> None:
+    """A tensor with a dim of 0 (an empty KV cache) is outside every rule's proof (the verifier's instances
+    have no dim of 0; ``ReduceSum(x, [d]) = x`` for dim d <= 1 was proven and is wrong at 0): its nodes stay
+    opaque, the others are typed."""
+    graph = _mlp_graph(batch=0)
+    enc = encode(graph, Mesh(("x",), (2,)))
+    assert enc.opaque_count == 3, enc.program
+    assert encode(_mlp_graph(batch=1), Mesh(("x",), (2,))).opaque_count == 0

@@ -52,12 +52,24 @@ def node_view(node: Node, graph: Graph) -> NodeView:
 def typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict[str, Any] | None:
     """The typed constructor's arguments by name, canonical; None when the node must stay opaque."""
     try:
+        _refuse_empty(node, graph)
         view = node_view(node, graph)
         values = _collect(node, graph, spec, used)
         _check_dtypes(spec, values, graph)
         return _checked(spec, _normalize(node, spec, values, view))
     except NotModeled:
         return None
+
+
+def _refuse_empty(node: Node, graph: Graph) -> None:
+    """A node that reads or writes a tensor with a dim of 0 (an empty KV cache, an empty slice) stays opaque: the
+    verifier's instances have no dim of 0, and a rule proven without one can be wrong there (issue 21, the
+    sixth adversary: ``ReduceSum(x, [d]) = x`` where dim d <= 1, and MatMul over an inner dim <= 1 as a Mul,
+    both wrong at 0). Such a node is carried as the model has it, and runs as onnxruntime runs it."""
+    for name in (*node.inputs, *node.outputs):
+        ttype = graph.types.get(name) if name else None
+        if ttype is not None and any(d == 0 for d in ttype.shape):
+            raise NotModeled
 
 
 def _check_dtypes(spec: OpSpec, values: dict[str, Any], graph: Graph) -> None:

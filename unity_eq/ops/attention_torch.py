@@ -36,12 +36,27 @@ def torch_semantics(op: str, inputs: Sequence[Any], attrs: Mapping[str, Any]) ->
     attn_mask, filled = kernel
     # the keys made contiguous: the flash and memory-efficient kernels need a unit stride in the last dim, and
     # the transpose of KT has none (a copy of K, against the math kernel's s × s scores: H200, bf16, 30×)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, kt.transpose(-2, -1).contiguous(), v, attn_mask=attn_mask, scale=scale
-    )
+    with _cpu_math(q):
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, kt.transpose(-2, -1).contiguous(), v, attn_mask=attn_mask, scale=scale
+        )
     if filled is not None:
         out = torch.where(filled, _filled_rows(fill, v, kt.shape[-1]), out)
     return [out]
+
+
+def _cpu_math(q: Any) -> Any:
+    """On the CPU, torch's math kernel (the composition's own operations, so ``check --training`` compares
+    gradients with the one-device model's to float32 rounding of the same sums: the CPU flash kernel's
+    accumulation order gave BERT's embedding gradient 3.9e-5 against 1e-5 required); on a GPU, whichever fused
+    kernel torch picks, as the flash price assumes. A CPU run checks a plan, it is not what the plan prices."""
+    import contextlib
+
+    if q.is_cuda:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def _kernel_mask(attn_mask: Any, fill: Any) -> tuple[Any, Any] | None:
@@ -55,8 +70,8 @@ def _kernel_mask(attn_mask: Any, fill: Any) -> tuple[Any, Any] | None:
       is NaN in the model: the composition.
     * hidden by a large finite value (HF masks use the dtype's lowest): the scores are lost to rounding and the
       row is the mean of V, but the kernel's backward recomputes the probabilities from a log-sum-exp that
-      rounded the same way (each key's probability 1, not 1/s_kv: measured, PyTorch 2.13, a gradient 5× the
-      composition's on 5 keys): the composition.
+      rounded the same way (each key's probability 1, not 1/s_kv: measured with PyTorch 2.13's CPU flash kernel,
+      a gradient 5× the composition's on 5 keys): the composition.
     """
     import torch
 

@@ -17,7 +17,7 @@ from typing import Any
 from unity_eq.ops.cases import shape_pool
 from unity_eq.ops.family import Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.spec import Family, OpSpec, int_attr, static, tensor
-from unity_eq.ops.tensors import Shape, need, norm_axis, reduce_elements
+from unity_eq.ops.tensors import Shape, need, norm_axes, reduce_elements
 
 __all__ = ["REDUCE", "reduce_pairs"]
 
@@ -57,7 +57,7 @@ def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
         if int(v["noop_with_empty_axes"]):
             raise NotModeled
         v["axes"] = tuple(range(in_rank))
-    v["axes"] = tuple(sorted(norm_axis(a, in_rank) for a in v["axes"]))
+    v["axes"] = norm_axes(v["axes"], in_rank)
     v["noop_with_empty_axes"] = 0
     return v
 

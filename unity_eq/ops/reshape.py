@@ -19,7 +19,7 @@ from unity_eq.ops.cases import other_shapes, shape_pool
 from unity_eq.ops.family import FREE, Instance, InstanceRanges, NodeView, NotModeled, OpFamily, Saved, ShapeError, Work
 from unity_eq.ops.reshape_axioms import axioms
 from unity_eq.ops.spec import Family, OpSpec, int_attr, ints_attr, static, tensor
-from unity_eq.ops.tensors import Shape, bcast, need, norm_axis
+from unity_eq.ops.tensors import Shape, bcast, need, norm_axes
 
 __all__ = ["RESHAPE", "reshape_pairs"]
 
@@ -300,10 +300,10 @@ def normalize(op: str, v: dict[str, Any], node: NodeView) -> dict[str, Any]:
     elif op == "Squeeze":
         shape = node.shape(v["data"])
         axes = v["axes"] if v["axes"] else tuple(i for i, n in enumerate(shape) if n == 1)
-        v["axes"] = tuple(sorted(norm_axis(a, in_rank) for a in axes))
+        v["axes"] = norm_axes(axes, in_rank)
     elif op == "Unsqueeze":
         out_rank = in_rank + len(v["axes"])
-        v["axes"] = tuple(sorted(norm_axis(a, out_rank) for a in v["axes"]))
+        v["axes"] = norm_axes(v["axes"], out_rank)
     return v
 
 

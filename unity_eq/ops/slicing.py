@@ -186,6 +186,8 @@ def _normalize_slice(shape: tuple[int, ...], v: dict[str, Any]) -> dict[str, Any
     if not len(starts) == len(ends) == len(axes) == len(steps) or any(s <= 0 for s in steps):
         raise NotModeled
     axes = [norm_axis(a, len(shape)) for a in axes]
+    if len(set(axes)) != len(axes):  # onnxruntime refuses a repeated axis: the node is carried as it is
+        raise NotModeled
     norm_starts, norm_ends = [], []
     for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
         begin, stop, _ = slice(start, end, step).indices(shape[axis])

@@ -24,6 +24,7 @@ __all__ = [
     "bcast",
     "check_axis",
     "need",
+    "norm_axes",
     "norm_axis",
     "obj",
     "out_dtype",
@@ -103,6 +104,18 @@ def norm_axis(axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise NotModeled
     return axis + rank if axis < 0 else axis
+
+
+def norm_axes(axes: Sequence[int], rank: int) -> tuple[int, ...]:
+    """ONNX axes made non-negative (:func:`norm_axis`), sorted, for the encoder: ``NotModeled`` when two name the
+    same dim (``(0, -3)`` at rank 3). ONNX does not say what a repeated axis means and onnxruntime's reductions
+    and Squeeze count it once, while the rules' analyses (``reduce-map``) and the verifier's semantics take each
+    axis as a distinct dim: such a node stays opaque (issue 21, the sixth adversary: the shipped
+    ``reduce-sum-split`` fired on one and moved the wrong dim)."""
+    normal = tuple(sorted(norm_axis(a, rank) for a in axes))
+    if len(set(normal)) != len(normal):
+        raise NotModeled
+    return normal
 
 
 def window_out(size: int, k: int, head: int, tail: int, stride: int, dil: int, ceil: bool) -> int:

@@ -8,7 +8,8 @@ beside it, ``my.proofs.json``. Each entry is keyed by the rule's name and the di
 (:func:`command_digest`): an edited rule has no current entry.
 
 A bounded domain is a table: its *components* are the left-hand side's tensor variables (their rank and
-dtype class, :data:`TENSOR_KIND`), its ``IVec`` variables (their length) and its finite attribute variables
+dtype class, :data:`TENSOR_KIND`), its ``TList`` variables (their elements' class, :data:`LIST_KIND`), its
+``IVec`` variables (their length) and its finite attribute variables
 (``rulefile.domain.FINITE_I64``, string attributes: their value); its rows are the combinations the checked
 cases took (:mod:`unity_eq.rulefile.domain` says what they are made of). When the engine loads a rule file it
 adds that table as a guard (:func:`guard_text`): one relation per rule,
@@ -68,6 +69,8 @@ UNPROVEN = "unproven"
 #: index), -1 for an absent optional input (NoneT). The bounded semantics are over the reals, so a tensor
 #: of another dtype (bool) matches no row.
 TENSOR_KIND = "tkind"
+#: A ``TList``'s class in a domain: its elements' common class (-2 for mixed classes, -1 for an empty list).
+LIST_KIND = "tlkind"
 _REAL = ("float16", "float32", "float64", "bfloat16", "float8")
 #: signed integers only: an unsigned one wraps below zero at ordinary values (uint8 1 − 2 is 255), where the
 #: integer proofs count over the integers, so no domain holds an unsigned tensor and no rule fires on one
@@ -91,6 +94,16 @@ DOMAIN_PRELUDE = "\n".join(
         f"(rule ((= s (shape t)) (= d (dtype t)) (index-dtype d)) ((set ({TENSOR_KIND} t) (+ 100 (vec-length s))))"
         " :ruleset analysis)",
         f"(rule ((= t (NoneT))) ((set ({TENSOR_KIND} t) -1)) :ruleset analysis)",
+        # a list's class: its elements' when they share one, -2 when they do not, -1 when it is empty
+        f"(function {LIST_KIND} (TList) i64 :merge old)",
+        f"(rule ((= l (TNil))) ((set ({LIST_KIND} l) -1)) :ruleset analysis)",
+        f"(rule ((= l (TCons t r)) (= k ({TENSOR_KIND} t)) (= -1 ({LIST_KIND} r))) ((set ({LIST_KIND} l) k))"
+        " :ruleset analysis)",
+        f"(rule ((= l (TCons t r)) (= k ({TENSOR_KIND} t)) (= k ({LIST_KIND} r))) ((set ({LIST_KIND} l) k))"
+        " :ruleset analysis)",
+        f"(rule ((= l (TCons t r)) (= k ({TENSOR_KIND} t)) (= j ({LIST_KIND} r)) (!= j -1) (!= j k))"
+        f" ((set ({LIST_KIND} l) -2)) :ruleset analysis)",
+        f"(rule ((= l (PList m d a)) (= k ({LIST_KIND} m))) ((set ({LIST_KIND} l) k)) :ruleset analysis)",
         "",
     ]
 )
@@ -221,7 +234,7 @@ def _domain_text(rule: str, entry: dict[str, Any]) -> tuple[str, list[SExp]]:
             args.append(_atom(var))
             continue
         bound = f"__domain{i}"
-        fn = TENSOR_KIND if kind == "tensor" else "vec-length"
+        fn = {"tensor": TENSOR_KIND, "tensors": LIST_KIND}.get(kind, "vec-length")
         facts.append(_list(_atom("="), _atom(bound), _list(_atom(fn), _atom(var))))
         args.append(_atom(bound))
     facts.append(_list(_atom(rel), *args))

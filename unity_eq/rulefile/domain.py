@@ -36,7 +36,9 @@ FINITE_I64 = frozenset(
 
 def domain_components(rule: Any) -> list[tuple[str, str]]:
     """The components of ``rule``'s domain, as (variable, kind): every tensor variable of the left-hand side
-    (``tensor``: rank and dtype class), every ``IVec`` variable (``length``), and every variable in an
+    (``tensor``: rank and dtype class), every ``TList`` variable (``tensors``: its elements' class, which a
+    rule proven at rank 4 would otherwise not carry to rank 5: issue 21's sixth adversary), every ``IVec``
+    variable (``length``), and every variable in an
     attribute position that :data:`FINITE_I64` names or a string attribute (``i64``/``String``: its value).
     Variables the guards bind (dims, axes) are not components: the engine evaluates the same guards, and for
     every instance the bounded check takes every solution of them."""
@@ -50,6 +52,8 @@ def domain_components(rule: Any) -> list[tuple[str, str]]:
             out.setdefault(term.name, "tensor")
         elif isinstance(term, Var) and sorts.get(term.name) == "IVec":
             out.setdefault(term.name, "length")
+        elif isinstance(term, Var) and sorts.get(term.name) == "TList":
+            out.setdefault(term.name, "tensors")
         elif isinstance(term, App) and term.head in OPS:
             spec = OPS[term.head]
             names = [a.name for a in spec.args] + (["<output index>"] if spec.multi_output else [])
@@ -65,11 +69,16 @@ def domain_components(rule: Any) -> list[tuple[str, str]]:
 
 
 def component_value(kind: str, value: Any) -> int | str:
-    """A variable's value in a domain row (see :func:`domain_components`)."""
+    """A variable's value in a domain row (see :func:`domain_components`). A ``TList`` (``tensors``) takes its
+    elements' class when they share one (the engine's ``tlkind``, unity_eq/rulefile/certificate.py), -2 when
+    they do not, -1 when it is empty."""
     if kind == "tensor":
         if value is None:
             return -1
         return len(value.shape) + (100 if getattr(value, "integer", False) else 0)
+    if kind == "tensors":
+        classes = {int(component_value("tensor", v)) for v in value}
+        return -1 if not classes else classes.pop() if len(classes) == 1 else -2
     if kind == "length":
         return len(value)
     return value if isinstance(value, str) else int(value)
@@ -109,6 +118,13 @@ def describe_domain(entry: dict[str, Any]) -> str:
             parts.append(f"{var}: {', '.join(bits)}")
         elif kind == "length":
             parts.append(f"len {var}: {_ranges(int(v) for v in col)}")
+        elif kind == "tensors":
+            ranks = [int(v) for v in col if isinstance(v, int) and 0 <= v < 100]
+            bits = [f"elements of float rank {_ranges(ranks)}"] if ranks else []
+            index = [int(v) - 100 for v in col if isinstance(v, int) and v >= 100]
+            bits += [f"elements of signed-integer rank {_ranges(index)}"] if index else []
+            bits += ["mixed ranks"] if -2 in col else []
+            parts.append(f"{var}: {', '.join(bits) or 'empty'}")
         else:
             parts.append(f"{var} in {{{', '.join(sorted(map(str, col)))}}}")
     combos = "" if len(rows) == product else f" ({len(rows)} of the {product} combinations)"
