@@ -920,14 +920,19 @@ def _attention_causal(q, kt, v, causal):
     return run("MatMul", run("Softmax", scores, axis=-1), v)
 
 
-@counterexample("adv4-attention-causal-second-query-unmasked")
-def _causal_second_query() -> tuple[Side, Side]:
-    # q [1, 1, 2, 1], kt [1, 1, 1, 3], v [1, 1, 3, 1]: query 1 sees keys 0 and 1 of 3, not key 2
-    q, kt, v = f32((1, 1, 2, 1)), f32((1, 1, 1, 3), 1), f32((1, 1, 3, 1), 2)
-    sz = i64(1, 1)
+def _causal_rows_after_the_first(queries: int) -> tuple[Side, Side]:
+    """The queries after the first of a causal Attention over 3 keys, taken as if unmasked: query 1 sees keys 0
+    and 1 of 3, not key 2 (q [1, 1, queries, 1], kt [1, 1, 1, 3], v [1, 1, 3, 1])."""
+    q, kt, v = f32((1, 1, queries, 1)), f32((1, 1, 1, 3), 1), f32((1, 1, 3, 1), 2)
+    sz = i64(1, queries - 1)
     return (lambda: run("Split", _attention_causal(q, kt, v, 1), sz, axis=2, outputs=2, index=1)), (
         lambda: _attention_causal(run("Split", q, sz, axis=2, outputs=2, index=1), kt, v, 0)
     )
+
+
+@counterexample("adv4-attention-causal-second-query-unmasked")
+def _causal_second_query() -> tuple[Side, Side]:
+    return _causal_rows_after_the_first(2)
 
 
 # ---------------------------------------------------------------- Expand adding three leading dims
@@ -1150,12 +1155,7 @@ def _matmul_head_dim_halves() -> tuple[Side, Side]:
 # ------------------------------------------------------------------ causal attention, three queries
 @counterexample("adv6-attention-causal-rows-after-first-unmasked")
 def _causal_rows_after_first() -> tuple[Side, Side]:
-    # q [1, 1, 3, 1], kt [1, 1, 1, 3], v [1, 1, 3, 1], sz = (1, 2): query 1 sees keys 0 and 1 of 3, not key 2
-    q, kt, v = f32((1, 1, 3, 1)), f32((1, 1, 1, 3), 1), f32((1, 1, 3, 1), 2)
-    sz = i64(1, 2)
-    return (lambda: run("Split", _attention_causal(q, kt, v, 1), sz, axis=2, outputs=2, index=1)), (
-        lambda: _attention_causal(run("Split", q, sz, axis=2, outputs=2, index=1), kt, v, 0)
-    )
+    return _causal_rows_after_the_first(3)  # s_kv 3 <= s_q 3, split (1, 2)
 
 
 # ----------------------------------------------------------------- a Concat list's element rank
