@@ -52,7 +52,7 @@ def node_view(node: Node, graph: Graph) -> NodeView:
 def typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict[str, Any] | None:
     """The typed constructor's arguments by name, canonical; None when the node must stay opaque."""
     try:
-        _refuse_empty(node, graph)
+        _refuse_empty(node, graph, spec)
         view = node_view(node, graph)
         values = _collect(node, graph, spec, used)
         _check_dtypes(spec, values, graph)
@@ -61,13 +61,26 @@ def typed_values(node: Node, graph: Graph, spec: OpSpec, used: set[str]) -> dict
         return None
 
 
-def _refuse_empty(node: Node, graph: Graph) -> None:
-    """A node that reads or writes a tensor with a dim of 0 (an empty KV cache, an empty slice) stays opaque: the
-    verifier's instances have no dim of 0, and a rule proven without one can be wrong there (issue 21, the
-    sixth adversary: ``ReduceSum(x, [d]) = x`` where dim d <= 1, and MatMul over an inner dim <= 1 as a Mul,
-    both wrong at 0). Such a node is carried as the model has it, and runs as onnxruntime runs it."""
-    for name in (*node.inputs, *node.outputs):
-        ttype = graph.types.get(name) if name else None
+#: Ops whose verifier instances include an empty result (a Slice that selects nothing, a Split part of size 0:
+#: docs/verify.md's ranges), so a node of theirs that writes an empty tensor from non-empty ones is typed.
+EMPTY_RESULTS = frozenset({"Slice", "Split"})
+
+
+def _refuse_empty(node: Node, graph: Graph, spec: OpSpec) -> None:
+    """A node that reads a tensor with a dim of 0 (an empty KV cache), or writes one where its op's instances
+    have none, stays opaque: no verifier instance has such an operand, and a rule proven without one can be
+    wrong there (issue 21, the sixth adversary: ``ReduceSum(x, [d]) = x`` where dim d <= 1, and MatMul over an
+    inner dim <= 1 as a Mul, both wrong at 0). Static inputs (a shape, axes) are values, not operands. Such a
+    node is carried as the model has it, and runs as onnxruntime runs it."""
+    inputs = [a for a in spec.args if a.kind == "input"]
+    operands = [
+        name
+        for position, name in enumerate(node.inputs)
+        if name and inputs[min(position, len(inputs) - 1)].sort in ("T", "TList")
+    ]
+    written = [] if spec.name in EMPTY_RESULTS else [name for name in node.outputs if name]
+    for name in (*operands, *written):
+        ttype = graph.types.get(name)
         if ttype is not None and any(d == 0 for d in ttype.shape):
             raise NotModeled
 
