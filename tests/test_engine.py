@@ -247,9 +247,9 @@ def test_a_node_naming_one_dim_twice_in_its_axes_stays_opaque(
 
 
 def test_a_node_with_an_empty_tensor_stays_opaque() -> None:
-    """A tensor with a dim of 0 (an empty KV cache) as an operand is outside every rule's proof (the verifier's instances
-    have no dim of 0; ``ReduceSum(x, [d]) = x`` for dim d <= 1 was proven and is wrong at 0): its nodes stay
-    opaque, the others are typed."""
+    """A tensor with a dim of 0 (an empty KV cache) as an operand is outside every rule's proof (no verifier
+    instance has one; ``ReduceSum(x, [d]) = x`` for dim d <= 1 was proven and is wrong at 0): the nodes reading
+    it stay opaque, the others are typed."""
     graph = _mlp_graph(batch=0)
     enc = encode(graph, Mesh(("x",), (2,)))
     assert enc.opaque_count == 3, enc.program
