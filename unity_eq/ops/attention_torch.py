@@ -78,10 +78,11 @@ def _kernel_mask(attn_mask: Any, fill: Any) -> tuple[Any, Any] | None:
     if attn_mask is None or not attn_mask.is_floating_point():
         return attn_mask, None
     row_max = attn_mask.amax(dim=-1, keepdim=True)
-    if not bool((row_max <= torch.finfo(attn_mask.dtype).min / 2).any()):
+    unseen = row_max <= torch.finfo(attn_mask.dtype).min / 2  # rows whose every key is hidden
+    if not bool(unseen.any()):
         return attn_mask, None  # every row sees a key: the kernel computes the composition
     hidden = torch.isneginf(row_max)
-    if fill is None or bool((~hidden & (row_max <= torch.finfo(attn_mask.dtype).min / 2)).any()):
+    if fill is None or bool((unseen & ~hidden).any()):
         return None
     return attn_mask.masked_fill(hidden, 0.0), hidden
 
