@@ -568,3 +568,27 @@ def test_the_composition_price_counts_the_scale_and_the_causal_passes_lowering_w
     bare = OpInstance(*(getattr(instance, f) for f in ("op_type", "in_shapes", "in_bytes", "out_shape", "out_bytes",
                                                         "dtype", "outputs")))  # fmt: skip
     assert unscaled.compute(instance).total > unscaled.compute(bare).total
+
+
+def test_the_torch_backend_broadcasts_a_wider_mask_or_fill_and_sends_rows_hidden_by_minus_1e4_to_the_composition() -> (
+    None
+):
+    """A mask or fill with more leading dims than the scores broadcasts the output (``infer_shape``); the kernel
+    does not, so such a term runs the composition (a helper's audit: a crash, and a fill's wrong output shape).
+    A row hidden at -10000 (BERT's mask value) is sent to the composition too: its gradient is the model's."""
+    torch = pytest.importorskip("torch")
+    from unity_eq.ops.attention_torch import torch_semantics
+
+    rng = np.random.default_rng(1)
+    q, kt, v = (torch.tensor(rng.standard_normal(s), requires_grad=True) for s in ((4, 3, 2), (4, 2, 5), (4, 5, 3)))
+    mask = torch.zeros(2, 4, 3, 5, dtype=torch.float64)
+    assert tuple(torch_semantics("Attention", [q, kt, v, mask], {})[0].shape) == (2, 4, 3, 3)
+    fill = torch.zeros(2, 1, 1, 1, dtype=torch.float64)
+    assert tuple(torch_semantics("Attention", [q, kt, v, None, fill], {})[0].shape) == (2, 4, 3, 3)
+    bert = torch.zeros(4, 3, 5, dtype=torch.float64)
+    bert[0, 1, :] = -10000.0
+    got = torch_semantics("Attention", [q, kt, v, bert, torch.tensor(0.0, dtype=torch.float64)], {})[0]
+    want = torch.matmul(torch.softmax(torch.matmul(q, kt) + bert, -1), v)
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
+    grads = torch.autograd.grad(got.sum(), [q, kt, v]), torch.autograd.grad(want.sum(), [q, kt, v])
+    assert all(torch.allclose(a, b, atol=1e-12, rtol=0) for a, b in zip(*grads, strict=True))

@@ -30,8 +30,10 @@ def torch_semantics(op: str, inputs: Sequence[Any], attrs: Mapping[str, Any]) ->
         hidden = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device).triu(1)
         blocked = torch.zeros(s_q, s_kv, dtype=q.dtype, device=q.device).masked_fill(hidden, float("-inf"))
         attn_mask = blocked if mask is None else mask + blocked
-    kernel = _kernel_mask(attn_mask, fill)
-    if kernel is None:
+    scores_rank = max(q.dim(), kt.dim())
+    wider = any(t is not None and t.dim() > scores_rank for t in (attn_mask, fill))
+    kernel = None if wider else _kernel_mask(attn_mask, fill)
+    if kernel is None:  # a mask or fill adding leading dims broadcasts the output too: the kernel's does not
         return [_composition(q, kt, v, attn_mask, fill, scale)]
     attn_mask, filled = kernel
     # the keys made contiguous: the flash and memory-efficient kernels need a unit stride in the last dim, and
@@ -59,6 +61,13 @@ def _cpu_math(q: Any) -> Any:
     return sdpa_kernel([SDPBackend.MATH])
 
 
+#: A mask value at or below this hides its key in every exporter's spelling (BERT's -10000, -1e9, the dtype's
+#: lowest, -inf). A row hidden at such values may have its scores lost to rounding (-1e30 absorbs them in
+#: float32 as the lowest does), which the fused kernels' backward gets wrong; sending such a row to the
+#: composition costs speed on left-padded rows only, never correctness (the composition is the definition).
+HIDDEN = -1e4
+
+
 def _kernel_mask(attn_mask: Any, fill: Any) -> tuple[Any, Any] | None:
     """The mask to give the kernel and the rows to fill after it, or None where only the composition gives the
     model's answer. The rows that matter are those whose every key is hidden (a left-padded sequence under a
@@ -68,17 +77,20 @@ def _kernel_mask(attn_mask: Any, fill: Any) -> tuple[Any, Any] | None:
       what every dynamo export of a masked transformer carries); the kernel gets a finite row and the output
       row is the fill's (:func:`_filled_rows`), so neither it nor its gradient is NaN. Without a fill the row
       is NaN in the model: the composition.
-    * hidden by a large finite value (HF masks use the dtype's lowest): the scores are lost to rounding and the
-      row is the mean of V, but the kernel's backward recomputes the probabilities from a log-sum-exp that
-      rounded the same way (each key's probability 1, not 1/s_kv: measured with PyTorch 2.13's CPU flash kernel,
-      a gradient 5× the composition's on 5 keys): the composition.
+    * hidden by a large finite value (at or below :data:`HIDDEN`; HF masks use the dtype's lowest): the scores
+      may be lost to rounding and the row is then the mean of V, but the kernel's backward recomputes the
+      probabilities from a log-sum-exp that rounded the same way (each key's probability 1, not 1/s_kv: measured
+      with PyTorch 2.13's CPU flash kernel, a gradient 5× the composition's on 5 keys): the composition.
+
+    The kernel's gradient of a row hidden by -inf is finite where the composition's (softmax of a NaN row) is
+    NaN: deliberate, the output is the same.
     """
     import torch
 
     if attn_mask is None or not attn_mask.is_floating_point():
         return attn_mask, None
     row_max = attn_mask.amax(dim=-1, keepdim=True)
-    unseen = row_max <= torch.finfo(attn_mask.dtype).min / 2  # rows whose every key is hidden
+    unseen = row_max <= HIDDEN  # rows whose every key is hidden
     if not bool(unseen.any()):
         return attn_mask, None  # every row sees a key: the kernel computes the composition
     hidden = torch.isneginf(row_max)
