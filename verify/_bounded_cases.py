@@ -224,19 +224,20 @@ def enumerate_cases(
     placement_cases: bool = True,
     shared: dict[Any, Any] | None = None,
     prune: bool = True,
+    limit: int | None = None,
 ) -> Enumeration:
     """The cases to check. ``budget=None`` (a proof): every distinct case, smallest first. A number (the
     numeric back-up's sample): one per signature, at most ``budget`` (see module docstring).
     ``placement_cases``: every value of a placement dim variable is a signature of its own (the proof needs
     them; the numeric back-up, which wants the largest cases, does not). ``shared``: instances of left-hand
     sides, reused by rules with the same left-hand side (the drafts of one generated rule). ``prune``: see
-    :func:`iter_cases` (the cases are the same either way)."""
+    :func:`iter_cases` (the cases are the same either way). ``limit``: see :func:`iter_cases`."""
     error = unsupported_reason(rule, facts)
     if error:
         return Enumeration([], 0, 0, error)
     every: dict[Any, Case] = {}
     count = [0]
-    stream = iter_cases(rule, facts, cfg, sizes, count, shared, prune)
+    stream = iter_cases(rule, facts, cfg, sizes, count, shared, prune, limit)
     try:
         if budget is not None:
             chosen, signatures = by_signature((case for case, _ in stream), rule, budget, placement_cases)
@@ -305,11 +306,14 @@ def iter_cases(
     count: list[int],
     shared: dict[Any, Any] | None = None,
     prune: bool = True,
+    limit: int | None = None,
 ) -> Iterator[tuple[Case, Any]]:
     """Every case satisfying the guards, in the generator's order, with its identity (:func:`_identity`;
     a case may come more than once); ``count[0]`` counts them. Raises :class:`GuardError`. ``prune``: the
     generator drops left-hand sides on which a rank fact of the guards is false (:mod:`unity_eq.verify._rank_facts`);
-    without it every instance reaches the guards (the same cases come, more slowly: tests compare the two)."""
+    without it every instance reaches the guards (the same cases come, more slowly: tests compare the two).
+    ``limit`` (never a proof: the size sweep, whose instances are a seeded shuffle): on each mesh, the cases
+    of at most ``limit`` left-hand sides, and at most ``limit`` cases."""
     sorts = rule.var_sorts
     structural = any(isinstance(t, App) and (t.head in PARALLEL or t.head == "PList") for t in walk(rule.lhs))
     lhs_cache: dict[Any, Placements] = {}
@@ -323,7 +327,10 @@ def iter_cases(
             instances = _lhs_instances(rule, sorts, mesh.axes, cfg, structural, lhs_cache, ranks)
             source = _Recorded(instances, prepared, key)
         memos = prepared.setdefault(("memos", key, id(facts), rule.guards), {})
+        taken = 0
         for i, (specs, lists, pl, attrs, tensors) in enumerate(source):
+            if limit is not None and (i >= limit or taken >= limit):
+                break
             ctx = GuardContext(
                 mesh.axes,
                 dict(zip(mesh.axes, mesh.sizes, strict=True)),
@@ -338,5 +345,6 @@ def iter_cases(
                 continue
             for solution in solve_guards(rule.guards, attrs, ctx):
                 count[0] += 1
+                taken += 1
                 case = Case(mesh, {**solution, **specs, **lists}, dict(ctx.placed))
                 yield case, _identity(mesh, tensors, solution, case.placed)

@@ -27,6 +27,7 @@ from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import check_numeric
 from unity_eq.verify._rule_report import Options, RuleReport
+from unity_eq.verify._sizes import sweep_sizes
 from unity_eq.verify._types import check_types, describe_dtypes, integer_assignments
 
 # ----------------------------------------------------------------------------------------------------------
@@ -251,6 +252,7 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
         report.status, report.kind = "proven", "bounded"
         report.domain = _domain(rule, bounded)
         report.size_readers = size_readers(rule)
+        _sweep(rule, facts, cache, report)
     elif bounded and bounded.status == "partial":
         report.status, report.kind, report.message = "partial", "bounded", bounded.reason
     else:
@@ -259,6 +261,22 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
         report.message = "; ".join(reasons) or "no proof found"
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _sweep(rule: Rule, facts: DerivedFacts, cache: dict[Any, Any], report: RuleReport) -> None:
+    """A bounded proof of a rule that reads sizes covers the sizes it took: the size sweep
+    (verify/_sizes.py) looks for a counterexample at others, and refutes the rule when it finds one."""
+    sweep = sweep_sizes(rule, facts, cache)
+    report.sweep = sweep
+    if sweep is None or sweep.status != "failed":
+        return
+    report.status, report.kind = "refuted", "numeric"
+    report.numeric, report.domain = sweep, None
+    cex = sweep.counterexample
+    report.message = (
+        f"at sizes the bounded proof (dims 1-4) did not take: {cex.message if cex else 'a mismatch'}; the rule "
+        f"reads sizes ({', '.join(report.size_readers)}), so its proof's sizes do not stand for the others"
+    )
 
 
 def _domain(rule: Rule, bounded: BoundedResult) -> dict[str, Any]:

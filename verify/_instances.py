@@ -4,6 +4,8 @@ The ranges themselves are stated in :mod:`unity_eq.verify._gen` (and docs/verify
 
 from __future__ import annotations
 
+import random
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -21,7 +23,10 @@ class GenConfig:
     """``dims``: the sizes every dimension takes; ``max_rank`` of free tensors and of the elementwise, MatMul
     and layout families; ``other_rank`` of the other families; ``rank4_dims``: the dims of rank-4 broadcast
     and batched MatMul instances; ``sample``: rank 3-4 shapes from an orthogonal array (4 dims needed) and
-    every ``stride``-th instance (the numeric back-up; never a proof)."""
+    every ``stride``-th instance (the numeric back-up; never a proof); ``wide``: the sizes a family otherwise
+    keeps small to bound z3's work (a three-operand Concat's operands, Attention's sequence and head dims)
+    range over ``dims`` too (the size sweep of a rule that reads sizes, verify/_sizes.py); ``cap``: at most this
+    many instances per op, a seeded shuffle of them (0: every one)."""
 
     dims: tuple[int, ...] = (1, 2, 3, 4)
     max_rank: int = 4
@@ -29,6 +34,8 @@ class GenConfig:
     rank4_dims: tuple[int, ...] = (1, 2, 4)
     stride: int = 1
     sample: bool = False
+    wide: bool = False
+    cap: int = 0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -144,7 +151,10 @@ def op_instances(op: str, cfg: GenConfig = GenConfig()) -> tuple[Instance, ...]:
     seen: dict[Any, Instance] = {}
     for inst in _instances_of(spec, cfg):
         seen.setdefault(_key(inst[0]), inst)
-    return tuple(seen.values())[:: cfg.stride]
+    out = list(seen.values())[:: cfg.stride]
+    if cfg.wide:  # the size sweep takes the first cases of a stream: in an order that mixes every size
+        random.Random(zlib.crc32(op.encode())).shuffle(out)  # the same order on every run and machine
+    return tuple(out[: cfg.cap or None])
 
 
 @cache

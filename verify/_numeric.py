@@ -65,19 +65,27 @@ def check_numeric(
     seed: int = 0,
     tolerance: float = 1e-9,
     cache: dict[Any, Enumeration] | None = None,
+    config: GenConfig = NUMERIC_CONFIG,
+    largest_first: bool = True,
+    limit: int | None = None,
 ) -> NumericResult:
-    """Evaluate ``cases`` larger cases with random inputs; compare both sides and every piece."""
+    """Evaluate ``cases`` larger cases with random inputs; compare both sides and every piece. The cases
+    are the largest of ``4 * cases`` signatures of ``config``'s enumeration; with ``largest_first`` False,
+    the first ``cases`` signatures smallest first (the size sweep, which wants every size, not the largest),
+    of the first ``limit`` cases the enumeration streams."""
     start = time.perf_counter()
-    key = enumeration_key(rule, facts, NUMERIC_CONFIG, tuple(sizes), 4 * cases) if cache is not None else None
+    pool = 4 * cases if largest_first else cases
+    key = enumeration_key(rule, facts, config, tuple(sizes), pool, limit) if cache is not None else None
     enum = cache.get(key) if cache is not None else None
     if enum is None:
-        enum = enumerate_cases(rule, facts, NUMERIC_CONFIG, sizes, budget=4 * cases, placement_cases=False)
+        enum = enumerate_cases(rule, facts, config, sizes, budget=pool, placement_cases=False, limit=limit)
         if cache is not None:
             cache[key] = enum
     result = NumericResult("skipped")
     rng = np.random.default_rng(seed)
     checked: list[tuple[Case, Placements, dict[str, VarSpec]]] = []
-    for case in sorted(enum.cases, key=lambda c: -c.elements()):
+    order = sorted(enum.cases, key=lambda c: -c.elements()) if largest_first else enum.cases
+    for case in order:
         if result.cases >= cases:
             break
         describe = case.describe(rule.var_sorts)
@@ -177,12 +185,20 @@ def _float32_pass(
 
 def _float32_mismatch(equations: list[Any], bounds: list[Any], lhs: Any) -> tuple[Any, str] | None:
     """The first claim that float32 breaks (with why), or None: a trial whose inputs overflow, or whose
-    left-hand side's own pieces do not fit within rounding (a premise), says nothing."""
+    left-hand side's own pieces do not fit within rounding (a premise), says nothing. A NaN on one side only,
+    where no value overflows (no infinity on either side, every magnitude bound finite), is no overflow: an
+    op's domain left (a negative base to a rounded exponent), a mismatch."""
     pairs = list(zip(equations, bounds, strict=True))
-    for eq, _bound in pairs:
-        for values in (eq.left, eq.right):
-            if not np.all(np.isfinite(np.asarray(values, dtype=float))):
-                return None
+    for eq, bound in pairs:
+        left, right = np.asarray(eq.left, dtype=float), np.asarray(eq.right, dtype=float)
+        if np.all(np.isfinite(left)) and np.all(np.isfinite(right)):
+            continue
+        magnitudes = np.concatenate([np.ravel(np.asarray(b, dtype=float)) for b in (bound.left, bound.right)])
+        one_sided = np.isnan(left) != np.isnan(right)
+        overflows = np.any(np.isinf(left) | np.isinf(right)) or not np.all(np.isfinite(magnitudes))
+        if not eq.assume and np.any(one_sided) and not overflows:
+            return eq, "NaN on one side only, from finite inputs that overflow nowhere"
+        return None
     checks = []
     for eq, bound in pairs:
         got, want = np.asarray(eq.left, dtype=float), np.asarray(eq.right, dtype=float)

@@ -60,6 +60,7 @@ class RuleReport:
     analysis: bool = False
     domain: dict[str, Any] | None = None  # what a bounded proof covered (certificate_entry)
     size_readers: list[str] = field(default_factory=list)  # what reads sizes a domain does not bound
+    sweep: NumericResult | None = None  # the size sweep of a bounded proof that reads sizes (verify/_sizes.py)
 
     def certificate_entry(self) -> dict[str, Any] | None:
         """The rule's entry in a proof certificate (unity_eq.rulefile.certificate), or None when nothing
@@ -82,6 +83,12 @@ class RuleReport:
             return "for all"
         if entry["proof"] == "bounded":
             sizes = f"; sizes read by: {', '.join(self.size_readers)}" if self.size_readers else ""
+            if self.sweep is not None:
+                sizes += (
+                    f" (evaluated at dims 1-6 on {self.sweep.cases} more cases, no mismatch)"
+                    if self.sweep.cases
+                    else " (no case at dims 1-6 fits its guards)"
+                )
             return "within " + describe_domain(entry) + sizes
         return "accepted after review"
 

@@ -148,11 +148,16 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     causal masking shows) and three keys for one or two queries (unmasked, head dims 1), head dims (d, d_v) 1-2, K/V
     with every head or one (read by all), the masks of :func:`_mask_shapes`, fill absent or a scalar, causal 0
     and 1, scale free. Head dims 1 and 2: at 1 a per-feature factor is one number per row and scales KT's
-    rows and columns alike, so a rule that moves it without transposing it passes; at 2 it does not."""
-    for b, h in itertools.product(ranges.rank4_dims, repeat=2):
-        for sq, skv, d, dv in itertools.product((1, 2), repeat=4):
+    rows and columns alike, so a rule that moves it without transposing it passes; at 2 it does not. ``wide``
+    (the size sweep): lengths over ``dims``, head dims over its first three, batch and heads over the first
+    three of ``rank4_dims``, four masks (none, full, causal-shaped, padding)."""
+    wide = ranges.wide
+    seq, heads = (ranges.dims, ranges.dims[:3]) if wide else ((1, 2), (1, 2))
+    for b, h in itertools.product(ranges.rank4_dims[:3] if wide else ranges.rank4_dims, repeat=2):
+        for sq, skv, d, dv in itertools.product(seq, seq, heads, heads):
             for hkv in dict.fromkeys((h, 1)):
-                for mask in _mask_shapes(b, h, sq, skv):
+                masks = _mask_shapes(b, h, sq, skv)
+                for mask in [None, (b, h, sq, skv), (1, 1, sq, skv), (b, 1, 1, skv)] if wide else masks:
                     for fill in (None, ()):
                         for causal in (0, 1):
                             if ranges.sample and (causal or hkv != h):

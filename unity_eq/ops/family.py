@@ -78,7 +78,8 @@ class InstanceRanges(Protocol):
 
     ``dims``: the sizes every dimension takes; ``max_rank`` of free tensors and of the elementwise, MatMul and
     layout families; ``other_rank`` of the other families; ``rank4_dims``: the dims of rank-4 instances;
-    ``sample``: a sample for the numeric back-up instead of every instance (never a proof)."""
+    ``sample``: a sample for the numeric back-up instead of every instance (never a proof); ``wide``: sizes a
+    family keeps small for z3 range over ``dims`` too (the verifier's size sweep: numeric, never a proof)."""
 
     @property
     def dims(self) -> tuple[int, ...]: ...
@@ -90,6 +91,8 @@ class InstanceRanges(Protocol):
     def rank4_dims(self) -> tuple[int, ...]: ...
     @property
     def sample(self) -> bool: ...
+    @property
+    def wide(self) -> bool: ...
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ __all__ = ["LARGE_DIMS", "instances"]
 
 def _concat_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
     """Lists of 1-3 tensors equal outside ``axis``; every size of every operand along it (three operands
-    beyond rank 2: sizes 1-2, and at rank 4 other dims of 1-2)."""
+    beyond rank 2: sizes 1-2, and at rank 4 other dims of 1-2, unless ``wide``)."""
     out: list[Instance] = []
     for shape in shape_pool(cfg, range(1, cfg.max_rank + 1)):
         for axis in range(len(shape)):
@@ -24,7 +24,7 @@ def _concat_cases(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance]:
                 continue  # the other dims range over every shape; the axis dim is each operand's own
             for count in (1, 2, 3):
                 sizes_from = rank_dims(cfg, len(shape))
-                if count == 3 and len(shape) > 2:
+                if count == 3 and len(shape) > 2 and not cfg.wide:
                     # three operands beyond rank 2 (a permutation of three operands at rank 4 is no
                     # involution): sizes 1-2 along the axis, and at rank 4 the other dims 1-2 too
                     if cfg.sample or (len(shape) > 3 and any(n > 2 for n in shape)):
