@@ -129,6 +129,8 @@ def _discrete_operands(term: App) -> list[Term]:
         return [term.args[0]] if not isinstance(to, Lit) or _is_int_cast(term) else []
     if term.head in DISCRETE:
         return [term.args[i] for i in OPS[term.head].tensor_args if i < len(term.args)]
+    if term.head == "Pow":  # a negative base has a power only at integer exponents: a rounded one is NaN
+        return list(term.args[1:2])
     return []
 
 
@@ -195,6 +197,10 @@ class Float32Backend(NumpyBackend):
             y = _f32(args[1]) != 0
             fn = {"And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor}[base]
             return _f32(fn(x != 0, y))
+        if base == "Pow":  # the smooth stand-in, undefined (NaN) where the real power is: a negative base
+            with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+                undefined = np.isnan(np.power(x, _f32(args[1])))
+            return _f32(np.where(undefined, np.nan, super().apply(name, *args)))
         if base == "Cast":
             tags = name[len(base) + 1 : -1].split(",") if "[" in name else []
             to = int(tags[-1]) if tags else 1
