@@ -39,6 +39,7 @@ from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.checks import Checker
 from unity_eq.rulefile.env import Env
 from unity_eq.rulefile.terms import AnalysisDecl, App, Rule, Term, Var
+from unity_eq.verify._analysis_dtype import dtype_claims, dtype_problem
 from unity_eq.verify._analysis_query import (
     CHECKED_RELATIONS,
     ENCODER_FACTS,
@@ -83,10 +84,11 @@ def checked_claims(decl: AnalysisDecl) -> list[App]:
     fact ``(= (shape e) s)``): the guards read ``(shape t)``, and the engine takes it from whatever declaration
     sets it, so a wrong shape (a Transpose's operand's shape, a mean's kept axis) made rewrites guarded by it
     unsound while ``verify`` passed (issue 21's adversary corpus). A fact only the encoder states
-    (``ENCODER_FACTS``) is a claim too, which :func:`check_analysis_decl` refuses outright."""
+    (``ENCODER_FACTS``) is a claim too, which :func:`check_analysis_decl` refuses outright; so is a dtype it
+    sets (``(= (dtype e) t)``), checked against ONNX's types (verify/_analysis_dtype.py)."""
     out = [a for a in decl.actions if isinstance(a, App) and a.head in CHECKED_RELATIONS | ENCODER_FACTS]
     out += [_shape_fact(a) for a in decl.actions if _is_shape_set(a)]
-    return out + placement_claims(decl)
+    return out + placement_claims(decl) + dtype_claims(decl)
 
 
 def placement_claims(decl: AnalysisDecl) -> list[App]:
@@ -150,6 +152,11 @@ def _by_contract(decl: AnalysisDecl, pattern: App, claim: App) -> bool:
     return operands is not None and all((x, claim.args[1]) in replicated for x in operands)
 
 
+def _is_dtype_fact(claim: App) -> bool:
+    """``(= (dtype x) t)``, a claim of :func:`dtype_claims`."""
+    return claim.head == "=" and isinstance(claim.args[0], App) and claim.args[0].head == "dtype"
+
+
 def _is_shape_set(action: Term) -> bool:
     """``(set (shape x) s)``."""
     return (
@@ -182,7 +189,12 @@ def check_analysis_decl(
             "that derives it can make rewrites guarded by it fire where it does not hold. Remove that action.",
             case="every match of its query",
         )
-    claims = checked_claims(decl)
+    wrong_type = dtype_problem(decl)  # structural: no cases (verify/_analysis_dtype.py)
+    if wrong_type is not None:
+        return AnalysisOutcome(wrong_type.status, 0, wrong_type.message, case="every match of its query")
+    claims = [c for c in checked_claims(decl) if not _is_dtype_fact(c)]
+    if not claims:  # only dtypes, each given by the op's types
+        return AnalysisOutcome("proven", len(dtype_claims(decl)), seconds=time.perf_counter() - start)
     outcome = AnalysisOutcome("proven", 0)
     try:
         for lhs, guards, actions in rooted_cases(decl, claims, facts):

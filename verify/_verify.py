@@ -29,7 +29,7 @@ from typing import Any
 from unity_eq.files import worker_pool
 from unity_eq.rulefile.load import load_program, shipped_rule_files
 from unity_eq.rulefile.parse import Program
-from unity_eq.rulefile.terms import AnalysisDecl, Rule
+from unity_eq.rulefile.terms import AnalysisDecl, App, Rule
 from unity_eq.verify._analysis import AnalysisOutcome, check_analysis_decl, checked_claims
 from unity_eq.verify._bounded import (
     BoundedResult,
@@ -136,7 +136,7 @@ def verify_analyses(
             outcomes = [f.result() for f in futures]
     out = []
     for decl, got in zip(decls, outcomes, strict=True):
-        relations = " ".join(dict.fromkeys("shape" if c.head == "=" else c.head for c in checked_claims(decl)))
+        relations = " ".join(dict.fromkeys(_claim_name(c) for c in checked_claims(decl)))
         cex = Counterexample(got.case, "analysis", got.message) if got.status == "refuted" else None
         bounded = BoundedResult(got.status, got.checked, got.checked, got.checked, cex, got.message, got.seconds)
         report = RuleReport(f"analysis {relations}", decl.pos.file, decl.pos.line, got.status, "bounded", got.seconds)
@@ -147,6 +147,13 @@ def verify_analyses(
         if progress:
             progress(report)
     return out
+
+
+def _claim_name(claim: App) -> str:
+    """A checked claim's relation, as a report names it (``(= (shape e) s)``: ``shape``)."""
+    if claim.head == "=" and isinstance(claim.args[0], App):
+        return claim.args[0].head
+    return claim.head
 
 
 def verify_rules(
