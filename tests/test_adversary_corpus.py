@@ -98,22 +98,6 @@ ESCAPES: dict[str, str] = {
     "pass samples a pool of magnitudes and never draws neighbouring floats whose quotients round to one value "
     "(1.9315895 and 1.9315896 over 1.2165844): float32 rounding into a comparison is sampled, not proven "
     "(docs/verify.md)",
-    "adv6-f32-pow-exponent-cancel-addend": "proven over the reals, where (b + c) - c is b; in float32 the "
-    "exponent rounds (2 + 0.1 - 0.1 = 1.9999999), and a negative base to a non-integer exponent is NaN: Pow is "
-    "not one of the float32 pass's discontinuous ops, and a case whose value is NaN is no case",
-    "adv6-concat3-rank3-middle-third": "proven (bounded): a three-operand Concat at rank >= 3 only has operands "
-    "of sizes 1-2 along the axis in the instances, where equal thirds force b's size to a's; the rule reads dim "
-    "sizes (Split's split), trusted at other sizes on an argument that fails here (b 4 long between two of 1)",
-    "adv6-rope-pairs-reshape-split-features": "proven (bounded): a rank-2 -> rank-3 Reshape never meets D = 6, "
-    "12 or 20 in the instances (an even D >= 2 n that 2 n does not divide); the rule reads dim sizes, trusted "
-    "at other sizes on an argument that fails here (each device's 3 of x [1, 6] are 1.5 pairs)",
-    "adv6-rank4-scores-matmul-head-dim-halves": "proven (bounded): the instances' rank-4 MatMul dims are 1, 2 "
-    "and 4, never 3, so K >= 2 is always even there; the rule reads dim sizes, trusted at other sizes on an "
-    "argument that fails here (an odd head dim 3 does not split (1, 1))",
-    "adv6-attention-causal-rows-after-first-unmasked": "proven (bounded): Attention's s_q is 1-2 in the "
-    "instances, so under the causal mask every query but the first sees every key when s_kv <= s_q; the rule "
-    "reads dim sizes, trusted at other sizes on an argument that fails here (3 queries: query 1 does not see "
-    "key 2)",
     "adv6-2axis-residual-sum-split-both-operands": "proven (bounded): the documented gap (docs/verify.md): a "
     "broadcast operand at another dim while one dim is cut on both axes of a 2-D mesh (y [1, 4, 1, 1] broadcast "
     "along the summed dim 2 is counted once on the right, twice on the left)",

@@ -143,6 +143,40 @@ ANALYSIS_MUTANTS = {
         "(rule ((= e (Relu x)) (= t (dtype x))) ((float-dtype t)) :ruleset analysis)",
         "refuted",
     ),
+    # dtypes set by a declaration: the engine keeps the first one set (`:merge old`), so a wrong one made
+    # dtype-guarded rewrites fire on the wrong tensors while `verify` passed ("facts only"). A Where's output has
+    # its branches' dtype, not its condition's (bool)
+    "dtype-where-from-condition": (
+        "(rule ((= e (Where c x y)) (= t (dtype c))) ((set (dtype e) t)) :ruleset analysis)",
+        "refuted",
+    ),
+    # a comparison's output is bool whatever its operands are
+    "dtype-less-from-operand": (
+        "(rule ((= e (Less a b)) (= t (dtype a))) ((set (dtype e) t)) :ruleset analysis)",
+        "refuted",
+    ),
+    # a literal dtype where the op allows several (an int64 Add would read as float32)
+    "dtype-add-literal-float32": (
+        '(rule ((= e (Add a b))) ((set (dtype e) "float32")) :ruleset analysis)',
+        "refuted",
+    ),
+    # backwards: a MatMul's operand from its output is right; a Gather's indices from its output is not
+    "dtype-gather-indices-from-output": (
+        "(rule ((= e (Gather x i k)) (= t (dtype e))) ((set (dtype i) t)) :ruleset analysis)",
+        "refuted",
+    ),
+    "dtype-sub-from-second-operand": (
+        "(rule ((= e (Sub a b)) (= t (dtype b))) ((set (dtype e) t)) :ruleset analysis)",
+        "proven",
+    ),
+    "dtype-less-is-bool": (
+        '(rule ((= e (Less a b))) ((set (dtype e) "bool")) :ruleset analysis)',
+        "proven",
+    ),
+    "dtype-matmul-operand-from-output": (
+        "(rule ((= e (MatMul a b)) (= t (dtype e))) ((set (dtype b) t)) :ruleset analysis)",
+        "proven",
+    ),
     # two tensors and no root pattern: not enumerable, so unknown (fails), never silently accepted
     "two-unrelated-tensors": (
         "(rule ((can-split x d ax) (can-split y d ax)) ((can-split x d ax)) :ruleset analysis)",
