@@ -90,14 +90,6 @@ ESCAPES: dict[str, str] = {
     "adv6-tlist-rank5-concat-axis3-is-last": "proven within lists of rank-4 elements (the domain's `tensors` "
     "component), where axis 3 is the last; at rank 5 it is not, and the engine fires the rule on no other list "
     "(tests/test_certificate.py::test_a_list_variable_fires_only_on_lists_of_the_ranks_its_proof_took)",
-    "adv6-f32-equal-cancel-nonzero-factor": "proven over the reals, where a c = b c with c != 0 is a = b; the "
-    "float32 pass samples a pool of magnitudes and never draws neighbouring floats whose products round to one "
-    "value (2 - 2^-23 and 2 - 2^-22 times 1 + 2^-23): float32 rounding into a comparison is sampled, not proven "
-    "(docs/verify.md)",
-    "adv6-f32-equal-cancel-nonzero-divisor": "proven over the reals, where a / c = b / c is a = b; the float32 "
-    "pass samples a pool of magnitudes and never draws neighbouring floats whose quotients round to one value "
-    "(1.9315895 and 1.9315896 over 1.2165844): float32 rounding into a comparison is sampled, not proven "
-    "(docs/verify.md)",
     "adv6-2axis-residual-sum-split-both-operands": "proven (bounded): the documented gap (docs/verify.md): a "
     "broadcast operand at another dim while one dim is cut on both axes of a 2-D mesh (y [1, 4, 1, 1] broadcast "
     "along the summed dim 2 is counted once on the right, twice on the left)",

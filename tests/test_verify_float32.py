@@ -5,6 +5,8 @@ must be exactly equal, a float one may differ by rounding of the magnitudes it i
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -88,3 +90,49 @@ def test_the_tolerance_is_what_accepts_reassociation(
     monkeypatch.setattr(numeric, "FLOAT32_RTOL", 0.0)
     result = check_numeric(rules["reassociate-float-branch"], DerivedFacts(loaded.analyses))
     assert result.status == "failed"
+
+
+EXACT = {
+    # neighbouring floats whose products round to one value (issue 21's sixth adversary): the sampled pass
+    # never drew them; z3's float32 theory finds a pair
+    "equal-cancel-factor": (
+        "(rewrite (Equal (Mul a c) (Mul b c)) (Equal a b) :when ((nonzero-values c) (= (shape a) (shape c))"
+        " (= (shape b) (shape c))))",
+        "refuted",
+    ),
+    # the common addend that cancels over the reals (1e8 + 1 is 1e8)
+    "cancel-in-compare": (RULES["cancel-in-compare"][0], "refuted"),
+    # a + b is b + a in float32 (commutative operands in one order), and negation is exact
+    "commute-in-compare": ("(rewrite (Greater (Add a b) c) (Greater (Add b a) c))", "proven"),
+    "negated-compare": ("(rewrite (Less (Neg a) (Neg b)) (Greater a b))", "proven"),
+    # a float output (a Where's choice) is compared with a tolerance, not exactly: not a skeleton this decides
+    "float-root": (RULES["cancel-in-where-condition"][0], None),
+}
+
+
+def _exact_rule(tmp_path: Any, name: str) -> Rule:
+    text = EXACT[name][0]
+    path = tmp_path / "exact.egg"
+    path.write_text(text[:-1] + f' :name "{name}")\n')
+    loaded, _files = load_program([path])
+    assert loaded.errors == []
+    return next(r for r in loaded.rules if r.name == name)
+
+
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_an_elementwise_skeleton_is_decided_exactly_in_float32(tmp_path: Any, name: str) -> None:
+    """The sampled pass proves nothing about float32; on an elementwise skeleton with a discrete output the
+    verifier decides it: a model of finite inputs on which the outputs differ refutes, unsat proves."""
+    from unity_eq.verify._float32_exact import exact_float32
+
+    rule = _exact_rule(tmp_path, name)
+    got = exact_float32(rule)
+    want = EXACT[name][1]
+    assert (got and got.status) == want, got
+    if want == "refuted":
+        assert got is not None
+        values = {k: np.float32(v) for k, v in got.inputs.items()}
+        assert all(np.isfinite(v) for v in values.values())
+        if name == "equal-cancel-factor":  # the model's inputs show it in numpy's float32 too
+            a, b, c = values["a"], values["b"], values["c"]
+            assert c != 0 and (a * c == b * c) != (a == b)

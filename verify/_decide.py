@@ -23,9 +23,11 @@ from unity_eq.verify._bounded import (
     bounded_token,
     prove_bounded,
 )
+from unity_eq.verify._float32 import needs_float32
+from unity_eq.verify._float32_exact import exact_float32
 from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
-from unity_eq.verify._numeric import check_numeric
+from unity_eq.verify._numeric import NumericResult, check_numeric
 from unity_eq.verify._rule_report import Options, RuleReport
 from unity_eq.verify._sizes import sweep_sizes
 from unity_eq.verify._types import check_types, describe_dtypes, integer_assignments
@@ -259,8 +261,26 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
         report.kind = "numeric" if numeric and numeric.status == "passed" else "none"
         reasons = [r for r in (bounded.reason if bounded else "", generic.reason if generic else "") if r]
         report.message = "; ".join(reasons) or "no proof found"
+    if report.status == "proven":
+        _exact_float32(rule, report)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _exact_float32(rule: Rule, report: RuleReport) -> None:
+    """A rule whose elementwise float arithmetic feeds a discrete output, decided in float32 by z3
+    (verify/_float32_exact.py): a counterexample refutes it; a proof or a timeout leaves it as it is."""
+    exact = exact_float32(rule) if needs_float32(rule) else None
+    if exact is None or exact.status != "refuted":
+        return
+    inputs = ", ".join(f"{k} = {v!r}" for k, v in sorted(exact.inputs.items()))
+    message = (
+        f"in float32 (z3's floating-point theory, round to nearest even) the outputs differ at {inputs}, "
+        "finite inputs with no value overflowing: proven over the reals, the rule is wrong once float32 rounds"
+    )
+    cex = Counterexample("every element equal to its scalar; float32", "value", message, dict(exact.inputs))
+    report.status, report.kind, report.message, report.domain = "refuted", "numeric", message, None
+    report.numeric = NumericResult("failed", 1, counterexample=cex, seconds=exact.seconds)
 
 
 def _sweep(rule: Rule, facts: DerivedFacts, cache: dict[Any, Any], report: RuleReport) -> None:
