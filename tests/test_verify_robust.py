@@ -165,6 +165,11 @@ ANALYSIS_MUTANTS = {
         "(rule ((= e (Gather x i k)) (= t (dtype e))) ((set (dtype i) t)) :ruleset analysis)",
         "refuted",
     ),
+    # an optional operand may be NoneT, whose dtype is "none" (a helper's audit)
+    "dtype-gemm-from-optional-c": (
+        "(rule ((= e (Gemm a b c al be ta tb)) (= t (dtype c))) ((set (dtype e) t)) :ruleset analysis)",
+        "unknown",
+    ),
     "dtype-sub-from-second-operand": (
         "(rule ((= e (Sub a b)) (= t (dtype b))) ((set (dtype e) t)) :ruleset analysis)",
         "proven",

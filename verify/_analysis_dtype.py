@@ -10,7 +10,8 @@ are structural), against :func:`unity_eq.ops.dtypes.op_types`:
 * on a regular op's output ``e`` (the query's root ``(= e (Op ...))``): the dtype of an operand that shares
   the output's type variable (``(= t (dtype a))`` in the query), or the fixed dtype the op's output has
   (``"bool"`` for a comparison);
-* on an operand: the output's dtype, or another operand's, of the same type variable;
+* on an operand: the output's dtype, or another operand's, of the same type variable (an optional operand,
+  which may be ``NoneT`` of dtype ``"none"``, neither gives nor takes one);
 * a parallel op (Partition, Combine, Replicate, Reduce) moves values: its input and output share a dtype
   either way; ``NoneT``'s dtype is ``"none"``.
 
@@ -109,8 +110,8 @@ def _type_vars(pattern: App) -> dict[Term, str]:
     spec = OPS[pattern.head]
     out: dict[Term, str] = {}
     for n, i in enumerate(spec.tensor_args):
-        if i >= len(pattern.args):
-            continue
+        if i >= len(pattern.args) or spec.args[i].optional:
+            continue  # an optional operand may be NoneT, whose dtype is "none" (Gemm's C, a Clip bound)
         var = "T" if types is None and n == 0 else types.inputs.get(spec.args[i].name) if types else None
         if var is None:
             continue
@@ -163,7 +164,7 @@ def _check_op(
     got = var_of(source)
     if source is None or got is None:
         return DtypeProblem("unknown", f"{shown}: its value is not the dtype of the {pattern.head} or an operand")
-    if got == want and source != target:
+    if got == want:  # (the target itself: a no-op)
         return None
     return DtypeProblem(
         "refuted",

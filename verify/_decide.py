@@ -254,7 +254,8 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
         report.status, report.kind = "proven", "bounded"
         report.domain = _domain(rule, bounded)
         report.size_readers = size_readers(rule)
-        _sweep(rule, facts, cache, report)
+        if options.numeric:
+            _sweep(rule, facts, cache, report)
     elif bounded and bounded.status == "partial":
         report.status, report.kind, report.message = "partial", "bounded", bounded.reason
     else:

@@ -183,22 +183,36 @@ def _float32_pass(
             return
 
 
+#: float32's largest finite value: a magnitude above it overflowed in float32 (the bounds are float64)
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _one_sided_nan(pairs: list[Any], values: list[tuple[np.ndarray, np.ndarray]]) -> tuple[Any, str] | None:
+    """See :func:`_float32_mismatch`: the claim with a NaN on one side only, or None."""
+    magnitudes = [np.asarray(b, dtype=float) for _eq, bound in pairs for b in (bound.left, bound.right)]
+    if any(np.any(np.isinf(left) | np.isinf(right)) for left, right in values) or not all(
+        np.all(m <= _F32_MAX) for m in magnitudes
+    ):
+        return None  # an overflow (NaN compares false: a NaN magnitude counts too)
+    sided = [np.isnan(left) != np.isnan(right) for left, right in values]
+    if any(eq.assume and np.any(one) for (eq, _b), one in zip(pairs, sided, strict=True)):
+        return None  # the left-hand side's own pieces disagree: a premise broken, not a case
+    for (eq, _bound), one in zip(pairs, sided, strict=True):
+        if not eq.assume and np.any(one):
+            return eq, "NaN on one side only, from finite inputs that overflow nowhere"
+    return None
+
+
 def _float32_mismatch(equations: list[Any], bounds: list[Any], lhs: Any) -> tuple[Any, str] | None:
     """The first claim that float32 breaks (with why), or None: a trial whose inputs overflow, or whose
-    left-hand side's own pieces do not fit within rounding (a premise), says nothing. A NaN on one side only,
-    where no value overflows (no infinity on either side, every magnitude bound finite), is no overflow: an
-    op's domain left (a negative base to a rounded exponent), a mismatch."""
+    left-hand side's own pieces do not fit within rounding (a premise), says nothing. A trial with a value
+    that is not finite says nothing either, except for a NaN on one side only of a claim where nothing
+    overflows (no infinity anywhere, every magnitude within float32's range) and every premise is NaN on
+    both sides or neither: an op's domain left (a negative base to a rounded exponent), a mismatch."""
     pairs = list(zip(equations, bounds, strict=True))
-    for eq, bound in pairs:
-        left, right = np.asarray(eq.left, dtype=float), np.asarray(eq.right, dtype=float)
-        if np.all(np.isfinite(left)) and np.all(np.isfinite(right)):
-            continue
-        magnitudes = np.concatenate([np.ravel(np.asarray(b, dtype=float)) for b in (bound.left, bound.right)])
-        one_sided = np.isnan(left) != np.isnan(right)
-        overflows = np.any(np.isinf(left) | np.isinf(right)) or not np.all(np.isfinite(magnitudes))
-        if not eq.assume and np.any(one_sided) and not overflows:
-            return eq, "NaN on one side only, from finite inputs that overflow nowhere"
-        return None
+    values = [(np.asarray(eq.left, dtype=float), np.asarray(eq.right, dtype=float)) for eq in equations]
+    if not all(np.all(np.isfinite(left)) and np.all(np.isfinite(right)) for left, right in values):
+        return _one_sided_nan(pairs, values)
     checks = []
     for eq, bound in pairs:
         got, want = np.asarray(eq.left, dtype=float), np.asarray(eq.right, dtype=float)

@@ -87,7 +87,7 @@ class RuleReport:
                 sizes += (
                     f" (evaluated at dims 1-6 on {self.sweep.cases} more cases, no mismatch)"
                     if self.sweep.cases
-                    else " (no case at dims 1-6 fits its guards)"
+                    else " (the size sweep reached no case of its guards at dims 1-6)"
                 )
             return "within " + describe_domain(entry) + sizes
         return "accepted after review"
