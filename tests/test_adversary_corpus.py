@@ -90,9 +90,6 @@ ESCAPES: dict[str, str] = {
     "adv6-tlist-rank5-concat-axis3-is-last": "proven within lists of rank-4 elements (the domain's `tensors` "
     "component), where axis 3 is the last; at rank 5 it is not, and the engine fires the rule on no other list "
     "(tests/test_certificate.py::test_a_list_variable_fires_only_on_lists_of_the_ranks_its_proof_took)",
-    "adv6-2axis-residual-sum-split-both-operands": "proven (bounded): the documented gap (docs/verify.md): a "
-    "broadcast operand at another dim while one dim is cut on both axes of a 2-D mesh (y [1, 4, 1, 1] broadcast "
-    "along the summed dim 2 is counted once on the right, twice on the left)",
 }
 # Sound look-alikes the verifier does not prove today: (strict, reason). Not strict where the verdict depends
 # on whether z3 shows the premises satisfiable within the generic proof's time limit (machine load).

@@ -107,14 +107,18 @@ def broadcastable_to(target: Sequence[int]) -> list[tuple[int, ...]]:
     return list(out)
 
 
-def rows_with_one_wide_dim(k: int, rank: int, wide: int) -> Iterator[tuple[tuple[int, tuple[bool, ...]], ...]]:
+def rows_with_one_wide_dim(
+    k: int, rank: int, wide: int, every_pattern: bool = False
+) -> Iterator[tuple[tuple[int, tuple[bool, ...]], ...]]:
     """Rank-4 rows with one position of size ``wide`` (4), every operand pattern there, and every other
     position 1 or 2 with every operand full. A dim cut on both axes of a 2 x 2 mesh needs a size of 4, and
     at most one dim can be (each axis cuts one dim): with dims 1-2 only, a rule that gathers the two axes in
     the wrong order is "proven" (``adv-rank4-2axis-add-same-dim-combine-order``). The other positions stay
-    full: every broadcast pattern there as well multiplied the nested attention rules' cases by four."""
+    full: every broadcast pattern there as well multiplied the nested attention rules' cases by four. The
+    size sweep (numeric, ``every_pattern``) takes every pattern there too: an operand broadcast at another
+    dim while one dim is cut on both axes (issue 21's sixth adversary)."""
     full = tuple(False for _ in range(k))
-    narrow = [(1, full), (2, full)]
+    narrow = broadcast_positions(k, (1, 2)) if every_pattern else [(1, full), (2, full)]
     for p in range(rank):
         for rest in itertools.product(narrow, repeat=rank - 1):
             for w in broadcast_positions(k, (wide,)):

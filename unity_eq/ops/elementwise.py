@@ -231,7 +231,7 @@ def _broadcast_instances(spec: OpSpec, cfg: InstanceRanges) -> Iterator[Instance
             # "proven" at rank 3 (issue 21's fifth adversary; rank 4 has cases.ODD_RANK4's shapes)
             rows = [*rows, *rows_with_one_wide_dim(k, r, 3)]
         if r >= 4 and k <= 2 and not cfg.sample:
-            rows = [*rows, *rows_with_one_wide_dim(k, r, max(cfg.rank4_dims))]
+            rows = [*rows, *rows_with_one_wide_dim(k, r, max(cfg.rank4_dims), every_pattern=cfg.wide)]
         elif r >= 4 and not cfg.sample:  # Where: the wide dim too, every operand full (a dim cut on both axes)
             wide = rows_with_one_wide_dim(k, r, max(cfg.rank4_dims))
             rows = [*rows, *(row for row in wide if not any(any(ones) for _n, ones in row))]
