@@ -90,6 +90,7 @@ def test_its_rules_are_proven_and_look_alikes_refuted(tmp_path: Path) -> None:
     report = json.loads(proc.stdout)
     assert {r["name"]: r["status"] for r in report["rules"]} == {
         "analysis shape": "proven",  # the file's own shape fact (line 5), checked against the family's infer_shape
+        "analysis dtype": "proven",  # its dtype fact (line 8), checked against the op's types (its operand's)
         "space-to-depth-split-batch": "proven",
         "space-to-depth-split-height": "proven",
         "space-to-depth-split-width": "proven",

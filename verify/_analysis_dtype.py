@@ -28,6 +28,7 @@ from unity_eq.ops.dtypes import op_types
 from unity_eq.ops.registry import OPS
 from unity_eq.rulefile.terms import AnalysisDecl, App, Lit, Term, Var
 from unity_eq.verify._analysis_query import is_root
+from unity_eq.verify._fingerprint import list_items
 from unity_eq.verify._semantics import PARALLEL
 
 __all__ = ["DtypeProblem", "dtype_claims", "dtype_problem"]
@@ -116,19 +117,10 @@ def _type_vars(pattern: App) -> dict[Term, str]:
         if var is None:
             continue
         arg = pattern.args[i]
-        items = _list_heads(arg) if spec.args[i].sort == "TList" else [arg]
+        items = list_items(arg) if spec.args[i].sort == "TList" else [arg]
         for item in items:
             out.setdefault(item, var)
     return out
-
-
-def _list_heads(term: Term) -> list[Term]:
-    """The elements a list pattern names (``(TCons a r)``: ``a``; the rest ``r`` is elements too)."""
-    items: list[Term] = []
-    while isinstance(term, App) and term.head == "TCons":
-        items.append(term.args[0])
-        term = term.args[1]
-    return items
 
 
 def _check_op(

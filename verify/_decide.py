@@ -23,13 +23,12 @@ from unity_eq.verify._bounded import (
     bounded_token,
     prove_bounded,
 )
-from unity_eq.verify._float32 import needs_float32
-from unity_eq.verify._float32_exact import exact_float32
+from unity_eq.verify._float32_exact import refute_in_float32
 from unity_eq.verify._generic import GenericResult, prove_generic
 from unity_eq.verify._guards import DerivedFacts
-from unity_eq.verify._numeric import NumericResult, check_numeric
+from unity_eq.verify._numeric import check_numeric
 from unity_eq.verify._rule_report import Options, RuleReport
-from unity_eq.verify._sizes import sweep_sizes
+from unity_eq.verify._sizes import refute_by_sweep
 from unity_eq.verify._types import check_types, describe_dtypes, integer_assignments
 
 # ----------------------------------------------------------------------------------------------------------
@@ -255,7 +254,7 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
         report.domain = _domain(rule, bounded)
         report.size_readers = size_readers(rule)
         if options.numeric:
-            _sweep(rule, facts, cache, report)
+            refute_by_sweep(rule, facts, cache, report)
     elif bounded and bounded.status == "partial":
         report.status, report.kind, report.message = "partial", "bounded", bounded.reason
     else:
@@ -263,41 +262,9 @@ def _decide_values(rule: Rule, facts: DerivedFacts, options: Options, cache: dic
         reasons = [r for r in (bounded.reason if bounded else "", generic.reason if generic else "") if r]
         report.message = "; ".join(reasons) or "no proof found"
     if report.status == "proven":
-        _exact_float32(rule, report)
+        refute_in_float32(rule, report)
     report.seconds = time.perf_counter() - start
     return report
-
-
-def _exact_float32(rule: Rule, report: RuleReport) -> None:
-    """A rule whose elementwise float arithmetic feeds a discrete output, decided in float32 by z3
-    (verify/_float32_exact.py): a counterexample refutes it; a proof or a timeout leaves it as it is."""
-    exact = exact_float32(rule) if needs_float32(rule) else None
-    if exact is None or exact.status != "refuted":
-        return
-    inputs = ", ".join(f"{k} = {v!r}" for k, v in sorted(exact.inputs.items()))
-    message = (
-        f"in float32 (z3's floating-point theory, round to nearest even) the outputs differ at {inputs}, "
-        "finite inputs with no value overflowing: proven over the reals, the rule is wrong once float32 rounds"
-    )
-    cex = Counterexample("every element equal to its scalar; float32", "value", message, dict(exact.inputs))
-    report.status, report.kind, report.message, report.domain = "refuted", "numeric", message, None
-    report.numeric = NumericResult("failed", 1, counterexample=cex, seconds=exact.seconds)
-
-
-def _sweep(rule: Rule, facts: DerivedFacts, cache: dict[Any, Any], report: RuleReport) -> None:
-    """A bounded proof of a rule that reads sizes covers the sizes it took: the size sweep
-    (verify/_sizes.py) looks for a counterexample at others, and refutes the rule when it finds one."""
-    sweep = sweep_sizes(rule, facts, cache)
-    report.sweep = sweep
-    if sweep is None or sweep.status != "failed":
-        return
-    report.status, report.kind = "refuted", "numeric"
-    report.numeric, report.domain = sweep, None
-    cex = sweep.counterexample
-    report.message = (
-        f"at sizes the bounded proof (dims 1-4) did not take: {cex.message if cex else 'a mismatch'}; the rule "
-        f"reads sizes ({', '.join(report.size_readers)}), so its proof's sizes do not stand for the others"
-    )
 
 
 def _domain(rule: Rule, bounded: BoundedResult) -> dict[str, Any]:

@@ -25,9 +25,12 @@ from typing import Any
 import z3
 
 from unity_eq.rulefile.terms import App, Rule, Term, Var, walk
-from unity_eq.verify._float32 import is_discrete
+from unity_eq.verify._bounded_check import Counterexample
+from unity_eq.verify._float32 import is_discrete, needs_float32
+from unity_eq.verify._numeric import NumericResult
+from unity_eq.verify._rule_report import RuleReport
 
-__all__ = ["EXACT_TIMEOUT_MS", "ExactFloat32", "exact_float32"]
+__all__ = ["EXACT_TIMEOUT_MS", "ExactFloat32", "exact_float32", "refute_in_float32"]
 
 #: z3's time for one rule (its counterexamples took 0.7-4 s here; an undecided rule keeps the sampled verdict)
 EXACT_TIMEOUT_MS = 20_000
@@ -176,3 +179,19 @@ def _value(fp: Any) -> float:
 
     bits = z3.simplify(z3.fpToIEEEBV(fp)).as_long()
     return float(struct.unpack("<f", struct.pack("<I", bits))[0])
+
+
+def refute_in_float32(rule: Rule, report: RuleReport) -> None:
+    """``report`` of a proven rule whose elementwise float arithmetic feeds a discrete output: refuted when
+    z3 finds float32 inputs on which the outputs differ; a proof or a timeout leaves it as it is."""
+    exact = exact_float32(rule) if needs_float32(rule) else None
+    if exact is None or exact.status != "refuted":
+        return
+    inputs = ", ".join(f"{k} = {v!r}" for k, v in sorted(exact.inputs.items()))
+    message = (
+        f"in float32 (z3's floating-point theory, round to nearest even) the outputs differ at {inputs}, "
+        "finite inputs with no value overflowing: proven over the reals, the rule is wrong once float32 rounds"
+    )
+    cex = Counterexample("every element equal to its scalar; float32", "value", message, dict(exact.inputs))
+    report.status, report.kind, report.message, report.domain = "refuted", "numeric", message, None
+    report.numeric = NumericResult("failed", 1, counterexample=cex, seconds=exact.seconds)

@@ -26,8 +26,9 @@ from unity_eq.rulefile.terms import Rule
 from unity_eq.verify._gen import GenConfig
 from unity_eq.verify._guards import DerivedFacts
 from unity_eq.verify._numeric import NumericResult, check_numeric
+from unity_eq.verify._rule_report import RuleReport
 
-__all__ = ["SIZE_SWEEP_CONFIG", "SWEEP_SIGNATURES", "sweep_sizes"]
+__all__ = ["SIZE_SWEEP_CONFIG", "SWEEP_SIGNATURES", "refute_by_sweep", "sweep_sizes"]
 
 #: instances per operator at the sweep's sizes (a seeded shuffle of all of them: tens of thousands for
 #: Concat, Slice or the reductions)
@@ -58,4 +59,20 @@ def sweep_sizes(rule: Rule, facts: DerivedFacts, cache: dict[Any, Any] | None = 
         config=SIZE_SWEEP_CONFIG,
         largest_first=False,
         limit=SWEEP_CASES,
+    )
+
+
+def refute_by_sweep(rule: Rule, facts: DerivedFacts, cache: dict[Any, Any], report: RuleReport) -> None:
+    """``report`` of a rule proven bounded: the sweep's result recorded, and the rule refuted when the sweep
+    finds a mismatch (its proof's sizes did not stand for the others)."""
+    sweep = sweep_sizes(rule, facts, cache)
+    report.sweep = sweep
+    if sweep is None or sweep.status != "failed":
+        return
+    report.status, report.kind = "refuted", "numeric"
+    report.numeric, report.domain = sweep, None
+    cex = sweep.counterexample
+    report.message = (
+        f"at sizes the bounded proof (dims 1-4) did not take: {cex.message if cex else 'a mismatch'}; the rule "
+        f"reads sizes ({', '.join(report.size_readers)}), so its proof's sizes do not stand for the others"
     )
