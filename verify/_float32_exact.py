@@ -18,6 +18,8 @@ the float32 pass's sampling as the only word, as before.
 
 from __future__ import annotations
 
+import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,8 +148,6 @@ class _Skeleton:
 
 def exact_float32(rule: Rule, timeout_ms: int = EXACT_TIMEOUT_MS) -> ExactFloat32 | None:
     """The rule's discrete output decided in float32, or None where the rule is no elementwise skeleton."""
-    import time
-
     if not applies(rule):
         return None
     start = time.perf_counter()
@@ -175,8 +175,6 @@ def exact_float32(rule: Rule, timeout_ms: int = EXACT_TIMEOUT_MS) -> ExactFloat3
 
 def _value(fp: Any) -> float:
     """A z3 float32 value as a Python float (exact: float32 values are doubles)."""
-    import struct
-
     bits = z3.simplify(z3.fpToIEEEBV(fp)).as_long()
     return float(struct.unpack("<f", struct.pack("<I", bits))[0])
 

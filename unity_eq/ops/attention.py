@@ -156,8 +156,10 @@ def instances(spec: OpSpec, ranges: InstanceRanges) -> Iterator[Instance]:
     for b, h in itertools.product(ranges.rank4_dims[:3] if wide else ranges.rank4_dims, repeat=2):
         for sq, skv, d, dv in itertools.product(seq, seq, heads, heads):
             for hkv in dict.fromkeys((h, 1)):
-                masks = _mask_shapes(b, h, sq, skv)
-                for mask in [None, (b, h, sq, skv), (1, 1, sq, skv), (b, 1, 1, skv)] if wide else masks:
+                masks = (
+                    [None, (b, h, sq, skv), (1, 1, sq, skv), (b, 1, 1, skv)] if wide else _mask_shapes(b, h, sq, skv)
+                )
+                for mask in masks:
                     for fill in (None, ()):
                         for causal in (0, 1):
                             if ranges.sample and (causal or hkv != h):
